@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Set up a fresh machine for dkvstream: Java 17 for Spark (only when `java` is missing)
+# and a virtual environment at .venv with the project and its test extras.
+# Idempotent: a second run only re-checks. Usage: platform/setup.sh
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+bash "$root/platform/install-java.sh"
+
+py=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$py" -m venv .venv
+fi
+stamp=.venv/.dkvstream-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e ".[test]"
+  touch "$stamp"
+fi
