@@ -1,0 +1,1 @@
+"""dkvstream storage."""

@@ -1,0 +1,221 @@
+"""The object-store interface: the only gateway to bytes at rest.
+
+Everything the storage layer persists (SSTables, WAL objects, manifests) goes through an
+``ObjectStore``. The interface is deliberately small so that a local directory and an S3
+bucket can both implement it:
+
+* ``put`` overwrites atomically (readers see the old or the new object, never a partial one);
+* ``put_if_absent`` is the only conditional write, used to commit manifests;
+* ``get`` / ``get_range`` / ``size`` / ``exists`` read; ``list`` lists keys under a prefix;
+* ``delete`` is idempotent.
+
+Keys are ``/``-separated relative paths (no leading ``/``, no ``..``). Every request is
+counted in ``ObjectStore.stats`` so tests and benchmarks can report GETs and PUTs.
+
+Implementations are picked by URI scheme with ``open_object_store`` (like pyiceberg's
+``load_file_io``). Spark tasks receive ``store.root_uri`` and call ``open_object_store``
+again, so a store never needs to be pickled (it can be, though: it holds only its root).
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from urllib.parse import urlparse
+
+from storage.errors import ObjectExistsError, ObjectNotFoundError
+
+__all__ = [
+    "ObjectExistsError",
+    "ObjectNotFoundError",
+    "ObjectStore",
+    "RequestStats",
+    "open_object_store",
+]
+
+REQUEST_KINDS = ("GET", "PUT", "LIST", "DELETE", "HEAD")
+
+
+class RequestStats:
+    """Thread-safe counters of object-store requests and bytes moved.
+
+    Counts are per request kind (``GET`` includes ranged gets, ``PUT`` includes
+    ``put_if_absent``, ``HEAD`` is ``size``/``exists``), plus ``bytes_read`` and
+    ``bytes_written`` (payload bytes only).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(REQUEST_KINDS, 0)
+        self._bytes_read = 0
+        self._bytes_written = 0
+
+    def record(self, kind: str, bytes_read: int = 0, bytes_written: int = 0) -> None:
+        """Counts one request.
+
+        Args:
+            kind: One of ``GET``, ``PUT``, ``LIST``, ``DELETE``, ``HEAD``.
+            bytes_read: Payload bytes returned by the request.
+            bytes_written: Payload bytes sent by the request.
+        """
+        with self._lock:
+            self._counts[kind] += 1
+            self._bytes_read += bytes_read
+            self._bytes_written += bytes_written
+
+    def snapshot(self) -> dict[str, int]:
+        """Returns a consistent copy of the counters as a plain dict.
+
+        Returns:
+            ``{"GET": n, "PUT": n, "LIST": n, "DELETE": n, "HEAD": n,
+            "bytes_read": n, "bytes_written": n}``.
+        """
+        with self._lock:
+            out = dict(self._counts)
+            out["bytes_read"] = self._bytes_read
+            out["bytes_written"] = self._bytes_written
+            return out
+
+    def reset(self) -> None:
+        """Sets every counter back to zero."""
+        with self._lock:
+            self._counts = dict.fromkeys(REQUEST_KINDS, 0)
+            self._bytes_read = 0
+            self._bytes_written = 0
+
+
+class ObjectStore(ABC):
+    """A flat key -> bytes store with atomic writes and request counting.
+
+    Implementations must be safe to call from several threads; DKV itself is
+    single-threaded, but several DKV instances may share one store.
+    """
+
+    def __init__(self) -> None:
+        self.stats = RequestStats()
+
+    @property
+    @abstractmethod
+    def root_uri(self) -> str:
+        """The URI that ``open_object_store`` turns back into an equivalent store."""
+
+    @abstractmethod
+    def uri(self, key: str) -> str:
+        """Returns the full URI of ``key`` (used in error messages and manifests).
+
+        Args:
+            key: Object key relative to the store root.
+
+        Returns:
+            The absolute URI, e.g. ``file:///data/jobs/x/sst/a.sst``.
+        """
+
+    @abstractmethod
+    def put(self, key: str, data: bytes) -> None:
+        """Writes ``data`` under ``key``, replacing any previous object atomically.
+
+        Args:
+            key: Object key.
+            data: The full object payload.
+        """
+
+    @abstractmethod
+    def put_if_absent(self, key: str, data: bytes) -> None:
+        """Writes ``data`` under ``key`` only if no object exists there, atomically.
+
+        Args:
+            key: Object key.
+            data: The full object payload.
+
+        Raises:
+            ObjectExistsError: The key already exists; nothing was written.
+        """
+
+    @abstractmethod
+    def get(self, key: str) -> bytes:
+        """Reads a whole object.
+
+        Args:
+            key: Object key.
+
+        Returns:
+            The object's bytes.
+
+        Raises:
+            ObjectNotFoundError: No such key (the message names its URI).
+        """
+
+    @abstractmethod
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        """Reads ``length`` bytes starting at byte offset ``start``.
+
+        Args:
+            key: Object key.
+            start: First byte offset (>= 0).
+            length: Number of bytes (>= 0); fewer are returned at the end of the object.
+
+        Returns:
+            The requested bytes.
+
+        Raises:
+            ObjectNotFoundError: No such key.
+        """
+
+    @abstractmethod
+    def size(self, key: str) -> int:
+        """Returns the object's size in bytes.
+
+        Raises:
+            ObjectNotFoundError: No such key.
+        """
+
+    @abstractmethod
+    def exists(self, key: str) -> bool:
+        """Returns whether ``key`` exists."""
+
+    @abstractmethod
+    def list(self, prefix: str) -> list[str]:
+        """Lists keys starting with ``prefix``, recursively, sorted ascending.
+
+        Args:
+            prefix: Key prefix; ``""`` lists everything. A prefix ending in ``/``
+                lists one "directory".
+
+        Returns:
+            Sorted keys. In-flight temporary files are never listed.
+        """
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Deletes ``key``; deleting a missing key is not an error."""
+
+
+def open_object_store(uri: str) -> ObjectStore:
+    """Opens the object store for ``uri``, choosing the implementation by scheme.
+
+    Args:
+        uri: ``file:///abs/path``, a plain filesystem path, or ``s3://bucket/prefix``.
+
+    Returns:
+        An ``ObjectStore`` rooted at ``uri``.
+
+    Raises:
+        NotImplementedError: The scheme is known but its implementation is not available yet.
+        ValueError: The scheme is unknown.
+    """
+    from storage.objectstore.local import LocalObjectStore
+
+    parsed = urlparse(uri)
+    scheme = parsed.scheme
+    # A Windows-style drive letter parses as a one-letter scheme; treat it as a path.
+    if scheme == "" or len(scheme) == 1:
+        return LocalObjectStore(uri)
+    if scheme == "file":
+        if parsed.netloc not in ("", "localhost"):
+            raise ValueError(f"file URI with a host is not supported: {uri!r}")
+        return LocalObjectStore(parsed.path)
+    if scheme in ("s3", "s3a"):
+        raise NotImplementedError(
+            f"S3 object store arrives with issue 5; cannot open {uri!r} yet"
+        )
+    raise ValueError(f"unknown object-store URI scheme {scheme!r} in {uri!r}")

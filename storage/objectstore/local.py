@@ -1,0 +1,157 @@
+"""A local-directory object store.
+
+Key ``a/b/c`` is the file ``<root>/a/b/c``; parent directories are created on demand.
+
+Atomicity:
+
+* ``put`` writes ``<dir>/.tmp-<uuid>-<name>`` in the target directory, fsyncs it, then
+  ``os.replace``s it over the key. ``rename`` within one filesystem is atomic on POSIX, so a
+  reader sees the old file or the new one, never a partial write.
+* ``put_if_absent`` writes the same kind of temp file, then ``os.link``s it to the key.
+  ``link`` fails with ``EEXIST`` if the key exists, so exactly one of several racing writers
+  wins, and the winner's file is complete the instant it becomes visible. The temp file is
+  unlinked afterwards in every case.
+
+Temp files start with ``.tmp-`` and are never returned by ``list``.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+from storage.errors import ObjectExistsError, ObjectNotFoundError
+from storage.objectstore import ObjectStore
+
+TMP_PREFIX = ".tmp-"
+
+
+class LocalObjectStore(ObjectStore):
+    """An ``ObjectStore`` over a directory tree.
+
+    Args:
+        root: Directory that holds the objects; created if missing.
+    """
+
+    def __init__(self, root: str | Path) -> None:
+        super().__init__()
+        self._root = Path(root).resolve()
+        self._root.mkdir(parents=True, exist_ok=True)
+
+    def __reduce__(self):  # pickles as its root only; stats start fresh in the other process
+        return (LocalObjectStore, (str(self._root),))
+
+    def __repr__(self) -> str:
+        return f"LocalObjectStore({str(self._root)!r})"
+
+    @property
+    def root_uri(self) -> str:
+        return self._root.as_uri()
+
+    def uri(self, key: str) -> str:
+        return self._path(key).as_uri()
+
+    def _path(self, key: str) -> Path:
+        # Reject keys that would escape the root; keys come from our own naming code, so
+        # this is a guard against bugs rather than an access-control check.
+        if key.startswith("/") or ".." in key.split("/"):
+            raise ValueError(f"invalid object key {key!r}")
+        return self._root / key
+
+    def _write_temp(self, path: Path, data: bytes) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.parent / f"{TMP_PREFIX}{uuid.uuid4().hex}-{path.name}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        return tmp
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        tmp = self._write_temp(path, data)
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        self.stats.record("PUT", bytes_written=len(data))
+
+    def put_if_absent(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        tmp = self._write_temp(path, data)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            self.stats.record("PUT")
+            raise ObjectExistsError(f"object already exists: {self.uri(key)}") from None
+        finally:
+            tmp.unlink(missing_ok=True)
+        self.stats.record("PUT", bytes_written=len(data))
+
+    def get(self, key: str) -> bytes:
+        path = self._path(key)
+        try:
+            data = path.read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            self.stats.record("GET")
+            raise ObjectNotFoundError(f"object not found: {self.uri(key)}") from None
+        self.stats.record("GET", bytes_read=len(data))
+        return data
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        if start < 0 or length < 0:
+            raise ValueError(f"bad range start={start} length={length} for {self.uri(key)}")
+        path = self._path(key)
+        try:
+            with open(path, "rb") as f:
+                f.seek(start)
+                data = f.read(length)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            self.stats.record("GET")
+            raise ObjectNotFoundError(f"object not found: {self.uri(key)}") from None
+        self.stats.record("GET", bytes_read=len(data))
+        return data
+
+    def size(self, key: str) -> int:
+        path = self._path(key)
+        self.stats.record("HEAD")
+        try:
+            st = path.stat()
+        except (FileNotFoundError, NotADirectoryError):
+            raise ObjectNotFoundError(f"object not found: {self.uri(key)}") from None
+        if not path.is_file():
+            raise ObjectNotFoundError(f"object not found: {self.uri(key)}")
+        return st.st_size
+
+    def exists(self, key: str) -> bool:
+        self.stats.record("HEAD")
+        return self._path(key).is_file()
+
+    def list(self, prefix: str) -> list[str]:
+        self.stats.record("LIST")
+        # Walk only the deepest directory the prefix names completely.
+        base_rel = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        base = self._path(base_rel) if base_rel else self._root
+        out: list[str] = []
+        if not base.is_dir():
+            return out
+        for dirpath, _dirnames, filenames in os.walk(base):
+            rel_dir = os.path.relpath(dirpath, self._root)
+            rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"
+            for name in filenames:
+                if name.startswith(TMP_PREFIX):
+                    continue
+                key = rel_dir + name
+                if key.startswith(prefix):
+                    out.append(key)
+        out.sort()
+        return out
+
+    def delete(self, key: str) -> None:
+        self.stats.record("DELETE")
+        try:
+            self._path(key).unlink()
+        except FileNotFoundError:
+            pass
