@@ -1,0 +1,52 @@
+"""A byte-budget LRU cache of decoded SSTable data blocks.
+
+Keys are ``(table_key, block_number)``; the charge of an entry is its uncompressed size in
+bytes. Tables are immutable and uniquely named, so entries never go stale. Not thread-safe
+(one cache per DKV instance).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+
+class BlockCache:
+    """LRU over a byte budget.
+
+    Args:
+        capacity_bytes: Total charge to keep; 0 disables caching.
+    """
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity_bytes = capacity_bytes
+        self._d: OrderedDict[Any, tuple[Any, int]] = OrderedDict()
+        self.used_bytes = 0
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def get(self, key: Any) -> Any | None:
+        """Returns the cached value (marking it recently used) or None."""
+        hit = self._d.get(key)
+        if hit is None:
+            self.misses += 1
+            return None
+        self._d.move_to_end(key)
+        self.hits += 1
+        return hit[0]
+
+    def put(self, key: Any, value: Any, charge: int) -> None:
+        """Inserts ``value`` with ``charge`` bytes, evicting least recently used entries."""
+        if charge > self.capacity_bytes:
+            return
+        old = self._d.pop(key, None)
+        if old is not None:
+            self.used_bytes -= old[1]
+        self._d[key] = (value, charge)
+        self.used_bytes += charge
+        while self.used_bytes > self.capacity_bytes:
+            _, (_, c) = self._d.popitem(last=False)
+            self.used_bytes -= c

@@ -1,0 +1,363 @@
+"""DKV: the facade that wires memtables, WAL, SSTables, levels, compaction and manifests.
+
+Write path: ``put``/``delete`` assign the next sequence number, append the record to the
+in-memory WAL buffer and write it through to the active memtable. No object-store request
+happens per key. When the memtable reaches ``memtable_bytes`` it is sealed and written as
+an L0 SSTable synchronously (one PUT).
+
+Read path: ``get`` consults the active memtable, sealed memtables, L0 tables newest first
+(skipping by key range and Bloom filter), then one table per sorted-run level. Scans merge
+all sources lazily; the newest version of a key wins and tombstones hide older versions.
+A scan sees the state at the moment it was started; writing while iterating is allowed.
+
+Checkpoint: writes the WAL records appended since the previous checkpoint as one WAL
+object (or flushes the memtable instead when the listed WAL would exceed
+``wal_flush_bytes``), compacts if L0 reached its trigger, and publishes a manifest with
+``put_if_absent``. Writes after the last checkpoint are not durable: ``close`` (or a crash)
+discards them, and reopening a manifest restores exactly the checkpointed state.
+
+Threading: a DKV instance is single-threaded. Call it from one thread at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from storage.dkv.compaction import CompactionResult, plan_compaction, run_compaction
+from storage.dkv.invariants import check_manifest
+from storage.dkv.levels import LevelList
+from storage.dkv.manifest import Manifest, WalRef, load_manifest, publish_manifest
+from storage.dkv.memtable import Memtable
+from storage.dkv.merge import Entry, live_only, merge_newest
+from storage.dkv.options import DKVOptions
+from storage.dkv.paths import PathResolver, validate_name
+from storage.dkv.sstable import TableInfo
+from storage.dkv.tablestore import TableStore
+from storage.dkv.wal import WalRecord
+from storage.errors import ClosedError, ManifestConflictError
+from storage.objectstore import ObjectStore
+
+
+def prefix_successor(prefix: bytes) -> bytes | None:
+    """Returns the smallest key greater than every key starting with ``prefix``.
+
+    Returns:
+        The exclusive upper bound of a prefix scan, or None if there is none (the
+        prefix is empty or all ``0xff``).
+    """
+    p = prefix.rstrip(b"\xff")
+    if not p:
+        return None
+    return p[:-1] + bytes([p[-1] + 1])
+
+
+class DKV:
+    """An LSM key-value store over an ``ObjectStore``. Keys and values are ``bytes``.
+
+    Create with ``DKV.open``. Single-threaded.
+    """
+
+    def __init__(
+        self, store: ObjectStore, paths: PathResolver, options: DKVOptions,
+        manifest: Manifest | None,
+    ) -> None:
+        self._store = store
+        self._paths = paths
+        self._options = options
+        self._tables = TableStore(store, paths, options)
+        self._memtable_bytes = options.memtable_bytes
+        self._mem = Memtable()
+        self._sealed: list[Memtable] = []  # newest first
+        self._wal_buf: list[WalRecord] = []
+        self._closed = False
+        if manifest is None:
+            self._seq = 0
+            self._flushed_seq = 0
+            self._levels = LevelList()
+            self._wal_refs: list[WalRef] = []
+        else:
+            self._seq = manifest.last_seq
+            self._flushed_seq = manifest.flushed_seq
+            self._levels = manifest.levels
+            self._wal_refs = list(manifest.wal)
+            mem = self._mem
+            for ref in self._wal_refs:
+                for seq, key, value in self._tables.read_wal(ref):
+                    mem.put(key, seq, value)
+
+    @classmethod
+    def open(
+        cls, store: ObjectStore, prefix: str, manifest_key: str | None = None,
+        options: DKVOptions | None = None,
+    ) -> DKV:
+        """Opens a DKV instance.
+
+        Args:
+            store: Where tables, WAL objects and manifests live.
+            prefix: Key prefix of this instance's files, e.g.
+                ``jobs/flights/state/route_daily_delays/kg-0000-0127``.
+            manifest_key: None for an empty DB, else a key returned by ``checkpoint``;
+                the DB then holds exactly the state of that checkpoint.
+            options: Tuning; defaults to ``DKVOptions()``.
+
+        Returns:
+            The open instance.
+
+        Raises:
+            ObjectNotFoundError: The manifest or a WAL object it names is missing.
+            CorruptionError: The manifest or a WAL object fails verification.
+        """
+        options = options or DKVOptions()
+        paths = PathResolver(prefix)
+        manifest = None
+        if manifest_key is not None:
+            manifest = load_manifest(store, manifest_key)
+            check_manifest(manifest, store.uri(manifest_key))
+        return cls(store, paths, options, manifest)
+
+    # -- writes ---------------------------------------------------------------------
+
+    def put(self, key: bytes, value: bytes) -> None:
+        """Sets ``key`` to ``value``.
+
+        Raises:
+            TypeError: ``key`` or ``value`` is not ``bytes``.
+            ClosedError: The instance is closed.
+        """
+        if type(key) is not bytes or type(value) is not bytes:
+            raise TypeError("DKV keys and values must be bytes")
+        if self._closed:
+            raise ClosedError("DKV is closed")
+        self._seq = seq = self._seq + 1
+        self._wal_buf.append((seq, key, value))
+        mem = self._mem
+        mem.put(key, seq, value)
+        if mem.approx_bytes >= self._memtable_bytes:
+            self.flush()
+
+    def delete(self, key: bytes) -> None:
+        """Deletes ``key`` (writes a tombstone; deleting a missing key is fine).
+
+        Raises:
+            TypeError: ``key`` is not ``bytes``.
+            ClosedError: The instance is closed.
+        """
+        if type(key) is not bytes:
+            raise TypeError("DKV keys must be bytes")
+        if self._closed:
+            raise ClosedError("DKV is closed")
+        self._seq = seq = self._seq + 1
+        self._wal_buf.append((seq, key, None))
+        mem = self._mem
+        mem.put(key, seq, None)
+        if mem.approx_bytes >= self._memtable_bytes:
+            self.flush()
+
+    # -- reads ----------------------------------------------------------------------
+
+    def get(self, key: bytes) -> bytes | None:
+        """Returns the value of ``key``, or None if it is absent or deleted.
+
+        Raises:
+            CorruptionError: A table block needed for the answer fails verification.
+        """
+        e = self._mem._d.get(key)  # the hot path: one dict lookup
+        if e is not None:
+            return e[1]
+        if self._closed:
+            raise ClosedError("DKV is closed")
+        return self._get_older(key)
+
+    def _get_older(self, key: bytes) -> bytes | None:
+        for m in self._sealed:
+            e = m.get(key)
+            if e is not None:
+                return e[1]
+        tables = self._tables
+        levels = self._levels
+        for t in levels.l0:
+            if t.min_key <= key <= t.max_key:
+                e = tables.reader(t).get(key)
+                if e is not None:
+                    return e[1]
+        for i in range(1, len(levels.levels)):
+            t = levels.sorted_run_candidate(i, key)
+            if t is not None:
+                e = tables.reader(t).get(key)
+                if e is not None:
+                    return e[1]
+        return None
+
+    def scan_prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Yields ``(key, value)`` for live keys starting with ``prefix``, ascending.
+
+        Lazy heap merge over memtables and tables; the newest version wins and tombstones
+        hide older versions.
+        """
+        return self.scan_range(prefix, prefix_successor(prefix))
+
+    def scan_range(self, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        """Yields ``(key, value)`` for live keys with ``start <= key < end``, ascending.
+
+        Args:
+            start: Inclusive lower bound.
+            end: Exclusive upper bound, or None for no bound.
+        """
+        if self._closed:
+            raise ClosedError("DKV is closed")
+        return live_only(merge_newest(self._sources(start, end)))
+
+    def _sources(self, start: bytes, end: bytes | None) -> list:
+        sources: list = [self._mem.range(start, end)]
+        sources += [m.range(start, end) for m in self._sealed]
+        tables = self._tables
+        levels = self._levels
+
+        def overlaps(t: TableInfo) -> bool:
+            return t.max_key >= start and (end is None or t.min_key < end)
+
+        for t in levels.l0:
+            if overlaps(t):
+                sources.append(tables.reader(t).iter_from(start, end))
+        for i in range(1, len(levels.levels)):
+            run = [t for t in levels.level(i) if overlaps(t)]
+            if run:
+                sources.append(self._run_iter(run, start, end))
+        return sources
+
+    def _run_iter(self, run: list[TableInfo], start: bytes, end: bytes | None) -> Iterator[Entry]:
+        # Tables of a sorted run are disjoint and ordered: concatenate, opening lazily.
+        for t in run:
+            yield from self._tables.reader(t).iter_from(start, end)
+
+    # -- flush, compaction, checkpoint --------------------------------------------------
+
+    def flush(self) -> None:
+        """Seals the memtable and writes it as an L0 SSTable now; then compacts if due.
+
+        All WAL records are then covered by tables, so the buffered WAL and the listed WAL
+        objects are dropped (WAL truncation up to the table's max sequence number).
+        """
+        if self._closed:
+            raise ClosedError("DKV is closed")
+        if len(self._mem):
+            self._sealed.insert(0, self._mem)
+            self._mem = Memtable()
+        levels = self._levels
+        for m in reversed(self._sealed):  # oldest first, so L0 ends up newest first
+            t = self._tables.write_table(m.entries())
+            if t is not None:
+                levels = levels.with_flushed(t)
+        self._levels = levels
+        self._sealed = []
+        self._flushed_seq = self._seq
+        self._wal_buf = []
+        self._wal_refs = []
+        self._maybe_compact()
+
+    def _maybe_compact(self) -> None:
+        plan = plan_compaction(self._levels, self._options)
+        if plan is not None:
+            result = run_compaction(plan, self._tables, self._options.target_file_bytes)
+            self.install_compaction(result)
+
+    def install_compaction(self, result: CompactionResult) -> None:
+        """Installs a compaction result if all its inputs are still live.
+
+        Raises:
+            ValueError: Some input left the level list; the result must be discarded.
+        """
+        self._levels = self._levels.with_compaction(
+            result.inputs, result.output_level, result.outputs
+        )
+        self._tables.forget(result.inputs)
+
+    def checkpoint(self, name: str) -> str:
+        """Makes the current state durable and publishes a manifest for it.
+
+        Args:
+            name: Unique per (epoch, task attempt), e.g. ``e00000007-a3f9c1``;
+                ``[A-Za-z0-9._-]`` only.
+
+        Returns:
+            The manifest key, to pass to ``DKV.open`` later.
+
+        Raises:
+            ManifestConflictError: A manifest with this name already exists.
+            ValueError: ``name`` has invalid characters.
+        """
+        if self._closed:
+            raise ClosedError("DKV is closed")
+        mkey = self._paths.manifest_key(validate_name(name))
+        if self._store.exists(mkey):  # fail before writing anything; publish re-checks
+            raise ManifestConflictError(f"manifest already exists: {self._store.uri(mkey)}")
+        if self._wal_buf:
+            data = self._tables.encode_wal(self._wal_buf)
+            listed = sum(w.size for w in self._wal_refs) + len(data)
+            if listed > self._options.wal_flush_bytes:
+                self.flush()
+            else:
+                self._wal_refs.append(self._tables.write_wal(name, data, self._wal_buf))
+                self._wal_buf = []
+        self._maybe_compact()
+        m = Manifest(
+            name=name, prefix=self._paths.prefix, last_seq=self._seq,
+            flushed_seq=self._flushed_seq, levels=self._levels, wal=tuple(self._wal_refs),
+        )
+        check_manifest(m, self._store.uri(mkey))
+        publish_manifest(self._store, mkey, m)
+        return mkey
+
+    # -- introspection and lifecycle ----------------------------------------------------
+
+    @property
+    def levels(self) -> LevelList:
+        """The current (immutable) level list."""
+        return self._levels
+
+    def stats(self) -> dict:
+        """Returns counters as a plain dict.
+
+        Keys: ``tables_per_level`` and ``bytes_per_level`` (lists, index = level),
+        ``memtable_bytes`` (approximate), ``memtable_entries``, ``sealed_memtables``,
+        ``approx_live_keys`` (entries in memtables and tables; an upper bound, since
+        versions and tombstones count), ``last_seq``, ``flushed_seq``, ``wal_objects``,
+        ``wal_bytes``, ``wal_buffered_records``, ``block_cache`` and ``object_store``.
+        """
+        lv = self._levels.levels
+        cache = self._tables.cache
+        mem_entries = len(self._mem) + sum(len(m) for m in self._sealed)
+        return {
+            "tables_per_level": [len(lvl) for lvl in lv],
+            "bytes_per_level": [sum(t.size for t in lvl) for lvl in lv],
+            "entries_per_level": [sum(t.entries for t in lvl) for lvl in lv],
+            "memtable_bytes": self._mem.approx_bytes + sum(m.approx_bytes for m in self._sealed),
+            "memtable_entries": mem_entries,
+            "sealed_memtables": len(self._sealed),
+            "approx_live_keys": mem_entries + sum(t.entries for t in self._levels.all_tables()),
+            "last_seq": self._seq,
+            "flushed_seq": self._flushed_seq,
+            "wal_objects": len(self._wal_refs),
+            "wal_bytes": sum(w.size for w in self._wal_refs),
+            "wal_buffered_records": len(self._wal_buf),
+            "block_cache": {
+                "bytes": cache.used_bytes if cache else 0,
+                "hits": cache.hits if cache else 0,
+                "misses": cache.misses if cache else 0,
+            },
+            "object_store": self._store.stats.snapshot(),
+        }
+
+    def close(self) -> None:
+        """Releases memory. Writes since the last checkpoint are discarded."""
+        self._closed = True
+        self._mem = Memtable()
+        self._sealed = []
+        self._wal_buf = []
+        self._tables.forget(list(self._tables._readers))
+
+    def __enter__(self) -> DKV:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,105 @@
+"""The memtable: recently written entries, in memory, readable in key order.
+
+Layout: a ``dict`` maps ``key -> (seq, value)`` where ``value is None`` marks a tombstone.
+Point reads and writes are one dict operation. Ordered reads use a list of the keys that
+is sorted lazily: keys inserted since the last ordered read wait in ``_pending`` and are
+merged in on the next scan (``insort`` for a few, one timsort over two sorted runs for
+many). A stream operator does far more puts/gets than scans, so this keeps the hot path at
+dict speed while a scan costs O(new keys) amortized.
+
+A memtable holds one version per key (the newest); older versions it replaced are gone,
+which is the "natural compaction" of memtables. Not thread-safe; owned by one DKV.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections.abc import Iterator
+
+# Rough per-entry cost of the dict slot, tuple and int, so that many tiny entries still
+# trigger a flush (bytes).
+ENTRY_OVERHEAD = 64
+
+Entry = tuple[bytes, int, "bytes | None"]  # (key, seq, value or None for a tombstone)
+
+
+class Memtable:
+    """A mutable sorted map of ``key -> (seq, value | None)``."""
+
+    __slots__ = ("_d", "_keys", "_pending", "approx_bytes", "max_seq", "min_seq")
+
+    def __init__(self) -> None:
+        self._d: dict[bytes, tuple[int, bytes | None]] = {}
+        self._keys: list[bytes] = []
+        self._pending: list[bytes] = []
+        self.approx_bytes = 0
+        self.min_seq = 0  # 0 = empty
+        self.max_seq = 0
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def put(self, key: bytes, seq: int, value: bytes | None) -> None:
+        """Records ``key -> value`` at ``seq`` (``value=None`` records a delete).
+
+        REQUIRES: ``seq`` is greater than every seq already in this memtable.
+        """
+        d = self._d
+        old = d.get(key)
+        d[key] = (seq, value)
+        if old is None:
+            self._pending.append(key)
+            self.approx_bytes += len(key) + (len(value) if value is not None else 0) + ENTRY_OVERHEAD
+        else:
+            self.approx_bytes += (len(value) if value is not None else 0) - (
+                len(old[1]) if old[1] is not None else 0
+            )
+        if not self.min_seq:
+            self.min_seq = seq
+        self.max_seq = seq
+
+    def get(self, key: bytes) -> tuple[int, bytes | None] | None:
+        """Looks up ``key``.
+
+        Returns:
+            One of three results:
+            * ``(seq, value)``: the key's newest value is here;
+            * ``(seq, None)``: the key was deleted here (a tombstone hides older tables);
+            * ``None``: this memtable knows nothing about the key; look further.
+        """
+        return self._d.get(key)
+
+    def _sorted_keys(self) -> list[bytes]:
+        pending = self._pending
+        if pending:
+            keys = self._keys
+            if len(pending) < 16:
+                for k in pending:
+                    insort(keys, k)
+            else:
+                keys.extend(pending)
+                keys.sort()  # timsort merges the two sorted runs in linear time
+            self._pending = []
+        return self._keys
+
+    def range(self, start: bytes, end: bytes | None) -> list[Entry]:
+        """Returns the entries with ``start <= key < end`` as a snapshot list, ascending.
+
+        A snapshot (not a live view) so callers may write while iterating a scan.
+
+        Args:
+            start: Inclusive lower bound.
+            end: Exclusive upper bound, or ``None`` for no bound.
+        """
+        keys = self._sorted_keys()
+        lo = bisect_left(keys, start)
+        hi = len(keys) if end is None else bisect_left(keys, end, lo)
+        d = self._d
+        return [(k, *d[k]) for k in keys[lo:hi]]
+
+    def entries(self) -> Iterator[Entry]:
+        """Yields every entry in ascending key order (used to write an SSTable)."""
+        d = self._d
+        for k in self._sorted_keys():
+            seq, value = d[k]
+            yield k, seq, value

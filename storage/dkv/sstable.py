@@ -1,0 +1,387 @@
+"""SSTable: the immutable sorted file. Format, builder and reader.
+
+An SSTable holds entries ``(key, seq, tombstone, value)`` sorted by key, exactly one entry
+per key (memtables and compaction outputs both keep only a key's newest version).
+
+File layout::
+
+    sstable    := data_block* meta_block footer
+    data_block := zstd_frame(raw_block) | crc32c u32      (crc over the compressed frame)
+    raw_block  := entry*                                   (~block_bytes uncompressed)
+    entry      := key_len u32 | value_len u32 | seq u64 | flags u8 | key | value
+    flags      := bit 0 = tombstone (value_len is then 0); other bits zero
+    meta_block := msgpack map (uncompressed), see below
+    footer     := meta_offset u64 | meta_len u32 | meta_crc32c u32 | format_version u32
+                  | footer_crc32c u32 | magic u64                     (32 bytes, fixed)
+
+Integers are little-endian. ``footer_crc32c`` covers the 20 bytes before it. ``magic`` is
+``b"DKVSST\\x00\\x01"`` read as a little-endian u64: printable in a hex dump, and a file cut
+short or concatenated ends in something else. ``format_version`` is 1.
+
+The meta block (msgpack map, keys are strings)::
+
+    "entries": int           number of entries (tombstones included)
+    "min_key", "max_key": bytes
+    "min_seq", "max_seq": int
+    "blocks": [[first_key bytes, offset int, disk_len int, raw_len int, entries int], ...]
+              the sparse index: one row per data block, in file order; disk_len includes
+              the 4-byte crc
+    "bloom": {"name": str, "k": int, "bits": bytes}    see ``bloom.py``
+
+Readers fetch the tail of the object (footer + meta) with one ranged GET (the whole object
+if it is small) and data blocks on demand with ranged GETs through the block cache. Every
+checksum, bound and ordering check that fails raises ``CorruptionError`` naming the URI and
+the offset or block; nothing is returned silently wrong.
+"""
+
+from __future__ import annotations
+
+import struct
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import msgpack
+import zstandard
+from crc32c import crc32c
+
+from storage.dkv.block_cache import BlockCache
+from storage.dkv.bloom import POLICY_NAME, build_bloom, may_contain
+from storage.errors import CorruptionError
+from storage.objectstore import ObjectStore
+
+FORMAT_VERSION = 1
+MAGIC = int.from_bytes(b"DKVSST\x00\x01", "little")
+FOOTER = struct.Struct("<QIIIIQ")
+FOOTER_SIZE = FOOTER.size  # 32
+FLAG_TOMBSTONE = 0x01
+_ENTRY_HEAD = struct.Struct("<IIQB")
+# First ranged read at open: footer + meta usually fit (bytes).
+TAIL_READ_BYTES = 64 << 10
+
+Entry = tuple[bytes, int, "bytes | None"]
+# A decoded data block: parallel lists of keys, seqs and values (None = tombstone).
+DecodedBlock = tuple[list[bytes], list[int], "list[bytes | None]"]
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    """What a finished table reports about itself (goes into the manifest)."""
+
+    key: str
+    size: int
+    entries: int
+    min_key: bytes
+    max_key: bytes
+    min_seq: int
+    max_seq: int
+
+
+class SSTableBuilder:
+    """Accumulates sorted entries and produces the bytes of one SSTable.
+
+    REQUIRES: ``add`` is called with strictly increasing keys.
+    """
+
+    def __init__(self, block_bytes: int, bloom_bits_per_key: int, zstd_level: int) -> None:
+        self._block_bytes = block_bytes
+        self._bits_per_key = bloom_bits_per_key
+        self._cctx = zstandard.ZstdCompressor(level=zstd_level)
+        self._parts: list[bytes] = []
+        self._offset = 0
+        self._index: list[list] = []
+        self._block: list[bytes] = []
+        self._block_raw = 0
+        self._block_first: bytes | None = None
+        self._block_entries = 0
+        self._keys: list[bytes] = []
+        self._last_key: bytes | None = None
+        self._min_seq = 0
+        self._max_seq = 0
+        self.raw_bytes = 0  # uncompressed entry bytes so far
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def add(self, key: bytes, seq: int, value: bytes | None) -> None:
+        """Appends one entry (``value=None`` is a tombstone).
+
+        Raises:
+            ValueError: ``key`` is not greater than the previous key.
+        """
+        if self._last_key is not None and key <= self._last_key:
+            raise ValueError("SSTable keys must be added in strictly increasing order")
+        self._last_key = key
+        if value is None:
+            rec = _ENTRY_HEAD.pack(len(key), 0, seq, FLAG_TOMBSTONE) + key
+        else:
+            rec = b"".join((_ENTRY_HEAD.pack(len(key), len(value), seq, 0), key, value))
+        if self._block_first is None:
+            self._block_first = key
+        self._block.append(rec)
+        self._block_raw += len(rec)
+        self._block_entries += 1
+        self.raw_bytes += len(rec)
+        self._keys.append(key)
+        if not self._min_seq or seq < self._min_seq:
+            self._min_seq = seq
+        if seq > self._max_seq:
+            self._max_seq = seq
+        if self._block_raw >= self._block_bytes:
+            self._finish_block()
+
+    def _finish_block(self) -> None:
+        if not self._block:
+            return
+        frame = self._cctx.compress(b"".join(self._block))
+        disk = frame + crc32c(frame).to_bytes(4, "little")
+        self._index.append(
+            [self._block_first, self._offset, len(disk), self._block_raw, self._block_entries]
+        )
+        self._parts.append(disk)
+        self._offset += len(disk)
+        self._block = []
+        self._block_raw = 0
+        self._block_first = None
+        self._block_entries = 0
+
+    def finish(self) -> tuple[bytes, dict]:
+        """Seals the table.
+
+        Returns:
+            ``(data, meta)``: the file bytes and the decoded meta map.
+
+        Raises:
+            ValueError: No entries were added (empty tables are never written).
+        """
+        if not self._keys:
+            raise ValueError("refusing to build an empty SSTable")
+        self._finish_block()
+        k, bits = build_bloom(self._keys, self._bits_per_key)
+        meta = {
+            "entries": len(self._keys),
+            "min_key": self._keys[0],
+            "max_key": self._keys[-1],
+            "min_seq": self._min_seq,
+            "max_seq": self._max_seq,
+            "blocks": self._index,
+            "bloom": {"name": POLICY_NAME, "k": k, "bits": bits},
+        }
+        meta_bytes = msgpack.packb(meta, use_bin_type=True)
+        head = struct.pack("<QII", self._offset, len(meta_bytes), crc32c(meta_bytes))
+        head += struct.pack("<I", FORMAT_VERSION)
+        footer = head + struct.pack("<IQ", crc32c(head), MAGIC)
+        assert len(footer) == FOOTER_SIZE
+        return b"".join([*self._parts, meta_bytes, footer]), meta
+
+
+def _decode_block(raw: bytes, uri: str, block_no: int, offset: int, expect: int) -> DecodedBlock:
+    keys: list[bytes] = []
+    seqs: list[int] = []
+    values: list[bytes | None] = []
+    pos = 0
+    n = len(raw)
+    unpack = _ENTRY_HEAD.unpack_from
+    hsize = _ENTRY_HEAD.size
+    try:
+        while pos < n:
+            klen, vlen, seq, flags = unpack(raw, pos)
+            pos += hsize
+            kend = pos + klen
+            vend = kend + vlen
+            if vend > n or flags & ~FLAG_TOMBSTONE or (flags and vlen):
+                raise ValueError("entry overruns block or has bad flags")
+            keys.append(raw[pos:kend])
+            seqs.append(seq)
+            values.append(None if flags else raw[kend:vend])
+            pos = vend
+    except (ValueError, struct.error) as e:
+        raise CorruptionError(
+            f"{uri}: malformed data block {block_no} at offset {offset}: {e}"
+        ) from None
+    if len(keys) != expect:
+        raise CorruptionError(
+            f"{uri}: data block {block_no} at offset {offset} has {len(keys)} entries,"
+            f" index says {expect}"
+        )
+    return keys, seqs, values
+
+
+class SSTableReader:
+    """Reads one SSTable through an ``ObjectStore``, fetching blocks on demand.
+
+    Args:
+        store: Where the table lives.
+        key: The table's object key.
+        size: The table's size in bytes if known (from the manifest); saves a HEAD.
+        cache: Shared decoded-block cache, or None.
+
+    Raises:
+        CorruptionError: The footer or meta block fails its checks.
+        ObjectNotFoundError: The object does not exist.
+    """
+
+    def __init__(
+        self, store: ObjectStore, key: str, size: int | None = None, cache: BlockCache | None = None
+    ) -> None:
+        self._store = store
+        self.key = key
+        self.uri = store.uri(key)
+        self._cache = cache
+        self._dctx = zstandard.ZstdDecompressor()
+        if size is None:
+            size = store.size(key)
+        self.size = size
+        if size < FOOTER_SIZE:
+            raise CorruptionError(f"{self.uri}: object of {size} bytes is too small for a footer")
+        tail_start = max(0, size - TAIL_READ_BYTES)
+        tail = store.get_range(key, tail_start, size - tail_start)
+        if len(tail) != size - tail_start:
+            raise CorruptionError(
+                f"{self.uri}: object shorter than recorded size {size} (read {len(tail)} bytes"
+                f" at offset {tail_start})"
+            )
+        # Small table: keep the whole object and serve blocks from memory.
+        self._whole = tail if tail_start == 0 else None
+        self._parse_tail(tail, tail_start)
+
+    def _parse_tail(self, tail: bytes, tail_start: int) -> None:
+        uri = self.uri
+        foff = self.size - FOOTER_SIZE
+        fbytes = tail[foff - tail_start :]
+        meta_off, meta_len, meta_crc, version, footer_crc, magic = FOOTER.unpack(fbytes)
+        if magic != MAGIC:
+            raise CorruptionError(f"{uri}: bad magic in footer at offset {foff}")
+        if crc32c(fbytes[:20]) != footer_crc:
+            raise CorruptionError(f"{uri}: footer crc32c mismatch at offset {foff}")
+        if version != FORMAT_VERSION:
+            raise CorruptionError(f"{uri}: unsupported SSTable format version {version}")
+        if meta_off + meta_len != foff:
+            raise CorruptionError(f"{uri}: meta block bounds disagree with footer at {foff}")
+        if meta_off >= tail_start:
+            meta_bytes = tail[meta_off - tail_start : foff - tail_start]
+        else:
+            meta_bytes = self._store.get_range(self.key, meta_off, meta_len)
+        if crc32c(meta_bytes) != meta_crc:
+            raise CorruptionError(f"{uri}: meta block crc32c mismatch at offset {meta_off}")
+        try:
+            meta = msgpack.unpackb(meta_bytes, raw=False)
+            blocks = meta["blocks"]
+            bloom = meta["bloom"]
+            self.entries = int(meta["entries"])
+            self.min_key = bytes(meta["min_key"])
+            self.max_key = bytes(meta["max_key"])
+            self.min_seq = int(meta["min_seq"])
+            self.max_seq = int(meta["max_seq"])
+            self._bloom_bits = bytes(bloom["bits"])
+            self._bloom_k = int(bloom["k"])
+            bloom_name = bloom["name"]
+        except (ValueError, KeyError, TypeError, msgpack.UnpackException) as e:
+            raise CorruptionError(f"{uri}: malformed meta block at offset {meta_off}: {e}") from None
+        if bloom_name != POLICY_NAME:
+            raise CorruptionError(f"{uri}: unknown Bloom filter policy {bloom_name!r}")
+        self._first_keys = [bytes(b[0]) for b in blocks]
+        self._blocks = [(int(b[1]), int(b[2]), int(b[4])) for b in blocks]
+        # Structural checks on the index: blocks tile [0, meta_off) in order.
+        pos = 0
+        for i, (off, ln, _n) in enumerate(self._blocks):
+            if off != pos or ln <= 4:
+                raise CorruptionError(f"{uri}: sparse index row {i} inconsistent at offset {off}")
+            pos += ln
+        if pos != meta_off or self._first_keys != sorted(self._first_keys) or not blocks:
+            raise CorruptionError(f"{uri}: sparse index does not cover the data blocks")
+        if sum(b[2] for b in self._blocks) != self.entries:
+            raise CorruptionError(f"{uri}: entry count in meta disagrees with index")
+
+    @property
+    def num_blocks(self) -> int:
+        """Number of data blocks."""
+        return len(self._blocks)
+
+    def block_bounds(self) -> list[tuple[int, int]]:
+        """Returns ``(offset, disk_len)`` of each data block (for tests and tools)."""
+        return [(off, ln) for off, ln, _ in self._blocks]
+
+    def _block(self, i: int) -> DecodedBlock:
+        cache = self._cache
+        ck = (self.key, i)
+        if cache is not None:
+            hit = cache.get(ck)
+            if hit is not None:
+                return hit
+        off, ln, n = self._blocks[i]
+        if self._whole is not None:
+            disk = self._whole[off : off + ln]
+        else:
+            disk = self._store.get_range(self.key, off, ln)
+        if len(disk) != ln:
+            raise CorruptionError(f"{self.uri}: short read of data block {i} at offset {off}")
+        frame = disk[:-4]
+        if crc32c(frame) != int.from_bytes(disk[-4:], "little"):
+            raise CorruptionError(f"{self.uri}: data block {i} crc32c mismatch at offset {off}")
+        try:
+            raw = self._dctx.decompress(frame)
+        except zstandard.ZstdError as e:
+            raise CorruptionError(f"{self.uri}: data block {i} at offset {off}: {e}") from None
+        block = _decode_block(raw, self.uri, i, off, n)
+        keys = block[0]
+        if keys[0] != self._first_keys[i] or any(a >= b for a, b in zip(keys, keys[1:])):
+            raise CorruptionError(f"{self.uri}: data block {i} at offset {off} out of order")
+        if cache is not None:
+            cache.put(ck, block, len(raw))
+        return block
+
+    def may_contain(self, key: bytes) -> bool:
+        """Cheap pre-check: key range then Bloom filter. No I/O."""
+        if key < self.min_key or key > self.max_key:
+            return False
+        return may_contain(self._bloom_bits, self._bloom_k, key)
+
+    def get(self, key: bytes) -> tuple[int, bytes | None] | None:
+        """Looks up ``key``.
+
+        Returns:
+            ``(seq, value)``, ``(seq, None)`` for a tombstone, or ``None`` if absent.
+        """
+        if not self.may_contain(key):
+            return None
+        i = bisect_right(self._first_keys, key) - 1
+        if i < 0:
+            return None
+        keys, seqs, values = self._block(i)
+        j = bisect_left(keys, key)
+        if j < len(keys) and keys[j] == key:
+            return seqs[j], values[j]
+        return None
+
+    def iter_from(self, start: bytes, end: bytes | None = None) -> Iterator[Entry]:
+        """Yields entries with ``start <= key < end`` in ascending order, lazily.
+
+        Args:
+            start: Inclusive lower bound.
+            end: Exclusive upper bound or ``None``.
+        """
+        if (end is not None and end <= self.min_key) or start > self.max_key:
+            return
+        i = max(0, bisect_right(self._first_keys, start) - 1)
+        nblocks = len(self._blocks)
+        first = True
+        while i < nblocks:
+            if end is not None and self._first_keys[i] >= end:
+                return
+            keys, seqs, values = self._block(i)
+            j = bisect_left(keys, start) if first else 0
+            first = False
+            for j in range(j, len(keys)):
+                k = keys[j]
+                if end is not None and k >= end:
+                    return
+                yield k, seqs[j], values[j]
+            i += 1
+
+    def info(self) -> TableInfo:
+        """Returns the table's manifest description."""
+        return TableInfo(
+            self.key, self.size, self.entries, self.min_key, self.max_key, self.min_seq,
+            self.max_seq,
+        )

@@ -1,0 +1,116 @@
+"""TableStore: the one gateway between a DKV instance and the bucket for tables and WAL.
+
+It owns the SSTable builder/reader wiring, the path resolver, the block cache and a cache
+of open readers (footer + meta + Bloom filter parsed once per table). Manifests are
+published by ``manifest.py`` directly with ``put_if_absent``.
+
+Single-threaded, like its owning ``DKV``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from storage.dkv.block_cache import BlockCache
+from storage.dkv.manifest import WalRef
+from storage.dkv.options import DKVOptions
+from storage.dkv.paths import PathResolver
+from storage.dkv.sstable import SSTableBuilder, SSTableReader, TableInfo
+from storage.dkv.wal import WalRecord, decode_wal, encode_wal
+from storage.errors import CorruptionError
+from storage.objectstore import ObjectStore
+
+Entry = tuple[bytes, int, "bytes | None"]
+
+
+class TableStore:
+    """Reads and writes SSTables and WAL objects for one DKV instance.
+
+    Args:
+        store: The object store.
+        paths: Naming of this instance's objects.
+        options: Block size, Bloom bits, compression level, cache budget.
+    """
+
+    def __init__(self, store: ObjectStore, paths: PathResolver, options: DKVOptions) -> None:
+        self.store = store
+        self.paths = paths
+        self.options = options
+        self.cache = BlockCache(options.block_cache_bytes) if options.block_cache_bytes else None
+        self._readers: dict[str, SSTableReader] = {}
+
+    def _builder(self) -> SSTableBuilder:
+        o = self.options
+        return SSTableBuilder(o.block_bytes, o.bloom_bits_per_key, o.zstd_level)
+
+    def _write(self, builder: SSTableBuilder) -> TableInfo:
+        data, meta = builder.finish()
+        key = self.paths.next_sst_key()
+        self.store.put(key, data)
+        return TableInfo(
+            key=key, size=len(data), entries=meta["entries"], min_key=meta["min_key"],
+            max_key=meta["max_key"], min_seq=meta["min_seq"], max_seq=meta["max_seq"],
+        )
+
+    def write_table(self, entries: Iterable[Entry]) -> TableInfo | None:
+        """Writes one SSTable holding ``entries`` (ascending, one per key).
+
+        Returns:
+            The table's description, or None if ``entries`` was empty (nothing written).
+        """
+        b = self._builder()
+        for k, seq, v in entries:
+            b.add(k, seq, v)
+        return self._write(b) if len(b) else None
+
+    def write_run(self, entries: Iterable[Entry], target_bytes: int) -> list[TableInfo]:
+        """Writes ``entries`` as a sorted run split at ~``target_bytes`` uncompressed bytes.
+
+        Returns:
+            The new tables in key order (empty if ``entries`` was empty).
+        """
+        out: list[TableInfo] = []
+        b = self._builder()
+        for k, seq, v in entries:
+            b.add(k, seq, v)
+            if b.raw_bytes >= target_bytes:
+                out.append(self._write(b))
+                b = self._builder()
+        if len(b):
+            out.append(self._write(b))
+        return out
+
+    def reader(self, t: TableInfo) -> SSTableReader:
+        """Returns the (cached) reader for table ``t``; opening it costs one ranged GET."""
+        r = self._readers.get(t.key)
+        if r is None:
+            r = SSTableReader(self.store, t.key, t.size, self.cache)
+            self._readers[t.key] = r
+        return r
+
+    def forget(self, keys: Iterable[str]) -> None:
+        """Drops cached readers of tables that left the level list (files stay)."""
+        for k in keys:
+            self._readers.pop(k, None)
+
+    @staticmethod
+    def encode_wal(records: list[WalRecord]) -> bytes:
+        """Encodes ``records`` as WAL object bytes (see ``wal.py``)."""
+        return encode_wal(records)
+
+    def write_wal(self, checkpoint: str, data: bytes, records: list[WalRecord]) -> WalRef:
+        """Writes ``data`` (``encode_wal(records)``) as this checkpoint's WAL object.
+
+        REQUIRES: ``records`` is non-empty, in increasing seq order.
+        """
+        key = self.paths.wal_key(checkpoint)
+        self.store.put(key, data)
+        return WalRef(key, records[0][0], records[-1][0], len(data), len(records))
+
+    def read_wal(self, ref: WalRef) -> list[WalRecord]:
+        """Reads and verifies a WAL object against its manifest entry."""
+        uri = self.store.uri(ref.key)
+        recs = decode_wal(self.store.get(ref.key), uri, ref.first_seq, ref.last_seq)
+        if len(recs) != ref.records:
+            raise CorruptionError(f"{uri}: WAL has {len(recs)} records, manifest says {ref.records}")
+        return recs
