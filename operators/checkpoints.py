@@ -1,0 +1,124 @@
+"""Job checkpoint manifests: the atomic commit point of an epoch.
+
+One JSON object per committed epoch at ``jobs/<job>/checkpoints/epoch-<epoch:010d>.json``,
+written with ``put_if_absent`` so two drivers can never both commit an epoch. Layout::
+
+    {"crc32c": <crc32c of body as compact sorted JSON>, "body": {
+        "format": 1, "job": str, "epoch": int,
+        "watermark": int (ms),                      # reached at the end of the epoch
+        "source_offsets": {partition: int},         # next offset to read
+        "partition_max_ts": {partition: int (ms)},  # watermark inputs
+        "finished": bool,                           # bounded source fully read
+        "key_groups": int, "parallelism": int,
+        "operators": {op_name: {range_label: dkv manifest key}},
+        "outputs": {output_name: [staged object keys]},
+        "metrics": {...}}}
+
+Everything a task wrote is garbage until a checkpoint names it (DESIGN.md, "Epochs and
+checkpoints").
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+
+import crc32c
+
+from storage.errors import CorruptionError
+from storage.objectstore import ObjectStore
+
+FORMAT_VERSION = 1
+_NAME = re.compile(r"epoch-(\d{10})\.json$")
+
+
+@dataclass
+class JobCheckpoint:
+    """A committed epoch (see module docstring for field meanings and units)."""
+
+    job: str
+    epoch: int
+    watermark: int
+    source_offsets: dict[str, int]
+    partition_max_ts: dict[str, int]
+    finished: bool
+    key_groups: int
+    parallelism: int
+    operators: dict[str, dict[str, str]]
+    outputs: dict[str, list[str]]
+    metrics: dict = field(default_factory=dict)
+    format: int = FORMAT_VERSION
+
+    def encode(self) -> bytes:
+        """Checksummed JSON bytes."""
+        body = json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        return json.dumps({"crc32c": crc32c.crc32c(body.encode()), "body": json.loads(body)},
+                          sort_keys=True, indent=1).encode()
+
+    @classmethod
+    def decode(cls, data: bytes, uri: str) -> JobCheckpoint:
+        """Parse and verify ``data`` read from ``uri``.
+
+        Raises:
+            CorruptionError: bad JSON, checksum mismatch or unknown format, naming ``uri``.
+        """
+        try:
+            doc = json.loads(data)
+            body = doc["body"]
+            canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+            if crc32c.crc32c(canon) != doc["crc32c"]:
+                raise CorruptionError(f"{uri}: job checkpoint checksum mismatch")
+            if body.get("format") != FORMAT_VERSION:
+                raise CorruptionError(f"{uri}: unknown job checkpoint format {body.get('format')!r}")
+            return cls(**body)
+        except CorruptionError:
+            raise
+        except (ValueError, KeyError, TypeError) as e:
+            raise CorruptionError(f"{uri}: unreadable job checkpoint: {e}") from e
+
+
+def checkpoint_prefix(job_prefix: str) -> str:
+    """Object-store prefix of a job's checkpoint manifests."""
+    return f"{job_prefix}/checkpoints/"
+
+
+def checkpoint_key(job_prefix: str, epoch: int) -> str:
+    """Object key of the manifest of ``epoch``."""
+    return f"{checkpoint_prefix(job_prefix)}epoch-{epoch:010d}.json"
+
+
+def list_epochs(store: ObjectStore, job_prefix: str) -> list[int]:
+    """Committed epochs, ascending."""
+    out = []
+    for key in store.list(checkpoint_prefix(job_prefix)):
+        m = _NAME.search(key)
+        if m:
+            out.append(int(m.group(1)))
+    return sorted(out)
+
+
+def read_checkpoint(store: ObjectStore, job_prefix: str, epoch: int) -> JobCheckpoint:
+    """Read and verify the checkpoint of ``epoch``.
+
+    Raises:
+        ObjectNotFoundError: no such epoch. CorruptionError: see ``JobCheckpoint.decode``.
+    """
+    key = checkpoint_key(job_prefix, epoch)
+    return JobCheckpoint.decode(store.get(key), store.uri(key))
+
+
+def latest_checkpoint(store: ObjectStore, job_prefix: str) -> JobCheckpoint | None:
+    """The newest committed checkpoint, or None for a job that never committed."""
+    epochs = list_epochs(store, job_prefix)
+    return read_checkpoint(store, job_prefix, epochs[-1]) if epochs else None
+
+
+def commit_checkpoint(store: ObjectStore, job_prefix: str, checkpoint: JobCheckpoint) -> str:
+    """Atomically commit ``checkpoint``; returns its object key.
+
+    Raises:
+        ObjectExistsError: the epoch was already committed (another driver won).
+    """
+    key = checkpoint_key(job_prefix, checkpoint.epoch)
+    store.put_if_absent(key, checkpoint.encode())
+    return key

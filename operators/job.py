@@ -1,0 +1,79 @@
+"""A job: one source -> one or more keyed operators -> sinks."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from operators.api import MAIN_OUTPUT, Operator
+from operators.keygroups import DEFAULT_KEY_GROUPS, MAX_KEY_GROUPS
+from operators.sinks import Sink
+from operators.sources import Source
+
+
+@dataclass
+class Job:
+    """A streaming job definition.
+
+    Attributes:
+        name: job name; its files live under ``jobs/<name>/`` in the object store.
+        source: where events come from.
+        operators: keyed operators in order; operator i's ``"main"`` output feeds
+            operator i+1 (re-keyed by the emitted key), the last one's outputs feed
+            ``sinks``.
+        sinks: last operator's output name -> sink. Every declared output of the last
+            operator needs a sink; intermediate operators may only emit to ``"main"``.
+        key_groups: K, fixed for the job's lifetime (default 256).
+        parallelism: P, tasks (and DKV instances) per operator.
+        events_per_epoch: events read per micro-batch epoch, over all partitions.
+        max_out_of_orderness_ms: watermark bound: watermark = min over unfinished
+            source partitions of the max event time seen, minus this.
+
+    Raises:
+        ValueError: from ``validate()`` on an inconsistent definition.
+    """
+
+    name: str
+    source: Source
+    operators: list[Operator]
+    sinks: dict[str, Sink]
+    key_groups: int = DEFAULT_KEY_GROUPS
+    parallelism: int = 2
+    events_per_epoch: int = 50_000
+    max_out_of_orderness_ms: int = 0
+    tags: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Check the definition; raise ``ValueError`` naming the problem."""
+        if not self.name or "/" in self.name:
+            raise ValueError(f"job name must be non-empty without '/': {self.name!r}")
+        if not self.operators:
+            raise ValueError(f"job {self.name}: needs at least one operator")
+        if not 1 <= self.key_groups <= MAX_KEY_GROUPS:
+            raise ValueError(f"job {self.name}: key_groups must be in [1, {MAX_KEY_GROUPS}]")
+        if not 1 <= self.parallelism <= self.key_groups:
+            raise ValueError(f"job {self.name}: parallelism must be in [1, key_groups]")
+        if self.events_per_epoch < 1:
+            raise ValueError(f"job {self.name}: events_per_epoch must be >= 1")
+        names = [op.name for op in self.operators]
+        if len(set(names)) != len(names):
+            raise ValueError(f"job {self.name}: operator names must be unique, got {names}")
+        for op in self.operators[:-1]:
+            if set(op.outputs) != {MAIN_OUTPUT}:
+                raise ValueError(
+                    f"job {self.name}: intermediate operator {op.name} may only declare the "
+                    f"'main' output, got {sorted(op.outputs)}"
+                )
+        last = self.operators[-1]
+        missing = set(last.outputs) - set(self.sinks)
+        if missing:
+            raise ValueError(f"job {self.name}: outputs {sorted(missing)} of {last.name} have no sink")
+        extra = set(self.sinks) - set(last.outputs)
+        if extra:
+            raise ValueError(f"job {self.name}: sinks {sorted(extra)} name no output of {last.name}")
+
+    @property
+    def prefix(self) -> str:
+        """Object-store prefix of everything the job writes."""
+        return f"jobs/{self.name}"

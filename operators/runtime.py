@@ -1,0 +1,439 @@
+"""The driver: plans micro-batch epochs, runs each operator as a Spark stage, commits.
+
+Per epoch (DESIGN.md, "Epochs and checkpoints"):
+
+1. Plan: for each source partition the offset range ``[committed, end)`` (an equal
+   share of ``events_per_epoch`` per unfinished partition) and the watermark the epoch
+   reaches (bounded out-of-orderness: min over unfinished partitions of the max event
+   time seen, minus the bound; +infinity once a bounded source is fully read).
+2. Run: the events, tagged with key group and range, become one Arrow-backed
+   DataFrame; ``groupBy(route).applyInArrow`` runs ``operators.task.run_task`` once per
+   key-group range (every range gets a heartbeat row, so ranges without events still
+   fire timers). An operator's ``main`` output is re-keyed and fed to the next
+   operator's stage.
+3. Commit: one job checkpoint manifest, written with put-if-absent, names the source
+   offsets, the watermark, every DKV range manifest and every staged output file.
+4. Publish: staged sink files of the committed epoch get their final names
+   (idempotent; redone on restart for the newest checkpoint).
+
+Restart = read the newest checkpoint and continue from its offsets; files of failed
+attempts are never named and never published.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from operators.api import WATERMARK_MAX, WATERMARK_MIN
+from operators.checkpoints import JobCheckpoint, commit_checkpoint, latest_checkpoint
+from operators.job import Job
+from operators.keygroups import key_group_ranges, key_groups_of, range_indexes_of
+from operators.sources import KEY_COLUMN, TIMESTAMP_COLUMN
+from operators.task import (
+    KEY_GROUP_COLUMN,
+    OFFSET_COLUMN,
+    PART_COLUMN,
+    RANGE_COLUMN,
+    TaskResult,
+    TaskSpec,
+    run_task,
+)
+from storage.dkv import DKVOptions
+from storage.objectstore import ObjectStore, open_object_store
+
+log = logging.getLogger(__name__)
+
+ROUTE_COLUMN = "_route"
+RESULT_COLUMN = "_result"
+
+# Fault injection for crash tests: called with (point, epoch); points are
+# "after_tasks" (tasks done, nothing committed) and "after_commit" (committed, not
+# published). Raising there simulates a driver crash at that step.
+Failpoint = Callable[[str, int], None]
+
+
+class JobFailedError(RuntimeError):
+    """Raised when an epoch fails; the previous checkpoint stays the newest."""
+
+
+@dataclass
+class EpochResult:
+    """A committed epoch, as reported to the caller (and to Dagster as metadata).
+
+    Attributes:
+        epoch: epoch number (1-based).
+        watermark: watermark reached, ms (``WATERMARK_MAX`` at end of input).
+        source_offsets: next offset per source partition.
+        checkpoint_uri: URI of the job checkpoint manifest.
+        events: events read this epoch.
+        seconds: wall time of the epoch, s.
+        finished: True when a bounded source is fully processed.
+        tables / table_bytes / keys: DKV tables, bytes and entries over all ranges.
+        output_rows: rows published per output.
+        published: object keys published this epoch.
+    """
+
+    epoch: int
+    watermark: int
+    source_offsets: dict[str, int]
+    checkpoint_uri: str
+    events: int
+    seconds: float
+    finished: bool
+    tables: int
+    table_bytes: int
+    keys: int
+    output_rows: dict[str, int]
+    published: list[str]
+
+    @property
+    def events_per_second(self) -> float:
+        """Events per second of wall time."""
+        return self.events / self.seconds if self.seconds > 0 else 0.0
+
+
+class JobRunner:
+    """Runs a ``Job`` on a Spark session against an object store.
+
+    Args:
+        job: the job definition.
+        spark: a ``SparkSession`` (see ``operators.spark.get_spark``), or None to run
+            every stage in this process, range after range (tests, debugging).
+        store_uri: object-store root URI or path (``.dkvstream`` by default).
+        dkv_options: DKV tuning passed to every task.
+        failpoint: fault injection for tests (see ``Failpoint``).
+    """
+
+    def __init__(self, job: Job, spark, store_uri: str = ".dkvstream",
+                 dkv_options: DKVOptions | None = None, failpoint: Failpoint | None = None) -> None:
+        self.job = job
+        self.spark = spark
+        self.store_uri = store_uri
+        self.store: ObjectStore = open_object_store(store_uri)
+        self.dkv_options = dkv_options
+        self.failpoint = failpoint or (lambda point, epoch: None)
+        self._routes: dict[int, list[int]] = {}
+
+    # ----------------------------------------------------------------- planning
+    def latest(self) -> JobCheckpoint | None:
+        """The newest committed checkpoint of this job, or None."""
+        return latest_checkpoint(self.store, self.job.prefix)
+
+    def _initial(self) -> JobCheckpoint:
+        parts = self.job.source.partitions()
+        return JobCheckpoint(
+            job=self.job.name, epoch=0, watermark=WATERMARK_MIN,
+            source_offsets={p: 0 for p in parts}, partition_max_ts={p: WATERMARK_MIN for p in parts},
+            finished=False, key_groups=self.job.key_groups, parallelism=self.job.parallelism,
+            operators={op.name: {} for op in self.job.operators}, outputs={},
+        )
+
+    def _check_compatible(self, ckpt: JobCheckpoint) -> None:
+        if ckpt.key_groups != self.job.key_groups:
+            raise JobFailedError(
+                f"job {self.job.name}: checkpoint epoch {ckpt.epoch} has key_groups={ckpt.key_groups}, "
+                f"job has {self.job.key_groups}; key groups are fixed for a job's lifetime")
+        if ckpt.parallelism != self.job.parallelism:
+            raise JobFailedError(
+                f"job {self.job.name}: checkpoint epoch {ckpt.epoch} has parallelism={ckpt.parallelism}, "
+                f"job has {self.job.parallelism}; rescaling is not supported yet")
+
+    def _plan_offsets(self, ckpt: JobCheckpoint) -> dict[str, tuple[int, int]]:
+        ends = self.job.source.end_offsets()
+        open_parts = [p for p in ckpt.source_offsets if ckpt.source_offsets[p] < ends[p]]
+        share = -(-self.job.events_per_epoch // max(1, len(open_parts)))
+        return {p: (ckpt.source_offsets[p], min(ends[p], ckpt.source_offsets[p] + share))
+                for p in ckpt.source_offsets}
+
+    # ------------------------------------------------------------------ running
+    def run(self, max_epochs: int | None = None) -> Iterator[EpochResult]:
+        """Run epochs until the source is drained (bounded) or has no new events.
+
+        Args:
+            max_epochs: stop after this many committed epochs (None: no limit).
+
+        Yields:
+            An ``EpochResult`` after each committed epoch.
+
+        Raises:
+            JobFailedError: an epoch failed (the previous checkpoint stays newest).
+        """
+        ckpt = self.latest()
+        if ckpt is None:
+            ckpt = self._initial()
+        else:
+            self._check_compatible(ckpt)
+            self._publish(ckpt)  # idempotent: finishes a publish a crash interrupted
+        done = 0
+        while not ckpt.finished and (max_epochs is None or done < max_epochs):
+            plan = self._plan_offsets(ckpt)
+            if not self.job.source.bounded and all(a == b for a, b in plan.values()):
+                return
+            result, ckpt = self._run_epoch(ckpt, plan)
+            done += 1
+            yield result
+
+    def run_to_end(self, max_epochs: int | None = None) -> list[EpochResult]:
+        """``list(run(max_epochs))``."""
+        return list(self.run(max_epochs))
+
+    def _read_events(self, plan: dict[str, tuple[int, int]]) -> tuple[pa.Table, dict[str, int]]:
+        source, parts = self.job.source, self.job.source.partitions()
+        tables, max_ts = [], {}
+        for i, p in enumerate(parts):
+            start, end = plan[p]
+            if end <= start:
+                continue
+            t = source.read(p, start, end)
+            ts = t.column(TIMESTAMP_COLUMN)
+            max_ts[p] = pa.compute.max(ts).as_py()
+            t = t.append_column(PART_COLUMN, pa.array(np.full(t.num_rows, i, np.int32)))
+            t = t.append_column(OFFSET_COLUMN, pa.array(np.arange(start, end, dtype=np.int64)))
+            tables.append(t)
+        if not tables:
+            events = _empty_events(source.value_schema)
+        else:
+            events = pa.concat_tables(tables)
+        kgs = key_groups_of(events.column(KEY_COLUMN).to_pylist(), self.job.key_groups)
+        events = events.append_column(KEY_GROUP_COLUMN, pa.array(kgs, pa.int32()))
+        events = events.append_column(
+            RANGE_COLUMN, pa.array(range_indexes_of(kgs, self.job.key_groups, self.job.parallelism), pa.int32()))
+        return events, max_ts
+
+    def _watermark(self, ckpt: JobCheckpoint, plan, max_ts: dict[str, int]) -> tuple[int, dict[str, int], bool]:
+        ends = self.job.source.end_offsets()
+        part_max = {p: max(ckpt.partition_max_ts[p], max_ts.get(p, WATERMARK_MIN)) for p in ckpt.partition_max_ts}
+        unfinished = [p for p in plan if plan[p][1] < ends[p]]
+        finished = self.job.source.bounded and not unfinished
+        if finished:
+            return WATERMARK_MAX, part_max, True
+        low = min(part_max[p] for p in unfinished)
+        if low == WATERMARK_MIN:
+            return ckpt.watermark, part_max, False
+        return max(ckpt.watermark, low - self.job.max_out_of_orderness_ms), part_max, False
+
+    def _run_epoch(self, ckpt: JobCheckpoint, plan) -> tuple[EpochResult, JobCheckpoint]:
+        started = time.perf_counter()
+        epoch = ckpt.epoch + 1
+        events, max_ts = self._read_events(plan)
+        watermark, part_max, finished = self._watermark(ckpt, plan, max_ts)
+        ranges = key_group_ranges(self.job.key_groups, self.job.parallelism)
+
+        results_by_op: dict[str, list[TaskResult]] = {}
+        stage_input = events
+        for i, op in enumerate(self.job.operators):
+            last = i == len(self.job.operators) - 1
+            specs = [
+                TaskSpec(
+                    job_prefix=self.job.prefix, epoch=epoch, op_index=i, range_index=r,
+                    key_group_range=kr, manifest_key=ckpt.operators.get(op.name, {}).get(kr.label),
+                    watermark_before=ckpt.watermark, watermark_after=watermark,
+                    next_key_groups=None if last else self.job.key_groups,
+                    next_parallelism=None if last else self.job.parallelism,
+                )
+                for r, kr in enumerate(ranges)
+            ]
+            try:
+                results, forwarded = self._run_stage(i, specs, stage_input, last)
+            except Exception as e:  # noqa: BLE001 - Spark wraps task errors in many types
+                raise JobFailedError(
+                    f"job {self.job.name}: epoch {epoch} failed in operator {op.name}: {_root_message(e)}"
+                ) from e
+            results_by_op[op.name] = results
+            stage_input = forwarded
+
+        self.failpoint("after_tasks", epoch)
+        last_results = results_by_op[self.job.operators[-1].name]
+        outputs: dict[str, list[str]] = {}
+        for res in sorted(last_results, key=lambda r: r.range_index):
+            for name, key in res.staged_outputs.items():
+                outputs.setdefault(name, []).append(key)
+        dkv = [res.metrics["dkv"] for rs in results_by_op.values() for res in rs]
+        metrics = {
+            "events": events.num_rows,
+            "timers_fired": sum(res.metrics["timers_fired"] for rs in results_by_op.values() for res in rs),
+            "output_rows": {name: sum(res.metrics["emitted"].get(name, 0) for res in last_results)
+                            for name in self.job.sinks},
+            "tables": sum(_tables(s) for s in dkv),
+            "table_bytes": sum(_table_bytes(s) for s in dkv),
+            "keys": sum(int(s.get("approx_keys", s.get("entries", 0))) for s in dkv),
+            "task_seconds_max": max((res.metrics["seconds"] for rs in results_by_op.values() for res in rs), default=0.0),
+        }
+        new = JobCheckpoint(
+            job=self.job.name, epoch=epoch, watermark=watermark,
+            source_offsets={p: plan[p][1] for p in plan}, partition_max_ts=part_max, finished=finished,
+            key_groups=self.job.key_groups, parallelism=self.job.parallelism,
+            operators={op: {res.range_label: res.manifest_key for res in rs} for op, rs in results_by_op.items()},
+            outputs=outputs, metrics=metrics,
+        )
+        key = commit_checkpoint(self.store, self.job.prefix, new)
+        self.failpoint("after_commit", epoch)
+        published = self._publish(new)
+        seconds = time.perf_counter() - started
+        result = EpochResult(
+            epoch=epoch, watermark=watermark, source_offsets=new.source_offsets,
+            checkpoint_uri=self.store.uri(key), events=events.num_rows, seconds=seconds, finished=finished,
+            tables=metrics["tables"], table_bytes=metrics["table_bytes"], keys=metrics["keys"],
+            output_rows=metrics["output_rows"], published=published,
+        )
+        log.info("job %s: committed epoch %d (%d events, watermark %d, %.1f s)",
+                 self.job.name, epoch, events.num_rows, watermark, seconds)
+        return result, new
+
+    def _publish(self, ckpt: JobCheckpoint) -> list[str]:
+        published = []
+        for name, staged in ckpt.outputs.items():
+            published += self.job.sinks[name].publish(self.store, self.job.prefix, ckpt.epoch, staged)
+        return published
+
+    # -------------------------------------------------------------------- Spark
+    def _route_values(self, parallelism: int) -> list[int]:
+        """Values of the grouping column that Spark's hash partitioning sends to
+        shuffle partitions 0..P-1, one each, so every range gets its own task."""
+        if parallelism not in self._routes:
+            from pyspark.sql import functions as F
+
+            probe = (self.spark.range(0, 64 * parallelism + 64)
+                     .select(F.col("id").cast("int").alias("v"))
+                     .select("v", F.pmod(F.hash("v"), F.lit(parallelism)).alias("p"))
+                     .collect())
+            chosen: dict[int, int] = {}
+            for row in probe:
+                chosen.setdefault(row["p"], row["v"])
+            if len(chosen) < parallelism:
+                raise RuntimeError(f"could not find routing values for {parallelism} partitions")
+            self._routes[parallelism] = [chosen[p] for p in range(parallelism)]
+        return self._routes[parallelism]
+
+    def _run_stage(self, op_index: int, specs: list[TaskSpec], events: pa.Table, last: bool):
+        if self.spark is None:
+            return self._run_stage_in_process(op_index, specs, events, last)
+        parallelism = len(specs)
+        routes = self._route_values(parallelism)
+        heartbeat = _heartbeats(events.schema, parallelism)
+        table = pa.concat_tables([events, heartbeat])
+        route = pa.array(np.asarray(routes, dtype=np.int32)[table.column(RANGE_COLUMN).to_numpy()], pa.int32())
+        table = table.append_column(ROUTE_COLUMN, route)
+
+        job, store_uri, dkv_options = self.job, self.store_uri, self.dkv_options
+        operator = job.operators[op_index]
+        sinks = job.sinks if last else None
+        by_range = {s.range_index: s for s in specs}
+        next_schema = None if last else _forward_schema(operator.outputs["main"])
+        out_schema = _result_schema(next_schema)
+
+        def task(batch: pa.Table) -> pa.Table:
+            from storage.objectstore import open_object_store as _open
+
+            spec = by_range[batch.column(RANGE_COLUMN)[0].as_py()]
+            res = run_task(operator, spec, batch.drop_columns([ROUTE_COLUMN]), _open(store_uri),
+                           sinks=sinks, dkv_options=dkv_options)
+            return _result_table(res, out_schema)
+
+        self.spark.conf.set("spark.sql.shuffle.partitions", str(parallelism))
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        df = self.spark.createDataFrame(table)
+        out = df.groupBy(ROUTE_COLUMN).applyInArrow(task, schema=from_arrow_schema(out_schema))
+        if last:
+            rows = out.collect()
+            return [_decode_result(r[RESULT_COLUMN]) for r in rows], None
+        # Persist so the stage runs once: its DKV checkpoints and forwarded events must
+        # come from the same attempt.
+        out = out.persist()
+        try:
+            arrow = out.toArrow()
+        finally:
+            out.unpersist()
+        is_result = pa.compute.is_valid(arrow.column(RESULT_COLUMN))
+        results = [_decode_result(v) for v in arrow.filter(is_result).column(RESULT_COLUMN).to_pylist()]
+        forwarded = arrow.filter(pa.compute.invert(is_result)).drop_columns([RESULT_COLUMN])
+        return results, forwarded
+
+
+    def _run_stage_in_process(self, op_index: int, specs: list[TaskSpec], events: pa.Table, last: bool):
+        """The same stage without Spark: ranges one after another in this process."""
+        operator = self.job.operators[op_index]
+        ranges = events.column(RANGE_COLUMN).to_numpy()
+        results, forwarded = [], []
+        for spec in specs:
+            part = events.filter(pa.array(ranges == spec.range_index))
+            res = run_task(operator, spec, part, self.store, sinks=self.job.sinks if last else None,
+                           dkv_options=self.dkv_options)
+            results.append(res)
+            if res.forwarded is not None:
+                forwarded.append(res.forwarded)
+        return results, (None if last else pa.concat_tables(forwarded))
+
+
+def _root_message(e: BaseException) -> str:
+    """The last Python error line of a (possibly JVM-wrapped) task failure."""
+    text = str(e)
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "Error" in ln and not ln.startswith(("\tat ", "  File"))]
+    return errors[-1].strip() if errors else (lines[-1].strip() if lines else type(e).__name__)
+
+
+def _tables(stats: dict) -> int:
+    levels = stats.get("tables_per_level") or stats.get("levels") or {}
+    if isinstance(levels, dict):
+        return sum(int(v) for v in levels.values())
+    return sum(int(v) for v in levels)
+
+
+def _table_bytes(stats: dict) -> int:
+    levels = stats.get("bytes_per_level") or {}
+    if isinstance(levels, dict):
+        return sum(int(v) for v in levels.values())
+    return sum(int(v) for v in levels)
+
+
+def _empty_events(value_schema: pa.Schema) -> pa.Table:
+    fields = [pa.field(KEY_COLUMN, pa.binary()), pa.field(TIMESTAMP_COLUMN, pa.int64()), *value_schema,
+              pa.field(PART_COLUMN, pa.int32()), pa.field(OFFSET_COLUMN, pa.int64())]
+    return pa.schema(fields).empty_table()
+
+
+def _heartbeats(schema: pa.Schema, parallelism: int) -> pa.Table:
+    cols = {}
+    for f in schema:
+        if f.name == RANGE_COLUMN:
+            cols[f.name] = pa.array(np.arange(parallelism, dtype=np.int32))
+        else:
+            cols[f.name] = pa.nulls(parallelism, f.type)
+    return pa.table(cols, schema=schema)
+
+
+def _forward_schema(main: pa.Schema) -> pa.Schema:
+    return pa.schema([*main, pa.field(KEY_COLUMN, pa.binary()), pa.field(TIMESTAMP_COLUMN, pa.int64()),
+                      pa.field(PART_COLUMN, pa.int32()), pa.field(OFFSET_COLUMN, pa.int64()),
+                      pa.field(KEY_GROUP_COLUMN, pa.int32()), pa.field(RANGE_COLUMN, pa.int32())])
+
+
+def _result_schema(forward: pa.Schema | None) -> pa.Schema:
+    fields = [] if forward is None else list(forward)
+    return pa.schema([*fields, pa.field(RESULT_COLUMN, pa.string())])
+
+
+def _result_table(res: TaskResult, schema: pa.Schema) -> pa.Table:
+    payload = json.dumps({k: v for k, v in asdict(res).items() if k != "forwarded"}, default=str)
+    row = {f.name: pa.nulls(1, f.type) for f in schema}
+    row[RESULT_COLUMN] = pa.array([payload])
+    result_row = pa.table(row, schema=schema)
+    if res.forwarded is None:
+        return result_row
+    fwd = res.forwarded.append_column(RESULT_COLUMN, pa.nulls(res.forwarded.num_rows, pa.string()))
+    return pa.concat_tables([fwd.select(schema.names).cast(schema), result_row])
+
+
+def _decode_result(payload: str) -> TaskResult:
+    d = json.loads(payload)
+    d["forwarded"] = None
+    return TaskResult(**d)
+
