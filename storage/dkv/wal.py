@@ -17,7 +17,8 @@ Grammar (all integers little-endian)::
 appear in strictly increasing ``seq`` order.
 
 Example: put(b"a", b"1") at seq 7 then delete(b"a") at seq 8 is the header followed by
-``crc | 18 | 7 | 0x00 | 1 | "a" | 1 | "1"`` and ``crc | 13 | 8 | 0x01 | 1 | "a"``.
+``crc | 19 | 7 | 0x00 | 1 | "a" | 1 | "1"`` and ``crc | 14 | 8 | 0x01 | 1 | "a"``
+(57 bytes in all: 8 + (8 + 19) + (8 + 14)).
 
 Torn-tail rule: a WAL object is written with one atomic ``put``, so unlike a local log file
 it can never legitimately end in a partial record. Any torn tail, bad checksum, unknown

@@ -1,0 +1,97 @@
+"""SSTable builder and reader: round trip, lookups, scans, ranged reads, format checks."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from storage.dkv.block_cache import BlockCache
+from storage.dkv.sstable import FOOTER_SIZE, SSTableBuilder, SSTableReader
+from storage.objectstore.local import LocalObjectStore
+
+
+def build(entries, block_bytes=256, store=None, key="t.sst"):
+    b = SSTableBuilder(block_bytes, 10, 3)
+    for k, seq, v in entries:
+        b.add(k, seq, v)
+    data, meta = b.finish()
+    store.put(key, data)
+    return data, meta
+
+
+def sample_entries(n: int, seed: int = 1):
+    rng = random.Random(seed)
+    keys = sorted({rng.randbytes(rng.randint(1, 12)) for _ in range(n)})
+    out = []
+    for i, k in enumerate(keys):
+        v = None if i % 7 == 3 else rng.randbytes(rng.randint(0, 60))
+        out.append((k, 1000 + i, v))
+    return out
+
+
+def test_roundtrip_get_and_scan(tmp_path: Path) -> None:
+    store = LocalObjectStore(tmp_path)
+    entries = sample_entries(2000)
+    data, meta = build(entries, store=store)
+    r = SSTableReader(store, "t.sst", len(data), BlockCache(1 << 20))
+    assert r.num_blocks > 10
+    assert r.entries == len(entries) == meta["entries"]
+    assert (r.min_key, r.max_key) == (entries[0][0], entries[-1][0])
+    assert (r.min_seq, r.max_seq) == (1000, 1000 + len(entries) - 1)
+    assert list(r.iter_from(b"")) == entries
+    for k, seq, v in entries:
+        assert r.get(k) == (seq, v)
+    present = {e[0] for e in entries}
+    rng = random.Random(2)
+    for _ in range(2000):
+        probe = rng.randbytes(rng.randint(1, 12))
+        if probe not in present:
+            assert r.get(probe) is None
+
+
+def test_iter_from_bounds(tmp_path: Path) -> None:
+    store = LocalObjectStore(tmp_path)
+    entries = [(b"k%04d" % i, i + 1, b"v%d" % i) for i in range(500)]
+    data, _ = build(entries, store=store, block_bytes=100)
+    r = SSTableReader(store, "t.sst")
+    assert list(r.iter_from(b"k0100", b"k0200")) == entries[100:200]
+    assert list(r.iter_from(b"k0100x", b"k0101x")) == entries[101:102]
+    assert list(r.iter_from(b"a", b"b")) == []
+    assert list(r.iter_from(b"z")) == []
+    assert list(r.iter_from(b"k0499")) == entries[499:]
+
+
+def test_large_table_reads_blocks_on_demand(tmp_path: Path) -> None:
+    store = LocalObjectStore(tmp_path)
+    rng = random.Random(5)
+    entries = [(b"key%08d" % i, i + 1, rng.randbytes(100)) for i in range(3000)]
+    data, _ = build(entries, store=store, block_bytes=4096)
+    assert len(data) > 64 << 10  # bigger than the first tail read
+    store.stats.reset()
+    r = SSTableReader(store, "t.sst", len(data), BlockCache(1 << 20))
+    assert store.stats.snapshot()["GET"] == 1  # footer + meta in one ranged GET
+    assert r.get(b"key00001234") == (1235, entries[1234][2])
+    assert store.stats.snapshot()["GET"] == 2  # one block
+    assert r.get(b"key00001235") == (1236, entries[1235][2])
+    assert store.stats.snapshot()["GET"] == 2  # same block, from cache
+    assert store.stats.snapshot()["bytes_read"] < len(data) // 2
+
+
+def test_builder_requires_increasing_keys() -> None:
+    b = SSTableBuilder(128, 10, 1)
+    b.add(b"b", 1, b"x")
+    with pytest.raises(ValueError):
+        b.add(b"b", 2, b"y")
+    with pytest.raises(ValueError):
+        b.add(b"a", 3, b"y")
+    with pytest.raises(ValueError):
+        SSTableBuilder(128, 10, 1).finish()
+
+
+def test_footer_size_is_fixed(tmp_path: Path) -> None:
+    store = LocalObjectStore(tmp_path)
+    data, _ = build([(b"a", 1, b"1")], store=store)
+    assert FOOTER_SIZE == 32
+    assert data[-8:] == b"DKVSST\x00\x01"
