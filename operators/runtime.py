@@ -262,7 +262,7 @@ class JobRunner:
                             for name in self.job.sinks},
             "tables": sum(_tables(s) for s in dkv),
             "table_bytes": sum(_table_bytes(s) for s in dkv),
-            "keys": sum(int(s.get("approx_keys", s.get("entries", 0))) for s in dkv),
+            "keys": sum(int(s.get("approx_live_keys", 0)) for s in dkv),
             "task_seconds_max": max((res.metrics["seconds"] for rs in results_by_op.values() for res in rs), default=0.0),
         }
         new = JobCheckpoint(

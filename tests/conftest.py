@@ -1,0 +1,57 @@
+"""Fixtures shared by all tests: one Spark session per test run, the flights oracle
+and the comparison of the flights sink with it."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from operators.examples.flights_oracle import KEY_COLUMNS
+
+from operators.spark import ensure_python_workers_use_this_interpreter
+
+ensure_python_workers_use_this_interpreter()
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """A local[2] SparkSession shared by the whole run (starting one takes 10-20 s)."""
+    from operators.spark import get_spark
+
+    session = get_spark({"spark.master": "local[2]"})
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def flights_oracle() -> pd.DataFrame:
+    """The spec's pandas oracle over the full data set."""
+    from operators.examples.flights_oracle import route_daily_delays_oracle
+
+    return route_daily_delays_oracle()
+
+
+def assert_equals_oracle(output: pa.Table, oracle: pd.DataFrame) -> None:
+    """Every route and window present once, counts equal, means and maxima to 1e-9 relative."""
+    got = output.to_pandas()
+    dupes = got.duplicated(KEY_COLUMNS)
+    assert not dupes.any(), f"{int(dupes.sum())} duplicate rows, e.g. {got[dupes].head(3).to_dict('records')}"
+    got = got.sort_values(KEY_COLUMNS).reset_index(drop=True)
+    exp = oracle.sort_values(KEY_COLUMNS).reset_index(drop=True)
+    assert len(got) == len(exp), f"{len(got)} rows, oracle has {len(exp)}"
+    for c in ["origin", "dest", "window_start", "window_end", "flights", "cancelled"]:
+        mismatch = got[c].to_numpy() != exp[c].to_numpy()
+        assert not mismatch.any(), f"column {c} differs in {int(mismatch.sum())} rows, first: " \
+            f"{got[mismatch].head(1).to_dict('records')} vs {exp[mismatch].head(1).to_dict('records')}"
+    for c in ["dep_delay_mean", "dep_delay_max"]:
+        g, e = got[c].to_numpy(dtype=float), exp[c].to_numpy(dtype=float)
+        assert np.array_equal(np.isnan(g), np.isnan(e)), f"column {c}: null pattern differs"
+        ok = np.isnan(e) | np.isclose(g, e, rtol=1e-9, atol=0)
+        assert ok.all(), f"column {c} differs in {int((~ok).sum())} rows"
+
+
+@pytest.fixture(scope="session")
+def check_flights_output(flights_oracle):
+    """``check(output_table)`` asserts the flights sink equals the oracle."""
+    return lambda output: assert_equals_oracle(output, flights_oracle)
