@@ -1,0 +1,202 @@
+"""DKV facade: lifecycle, flush triggers, WAL truncation, request counts, naming, errors."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+
+from storage.dkv import DKV, DKVOptions
+from storage.dkv.db import prefix_successor
+from storage.dkv.manifest import load_manifest
+from storage.errors import ClosedError, ManifestConflictError, ObjectNotFoundError
+from storage.objectstore import open_object_store
+from storage.objectstore.local import LocalObjectStore
+
+PREFIX = "jobs/flights/state/route_daily_delays/kg-0000-0127"
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> LocalObjectStore:
+    return LocalObjectStore(tmp_path)
+
+
+def test_empty_db(store: LocalObjectStore) -> None:
+    db = DKV.open(store, PREFIX)
+    assert db.get(b"x") is None
+    assert list(db.scan_prefix(b"")) == []
+    assert db.stats()["last_seq"] == 0
+
+
+def test_put_get_delete_scan(store: LocalObjectStore) -> None:
+    db = DKV.open(store, PREFIX)
+    db.put(b"a/1", b"x")
+    db.put(b"a/2", b"y")
+    db.put(b"b/1", b"z")
+    db.put(b"a/1", b"x2")
+    db.delete(b"a/2")
+    db.delete(b"never")
+    assert db.get(b"a/1") == b"x2" and db.get(b"a/2") is None
+    assert list(db.scan_prefix(b"a/")) == [(b"a/1", b"x2")]
+    assert list(db.scan_range(b"a/2", None)) == [(b"b/1", b"z")]
+    assert db.stats()["last_seq"] == 6
+
+
+def test_no_object_store_request_per_key(store: LocalObjectStore) -> None:
+    db = DKV.open(store, PREFIX, options=DKVOptions(memtable_bytes=1 << 30))
+    store.stats.reset()
+    for i in range(5000):
+        db.put(b"k%d" % i, b"v")
+        db.get(b"k%d" % i)
+    assert store.stats.snapshot()["PUT"] == 0 and store.stats.snapshot()["GET"] == 0
+    db.checkpoint("c1")
+    s = store.stats.snapshot()
+    assert s["PUT"] == 2  # one WAL object + one manifest
+
+
+def test_memtable_limit_flushes_during_put(store: LocalObjectStore) -> None:
+    db = DKV.open(store, PREFIX, options=DKVOptions(memtable_bytes=10_000, l0_compaction_trigger=99))
+    for i in range(1000):
+        db.put(b"key-%05d" % i, b"v" * 20)
+    st = db.stats()
+    assert st["tables_per_level"][0] >= 5
+    assert st["memtable_bytes"] < 10_000
+    assert st["flushed_seq"] > 0 and st["wal_buffered_records"] < 1000
+    assert all(db.get(b"key-%05d" % i) == b"v" * 20 for i in range(1000))
+
+
+def test_checkpoint_wal_then_flush_truncates_wal(store: LocalObjectStore) -> None:
+    db = DKV.open(store, PREFIX, options=DKVOptions(wal_flush_bytes=1 << 20))
+    db.put(b"a", b"1")
+    m1 = db.checkpoint("e1-a")
+    db.put(b"b", b"2")
+    m2 = db.checkpoint("e2-a")
+    man2 = load_manifest(store, m2)
+    assert [w.first_seq for w in man2.wal] == [1, 2]  # WAL objects in order, not in a table
+    assert man2.levels.levels == ((),)
+    db.flush()
+    m3 = db.checkpoint("e3-a")
+    man3 = load_manifest(store, m3)
+    assert man3.wal == () and len(man3.levels.l0) == 1 and man3.flushed_seq == 2
+    for key, expected in ((m1, {b"a": b"1"}), (m2, {b"a": b"1", b"b": b"2"}), (m3, {b"a": b"1", b"b": b"2"})):
+        assert dict(DKV.open(store, PREFIX, key).scan_prefix(b"")) == expected
+
+
+def test_checkpoint_flushes_when_wal_would_exceed_limit(store: LocalObjectStore) -> None:
+    db = DKV.open(store, PREFIX, options=DKVOptions(wal_flush_bytes=2000))
+    for i in range(20):
+        db.put(b"k%02d" % i, b"x" * 50)
+    m = load_manifest(store, db.checkpoint("c1"))
+    assert len(m.wal) == 1 and not m.levels.l0
+    for i in range(20):
+        db.put(b"j%02d" % i, b"x" * 50)
+    m = load_manifest(store, db.checkpoint("c2"))
+    assert m.wal == () and len(m.levels.l0) == 1  # flushed instead of listing > 2000 bytes
+    assert len(dict(DKV.open(store, PREFIX, db.checkpoint("c3")).scan_prefix(b""))) == 40
+
+
+def test_writes_after_checkpoint_are_not_in_it(store: LocalObjectStore) -> None:
+    db = DKV.open(store, PREFIX, options=DKVOptions(memtable_bytes=300))
+    db.put(b"a", b"1")
+    m = db.checkpoint("c1")
+    for i in range(50):
+        db.put(b"z%d" % i, b"later")  # forces flushes of tables the manifest doesn't name
+    db.delete(b"a")
+    db.checkpoint("c2")
+    old = DKV.open(store, PREFIX, m)
+    assert list(old.scan_prefix(b"")) == [(b"a", b"1")]
+    assert old.stats()["last_seq"] == 1
+
+
+def test_sequence_numbers_continue_after_reopen(store: LocalObjectStore) -> None:
+    db = DKV.open(store, PREFIX, options=DKVOptions(memtable_bytes=200))
+    for i in range(30):
+        db.put(b"k", b"%d" % i)
+    m = db.checkpoint("c1")
+    db2 = DKV.open(store, PREFIX, m, DKVOptions(memtable_bytes=200))
+    assert db2.stats()["last_seq"] == 30
+    db2.put(b"k", b"new")
+    db2.flush()  # new table must shadow older tables holding b"k"
+    assert db2.get(b"k") == b"new"
+    assert db2.stats()["last_seq"] == 31
+
+
+def test_manifest_conflict_and_names(store: LocalObjectStore) -> None:
+    db = DKV.open(store, PREFIX)
+    db.put(b"a", b"1")
+    db.checkpoint("e00000007-a3f9c1")
+    with pytest.raises(ManifestConflictError, match="e00000007-a3f9c1"):
+        db.checkpoint("e00000007-a3f9c1")
+    for bad in ("", "a/b", "..", "x y"):
+        with pytest.raises(ValueError):
+            db.checkpoint(bad)
+
+
+def test_retried_attempts_never_clash(store: LocalObjectStore) -> None:
+    db = DKV.open(store, PREFIX)
+    db.put(b"a", b"0")
+    base = db.checkpoint("e1-a")
+    attempts = []
+    for attempt in ("a", "b"):
+        d = DKV.open(store, PREFIX, base)
+        d.put(b"a", attempt.encode())
+        d.flush()
+        attempts.append(d.checkpoint(f"e2-{attempt}"))
+    assert len(store.list(f"{PREFIX}/sst/")) == 2  # distinct files
+    assert [DKV.open(store, PREFIX, m).get(b"a") for m in attempts] == [b"a", b"b"]
+
+
+def test_store_reopens_from_uri_like_a_spark_task(store: LocalObjectStore) -> None:
+    db = DKV.open(store, PREFIX)
+    db.put(b"a", b"1")
+    m = db.checkpoint("c1")
+    uri = pickle.loads(pickle.dumps(store.root_uri))
+    assert DKV.open(open_object_store(uri), PREFIX, m).get(b"a") == b"1"
+
+
+def test_missing_manifest(store: LocalObjectStore) -> None:
+    with pytest.raises(ObjectNotFoundError, match="nope.json"):
+        DKV.open(store, PREFIX, f"{PREFIX}/manifests/nope.json")
+
+
+def test_closed_and_type_errors(store: LocalObjectStore) -> None:
+    db = DKV.open(store, PREFIX)
+    with pytest.raises(TypeError):
+        db.put("str", b"v")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        db.put(b"k", bytearray(b"v"))  # type: ignore[arg-type]
+    db.close()
+    for call in (lambda: db.put(b"k", b"v"), lambda: db.get(b"k"), lambda: db.scan_prefix(b""),
+                 lambda: db.checkpoint("c"), lambda: db.delete(b"k")):
+        with pytest.raises(ClosedError):
+            call()
+
+
+def test_stats_shape(store: LocalObjectStore) -> None:
+    db = DKV.open(store, PREFIX, options=DKVOptions(l0_compaction_trigger=2))
+    db.put(b"a", b"1")
+    db.flush()
+    db.put(b"b", b"2")
+    st = db.stats()
+    assert st["tables_per_level"] == [1] and st["bytes_per_level"][0] > 0
+    assert st["memtable_entries"] == 1 and st["approx_live_keys"] == 2
+    assert st["last_seq"] == 2 and st["memtable_bytes"] > 0
+    db.flush()  # second L0 table hits the trigger: compacted into L1
+    assert db.stats()["tables_per_level"] == [0, 1]
+
+
+def test_prefix_successor() -> None:
+    assert prefix_successor(b"ab") == b"ac"
+    assert prefix_successor(b"a\xff") == b"b"
+    assert prefix_successor(b"\xff\xff") is None
+    assert prefix_successor(b"") is None
+
+
+def test_scan_prefix_with_ff_bytes(store: LocalObjectStore) -> None:
+    db = DKV.open(store, PREFIX)
+    for k in (b"\xff", b"\xff\x00", b"\xff\xff", b"\xfe\xff", b"a"):
+        db.put(k, k)
+    db.flush()
+    assert [k for k, _ in db.scan_prefix(b"\xff")] == [b"\xff", b"\xff\x00", b"\xff\xff"]
+    assert [k for k, _ in db.scan_prefix(b"\xfe")] == [b"\xfe\xff"]
