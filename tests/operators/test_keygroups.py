@@ -1,0 +1,27 @@
+"""Key groups: stable hashing and contiguous ranges (Flink's assignment)."""
+from __future__ import annotations
+
+import xxhash
+from hypothesis import given
+from hypothesis import strategies as st
+
+from operators.keygroups import key_group_of, key_group_ranges, key_groups_of, range_index_of
+
+
+def test_key_group_is_xxh3_mod_k_and_stable() -> None:
+    # A fixed value: changing the hash would move every key's state.
+    assert key_group_of(b"EWR-IAH", 256) == xxhash.xxh3_64_intdigest(b"EWR-IAH") % 256
+    assert key_group_of(b"EWR-IAH", 256) == 188
+    assert list(key_groups_of([b"a", b"EWR-IAH"], 256)) == [key_group_of(b"a", 256), 188]
+
+
+@given(st.integers(1, 1024), st.data())
+def test_ranges_partition_key_groups_and_agree_with_range_index(k, data) -> None:
+    p = data.draw(st.integers(1, k))
+    ranges = key_group_ranges(k, p)
+    assert len(ranges) == p
+    covered = [g for r in ranges for g in r]
+    assert covered == list(range(k))
+    for i, r in enumerate(ranges):
+        for g in (r.start, r.end - 1):
+            assert range_index_of(g, k, p) == i
