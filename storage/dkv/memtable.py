@@ -49,7 +49,8 @@ class Memtable:
         d[key] = (seq, value)
         if old is None:
             self._pending.append(key)
-            self.approx_bytes += len(key) + (len(value) if value is not None else 0) + ENTRY_OVERHEAD
+            vlen = len(value) if value is not None else 0
+            self.approx_bytes += len(key) + vlen + ENTRY_OVERHEAD
         else:
             self.approx_bytes += (len(value) if value is not None else 0) - (
                 len(old[1]) if old[1] is not None else 0

@@ -277,7 +277,9 @@ class SSTableReader:
             self._bloom_k = int(bloom["k"])
             bloom_name = bloom["name"]
         except (ValueError, KeyError, TypeError, msgpack.UnpackException) as e:
-            raise CorruptionError(f"{uri}: malformed meta block at offset {meta_off}: {e}") from None
+            raise CorruptionError(
+                f"{uri}: malformed meta block at offset {meta_off}: {e}"
+            ) from None
         if bloom_name != POLICY_NAME:
             raise CorruptionError(f"{uri}: unknown Bloom filter policy {bloom_name!r}")
         self._first_keys = [bytes(b[0]) for b in blocks]

@@ -112,5 +112,7 @@ class TableStore:
         uri = self.store.uri(ref.key)
         recs = decode_wal(self.store.get(ref.key), uri, ref.first_seq, ref.last_seq)
         if len(recs) != ref.records:
-            raise CorruptionError(f"{uri}: WAL has {len(recs)} records, manifest says {ref.records}")
+            raise CorruptionError(
+                f"{uri}: WAL has {len(recs)} records, manifest says {ref.records}"
+            )
         return recs

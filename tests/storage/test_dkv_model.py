@@ -12,7 +12,6 @@ from hypothesis.stateful import (
     RuleBasedStateMachine,
     consumes,
     invariant,
-    precondition,
     rule,
 )
 
@@ -20,9 +19,8 @@ from storage.dkv import DKV, DKVOptions
 from storage.objectstore.local import LocalObjectStore
 
 # Small alphabet so prefixes collide and keys get overwritten and deleted often.
-keys = st.binary(min_size=0, max_size=4).map(lambda b: bytes(c % 3 + 0x61 for c in b)) | st.sampled_from(
-    [b"", b"\xff", b"\xff\xff", b"a\xff", b"\x00"]
-)
+keys = st.binary(min_size=0, max_size=4).map(lambda b: bytes(c % 3 + 0x61 for c in b))
+keys |= st.sampled_from([b"", b"\xff", b"\xff\xff", b"a\xff", b"\x00"])
 values = st.binary(min_size=0, max_size=40)
 prefixes = st.sampled_from([b"", b"a", b"b", b"ab", b"aa", b"c", b"abc", b"\xff", b"cc"])
 
@@ -38,7 +36,9 @@ OPTIONS = DKVOptions(
 )
 
 
-def model_scan(model: dict[bytes, bytes], start: bytes, end: bytes | None) -> list[tuple[bytes, bytes]]:
+def model_scan(
+    model: dict[bytes, bytes], start: bytes, end: bytes | None
+) -> list[tuple[bytes, bytes]]:
     return sorted((k, v) for k, v in model.items() if k >= start and (end is None or k < end))
 
 
@@ -122,7 +122,6 @@ class DKVMachine(RuleBasedStateMachine):
         self.db = DKV.open(self.store, "jobs/t/state/op/kg-0000-0003", key, OPTIONS)
         self.model = dict(snapshot)
 
-    @precondition(lambda self: True)
     @rule()
     def checkpoint_and_reopen(self) -> None:
         self.n_ckpt += 1
@@ -143,6 +142,6 @@ class DKVMachine(RuleBasedStateMachine):
 
 
 DKVMachine.TestCase.settings = settings(
-    max_examples=60, stateful_step_count=60, deadline=None
+    max_examples=80, stateful_step_count=60, deadline=None
 )
 TestDKVModel = DKVMachine.TestCase

@@ -29,7 +29,8 @@ def test_range_and_entries_sorted_after_random_inserts() -> None:
             lo = rng.randbytes(1)
             assert m.range(lo, None) == [(k, *model[k]) for k in sorted(model) if k >= lo]
     assert list(m.entries()) == [(k, *model[k]) for k in sorted(model)]
-    assert m.range(b"\x10", b"\x20") == [(k, *model[k]) for k in sorted(model) if b"\x10" <= k < b"\x20"]
+    lo, hi = b"\x10", b"\x20"
+    assert m.range(lo, hi) == [(k, *model[k]) for k in sorted(model) if lo <= k < hi]
     assert len(m) == len(model)
 
 

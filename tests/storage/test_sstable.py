@@ -95,3 +95,20 @@ def test_footer_size_is_fixed(tmp_path: Path) -> None:
     data, _ = build([(b"a", 1, b"1")], store=store)
     assert FOOTER_SIZE == 32
     assert data[-8:] == b"DKVSST\x00\x01"
+
+
+def test_meta_larger_than_first_tail_read(tmp_path: Path) -> None:
+    # Tiny blocks make the sparse index (meta block) exceed TAIL_READ_BYTES, so the
+    # reader needs a second ranged GET for the meta block.
+    from storage.dkv.sstable import TAIL_READ_BYTES
+
+    store = LocalObjectStore(tmp_path)
+    entries = [(b"key-%06d" % i, i + 1, b"v") for i in range(8000)]
+    data, meta = build(entries, store=store, block_bytes=1)
+    assert len(meta["blocks"]) == 8000
+    store.stats.reset()
+    r = SSTableReader(store, "t.sst", len(data))
+    assert len(data) - meta["blocks"][-1][1] > TAIL_READ_BYTES
+    assert store.stats.snapshot()["GET"] == 2
+    assert r.get(b"key-004321") == (4322, b"v")
+    assert list(r.iter_from(b"key-007998")) == entries[7998:]
