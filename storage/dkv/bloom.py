@@ -73,10 +73,13 @@ def may_contain(bits: bytes, k: int, key: bytes) -> bool:
     if m == 0:
         return True
     h = _xxh64(key)
-    h1 = h & 0xFFFFFFFF
-    h2 = (h >> 32) | 1
-    for i in range(k):
-        b = (h1 + i * h2) % m
+    # (h1 + i*h2) mod m, computed incrementally: one add and compare per probe.
+    b = (h & 0xFFFFFFFF) % m
+    step = ((h >> 32) | 1) % m
+    for _ in range(k):
         if not bits[b >> 3] & (1 << (b & 7)):
             return False
+        b += step
+        if b >= m:
+            b -= m
     return True

@@ -14,10 +14,6 @@ from collections.abc import Iterable, Iterator
 Entry = tuple[bytes, int, "bytes | None"]
 
 
-def _order(e: Entry) -> tuple[bytes, int]:
-    return e[0], -e[1]
-
-
 def merge_newest(sources: Iterable[Iterable[Entry]]) -> Iterator[Entry]:
     """Merges sources, yielding only the newest entry per key (tombstones included).
 
@@ -27,16 +23,31 @@ def merge_newest(sources: Iterable[Iterable[Entry]]) -> Iterator[Entry]:
     Yields:
         Entries in ascending key order, one per key.
     """
-    srcs = list(sources)
-    if len(srcs) == 1:
-        yield from srcs[0]
+    iters = [iter(s) for s in sources]
+    if len(iters) == 1:
+        yield from iters[0]
         return
+    # Heap items are (key, -seq, value, source): (key, -seq) is unique, so comparison never
+    # reaches the value, and tuple comparison runs in C (no key function).
+    heap = []
+    for i, it in enumerate(iters):
+        e = next(it, None)
+        if e is not None:
+            heap.append((e[0], -e[1], e[2], i))
+    heapq.heapify(heap)
     last: bytes | None = None
-    for e in heapq.merge(*srcs, key=_order):
-        k = e[0]
+    replace = heapq.heapreplace
+    pop = heapq.heappop
+    while heap:
+        k, nseq, v, i = heap[0]
+        e = next(iters[i], None)
+        if e is None:
+            pop(heap)
+        else:
+            replace(heap, (e[0], -e[1], e[2], i))
         if k != last:
             last = k
-            yield e
+            yield k, -nseq, v
 
 
 def live_only(entries: Iterable[Entry]) -> Iterator[tuple[bytes, bytes]]:

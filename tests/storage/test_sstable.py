@@ -112,3 +112,27 @@ def test_meta_larger_than_first_tail_read(tmp_path: Path) -> None:
     assert store.stats.snapshot()["GET"] == 2
     assert r.get(b"key-004321") == (4322, b"v")
     assert list(r.iter_from(b"key-007998")) == entries[7998:]
+
+
+def test_decode_block_rejects_malformed_blocks() -> None:
+    # Blocks that pass their crc but are malformed (a writer bug) are still rejected.
+    import struct
+
+    from storage.dkv.sstable import _decode_block
+    from storage.errors import CorruptionError
+
+    def block(flags: bytes, vlen: int, extra: bytes = b"") -> bytes:
+        return struct.pack("<IIIQ", 1, 1, vlen, 9) + flags + b"k" + b"v" * vlen + extra
+
+    assert _decode_block(block(b"\x00", 1), "u", 0, 0, 1) == ([b"k"], [9], [b"v"])
+    assert _decode_block(block(b"\x01", 0), "u", 0, 0, 1) == ([b"k"], [9], [None])
+    for bad, match in (
+        (block(b"\x02", 1), "flags"),
+        (block(b"\x01", 1), "tombstone"),
+        (block(b"\x00", 1, b"junk"), "add up"),
+        (block(b"\x00", 1)[:-3], "block"),
+    ):
+        with pytest.raises(CorruptionError, match=match):
+            _decode_block(bad, "file:///t.sst", 3, 77, 1)
+    with pytest.raises(CorruptionError, match="index says 2"):
+        _decode_block(block(b"\x00", 1), "u", 0, 0, 2)
