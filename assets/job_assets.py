@@ -10,7 +10,6 @@ For a job J with source S and sinks T1..Tn this yields:
   source offsets, manifest URI, DKV tables, bytes and keys, events and duration, so
   the Dagster UI plots them over time.
 """
-from __future__ import annotations
 
 import datetime as dt
 

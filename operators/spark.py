@@ -1,10 +1,10 @@
 """The Spark session jobs run on, configured for Arrow transfer and one task per range.
 
-Configuration comes from (later wins): the defaults below, ``SPARK_CONF_DIR``'s
-``spark-defaults.conf`` (``platform/conf/`` in the launch scripts), the environment
-variable ``DKVSTREAM_SPARK_MASTER``, and the ``conf`` argument (Dagster's
-``PySparkResource`` passes its ``spark_config``). So the same job runs on ``local[2]``
-or a cluster.
+Configuration, later wins: ``SPARK_CONF_DIR``'s ``spark-defaults.conf``
+(``platform/conf/`` in the launch scripts), the defaults below, the master from the
+environment variable ``DKVSTREAM_SPARK_MASTER`` (default ``local[2]``), and the
+``conf`` argument (Dagster's ``PySparkResource`` passes its ``spark_config``). So the
+same job runs on ``local[2]`` or a cluster.
 """
 from __future__ import annotations
 

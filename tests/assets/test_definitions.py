@@ -1,0 +1,46 @@
+"""Dagster: the Definitions load, and materializing the flights assets records checkpoints."""
+from __future__ import annotations
+
+from dagster import AssetKey, DagsterInstance, Definitions, materialize
+
+from assets.job_assets import checkpoint_asset_key, job_assets
+from assets.resources import ObjectStoreResource, spark_resource
+from operators.examples.flights import flights_job
+
+
+def test_definitions_are_loadable() -> None:
+    from assets.definitions import defs
+
+    Definitions.validate_loadable(defs)
+    keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
+    assert {"flights_replay", "route_daily_delays", "route_daily_delays_late", "flights_checkpoint"} <= keys
+
+
+def test_materialize_records_one_checkpoint_per_epoch(spark, tmp_path) -> None:
+    job = flights_job(events_per_epoch=100_000)
+    instance = DagsterInstance.ephemeral()
+    resources = {"object_store": ObjectStoreResource(root_uri=str(tmp_path / "store")),
+                 "pyspark": spark_resource({"spark.master": "local[2]"})}
+    result = materialize(job_assets(job), resources=resources, instance=instance,
+                         run_config={"ops": {"run_flights": {"config": {"max_epochs": 2}}}})
+    assert result.success
+    events = [e for e in result.get_asset_materialization_events()
+              if e.asset_key == checkpoint_asset_key(job)]
+    assert len(events) == 2
+    md = events[-1].materialization.metadata
+    assert md["epoch"].value == 2
+    assert md["events"].value == 100_002
+    assert md["source_offsets"].value == {"EWR": 66668, "JFK": 66668, "LGA": 66668}
+    assert md["manifest_uri"].value.endswith("epoch-0000000002.json")
+    for field in ("watermark", "tables", "table_bytes", "keys", "duration_s", "events_per_s"):
+        assert field in md
+    latest = instance.get_latest_materialization_event(AssetKey("route_daily_delays"))
+    assert latest.asset_materialization.metadata["committed_epoch"].value == 2
+    assert latest.asset_materialization.metadata["rows"].value > 0
+
+    # A second materialization continues from the checkpoint instead of starting over.
+    result = materialize(job_assets(job), resources=resources, instance=instance,
+                         run_config={"ops": {"run_flights": {"config": {"max_epochs": 1}}}})
+    epochs = [e.materialization.metadata["epoch"].value for e in result.get_asset_materialization_events()
+              if e.asset_key == checkpoint_asset_key(job)]
+    assert epochs == [3]
