@@ -6,6 +6,7 @@ from __future__ import annotations
 import tempfile
 
 import hypothesis.strategies as st
+import pytest
 from hypothesis import settings
 from hypothesis.stateful import (
     Bundle,
@@ -13,6 +14,7 @@ from hypothesis.stateful import (
     consumes,
     invariant,
     rule,
+    run_state_machine_as_test,
 )
 
 from storage.dkv import DKV, DKVOptions
@@ -44,12 +46,13 @@ def model_scan(
 
 class DKVMachine(RuleBasedStateMachine):
     checkpoints = Bundle("checkpoints")
+    options = OPTIONS
 
     def __init__(self) -> None:
         super().__init__()
         self.tmp = tempfile.TemporaryDirectory()
         self.store = LocalObjectStore(self.tmp.name)
-        self.db = DKV.open(self.store, "jobs/t/state/op/kg-0000-0003", options=OPTIONS)
+        self.db = DKV.open(self.store, "jobs/t/state/op/kg-0000-0003", options=self.options)
         self.model: dict[bytes, bytes] = {}
         self.n_ckpt = 0
 
@@ -106,7 +109,7 @@ class DKVMachine(RuleBasedStateMachine):
     def reopen_older(self, c) -> None:
         # An older checkpoint restores exactly its snapshot; the current DB is untouched.
         key, snapshot = c
-        old = DKV.open(self.store, "jobs/t/state/op/kg-0000-0003", key, OPTIONS)
+        old = DKV.open(self.store, "jobs/t/state/op/kg-0000-0003", key, self.options)
         try:
             assert list(old.scan_range(b"", None)) == sorted(snapshot.items())
             for k in list(snapshot)[:5]:
@@ -119,7 +122,7 @@ class DKVMachine(RuleBasedStateMachine):
         # Restart from an older checkpoint and keep writing (like a job restart).
         key, snapshot = c
         self.db.close()
-        self.db = DKV.open(self.store, "jobs/t/state/op/kg-0000-0003", key, OPTIONS)
+        self.db = DKV.open(self.store, "jobs/t/state/op/kg-0000-0003", key, self.options)
         self.model = dict(snapshot)
 
     @rule()
@@ -128,7 +131,7 @@ class DKVMachine(RuleBasedStateMachine):
         key = self.db.checkpoint(f"e{self.n_ckpt:08d}-b1")
         before = self.db.stats()
         self.db.close()
-        self.db = DKV.open(self.store, "jobs/t/state/op/kg-0000-0003", key, OPTIONS)
+        self.db = DKV.open(self.store, "jobs/t/state/op/kg-0000-0003", key, self.options)
         after = self.db.stats()
         assert after["last_seq"] == before["last_seq"]
         assert after["tables_per_level"] == before["tables_per_level"]
@@ -141,7 +144,31 @@ class DKVMachine(RuleBasedStateMachine):
                 assert a.max_key < b.min_key
 
 
-DKVMachine.TestCase.settings = settings(
-    max_examples=80, stateful_step_count=60, deadline=None
+class WalHeavyMachine(DKVMachine):
+    """Larger memtable and WAL limit: several WAL objects pile up and replay on reopen."""
+
+    options = DKVOptions(
+        memtable_bytes=6000,
+        block_bytes=64,
+        l0_compaction_trigger=3,
+        wal_flush_bytes=2500,
+        zstd_level=1,
+        block_cache_bytes=0,  # every block read goes to the store and is verified
+        target_file_bytes=300,
+    )
+
+
+DKVMachine.TestCase.settings = settings(max_examples=80, stateful_step_count=60, deadline=None)
+WalHeavyMachine.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=60, deadline=None
 )
 TestDKVModel = DKVMachine.TestCase
+TestDKVModelWalHeavy = WalHeavyMachine.TestCase
+
+
+@pytest.mark.slow
+def test_dkv_model_long_run() -> None:
+    """Many more examples of the small-sizes machine (minutes)."""
+    run_state_machine_as_test(
+        DKVMachine, settings=settings(max_examples=1500, stateful_step_count=100, deadline=None)
+    )
