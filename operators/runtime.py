@@ -260,8 +260,8 @@ class JobRunner:
             "timers_fired": sum(res.metrics["timers_fired"] for rs in results_by_op.values() for res in rs),
             "output_rows": {name: sum(res.metrics["emitted"].get(name, 0) for res in last_results)
                             for name in self.job.sinks},
-            "tables": sum(_tables(s) for s in dkv),
-            "table_bytes": sum(_table_bytes(s) for s in dkv),
+            "tables": sum(sum(s["tables_per_level"]) for s in dkv),
+            "table_bytes": sum(sum(s["bytes_per_level"]) for s in dkv),
             "keys": sum(int(s.get("approx_live_keys", 0)) for s in dkv),
             "task_seconds_max": max((res.metrics["seconds"] for rs in results_by_op.values() for res in rs), default=0.0),
         }
@@ -378,20 +378,6 @@ def _root_message(e: BaseException) -> str:
     lines = [ln for ln in text.splitlines() if ln.strip()]
     errors = [ln for ln in lines if "Error" in ln and not ln.startswith(("\tat ", "  File"))]
     return errors[-1].strip() if errors else (lines[-1].strip() if lines else type(e).__name__)
-
-
-def _tables(stats: dict) -> int:
-    levels = stats.get("tables_per_level") or stats.get("levels") or {}
-    if isinstance(levels, dict):
-        return sum(int(v) for v in levels.values())
-    return sum(int(v) for v in levels)
-
-
-def _table_bytes(stats: dict) -> int:
-    levels = stats.get("bytes_per_level") or {}
-    if isinstance(levels, dict):
-        return sum(int(v) for v in levels.values())
-    return sum(int(v) for v in levels)
 
 
 def _empty_events(value_schema: pa.Schema) -> pa.Table:
