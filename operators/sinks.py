@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from operators.staging import range_label_of
 from storage.objectstore import ObjectStore
 
 
@@ -64,8 +65,7 @@ class ParquetSink(Sink):
     def published_key(self, job_prefix: str, epoch: int, staged_key: str) -> str:
         """Final name of a staged file: deterministic in (epoch, range), so a
         re-publish overwrites rather than duplicates."""
-        range_label = staged_key.rstrip("/").split("/")[-2].split("@")[0]
-        return f"{self.table_prefix(job_prefix)}epoch={epoch:08d}/part-{range_label}.parquet"
+        return f"{self.table_prefix(job_prefix)}epoch={epoch:08d}/part-{range_label_of(staged_key)}.parquet"
 
     def publish(self, store: ObjectStore, job_prefix: str, epoch: int, staged: list[str]) -> list[str]:
         published = []

@@ -21,6 +21,7 @@ from operators.api import MAIN_OUTPUT, KeyedEvent, Operator, Subject
 from operators.keygroups import KeyGroupRange, key_groups_of, range_indexes_of
 from operators.sinks import Sink
 from operators.sources import KEY_COLUMN, TIMESTAMP_COLUMN
+from operators.staging import staging_prefix
 from operators.state import subject_prefix
 from operators.timers import TimerService
 from storage.dkv import DKV, DKVOptions
@@ -174,7 +175,7 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
         operator.on_timer_expired(subject, ts)
         timers_fired += 1
 
-    staging = f"{spec.job_prefix}/staging/epoch={spec.epoch:010d}/{operator.name}/{krange.label}@{attempt}"
+    staging = staging_prefix(spec.job_prefix, spec.epoch, operator.name, krange.label, attempt)
     tables = {name: _emitted_table(rows, operator.outputs[name]) for name, rows in subject._emitted.items()}
     forwarded = None
     staged: dict[str, str] = {}
