@@ -40,6 +40,10 @@ class Codec(ABC, Generic[T]):
     def decode(self, data: bytes) -> T:
         """Return the value encoded in ``data``."""
 
+    def arrow_value(self, data: bytes) -> Any:
+        """``data`` as a Python value of ``arrow_type`` (the state reader's column)."""
+        return self.decode(data)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
@@ -109,6 +113,9 @@ class JsonCodec(Codec[Any]):
     def decode(self, data: bytes) -> Any:
         return json.loads(data)
 
+    def arrow_value(self, data: bytes) -> str:
+        return data.decode("utf-8")
+
 
 class MsgpackCodec(Codec[Any]):
     """Any msgpack-serialisable value (smaller and faster than JSON)."""
@@ -121,6 +128,9 @@ class MsgpackCodec(Codec[Any]):
 
     def decode(self, data: bytes) -> Any:
         return msgpack.unpackb(data, raw=False)
+
+    def arrow_value(self, data: bytes) -> bytes:
+        return data
 
 
 class RecordCodec(Codec[dict]):

@@ -92,6 +92,27 @@ class _Spec:
         return subject._state_prefix + self._id_bytes  # type: ignore[attr-defined]
 
 
+def state_specs(operator: object) -> dict[str, _Spec]:
+    """The state specs an operator declares, by state id (class attributes, base
+    classes included)."""
+    specs: dict[str, _Spec] = {}
+    for cls in reversed(type(operator).__mro__):
+        for value in vars(cls).values():
+            if isinstance(value, _Spec) and value.id is not None:
+                specs[value.id] = value
+    return specs
+
+
+def list_payload(raw: bytes) -> list[bytes]:
+    """Split a ``ListState`` entry into its encoded elements (u32 length + bytes each)."""
+    out, pos, view = [], 0, memoryview(raw)
+    while pos < len(raw):
+        (n,) = _U32.unpack_from(raw, pos)
+        out.append(bytes(view[pos + 4 : pos + 4 + n]))
+        pos += 4 + n
+    return out
+
+
 class ValueState(Generic[V]):
     """One value per subject key and state id."""
 
@@ -144,13 +165,8 @@ class ListState(Generic[V]):
         raw = self._db.get(self._key)
         if raw is None:
             return []
-        out, pos, decode = [], 0, self._codec.decode
-        view = memoryview(raw)
-        while pos < len(raw):
-            (n,) = _U32.unpack_from(raw, pos)
-            out.append(decode(bytes(view[pos + 4 : pos + 4 + n])))
-            pos += 4 + n
-        return out
+        decode = self._codec.decode
+        return [decode(e) for e in list_payload(raw)]
 
     def append(self, value: V) -> None:
         """Append one element."""
