@@ -1,12 +1,29 @@
 """Compaction: picking (a pure planner) and merging (reads tables, writes new ones).
 
-This version has one policy: when L0 holds at least ``l0_compaction_trigger`` tables,
-merge all of L0 plus all of L1 into a new L1 sorted run, split at ~``target_file_bytes``.
-L1 is the last level, so the merge drops tombstones and shadowed versions.
+Shape of the tree: L0 holds flushed tables whose key ranges may overlap; L1 ..
+L(num_levels-1) are sorted runs. ``plan_compaction`` picks at most one plan, with no I/O:
+
+1. Size amplification (checked first, RocksDB universal style): let ``last`` be the deepest
+   non-empty level >= 1. If ``bytes(levels above last) / bytes(last) > size_amp_threshold``
+   the plan merges *every* table into ``last`` ("full" compaction). Levels above the last
+   mostly hold newer versions of (or tombstones for) keys below, so this ratio over-estimates
+   the redundant fraction when upper levels hold new keys; it is cheap and errs towards
+   rewriting, which also keeps scans over few sorted runs.
+2. Otherwise each level gets a score: L0 ``len(L0) / l0_compaction_trigger``; Ln for
+   ``1 <= n < num_levels - 1`` ``bytes(Ln) / (level_base_bytes * level_multiplier**(n-1))``.
+   L0 fires at a score of 1 (count reached), Ln above 1 (size exceeded); the highest
+   firing score wins (ties: the shallower level):
+   * L0: all L0 tables plus the L1 tables overlapping their key span, into L1;
+   * Ln: one table of Ln, the one with the least overlapping bytes in L(n+1) per byte of
+     its own (RocksDB ``kMinOverlappingRatio``), plus those overlapping tables, into L(n+1).
+
+Tombstones (and shadowed versions, which the merge always drops) may only be dropped when
+no table outside the inputs in a deeper level overlaps the inputs' key span: otherwise an
+older version below would resurface. ``drop_tombstones`` records that decision.
 
 Compaction never changes an existing file. Its result names its inputs and outputs;
 ``LevelList.with_compaction`` installs it only if every input is still live, so a result
-computed elsewhere (e.g. a Dagster op) can be installed later or discarded safely.
+computed elsewhere (``remote_compaction.py``) can be installed later or discarded safely.
 """
 
 from __future__ import annotations
@@ -22,11 +39,30 @@ from storage.dkv.tablestore import TableStore
 
 @dataclass(frozen=True)
 class CompactionPlan:
-    """What to merge: ``inputs`` (newest first) into ``output_level``."""
+    """What to merge: ``inputs`` (newest first) into ``output_level``.
+
+    Attributes:
+        inputs: Input tables, newest data first (shallower levels first, L0 newest first).
+        output_level: Level receiving the outputs (>= 1).
+        drop_tombstones: Whether the merge may drop tombstones (see module docstring).
+        input_levels: Level of each input, parallel to ``inputs``.
+        reason: ``"l0"``, ``"level"``, ``"size_amp"`` or ``"full"`` (for stats and dumps).
+        deeper: Keys of tables outside the inputs, in levels below ``output_level``, that
+            overlap the inputs' key span when the plan was made. A result computed
+            remotely may be installed only if no *other* such table appeared since.
+    """
 
     inputs: tuple[TableInfo, ...]
     output_level: int
     drop_tombstones: bool
+    input_levels: tuple[int, ...] = ()
+    reason: str = "l0"
+    deeper: tuple[str, ...] = ()
+
+    @property
+    def input_bytes(self) -> int:
+        """Bytes of the input tables on the bucket."""
+        return sum(t.size for t in self.inputs)
 
 
 @dataclass(frozen=True)
@@ -38,39 +74,128 @@ class CompactionResult:
     outputs: tuple[TableInfo, ...]
 
 
+def level_target_bytes(n: int, options: DKVOptions) -> int:
+    """Target size of sorted-run level ``n`` (1 <= n < num_levels - 1)."""
+    return options.level_base_bytes * options.level_multiplier ** (n - 1)
+
+
+def _span(tables: tuple[TableInfo, ...] | list[TableInfo]) -> tuple[bytes, bytes]:
+    return min(t.min_key for t in tables), max(t.max_key for t in tables)
+
+
+def _overlapping(run: tuple[TableInfo, ...], lo: bytes, hi: bytes) -> list[TableInfo]:
+    return [t for t in run if t.max_key >= lo and t.min_key <= hi]
+
+
+def _finish(
+    levels: LevelList, picked: list[tuple[int, TableInfo]], output_level: int, reason: str
+) -> CompactionPlan:
+    inputs = tuple(t for _, t in picked)
+    lo, hi = _span(inputs)
+    deeper = tuple(
+        t.key
+        for i in range(output_level + 1, len(levels.levels))
+        for t in _overlapping(levels.levels[i], lo, hi)
+    )
+    return CompactionPlan(
+        inputs=inputs, output_level=output_level, drop_tombstones=not deeper,
+        input_levels=tuple(i for i, _ in picked), reason=reason, deeper=deeper,
+    )
+
+
+def last_level(levels: LevelList) -> int:
+    """Deepest non-empty level >= 1, or 0 if only L0 (or nothing) holds tables."""
+    for i in range(len(levels.levels) - 1, 0, -1):
+        if levels.levels[i]:
+            return i
+    return 0
+
+
+def plan_full(levels: LevelList, reason: str = "full") -> CompactionPlan | None:
+    """Plans merging every table into the last non-empty level (L1 if only L0 has tables).
+
+    Returns:
+        The plan, or None if there are no tables.
+    """
+    picked = [(i, t) for i, lvl in enumerate(levels.levels) for t in lvl]
+    if not picked:
+        return None
+    return _finish(levels, picked, max(1, last_level(levels)), reason)
+
+
+def size_amplification(levels: LevelList) -> float:
+    """The estimate of the module docstring; 0.0 when there is no level below L0."""
+    last = last_level(levels)
+    if last == 0:
+        return 0.0
+    below = sum(t.size for t in levels.levels[last])
+    above = sum(t.size for lvl in levels.levels[:last] for t in lvl)
+    return above / below if below else float("inf")
+
+
 def plan_compaction(levels: LevelList, options: DKVOptions) -> CompactionPlan | None:
-    """Decides whether to compact. Pure: no I/O.
+    """Decides whether and what to compact. Pure: no I/O.
 
     Args:
         levels: The current level list.
-        options: Supplies ``l0_compaction_trigger``.
+        options: Triggers and level sizes (see the module docstring).
 
     Returns:
-        A plan merging all L0 and L1 tables into L1, or None if L0 is below the trigger.
+        A plan, or None if no trigger fires.
     """
-    if len(levels.l0) < options.l0_compaction_trigger:
+    if size_amplification(levels) > options.size_amp_threshold:
+        return plan_full(levels, "size_amp")
+    nlev = len(levels.levels)
+    best, best_score = -1, 0.0
+    l0_score = len(levels.l0) / options.l0_compaction_trigger
+    if l0_score >= 1.0:  # the count trigger fires AT the threshold
+        best, best_score = 0, l0_score
+    for n in range(1, min(nlev, options.num_levels - 1)):
+        score = sum(t.size for t in levels.levels[n]) / level_target_bytes(n, options)
+        if score > 1.0 and score > best_score:  # a size trigger fires ABOVE the target
+            best, best_score = n, score
+    if best < 0:
         return None
-    deeper = any(levels.level(i) for i in range(2, len(levels.levels)))
-    return CompactionPlan(
-        inputs=(*levels.l0, *levels.level(1)),
-        output_level=1,
-        # Tombstones may only be dropped where nothing older can resurface beneath them.
-        drop_tombstones=not deeper,
-    )
+    if best == 0:
+        lo, hi = _span(levels.l0)
+        picked = [(0, t) for t in levels.l0]
+        picked += [(1, t) for t in _overlapping(levels.level(1), lo, hi)]
+        return _finish(levels, picked, 1, "l0")
+    nxt = levels.level(best + 1)
+
+    def overlap_ratio(t: TableInfo) -> tuple[float, bytes]:
+        over = sum(o.size for o in _overlapping(nxt, t.min_key, t.max_key))
+        return over / max(1, t.size), t.min_key
+
+    t = min(levels.levels[best], key=overlap_ratio)
+    picked = [(best, t)] + [(best + 1, o) for o in _overlapping(nxt, t.min_key, t.max_key)]
+    return _finish(levels, picked, best + 1, "level")
 
 
 def run_compaction(plan: CompactionPlan, tables: TableStore, target_bytes: int) -> CompactionResult:
     """Executes ``plan``: merges its inputs and writes the output run.
 
     Args:
-        plan: From ``plan_compaction``.
-        tables: Reads inputs, writes outputs.
+        plan: From ``plan_compaction`` (or ``plan_full``).
+        tables: Reads inputs (clipped tables yield only their visible keys), writes outputs.
         target_bytes: Split size of output tables (uncompressed bytes).
 
     Returns:
         The result to install with ``LevelList.with_compaction``.
     """
-    sources = [tables.reader(t).iter_from(b"") for t in plan.inputs]
+    # Sorted-run inputs of one level are disjoint: concatenating them in key order is one
+    # merge source, which keeps the heap small (L0 tables stay one source each).
+    by_level: dict[int, list[TableInfo]] = {}
+    sources = []
+    levels_of = plan.input_levels or (0,) * len(plan.inputs)
+    for lvl, t in zip(levels_of, plan.inputs):
+        if lvl == 0:
+            sources.append(tables.iter_table(t))
+        else:
+            by_level.setdefault(lvl, []).append(t)
+    for lvl in sorted(by_level):
+        run = sorted(by_level[lvl], key=lambda x: x.min_key)
+        sources.append(_chain(tables, run))
     merged = merge_newest(sources)
     if plan.drop_tombstones:
         merged = (e for e in merged if e[2] is not None)
@@ -80,3 +205,8 @@ def run_compaction(plan: CompactionPlan, tables: TableStore, target_bytes: int) 
         output_level=plan.output_level,
         outputs=tuple(outputs),
     )
+
+
+def _chain(tables: TableStore, run: list[TableInfo]):
+    for t in run:
+        yield from tables.iter_table(t)

@@ -23,7 +23,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from storage.dkv.compaction import CompactionResult, plan_compaction, run_compaction
+from storage.dkv.compaction import (
+    CompactionPlan,
+    CompactionResult,
+    plan_compaction,
+    plan_full,
+    run_compaction,
+)
 from storage.dkv.invariants import check_manifest
 from storage.dkv.levels import LevelList
 from storage.dkv.manifest import Manifest, WalRef, load_manifest, publish_manifest
@@ -70,6 +76,7 @@ class DKV:
         self._sealed: list[Memtable] = []  # newest first
         self._wal_buf: list[WalRecord] = []
         self._closed = False
+        self._compactions: dict[str, int] = {}
         if manifest is None:
             self._seq = 0
             self._flushed_seq = 0
@@ -218,7 +225,7 @@ class DKV:
 
         for t in levels.l0:
             if overlaps(t):
-                sources.append(tables.reader(t).iter_from(start, end))
+                sources.append(tables.iter_table(t, start, end))
         for i in range(1, len(levels.levels)):
             run = [t for t in levels.level(i) if overlaps(t)]
             if run:
@@ -227,17 +234,14 @@ class DKV:
 
     def _run_iter(self, run: list[TableInfo], start: bytes, end: bytes | None) -> Iterator[Entry]:
         # Tables of a sorted run are disjoint and ordered: concatenate, opening lazily.
+        iter_table = self._tables.iter_table
         for t in run:
-            yield from self._tables.reader(t).iter_from(start, end)
+            yield from iter_table(t, start, end)
 
     # -- flush, compaction, checkpoint --------------------------------------------------
 
-    def flush(self) -> None:
-        """Seals the memtable and writes it as an L0 SSTable now; then compacts if due.
-
-        All WAL records are then covered by tables, so the buffered WAL and the listed WAL
-        objects are dropped (WAL truncation up to the table's max sequence number).
-        """
+    def flush_memtable(self) -> None:
+        """Like ``flush`` but never compacts."""
         if self._closed:
             raise ClosedError("DKV is closed")
         if len(self._mem):
@@ -253,13 +257,49 @@ class DKV:
         self._flushed_seq = self._seq
         self._wal_buf = []
         self._wal_refs = []
+
+    def flush(self) -> None:
+        """Seals the memtable and writes it as an L0 SSTable now; then compacts if due.
+
+        All WAL records are then covered by tables, so the buffered WAL and the listed WAL
+        objects are dropped (WAL truncation up to the table's max sequence number).
+        """
+        self.flush_memtable()
         self._maybe_compact()
 
-    def _maybe_compact(self) -> None:
-        plan = plan_compaction(self._levels, self._options)
-        if plan is not None:
-            result = run_compaction(plan, self._tables, self._options.target_file_bytes)
-            self.install_compaction(result)
+    def _maybe_compact(self) -> int:
+        """Runs planned compactions while their input fits the inline budget.
+
+        Returns:
+            Input bytes compacted.
+        """
+        budget = self._options.max_inline_compaction_bytes
+        spent = 0
+        while True:
+            plan = plan_compaction(self._levels, self._options)
+            if plan is None or spent + plan.input_bytes > budget:
+                return spent
+            self._run_plan(plan)
+            spent += plan.input_bytes
+
+    def _run_plan(self, plan: CompactionPlan) -> None:
+        result = run_compaction(plan, self._tables, self._options.target_file_bytes)
+        self.install_compaction(result)
+        self._compactions[plan.reason] = self._compactions.get(plan.reason, 0) + 1
+
+    def compact_all(self) -> None:
+        """Flushes the memtable, then merges every table into the last non-empty level.
+
+        Afterwards the tree is one sorted run without tombstones (unless a level outside
+        this instance's tables could hold older versions, which cannot happen here). Not
+        bounded by ``max_inline_compaction_bytes``.
+        """
+        self.flush_memtable()
+        plan = plan_full(self._levels)
+        if plan is not None and not (
+            len(plan.inputs) == 1 and plan.input_levels[0] >= 1 and plan.inputs[0].clip is None
+        ):
+            self._run_plan(plan)
 
     def install_compaction(self, result: CompactionResult) -> None:
         """Installs a compaction result if all its inputs are still live.
@@ -322,7 +362,8 @@ class DKV:
         ``memtable_bytes`` (approximate), ``memtable_entries``, ``sealed_memtables``,
         ``approx_live_keys`` (entries in memtables and tables; an upper bound, since
         versions and tombstones count), ``last_seq``, ``flushed_seq``, ``wal_objects``,
-        ``wal_bytes``, ``wal_buffered_records``, ``block_cache`` and ``object_store``.
+        ``wal_bytes``, ``wal_buffered_records``, ``compactions`` (runs per plan reason),
+        ``block_cache`` and ``object_store``.
         """
         lv = self._levels.levels
         cache = self._tables.cache
@@ -340,6 +381,7 @@ class DKV:
             "wal_objects": len(self._wal_refs),
             "wal_bytes": sum(w.size for w in self._wal_refs),
             "wal_buffered_records": len(self._wal_buf),
+            "compactions": dict(self._compactions),
             "block_cache": {
                 "bytes": cache.used_bytes if cache else 0,
                 "hits": cache.hits if cache else 0,

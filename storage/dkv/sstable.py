@@ -73,7 +73,15 @@ DecodedBlock = tuple[list[bytes], list[int], "list[bytes | None]"]
 
 @dataclass(frozen=True)
 class TableInfo:
-    """What a finished table reports about itself (goes into the manifest)."""
+    """A table as a level list (and manifest) references it.
+
+    ``min_key``/``max_key`` are the *visible* bounds. For a table written by this instance
+    they are the file's first and last key. For a table shared after a rescale, ``clip`` is
+    the key range ``[lo, hi)`` (``hi`` None = unbounded) the referencing instance owns, and
+    ``min_key``/``max_key`` are the first and last key of the file inside it: every key of
+    the file between them is visible, every other key is not. ``entries`` is then an
+    estimate (whole blocks) and ``min_seq``/``max_seq`` are the file's (bounds).
+    """
 
     key: str
     size: int
@@ -82,6 +90,7 @@ class TableInfo:
     max_key: bytes
     min_seq: int
     max_seq: int
+    clip: tuple[bytes, bytes | None] | None = None
 
 
 class SSTableBuilder:
@@ -384,6 +393,23 @@ class SSTableReader:
         if j < len(keys) and keys[j] == key:
             return seqs[j], values[j]
         return None
+
+    def last_key_before(self, end: bytes | None) -> bytes | None:
+        """Returns the largest key ``< end`` (the last key if ``end`` is None), or None."""
+        if end is None or end > self.max_key:
+            return self.max_key
+        i = bisect_left(self._first_keys, end) - 1
+        if i < 0:
+            return None
+        keys = self._block(i)[0]
+        j = bisect_left(keys, end) - 1
+        return keys[j] if j >= 0 else None
+
+    def entries_between(self, start: bytes, end: bytes | None) -> int:
+        """Estimates entries with ``start <= key < end`` (whole blocks; no I/O)."""
+        i = max(0, bisect_right(self._first_keys, start) - 1)
+        j = len(self._blocks) if end is None else bisect_left(self._first_keys, end)
+        return max(1, sum(b[2] for b in self._blocks[i:j]))
 
     def iter_from(self, start: bytes, end: bytes | None = None) -> Iterator[Entry]:
         """Yields entries with ``start <= key < end`` in ascending order, lazily.

@@ -9,7 +9,7 @@ Single-threaded, like its owning ``DKV``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from storage.dkv.block_cache import BlockCache
 from storage.dkv.manifest import WalRef
@@ -87,6 +87,23 @@ class TableStore:
             r = SSTableReader(self.store, t.key, t.size, self.cache)
             self._readers[t.key] = r
         return r
+
+    def iter_table(
+        self, t: TableInfo, start: bytes = b"", end: bytes | None = None
+    ) -> Iterator[Entry]:
+        """Yields the visible entries of ``t`` with ``start <= key < end``.
+
+        A clipped table (``t.clip``) yields only keys within ``[t.min_key, t.max_key]``.
+        """
+        if t.clip is not None:
+            if start < t.min_key:
+                start = t.min_key
+            hi = t.max_key + b"\x00"  # smallest key above max_key
+            if end is None or end > hi:
+                end = hi
+            if start >= end:
+                return iter(())
+        return self.reader(t).iter_from(start, end)
 
     def forget(self, keys: Iterable[str]) -> None:
         """Drops cached readers of tables that left the level list (files stay)."""

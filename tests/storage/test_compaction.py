@@ -8,14 +8,94 @@ from pathlib import Path
 import pytest
 
 from storage.dkv import DKV, DKVOptions
-from storage.dkv.compaction import CompactionResult, plan_compaction, run_compaction
+from storage.dkv.compaction import (
+    CompactionResult,
+    level_target_bytes,
+    plan_compaction,
+    plan_full,
+    run_compaction,
+    size_amplification,
+)
 from storage.dkv.levels import LevelList
 from storage.dkv.sstable import TableInfo
 from storage.objectstore.local import LocalObjectStore
 
 
-def t(key: str, lo: bytes, hi: bytes, s0: int = 1, s1: int = 1) -> TableInfo:
-    return TableInfo(key=key, size=10, entries=1, min_key=lo, max_key=hi, min_seq=s0, max_seq=s1)
+def t(key: str, lo: bytes, hi: bytes, s0: int = 1, s1: int = 1, size: int = 10) -> TableInfo:
+    return TableInfo(
+        key=key, size=size, entries=1, min_key=lo, max_key=hi, min_seq=s0, max_seq=s1
+    )
+
+
+NO_AMP = dict(size_amp_threshold=1e9)
+
+
+def test_planner_l0_trigger_at_threshold_and_just_below() -> None:
+    opts = DKVOptions(l0_compaction_trigger=3, **NO_AMP)
+    two = (t("b", b"a", b"c", 3, 3), t("a", b"a", b"c", 2, 2))
+    assert plan_compaction(LevelList((two,)), opts) is None
+    plan = plan_compaction(LevelList(((t("c", b"a", b"c", 4, 4), *two),)), opts)
+    assert plan is not None and plan.reason == "l0" and plan.output_level == 1
+    assert plan.input_levels == (0, 0, 0)
+
+
+def test_planner_l0_takes_only_overlapping_l1_tables() -> None:
+    opts = DKVOptions(l0_compaction_trigger=1, **NO_AMP)
+    l1 = (t("r1", b"a", b"b"), t("r2", b"d", b"f"), t("r3", b"x", b"y"))
+    plan = plan_compaction(LevelList(((t("n", b"c", b"e", 5, 5),), l1)), opts)
+    assert [x.key for x in plan.inputs] == ["n", "r2"]
+    assert plan.input_levels == (0, 1)
+
+
+def test_planner_level_size_trigger_at_target_and_above() -> None:
+    base = 100
+    opts = DKVOptions(level_base_bytes=base, level_multiplier=10, num_levels=4, **NO_AMP)
+    l1 = (t("a", b"a", b"c", size=50), t("b", b"d", b"f", size=50))
+    l2 = (t("x", b"a", b"b", size=300), t("y", b"e", b"z", size=5))
+    assert plan_compaction(LevelList(((), l1, l2)), opts) is None  # exactly at target
+    l1big = (t("a", b"a", b"c", size=50), t("b", b"d", b"f", size=51))
+    plan = plan_compaction(LevelList(((), l1big, l2)), opts)
+    # Min overlapping ratio: "b" overlaps 5 bytes in L2, "a" overlaps 300.
+    assert plan is not None and plan.reason == "level" and plan.output_level == 2
+    assert [x.key for x in plan.inputs] == ["b", "y"]
+    assert plan.input_levels == (1, 2)
+    assert plan.drop_tombstones  # nothing below L2
+    assert level_target_bytes(2, opts) == 1000
+
+
+def test_planner_last_level_is_never_pushed() -> None:
+    opts = DKVOptions(level_base_bytes=1, num_levels=3, **NO_AMP)
+    levels = LevelList(((), (), (t("a", b"a", b"c", size=10**9),)))
+    assert plan_compaction(levels, opts) is None
+
+
+def test_planner_push_keeps_tombstones_above_deeper_overlap() -> None:
+    opts = DKVOptions(level_base_bytes=10, num_levels=5, **NO_AMP)
+    levels = LevelList(((), (t("a", b"a", b"c", size=11),), (), (t("old", b"b", b"b"),)))
+    plan = plan_compaction(levels, opts)
+    assert plan.output_level == 2 and [x.key for x in plan.inputs] == ["a"]
+    assert not plan.drop_tombstones and plan.deeper == ("old",)
+
+
+def test_planner_size_amp_at_threshold_and_just_above() -> None:
+    opts = DKVOptions(size_amp_threshold=0.5, l0_compaction_trigger=100)
+    last = (t("z", b"a", b"z", size=100),)
+    at = LevelList(((t("n", b"a", b"b", 2, 2, size=50),), (), last))
+    assert size_amplification(at) == 0.5
+    assert plan_compaction(at, opts) is None
+    above = LevelList(((t("n", b"a", b"b", 2, 2, size=51),), (), last))
+    plan = plan_compaction(above, opts)
+    assert plan.reason == "size_amp" and plan.output_level == 2
+    assert {x.key for x in plan.inputs} == {"n", "z"} and plan.drop_tombstones
+
+
+def test_plan_full_targets_last_level_or_l1() -> None:
+    assert plan_full(LevelList()) is None
+    only_l0 = LevelList(((t("n", b"a", b"b"),),))
+    assert plan_full(only_l0).output_level == 1
+    deep = LevelList(((t("n", b"a", b"b"),), (), (), (t("z", b"a", b"z"),)))
+    p = plan_full(deep)
+    assert p.output_level == 3 and p.drop_tombstones and p.input_levels == (0, 3)
 
 
 def test_planner_below_trigger_does_nothing() -> None:
@@ -37,7 +117,7 @@ def test_planner_merges_all_l0_and_l1() -> None:
 
 
 def test_planner_keeps_tombstones_if_deeper_levels_exist() -> None:
-    opts = DKVOptions(l0_compaction_trigger=1)
+    opts = DKVOptions(l0_compaction_trigger=1, size_amp_threshold=100)
     levels = LevelList(((t("n", b"a", b"b"),), (), (t("old", b"a", b"b"),)))
     plan = plan_compaction(levels, opts)
     assert plan is not None and not plan.drop_tombstones
@@ -96,3 +176,57 @@ def test_compaction_preserves_contents_and_drops_tombstones(tmp_path: Path) -> N
     assert old_files <= set(store.list("p/c/sst/"))
     mkey = db.checkpoint("after-compaction")
     assert list(DKV.open(store, "p/c", mkey, opts).scan_range(b"", None)) == sorted(model.items())
+
+
+def _fill(db: DKV, model: dict[bytes, bytes], rng: random.Random, n: int) -> None:
+    for _ in range(n):
+        k = b"k%04d" % rng.randrange(3000)
+        if rng.random() < 0.2:
+            db.delete(k)
+            model.pop(k, None)
+        else:
+            v = rng.randbytes(rng.randint(1, 40))
+            db.put(k, v)
+            model[k] = v
+
+
+def test_levels_grow_and_compact_all_merges_into_last(tmp_path: Path) -> None:
+    store = LocalObjectStore(tmp_path)
+    opts = DKVOptions(
+        memtable_bytes=4000, block_bytes=512, l0_compaction_trigger=3, target_file_bytes=2000,
+        num_levels=4, level_base_bytes=6000, level_multiplier=3, size_amp_threshold=4.0,
+    )
+    db = DKV.open(store, "p/lv", options=opts)
+    rng = random.Random(5)
+    model: dict[bytes, bytes] = {}
+    for _ in range(8):
+        _fill(db, model, rng, 500)
+        mkey = db.checkpoint(f"c{_}")
+    stats = db.stats()
+    assert len(stats["tables_per_level"]) >= 3, stats["tables_per_level"]
+    assert stats["compactions"].get("level", 0) >= 1 and stats["compactions"]["l0"] >= 1
+    assert list(db.scan_range(b"", None)) == sorted(model.items())
+    db.compact_all()
+    tpl = db.stats()["tables_per_level"]
+    assert all(n == 0 for n in tpl[:-1]) and tpl[-1] >= 1
+    # One sorted run, no tombstones: entries == live keys.
+    assert sum(db.stats()["entries_per_level"]) == len(model)
+    assert list(db.scan_range(b"", None)) == sorted(model.items())
+    for k in list(model)[:200]:
+        assert db.get(k) == model[k]
+    reopened = DKV.open(store, "p/lv", mkey, opts)
+    assert list(reopened.scan_range(b"", None)) == sorted(model.items())
+
+
+def test_inline_compaction_budget_bounds_work_per_call(tmp_path: Path) -> None:
+    store = LocalObjectStore(tmp_path)
+    opts = DKVOptions(
+        memtable_bytes=2000, l0_compaction_trigger=2, max_inline_compaction_bytes=0
+    )
+    db = DKV.open(store, "p/b", options=opts)
+    model: dict[bytes, bytes] = {}
+    _fill(db, model, random.Random(2), 1000)
+    db.checkpoint("x")
+    assert db.stats()["compactions"] == {}
+    assert db.stats()["tables_per_level"][0] > 2
+    assert list(db.scan_range(b"", None)) == sorted(model.items())

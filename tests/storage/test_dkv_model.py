@@ -35,6 +35,10 @@ OPTIONS = DKVOptions(
     zstd_level=1,
     block_cache_bytes=4096,
     target_file_bytes=700,
+    num_levels=4,
+    level_base_bytes=1500,
+    level_multiplier=2,
+    max_inline_compaction_bytes=6000,
 )
 
 
