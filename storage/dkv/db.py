@@ -36,7 +36,8 @@ from storage.dkv.manifest import Manifest, WalRef, load_manifest, publish_manife
 from storage.dkv.memtable import Memtable
 from storage.dkv.merge import Entry, live_only, merge_newest
 from storage.dkv.options import DKVOptions
-from storage.dkv.paths import PathResolver, validate_name
+from storage.dkv.paths import PathResolver, compactions_dir, parse_result_key, validate_name
+from storage.dkv.remote_compaction import can_install, load_result
 from storage.dkv.sstable import TableInfo
 from storage.dkv.tablestore import TableStore
 from storage.dkv.wal import WalRecord
@@ -82,7 +83,11 @@ class DKV:
             self._flushed_seq = 0
             self._levels = LevelList()
             self._wal_refs: list[WalRef] = []
+            self._key_range = None
+            self._handled: set[str] = set()
         else:
+            self._key_range = manifest.key_range
+            self._handled = set(manifest.handled_compactions)
             self._seq = manifest.last_seq
             self._flushed_seq = manifest.flushed_seq
             self._levels = manifest.levels
@@ -312,6 +317,49 @@ class DKV:
         )
         self._tables.forget(result.inputs)
 
+    def install_pending_compactions(self) -> dict:
+        """Installs or discards every published remote compaction result not yet handled.
+
+        Lists ``<prefix>/compactions/``; each unhandled result is installed iff
+        ``remote_compaction.can_install`` holds for the current level list (all inputs
+        still live in their levels, ...), else discarded. Handled ids go into the next
+        manifest; ids whose result object is gone (deleted by GC) are forgotten.
+
+        Returns:
+            ``{"installed": int, "discarded": int}``.
+
+        Raises:
+            CorruptionError: A result object fails verification.
+        """
+        if self._closed:
+            raise ClosedError("DKV is closed")
+        prefix = self._paths.prefix
+        listed: dict[str, str] = {}
+        for key in self._store.list(compactions_dir(prefix)):
+            cid = parse_result_key(prefix, key)
+            if cid is not None:
+                listed[cid] = key
+        installed = discarded = 0
+        for cid in sorted(listed):
+            if cid in self._handled:
+                continue
+            r = load_result(self._store, listed[cid])
+            ok = r.prefix == prefix and can_install(self._levels, r)
+            if ok:
+                try:
+                    self.install_compaction(CompactionResult(
+                        tuple(t.key for _, t in r.inputs), r.output_level, r.outputs
+                    ))
+                except ValueError:
+                    ok = False
+            if ok:
+                installed += 1
+            else:
+                discarded += 1
+            self._handled.add(cid)
+        self._handled &= set(listed)
+        return {"installed": installed, "discarded": discarded}
+
     def checkpoint(self, name: str) -> str:
         """Makes the current state durable and publishes a manifest for it.
 
@@ -343,6 +391,7 @@ class DKV:
         m = Manifest(
             name=name, prefix=self._paths.prefix, last_seq=self._seq,
             flushed_seq=self._flushed_seq, levels=self._levels, wal=tuple(self._wal_refs),
+            key_range=self._key_range, handled_compactions=tuple(sorted(self._handled)),
         )
         check_manifest(m, self._store.uri(mkey))
         publish_manifest(self._store, mkey, m)

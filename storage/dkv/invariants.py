@@ -62,12 +62,32 @@ def wal_is_above_tables(m: Manifest) -> bool:
 
 
 def l0_is_newest_first(m: Manifest) -> bool:
-    """L0 tables are ordered by descending max_seq.
+    """Of two L0 tables with overlapping key ranges, the earlier one holds newer seqs.
 
-    Why: ``get`` stops at the first L0 table that knows a key.
+    Why: ``get`` stops at the first L0 table that knows a key. Tables with disjoint key
+    ranges may come in any seq order: after a rescale, L0 joins the L0s of parents whose
+    sequence numbers are independent (their key intervals are disjoint).
     """
     l0 = m.levels.l0
-    return all(a.min_seq > b.max_seq for a, b in zip(l0, l0[1:]))
+    for i, a in enumerate(l0):
+        for b in l0[i + 1 :]:
+            if a.max_key >= b.min_key and b.max_key >= a.min_key and not a.min_seq > b.max_seq:
+                return False
+    return True
+
+
+def clips_contain_bounds(m: Manifest) -> bool:
+    """A clipped table's visible bounds lie inside its clip ``[lo, hi)``.
+
+    Why: reads of a shared table filter by ``[min_key, max_key]`` only; bounds reaching
+    outside the clip would expose another range's keys.
+    """
+    for t in m.levels.all_tables():
+        if t.clip is not None:
+            lo, hi = t.clip
+            if t.min_key < lo or (hi is not None and t.max_key >= hi):
+                return False
+    return True
 
 
 def tables_are_unique(m: Manifest) -> bool:
@@ -83,6 +103,7 @@ ALL_INVARIANTS = (
     wal_is_above_tables,
     l0_is_newest_first,
     tables_are_unique,
+    clips_contain_bounds,
 )
 
 

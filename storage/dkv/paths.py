@@ -5,6 +5,9 @@ Layout under ``<prefix>``::
     <prefix>/sst/<instance>-<n:06d>.sst    SSTables (flushes and compaction outputs)
     <prefix>/wal/<checkpoint>-<instance>.wal   one WAL object per checkpoint
     <prefix>/manifests/<checkpoint>.json   one manifest per checkpoint
+    <prefix>/compactions/<id>/<n:06d>.sst  outputs of remote compaction <id> (in progress
+                                           until the result object below exists)
+    <prefix>/compactions/<id>.json         published remote compaction result
 
 ``<instance>`` is a fresh uuid4 (hex) per ``DKV.open``, so a retried or speculative task
 attempt that reopens the same checkpoint never writes over another attempt's files; only
@@ -39,16 +42,24 @@ class PathResolver:
         instance_id: Unique id of this open instance; a fresh uuid4 hex if omitted.
     """
 
-    def __init__(self, prefix: str, instance_id: str | None = None) -> None:
+    def __init__(
+        self, prefix: str, instance_id: str | None = None, compaction_id: str | None = None
+    ) -> None:
         self.prefix = prefix.strip("/")
         if not self.prefix:
             raise ValueError("DKV prefix must not be empty")
         self.instance_id = instance_id or uuid.uuid4().hex
         self._next_table = 0
+        self._compaction_id = compaction_id
 
     def next_sst_key(self) -> str:
-        """Returns a fresh, never-used SSTable key."""
+        """Returns a fresh, never-used SSTable key.
+
+        For a resolver made with ``compaction_id``, keys lie in that compaction's directory.
+        """
         self._next_table += 1
+        if self._compaction_id is not None:
+            return f"{compaction_dir(self.prefix, self._compaction_id)}{self._next_table:06d}.sst"
         return f"{self.prefix}/sst/{self.instance_id}-{self._next_table:06d}.sst"
 
     def wal_key(self, checkpoint: str) -> str:
@@ -58,3 +69,28 @@ class PathResolver:
     def manifest_key(self, checkpoint: str) -> str:
         """Returns the manifest key for checkpoint ``checkpoint``."""
         return f"{self.prefix}/manifests/{validate_name(checkpoint)}.json"
+
+
+def compactions_dir(prefix: str) -> str:
+    """Returns ``<prefix>/compactions/`` (results and in-progress output directories)."""
+    return f"{prefix.strip('/')}/compactions/"
+
+
+def compaction_dir(prefix: str, cid: str) -> str:
+    """Returns the directory (ending in ``/``) of remote compaction ``cid``'s outputs."""
+    return f"{compactions_dir(prefix)}{validate_name(cid)}/"
+
+
+def compaction_result_key(prefix: str, cid: str) -> str:
+    """Returns the key of remote compaction ``cid``'s result object."""
+    return f"{compactions_dir(prefix)}{validate_name(cid)}.json"
+
+
+def parse_result_key(prefix: str, key: str) -> str | None:
+    """Returns the compaction id if ``key`` is a result object under ``prefix``, else None."""
+    d = compactions_dir(prefix)
+    if key.startswith(d) and key.endswith(".json"):
+        cid = key[len(d) : -len(".json")]
+        if "/" not in cid and _NAME_RE.match(cid):
+            return cid
+    return None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from storage.dkv.manifest import (
     WalRef,
     decode_manifest,
     encode_manifest,
+    frame,
     load_manifest,
     publish_manifest,
 )
@@ -47,7 +50,7 @@ def test_roundtrip() -> None:
 def test_format_is_two_lines_with_crc() -> None:
     lines = encode_manifest(good()).split(b"\n")
     assert len(lines) == 3 and lines[2] == b""
-    assert lines[0].startswith(b'{"flushed_seq":30,"format_version":1')
+    assert lines[0].startswith(b'{"flushed_seq":30,"format_version":2')
     assert lines[1].startswith(b'{"crc32c":"')
 
 
@@ -60,9 +63,29 @@ def test_publish_conflict_and_load(tmp_path: Path) -> None:
 
 
 def test_unknown_version_rejected() -> None:
-    data = encode_manifest(replace(good(), format_version=2))
+    body = json.loads(encode_manifest(good()).split(b"\n")[0])
+    body["format_version"] = 3
     with pytest.raises(CorruptionError, match="format_version"):
-        decode_manifest(data, "mem://m")
+        decode_manifest(frame(body), "mem://m")
+
+
+def test_version_1_manifest_still_reads() -> None:
+    body = json.loads(encode_manifest(good()).split(b"\n")[0])
+    body["format_version"] = 1
+    del body["key_range"], body["handled_compactions"]
+    m = decode_manifest(frame(body), "mem://m")
+    assert replace(m, format_version=2) == good()
+
+
+def test_v2_fields_roundtrip() -> None:
+    m = good()
+    lv = m.levels.levels
+    clipped = replace(lv[1][0], clip=(b"a", None))
+    m2 = replace(
+        m, key_range=(b"\x00\x01", b"\x00\x09"), handled_compactions=("c1", "c2"),
+        levels=type(m.levels)((lv[0], (clipped, *lv[1][1:]), *lv[2:])),
+    )
+    assert decode_manifest(encode_manifest(m2), "mem://m") == m2
 
 
 def test_all_invariants_hold_for_good_manifest() -> None:
