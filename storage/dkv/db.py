@@ -22,6 +22,7 @@ Threading: a DKV instance is single-threaded. Call it from one thread at a time.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 from storage.dkv.compaction import (
     CompactionPlan,
@@ -56,6 +57,28 @@ def prefix_successor(prefix: bytes) -> bytes | None:
     if not p:
         return None
     return p[:-1] + bytes([p[-1] + 1])
+
+
+def clip_table(tables: TableStore, t: TableInfo, lo: bytes, hi: bytes | None) -> TableInfo | None:
+    """Restricts the table reference ``t`` to ``[lo, hi)``.
+
+    Returns ``t`` itself if all its visible keys are inside, None if none is, else a
+    clipped reference whose bounds are the first and last visible key inside (found with
+    at most two block reads).
+    """
+    if t.max_key < lo or (hi is not None and t.min_key >= hi):
+        return None
+    old_lo, old_hi = t.clip if t.clip is not None else (b"", None)
+    clip = (max(lo, old_lo), hi if old_hi is None else (old_hi if hi is None else min(hi, old_hi)))
+    if t.min_key >= lo and (hi is None or t.max_key < hi):
+        return t if t.clip is None else replace(t, clip=clip)
+    end = t.max_key + b"\x00" if hi is None or hi > t.max_key else hi
+    first = next(iter(tables.iter_table(t, lo, end)), None)
+    last = tables.reader(t).last_key_before(end)
+    if first is None or last is None or last < first[0]:
+        return None
+    entries = min(t.entries, tables.reader(t).entries_between(first[0], last + b"\x00"))
+    return replace(t, min_key=first[0], max_key=last, entries=entries, clip=clip)
 
 
 class DKV:
@@ -126,6 +149,91 @@ class DKV:
             manifest = load_manifest(store, manifest_key)
             check_manifest(manifest, store.uri(manifest_key))
         return cls(store, paths, options, manifest)
+
+    @classmethod
+    def open_from_parents(
+        cls, store: ObjectStore, prefix: str, parents: list[str],
+        key_range: tuple[bytes, bytes | None], options: DKVOptions | None = None,
+    ) -> DKV:
+        """Opens a new instance holding the union of ``parents`` restricted to ``key_range``.
+
+        Used when rescaling: a range split in two opens each half from the one parent
+        manifest; two ranges merged open one instance from both. Parent tables are
+        referenced in place (never copied) with a clip recorded in the manifest, so reads
+        and compaction inputs see only keys in ``[lo, hi)``; compaction later rewrites them
+        into tables holding only in-range keys. Parent WAL records in the range are
+        replayed as new writes (fresh sequence numbers above every parent's ``last_seq``)
+        and land in this instance's first WAL object or table.
+
+        ASSUMES: the parents hold keys from disjoint key intervals (they were different
+        key-group ranges), so a key exists in at most one parent and the parents' sequence
+        numbers never need reconciling beyond starting above their maximum. A sorted-run
+        level whose clipped tables from different parents overlap raises ``ValueError``.
+
+        Args:
+            store: The object store (parents may live under other prefixes of it).
+            prefix: This instance's prefix (where its new files go).
+            parents: Parent manifest keys.
+            key_range: ``(lo, hi)``: inclusive lower, exclusive upper bound (None = none).
+                Recorded in the manifest; ``DKV.open`` of a later checkpoint keeps it.
+            options: Tuning; defaults to ``DKVOptions()``.
+
+        Returns:
+            The open instance; nothing is written until its first flush or checkpoint.
+        """
+        options = options or DKVOptions()
+        lo, hi = key_range
+        if hi is not None and hi <= lo:
+            raise ValueError(f"empty key range [{lo!r}, {hi!r})")
+        paths = PathResolver(prefix)
+        tables = TableStore(store, paths, options)
+        manifests = []
+        for key in parents:
+            m = load_manifest(store, key)
+            check_manifest(m, store.uri(key))
+            manifests.append(m)
+        per_level: list[list[TableInfo]] = []
+        for m in manifests:
+            for i, lvl in enumerate(m.levels.levels):
+                while len(per_level) <= i:
+                    per_level.append([])
+                for t in lvl:
+                    c = clip_table(tables, t, lo, hi)
+                    if c is not None:
+                        per_level[i].append(c)
+        if not per_level:
+            per_level = [[]]
+        per_level[0].sort(key=lambda t: -t.max_seq)
+        for i in range(1, len(per_level)):
+            run = per_level[i] = sorted(per_level[i], key=lambda t: t.min_key)
+            for a, b in zip(run, run[1:]):
+                if a.max_key >= b.min_key:
+                    raise ValueError(
+                        f"parents overlap in L{i}: {a.key} and {b.key} (key intervals must be"
+                        " disjoint)"
+                    )
+        while len(per_level) > 1 and not per_level[-1]:
+            per_level.pop()
+        base = max((m.last_seq for m in manifests), default=0)
+        start = Manifest(
+            name="", prefix=paths.prefix, last_seq=base, flushed_seq=base,
+            levels=LevelList(tuple(tuple(lvl) for lvl in per_level)), key_range=(lo, hi),
+        )
+        db = cls(store, paths, options, start)
+        for m in manifests:
+            for ref in m.wal:
+                for _seq, k, v in tables.read_wal(ref):
+                    if k >= lo and (hi is None or k < hi):
+                        if v is None:
+                            db.delete(k)
+                        else:
+                            db.put(k, v)
+        return db
+
+    @property
+    def key_range(self) -> tuple[bytes, bytes | None] | None:
+        """The key range this instance owns if it came from a rescale, else None."""
+        return self._key_range
 
     # -- writes ---------------------------------------------------------------------
 
