@@ -1,0 +1,539 @@
+"""DKV against RocksDB (via rocksdict) on the same workload, each engine in its own process.
+
+Usage: ``.venv/bin/python bench/dkv_rocksdb.py [--keys 1000000] [--repeat 1] [--quick]
+[--profile PHASE]`` (needs the ``bench`` extra: ``pip install -e '.[bench]'``).
+
+The parent spawns one fresh child process per engine and repeat (``multiprocessing``
+spawn), so each engine's peak RSS is its own; the children rebuild the same workload from
+one seed and the parent prints a table of ops/s per phase and the ratio DKV / RocksDB,
+medians over ``--repeat`` runs.
+
+Workload (``N = --keys``): keys are 16 bytes, an 8-byte big-endian prefix id (``N / 100``
+ids, so a prefix holds ~100 keys) followed by 8 random bytes; values are 100 bytes, 50
+random and 50 of a fixed filler (about half compressible, like typical operator state).
+
+Phases, in order, on one open DB per engine:
+
+1. ``put``: N puts in random key order;
+2. ``get present (pre-flush)``: gets with the last memtable still in memory (DKV: the
+   latest memtable plus the L0 tables flushed when it filled; RocksDB: its memtables and
+   whatever it flushed in the background);
+3. ``flush``: DKV ``flush()``; RocksDB ``flush(wait=True)`` then waiting until no
+   background flush or compaction runs (DKV compacts synchronously inside ``flush``);
+   reported as keys/s over N;
+4. ``get present``: 200,000 random gets of present keys, from tables;
+5. ``get absent``: 200,000 gets of absent keys (present prefixes, so they fall inside the
+   tables' key ranges and exercise the Bloom filters);
+6. ``scan prefix``: 1,000 prefix scans of ~100 keys each (scans/s);
+7. ``compact all``: DKV ``compact_all()`` if the DB has it, else ``flush()`` +
+   ``checkpoint()`` (flagged in the output: a checkpoint compacts only if L0 reached its
+   trigger); RocksDB ``compact_range(None, None)``; keys/s over N;
+8. ``get present (compacted)``: the get phase again on the compacted tree.
+
+Correctness is checked before any number is printed: after the flush a sample of gets
+must return the values put, absent keys must be absent, and sample scans must return
+exactly the expected pairs; every timed phase's results are then verified (all values,
+all absent, every scan's count), and the parent checks that both engines returned the
+same digest of sampled results.
+
+Comparable settings (see ``_open_rocksdb``): DKV's defaults (``DKVOptions()``) and for
+RocksDB a 64 MiB write buffer (DKV ``memtable_bytes``), 4 KiB blocks, a full Bloom filter
+of 10 bits/key, zstd (RocksDB's default level maps to zstd level 3, as DKV's
+``zstd_level``), a 64 MiB block cache (DKV ``block_cache_bytes``, which holds decoded
+blocks), L0 trigger 4, 8 MiB target files, raw mode (bytes in, bytes out; no pickling),
+and the WAL disabled: DKV buffers WAL records in memory until ``checkpoint``, so neither
+engine writes a log per put. Differences that remain: RocksDB flushes and compacts on up
+to 2 background threads (so part of its put cost runs on the second core), DKV does both
+synchronously in the caller; DKV fsyncs each table it writes, RocksDB does not by default.
+Both end the flush phase with 3 L0 tables at 1,000,000 keys (printed as the tree shape).
+With ``--quick`` everything fits one memtable, so the compaction has one table to rewrite
+(RocksDB moves it down without rewriting): read that row only at full size.
+
+Memory: each child reports its peak RSS (``ru_maxrss``), the RSS once the workload is built
+(identical for both engines, ~260 MiB at 1,000,000 keys) and the difference, which is what
+the engine itself added at its peak (memtables, caches, readers, allocator slack).
+
+``--profile PHASE`` runs only the DKV child, with cProfile enabled around that phase, and
+prints the top functions by own time and by cumulative time.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import multiprocessing as mp
+import os
+import random
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+# Run as a script from the repo root (``python bench/dkv_rocksdb.py``): make ``storage``
+# importable in the spawned children too.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+SEED = 20240601
+VALUE_FILLER = b"state:" + b"\x00" * 20 + b"0123456789" * 2 + b"\xff" * 4  # 50 bytes
+assert len(VALUE_FILLER) == 50
+N_GETS = 200_000
+N_SCANS = 1_000
+CHUNKS = 20  # slices of a long phase; a progress line at most every PROGRESS_EVERY_S
+PROGRESS_EVERY_S = 2.0
+CHECK_SAMPLE = 2_000
+CHECK_SCANS = 20
+
+PHASES = [
+    # (name, unit, target ratio DKV / RocksDB or None)
+    ("put", "puts/s", 0.5),
+    ("get present (pre-flush)", "gets/s", 0.5),
+    ("flush", "keys/s", None),
+    ("get present", "gets/s", 0.5),
+    ("get absent", "gets/s", 0.5),
+    ("scan prefix", "scans/s", 1.0),
+    ("compact all", "keys/s", None),
+    ("get present (compacted)", "gets/s", 0.5),
+]
+PHASE_NAMES = [p[0] for p in PHASES]
+
+
+# -- workload -----------------------------------------------------------------------------
+
+
+class Workload:
+    """The same keys, values and probes in every process (rebuilt from ``SEED``)."""
+
+    def __init__(self, n_keys: int) -> None:
+        rng = random.Random(SEED)
+        self.n_prefixes = n_prefixes = max(1, n_keys // 100)
+        seen: set[bytes] = set()
+        keys: list[bytes] = []
+        while len(keys) < n_keys:
+            k = rng.randrange(n_prefixes).to_bytes(8, "big") + rng.randbytes(8)
+            if k not in seen:
+                seen.add(k)
+                keys.append(k)
+        self.keys = keys  # insertion order: random
+        self.values = [rng.randbytes(50) + VALUE_FILLER for _ in range(n_keys)]
+        n_gets = min(N_GETS, 2 * n_keys)
+        idx = [rng.randrange(n_keys) for _ in range(n_gets)]
+        self.present = [keys[i] for i in idx]
+        self.present_expected = [self.values[i] for i in idx]
+        absent: list[bytes] = []
+        while len(absent) < n_gets:
+            k = rng.randrange(n_prefixes).to_bytes(8, "big") + rng.randbytes(8)
+            if k not in seen:
+                absent.append(k)
+        self.absent = absent
+        counts = Counter(k[:8] for k in keys)
+        prefixes = sorted(counts)
+        self.scan_prefixes = rng.sample(prefixes, min(N_SCANS, len(prefixes)))
+        self.scan_expected_counts = [counts[p] for p in self.scan_prefixes]
+        checked = set(self.scan_prefixes[:CHECK_SCANS])
+        exp: dict[bytes, list[tuple[bytes, bytes]]] = {p: [] for p in checked}
+        for k, v in zip(keys, self.values):
+            if k[:8] in checked:
+                exp[k[:8]].append((k, v))
+        self.scan_expected = {p: sorted(kvs) for p, kvs in exp.items()}
+
+
+def prefix_successor(prefix: bytes) -> bytes | None:
+    p = prefix.rstrip(b"\xff")
+    return None if not p else p[:-1] + bytes([p[-1] + 1])
+
+
+# -- engines: a uniform facade ------------------------------------------------------------
+
+
+class DKVEngine:
+    name = "DKV"
+
+    def __init__(self, root: str) -> None:
+        from storage.dkv import DKV, DKVOptions
+        from storage.objectstore.local import LocalObjectStore
+
+        self.options = DKVOptions()
+        self.db = DKV.open(LocalObjectStore(root), "bench", None, self.options)
+        self.notes: list[str] = []
+        self._ckpt = 0
+
+    def put_all(self, keys, values) -> None:
+        put = self.db.put
+        for k, v in zip(keys, values):
+            put(k, v)
+
+    def get_all(self, keys) -> list:
+        get = self.db.get
+        return [get(k) for k in keys]
+
+    def scan_all(self, prefixes) -> list[list[tuple[bytes, bytes]]]:
+        scan = self.db.scan_prefix
+        return [list(scan(p)) for p in prefixes]
+
+    def flush(self) -> None:
+        self.db.flush()
+
+    def compact_all(self) -> None:
+        db = self.db
+        if hasattr(db, "compact_all"):
+            db.compact_all()
+        else:
+            db.flush()
+            self._ckpt += 1
+            db.checkpoint(f"bench-{self._ckpt:04d}")
+            self.notes.append(
+                "DKV has no compact_all(): 'compact all' ran flush() + checkpoint(), which "
+                "compacts only if L0 reached l0_compaction_trigger"
+            )
+
+    def shape(self) -> str:
+        return "tables per level " + str(self.db.stats()["tables_per_level"])
+
+    def close(self) -> None:
+        self.db.close()
+
+
+class RocksDBEngine:
+    name = "RocksDB"
+
+    def __init__(self, root: str) -> None:
+        import rocksdict as r
+
+        self.r = r
+        self.db = _open_rocksdb(r, root)
+        self.notes: list[str] = []
+
+    def put_all(self, keys, values) -> None:
+        put = self.db.put
+        for k, v in zip(keys, values):
+            put(k, v)
+
+    def get_all(self, keys) -> list:
+        get = self.db.get
+        return [get(k) for k in keys]
+
+    def scan_all(self, prefixes) -> list[list[tuple[bytes, bytes]]]:
+        # The RocksDB idiom for a prefix scan without a prefix extractor: seek to the
+        # prefix with an iterate_upper_bound at its successor, so the iterator stops in C++.
+        items = self.db.items
+        ReadOptions = self.r.ReadOptions
+        out = []
+        for p in prefixes:
+            ro = ReadOptions()
+            ro.set_iterate_upper_bound(prefix_successor(p))
+            out.append(list(items(from_key=p, read_opt=ro)))
+        return out
+
+    def _wait_background(self) -> None:
+        prop = self.db.property_int_value
+        while (prop("rocksdb.num-running-flushes") or prop("rocksdb.num-running-compactions")
+               or prop("rocksdb.compaction-pending") or prop("rocksdb.mem-table-flush-pending")):
+            time.sleep(0.005)
+
+    def flush(self) -> None:
+        self.db.flush(True)
+        self._wait_background()
+
+    def compact_all(self) -> None:
+        self.db.compact_range(None, None)
+
+    def shape(self) -> str:
+        prop = self.db.property_int_value
+        files = [prop(f"rocksdb.num-files-at-level{i}") for i in range(7)]
+        while len(files) > 1 and not files[-1]:
+            files.pop()
+        return "files per level " + str(files)
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def _open_rocksdb(r, root: str):
+    opts = r.Options(raw_mode=True)
+    opts.create_if_missing(True)
+    opts.set_write_buffer_size(64 << 20)  # DKV memtable_bytes
+    opts.set_max_write_buffer_number(2)
+    opts.set_compression_type(r.DBCompressionType.zstd())
+    opts.set_level_zero_file_num_compaction_trigger(4)  # DKV l0_compaction_trigger
+    opts.set_target_file_size_base(8 << 20)  # DKV target_file_bytes
+    opts.set_max_background_jobs(2)
+    table = r.BlockBasedOptions()
+    table.set_block_size(4096)  # DKV block_bytes
+    table.set_bloom_filter(10, False)  # full filter, 10 bits/key
+    table.set_block_cache(r.Cache(64 << 20))  # DKV block_cache_bytes
+    opts.set_block_based_table_factory(table)
+    db = r.Rdict(root, opts)
+    wo = r.WriteOptions()
+    wo.disable_wal = True  # DKV buffers its WAL in memory until checkpoint
+    db.set_write_options(wo)
+    return db
+
+
+ENGINES = {"dkv": DKVEngine, "rocksdb": RocksDBEngine}
+
+
+# -- the child ----------------------------------------------------------------------------
+
+
+def _rss() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def _peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+def _chunked(label: str, fn, n: int, chunks: int = CHUNKS) -> tuple[float, list]:
+    """Calls ``fn(lo, hi)`` over ``chunks`` slices of ``range(n)``; times only ``fn``.
+
+    Returns ``(seconds, concatenated results)``; prints progress on long phases.
+    """
+    step = max(1, -(-n // chunks))
+    total = 0.0
+    out: list = []
+    last_print = time.perf_counter()
+    for lo in range(0, n, step):
+        hi = min(n, lo + step)
+        t = time.perf_counter()
+        res = fn(lo, hi)
+        now = time.perf_counter()
+        total += now - t
+        if res is not None:
+            out += res
+        if hi < n and now - last_print >= PROGRESS_EVERY_S:
+            print(f"    {label}: {hi:,}/{n:,}  {hi / total:,.0f}/s", flush=True)
+            last_print = now
+    return total, out
+
+
+def _check(cond: bool, what: str) -> None:
+    if not cond:
+        raise AssertionError(f"correctness check failed: {what}")
+
+
+def child(engine_name: str, n_keys: int, profile_phase: str | None, conn) -> None:
+    try:
+        conn.send(_child(engine_name, n_keys, profile_phase))
+    except BaseException as e:  # report, then fail the child
+        conn.send({"error": f"{type(e).__name__}: {e}"})
+        raise
+    finally:
+        conn.close()
+
+
+def _child(engine_name: str, n_keys: int, profile_phase: str | None) -> dict:
+    tag = f"[{ENGINES[engine_name].name} pid {os.getpid()}]"
+    print(f"{tag} building workload ({n_keys:,} keys)", flush=True)
+    w = Workload(n_keys)
+    baseline = _rss()
+    times: dict[str, tuple[int, float]] = {}
+    rss_after: dict[str, int] = {}
+    digest = hashlib.sha256()
+    profiler = None
+    profile_text = ""
+
+    with tempfile.TemporaryDirectory(prefix=f"bench-{engine_name}-") as tmp:
+        eng = ENGINES[engine_name](tmp)
+
+        def phase(name: str, n_ops: int, fn):
+            nonlocal profiler
+            print(f"{tag} {name} ...", flush=True)
+            if name == profile_phase:
+                import cProfile
+
+                profiler = cProfile.Profile()
+                profiler.enable()
+            t = time.perf_counter()
+            res = fn()
+            secs = time.perf_counter() - t
+            if profiler is not None and name == profile_phase:
+                profiler.disable()
+            if isinstance(res, tuple):  # (seconds measured inside, results)
+                secs, res = res
+            times[name] = (n_ops, secs)
+            rss_after[name] = _rss()
+            print(f"{tag} {name}: {secs:.2f} s, {n_ops / secs:,.0f}/s, RSS "
+                  f"{rss_after[name] / 2**20:,.0f} MiB", flush=True)
+            return res
+
+        keys, values = w.keys, w.values
+        phase("put", n_keys, lambda: _chunked(
+            "put", lambda lo, hi: eng.put_all(keys[lo:hi], values[lo:hi]), n_keys))
+
+        def gets(label: str, probe: list[bytes]):
+            return _chunked(label, lambda lo, hi: eng.get_all(probe[lo:hi]), len(probe))
+
+        def verify_present(name: str, got: list) -> None:
+            bad = sum(1 for a, b in zip(got, w.present_expected) if a != b)
+            _check(len(got) == len(w.present) and not bad, f"{name}: {bad} wrong values")
+
+        got = phase("get present (pre-flush)", len(w.present),
+                    lambda: gets("get present (pre-flush)", w.present))
+        verify_present("get present (pre-flush)", got)
+
+        phase("flush", n_keys, eng.flush)
+        shape_flushed = eng.shape()
+        print(f"{tag} after flush: {shape_flushed}", flush=True)
+
+        # Correctness before the timed table reads: values, absence, exact scan pairs.
+        sample = w.present[:CHECK_SAMPLE]
+        _check(eng.get_all(sample) == w.present_expected[:CHECK_SAMPLE], "sample gets")
+        _check(all(v is None for v in eng.get_all(w.absent[:CHECK_SAMPLE])), "sample absent")
+        chk = w.scan_prefixes[:CHECK_SCANS]
+        _check(all(got == w.scan_expected[p] for p, got in zip(chk, eng.scan_all(chk))),
+               "sample scans return exactly the pairs put")
+        print(f"{tag} correctness sample ok", flush=True)
+
+        got = phase("get present", len(w.present), lambda: gets("get present", w.present))
+        verify_present("get present", got)
+        digest.update(b"".join(got[:CHECK_SAMPLE]))
+
+        got = phase("get absent", len(w.absent), lambda: gets("get absent", w.absent))
+        found = sum(1 for v in got if v is not None)
+        _check(len(got) == len(w.absent) and not found, f"get absent: {found} found")
+
+        prefixes = w.scan_prefixes
+        got = phase("scan prefix", len(prefixes), lambda: _chunked(
+            "scan prefix", lambda lo, hi: eng.scan_all(prefixes[lo:hi]), len(prefixes)))
+        counts = [len(r) for r in got]
+        _check(counts == w.scan_expected_counts, "scan counts differ from the keys put")
+        for r in got[:CHECK_SCANS]:
+            for k, v in r:
+                digest.update(k + v)
+        digest.update(str(counts).encode())
+
+        phase("compact all", n_keys, eng.compact_all)
+        shape_compacted = eng.shape()
+        print(f"{tag} after compaction: {shape_compacted}", flush=True)
+
+        got = phase("get present (compacted)", len(w.present),
+                    lambda: gets("get present (compacted)", w.present))
+        verify_present("get present (compacted)", got)
+
+        if profiler is not None:
+            import io
+            import pstats
+
+            buf = io.StringIO()
+            st = pstats.Stats(profiler, stream=buf)
+            st.sort_stats("tottime").print_stats(12)
+            buf.write("\n--- by cumulative time ---\n")
+            st.sort_stats("cumulative").print_stats(15)
+            profile_text = buf.getvalue()
+        eng.close()
+        notes = eng.notes
+    return {
+        "times": times,
+        "baseline_rss": baseline,
+        "peak_rss": _peak_rss(),
+        "rss_after": rss_after,
+        "digest": digest.hexdigest(),
+        "shape_flushed": shape_flushed,
+        "shape_compacted": shape_compacted,
+        "notes": notes,
+        "compact_fallback": bool(notes),
+        "profile": profile_text,
+    }
+
+
+# -- the parent ---------------------------------------------------------------------------
+
+
+def run_child(ctx, engine: str, n_keys: int, profile_phase: str | None) -> dict:
+    recv, send = ctx.Pipe(duplex=False)
+    p = ctx.Process(target=child, args=(engine, n_keys, profile_phase, send))
+    p.start()
+    send.close()
+    try:
+        result = recv.recv()
+    except EOFError:
+        result = {"error": "child died without a result"}
+    p.join()
+    if "error" in result or p.exitcode:
+        raise SystemExit(f"{engine} child failed (exit {p.exitcode}): {result.get('error')}")
+    return result
+
+
+def _mib(b: float) -> str:
+    return f"{b / 2**20:,.0f} MiB"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keys", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="100,000 keys (smoke run)")
+    parser.add_argument("--profile", metavar="PHASE", choices=PHASE_NAMES,
+                        help="run only the DKV child, with cProfile on PHASE; print the top")
+    args = parser.parse_args()
+    n_keys = 100_000 if args.quick else args.keys
+    ctx = mp.get_context("spawn")
+
+    if args.profile:
+        res = run_child(ctx, "dkv", n_keys, args.profile)
+        n, secs = res["times"][args.profile]
+        print(f"\nDKV {args.profile!r} under cProfile: {n:,} ops in {secs:.2f} s "
+              f"({n / secs:,.0f}/s; profiling slows it)\n")
+        print(res["profile"])
+        return
+
+    runs: dict[str, list[dict]] = {"dkv": [], "rocksdb": []}
+    for i in range(args.repeat):
+        for eng in ("dkv", "rocksdb"):
+            print(f"== run {i + 1}/{args.repeat}: {ENGINES[eng].name} ==", flush=True)
+            runs[eng].append(run_child(ctx, eng, n_keys, None))
+
+    digests = {eng: {r["digest"] for r in rs} for eng, rs in runs.items()}
+    if len(digests["dkv"] | digests["rocksdb"]) != 1:
+        raise SystemExit(f"engines disagree on sampled results: {digests}")
+
+    def median_rate(eng: str, phase: str) -> tuple[float, float]:
+        secs = statistics.median(r["times"][phase][1] for r in runs[eng])
+        n = runs[eng][0]["times"][phase][0]
+        return n / secs, secs
+
+    print()
+    counts = runs["dkv"][0]["times"]
+    print(f"{n_keys:,} keys (16 B keys, 100 B values), {counts['get present'][0]:,} gets, "
+          f"{counts['scan prefix'][0]:,} prefix scans; "
+          f"{'median of ' + str(args.repeat) + ' runs' if args.repeat > 1 else '1 run'}; "
+          "each engine in its own process; results verified, both engines agree")
+    head = (f"{'phase':26} {'unit':8} {'DKV ops/s':>12} {'RocksDB ops/s':>14} "
+            f"{'DKV/RocksDB':>12} {'DKV s':>8} {'RocksDB s':>10}  target")
+    print(head)
+    print("-" * len(head))
+    misses = []
+    for name, unit, target in PHASES:
+        d, ds = median_rate("dkv", name)
+        r, rs = median_rate("rocksdb", name)
+        ratio = d / r
+        if name == "compact all" and any(r["compact_fallback"] for r in runs["dkv"]):
+            verdict = "DKV fallback, see note"
+        elif target is None:
+            verdict = "-"
+        elif ratio >= target:
+            verdict = f">={target:g}x ok"
+        else:
+            verdict = f">={target:g}x MISS"
+            misses.append(name)
+        print(f"{name:26} {unit:8} {d:12,.0f} {r:14,.0f} {ratio:12.3f} {ds:8.2f} {rs:10.2f}"
+              f"  {verdict}")
+    print()
+    for eng, rs in runs.items():
+        peak = max(r["peak_rss"] for r in rs)
+        base = max(r["baseline_rss"] for r in rs)
+        print(f"{ENGINES[eng].name:8} peak RSS {_mib(peak)} (workload alone {_mib(base)}, "
+              f"engine +{_mib(peak - base)}); after flush: {rs[0]['shape_flushed']}; "
+              f"after compaction: {rs[0]['shape_compacted']}")
+    notes = sorted({n for rs in runs.values() for r in rs for n in r["notes"]})
+    for n in notes:
+        print(f"note: {n}")
+    print("targets missed: " + (", ".join(misses) if misses else "none"))
+
+
+if __name__ == "__main__":
+    main()
