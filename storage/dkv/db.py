@@ -81,6 +81,44 @@ def clip_table(tables: TableStore, t: TableInfo, lo: bytes, hi: bytes | None) ->
     return replace(t, min_key=first[0], max_key=last, entries=entries, clip=clip)
 
 
+def _join_shared(tables: TableStore, per_level: list[list[TableInfo]]) -> list[list[TableInfo]]:
+    """Joins references to one table that several parents share (a split, then a merge).
+
+    Two references of one file become one whose bounds span both; that is only correct
+    if the file has no key between them (a key there belongs to a range not being merged),
+    otherwise ``ValueError``. A table referenced from two levels is also a ``ValueError``.
+    """
+    seen: dict[str, int] = {}
+    out: list[list[TableInfo]] = []
+    for i, lvl in enumerate(per_level):
+        by_key: dict[str, list[TableInfo]] = {}
+        for t in lvl:
+            if seen.setdefault(t.key, i) != i:
+                raise ValueError(f"table {t.key} is referenced from L{seen[t.key]} and L{i}")
+            by_key.setdefault(t.key, []).append(t)
+        joined = []
+        for refs in by_key.values():
+            refs.sort(key=lambda t: t.min_key)
+            cur = refs[0]
+            for nxt in refs[1:]:
+                gap = next(iter(tables.reader(cur).iter_from(cur.max_key + b"\x00", nxt.min_key)), None)
+                if gap is not None or cur.max_key >= nxt.min_key:
+                    raise ValueError(
+                        f"table {cur.key} is shared by non-adjacent parents (key {gap and gap[0]!r}"
+                        " lies between their ranges)"
+                    )
+                lo = cur.clip[0] if cur.clip else b""
+                hi = nxt.clip[1] if nxt.clip else None
+                cur = replace(cur, max_key=nxt.max_key, entries=cur.entries + nxt.entries,
+                              clip=(lo, hi))
+            r = tables.reader(cur)
+            if cur.clip is not None and cur.min_key == r.min_key and cur.max_key == r.max_key:
+                cur = replace(cur, clip=None, entries=r.entries)
+            joined.append(cur)
+        out.append(joined)
+    return out
+
+
 class DKV:
     """An LSM key-value store over an ``ObjectStore``. Keys and values are ``bytes``.
 
@@ -203,6 +241,7 @@ class DKV:
                         per_level[i].append(c)
         if not per_level:
             per_level = [[]]
+        per_level = _join_shared(tables, per_level)
         per_level[0].sort(key=lambda t: -t.max_seq)
         for i in range(1, len(per_level)):
             run = per_level[i] = sorted(per_level[i], key=lambda t: t.min_key)

@@ -147,3 +147,27 @@ def test_empty_range_and_no_parents(tmp_path: Path) -> None:
     assert list(db.scan_range(b"", None)) == []
     db.put(b"a1", b"v")
     assert DKV.open(store, "op/e", db.checkpoint("e1"), OPTS).get(b"a1") == b"v"
+
+
+def test_split_then_merge_without_compaction_joins_shared_tables(tmp_path: Path) -> None:
+    store = LocalObjectStore(tmp_path)
+    db = DKV.open(store, "op/p", options=OPTS)
+    model = {key(i): b"v%d" % i for i in range(0, 20)}
+    for k, v in model.items():
+        db.put(k, v)
+    db.compact_all()
+    pkey = db.checkpoint("e1")
+    (table,) = list(db.levels.all_tables())
+    kids = [
+        DKV.open_from_parents(store, f"op/c{i}", [pkey], rng_, OPTS).checkpoint("e1")
+        for i, rng_ in enumerate([(b"", key(5)), (key(5), key(12)), (key(12), None)])
+    ]
+    merged = DKV.open_from_parents(store, "op/m", kids[:2], (b"", key(12)), OPTS)
+    (t,) = list(merged.levels.all_tables())
+    assert t.key == table.key and t.clip == (b"", key(12)) and t.max_key == key(11)
+    check(merged, {k: v for k, v in model.items() if k < key(12)})
+    whole = DKV.open_from_parents(store, "op/w", kids, (b"", None), OPTS)
+    (t,) = list(whole.levels.all_tables())
+    assert t == table  # the clip is gone once the whole file is visible again
+    with pytest.raises(ValueError, match="non-adjacent"):
+        DKV.open_from_parents(store, "op/x", [kids[0], kids[2]], (b"", None), OPTS)
