@@ -1,0 +1,98 @@
+"""Garbage collection: named files stay, everything else under the prefixes goes, with the
+remote-compaction exceptions (pending results, in-progress output directories)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from storage.dkv import DKV, DKVOptions
+from storage.dkv.gc import collect_garbage, files_named_by
+from storage.dkv.remote_compaction import compact_checkpoint
+from storage.objectstore.local import LocalObjectStore
+
+OPTS = DKVOptions(memtable_bytes=800, l0_compaction_trigger=2, max_inline_compaction_bytes=0)
+P = "op/r0"
+
+
+def filled(store: LocalObjectStore, n: int = 300) -> DKV:
+    db = DKV.open(store, P, options=OPTS)
+    for i in range(n):
+        db.put(b"k%04d" % (i % 150), b"v%d" % i)
+    return db
+
+
+def test_files_named_by_lists_manifest_tables_and_wal(tmp_path: Path) -> None:
+    store = LocalObjectStore(tmp_path)
+    db = filled(store)
+    db.put(b"w", b"in the wal")
+    m = db.checkpoint("e1")
+    named = files_named_by(store, [m])
+    assert m in named
+    assert {t.key for t in db.levels.all_tables()} <= named
+    assert any("/wal/" in k for k in named)
+    assert named <= set(store.list(P + "/"))
+
+
+def test_retention_deletes_superseded_files_only_under_prefixes(tmp_path: Path) -> None:
+    store = LocalObjectStore(tmp_path)
+    db = filled(store)
+    m1 = db.checkpoint("e1")
+    db.compact_all()
+    m2 = db.checkpoint("e2")
+    store.put("elsewhere/x", b"not ours")
+    store.put(f"{P}/sst/orphan.sst", b"failed attempt")
+    out = collect_garbage(store, [P], [m2], protect={f"{P}/sst/orphan.sst"})
+    assert m1 in out["deleted_keys"] and out["bytes_freed"] > 0
+    assert set(store.list(P + "/")) == files_named_by(store, [m2]) | {f"{P}/sst/orphan.sst"}
+    assert store.exists("elsewhere/x")
+    assert list(DKV.open(store, P, m2, OPTS).scan_range(b"", None)) == list(
+        db.scan_range(b"", None)
+    )
+
+
+def test_pending_and_in_progress_compactions_are_kept(tmp_path: Path) -> None:
+    store = LocalObjectStore(tmp_path)
+    db = filled(store)
+    db.flush_memtable()
+    m1 = db.checkpoint("e1")
+    rkey = compact_checkpoint(store, P, m1, OPTS, full=True)
+    outputs = [k for k in store.list(f"{P}/compactions/") if k.endswith(".sst")]
+    store.put(f"{P}/compactions/00000000000000000001-abc/000001.sst", b"in progress")
+    collect_garbage(store, [P], [m1])
+    assert store.exists(rkey) and all(store.exists(k) for k in outputs)
+    assert store.exists(f"{P}/compactions/00000000000000000001-abc/000001.sst")
+    # Installed and committed: the result object goes, its outputs are named and stay.
+    assert db.install_pending_compactions()["installed"] == 1
+    m2 = db.checkpoint("e2")
+    out = collect_garbage(store, [P], [m2], include_in_progress=True)
+    assert not store.exists(rkey)
+    assert all(store.exists(k) for k in outputs)
+    assert not store.exists(f"{P}/compactions/00000000000000000001-abc/000001.sst")
+    assert m1 in out["deleted_keys"]
+
+
+def test_discarded_result_outputs_are_collected(tmp_path: Path) -> None:
+    store = LocalObjectStore(tmp_path)
+    db = filled(store)
+    db.flush_memtable()
+    m1 = db.checkpoint("e1")
+    rkey = compact_checkpoint(store, P, m1, OPTS, full=True)
+    db.compact_all()  # kills the result's inputs
+    assert db.install_pending_compactions() == {"installed": 0, "discarded": 1}
+    m2 = db.checkpoint("e2")
+    collect_garbage(store, [P], [m1, m2])  # handled by m2: gone although m1 is its base
+    assert store.list(f"{P}/compactions/") == []
+    assert not store.exists(rkey)
+
+
+def test_result_with_dropped_base_is_collected(tmp_path: Path) -> None:
+    store = LocalObjectStore(tmp_path)
+    db = filled(store)
+    db.flush_memtable()
+    m1 = db.checkpoint("e1")
+    compact_checkpoint(store, P, m1, OPTS, full=True)
+    db.put(b"x", b"y")
+    m2 = db.checkpoint("e2")
+    collect_garbage(store, [P], [m2])
+    assert store.list(f"{P}/compactions/") == []
+    assert db.install_pending_compactions() == {"installed": 0, "discarded": 0}
