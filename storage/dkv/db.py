@@ -101,7 +101,8 @@ def _join_shared(tables: TableStore, per_level: list[list[TableInfo]]) -> list[l
             refs.sort(key=lambda t: t.min_key)
             cur = refs[0]
             for nxt in refs[1:]:
-                gap = next(iter(tables.reader(cur).iter_from(cur.max_key + b"\x00", nxt.min_key)), None)
+                gap_keys = tables.reader(cur).iter_from(cur.max_key + b"\x00", nxt.min_key)
+                gap = next(iter(gap_keys), None)
                 if gap is not None or cur.max_key >= nxt.min_key:
                     raise ValueError(
                         f"table {cur.key} is shared by non-adjacent parents (key {gap and gap[0]!r}"

@@ -320,6 +320,12 @@ class SSTableReader:
             ) from None
         if bloom_name != POLICY_NAME:
             raise CorruptionError(f"{uri}: unknown Bloom filter policy {bloom_name!r}")
+        self.bloom_bits = len(self._bloom_bits) * 8
+        self.format_version = version
+        # (first_key, offset, disk_len, raw_len, entries) per block, for tools.
+        self.block_index = [
+            (bytes(b[0]), int(b[1]), int(b[2]), int(b[3]), int(b[4])) for b in blocks
+        ]
         self._first_keys = [bytes(b[0]) for b in blocks]
         self._blocks = [(int(b[1]), int(b[2]), int(b[4])) for b in blocks]
         # Structural checks on the index: blocks tile [0, meta_off) in order.

@@ -14,8 +14,13 @@ from dataclasses import dataclass, field
 import hypothesis.strategies as st
 import pytest
 from hypothesis import settings
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from hypothesis.stateful import run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from storage.dkv import DKV, DKVOptions
 from storage.dkv.gc import collect_garbage, files_named_by

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from storage.dkv import DKV, DKVOptions
+from storage.dkv.levels import LevelList
 from storage.dkv.manifest import RemoteResult, load_manifest
 from storage.dkv.remote_compaction import can_install, compact_checkpoint, load_result
-from storage.dkv.levels import LevelList
 from storage.dkv.sstable import TableInfo
 from storage.errors import CorruptionError
 from storage.objectstore.local import LocalObjectStore
