@@ -17,7 +17,9 @@ Per epoch (DESIGN.md, "Epochs and checkpoints"):
    (idempotent; redone on restart for the newest checkpoint).
 
 Restart = read the newest checkpoint and continue from its offsets; files of failed
-attempts are never named and never published.
+attempts are never named and never published. A restart with another parallelism
+rescales: each new key-group range opens DKV from the old ranges it overlaps, reading
+only its own key interval (key groups themselves are fixed for a job's lifetime).
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ import pyarrow as pa
 
 from operators.api import WATERMARK_MAX, WATERMARK_MIN
 from operators.checkpoints import JobCheckpoint, commit_checkpoint, latest_checkpoint
+from operators.cleanup import CleanupReport, cleanup_job
 from operators.job import Job
 from operators.keygroups import key_group_ranges, key_groups_of, range_indexes_of
 from operators.sources import KEY_COLUMN, TIMESTAMP_COLUMN
@@ -108,16 +111,24 @@ class JobRunner:
         store_uri: object-store root URI or path (``.dkvstream`` by default).
         dkv_options: DKV tuning passed to every task.
         failpoint: fault injection for tests (see ``Failpoint``).
+        retain_checkpoints: keep this many newest checkpoints and, after each epoch,
+            delete older ones and the files only they named (``operators.cleanup``);
+            None keeps everything.
     """
 
     def __init__(self, job: Job, spark, store_uri: str = ".dkvstream",
-                 dkv_options: DKVOptions | None = None, failpoint: Failpoint | None = None) -> None:
+                 dkv_options: DKVOptions | None = None, failpoint: Failpoint | None = None,
+                 retain_checkpoints: int | None = 10) -> None:
         self.job = job
         self.spark = spark
         self.store_uri = store_uri
         self.store: ObjectStore = open_object_store(store_uri)
         self.dkv_options = dkv_options
         self.failpoint = failpoint or (lambda point, epoch: None)
+        if retain_checkpoints is not None and retain_checkpoints < 1:
+            raise ValueError(f"retain_checkpoints must be >= 1 or None, got {retain_checkpoints}")
+        self.retain_checkpoints = retain_checkpoints
+        self.last_cleanup: CleanupReport | None = None
         self._routes: dict[int, list[int]] = {}
 
     # ----------------------------------------------------------------- planning
@@ -139,10 +150,6 @@ class JobRunner:
             raise JobFailedError(
                 f"job {self.job.name}: checkpoint epoch {ckpt.epoch} has key_groups={ckpt.key_groups}, "
                 f"job has {self.job.key_groups}; key groups are fixed for a job's lifetime")
-        if ckpt.parallelism != self.job.parallelism:
-            raise JobFailedError(
-                f"job {self.job.name}: checkpoint epoch {ckpt.epoch} has parallelism={ckpt.parallelism}, "
-                f"job has {self.job.parallelism}; rescaling is not supported yet")
 
     def _plan_offsets(self, ckpt: JobCheckpoint) -> dict[str, tuple[int, int]]:
         ends = self.job.source.end_offsets()
@@ -224,6 +231,8 @@ class JobRunner:
         events, max_ts = self._read_events(plan)
         watermark, part_max, finished = self._watermark(ckpt, plan, max_ts)
         ranges = key_group_ranges(self.job.key_groups, self.job.parallelism)
+        old_ranges = key_group_ranges(self.job.key_groups, ckpt.parallelism)
+        rescaled = old_ranges != ranges
 
         results_by_op: dict[str, list[TaskResult]] = {}
         stage_input = events
@@ -232,7 +241,9 @@ class JobRunner:
             specs = [
                 TaskSpec(
                     job_prefix=self.job.prefix, epoch=epoch, op_index=i, range_index=r,
-                    key_group_range=kr, manifest_key=ckpt.operators.get(op.name, {}).get(kr.label),
+                    key_group_range=kr,
+                    manifest_key=None if rescaled else ckpt.operators.get(op.name, {}).get(kr.label),
+                    parent_manifests=_parents(ckpt.operators.get(op.name, {}), old_ranges, kr) if rescaled else (),
                     watermark_before=ckpt.watermark, watermark_after=watermark,
                     next_key_groups=None if last else self.job.key_groups,
                     next_parallelism=None if last else self.job.parallelism,
@@ -263,6 +274,9 @@ class JobRunner:
             "tables": sum(sum(s["tables_per_level"]) for s in dkv),
             "table_bytes": sum(sum(s["bytes_per_level"]) for s in dkv),
             "keys": sum(int(s.get("approx_live_keys", 0)) for s in dkv),
+            "remote_compactions": {
+                kind: sum(res.metrics["remote_compactions"].get(kind, 0) for rs in results_by_op.values() for res in rs)
+                for kind in ("installed", "discarded")},
             "task_seconds_max": max((res.metrics["seconds"] for rs in results_by_op.values() for res in rs), default=0.0),
         }
         new = JobCheckpoint(
@@ -275,6 +289,8 @@ class JobRunner:
         key = commit_checkpoint(self.store, self.job.prefix, new)
         self.failpoint("after_commit", epoch)
         published = self._publish(new)
+        if self.retain_checkpoints is not None:
+            self.last_cleanup = cleanup_job(self.store, self.job.prefix, self.retain_checkpoints)
         seconds = time.perf_counter() - started
         result = EpochResult(
             epoch=epoch, watermark=watermark, source_offsets=new.source_offsets,
@@ -370,6 +386,12 @@ class JobRunner:
             if res.forwarded is not None:
                 forwarded.append(res.forwarded)
         return results, (None if last else pa.concat_tables(forwarded))
+
+
+def _parents(manifests: dict[str, str], old_ranges, new_range) -> tuple[str, ...]:
+    """Manifests of the old ranges whose key groups overlap ``new_range`` (rescaling)."""
+    return tuple(manifests[o.label] for o in old_ranges
+                 if o.label in manifests and o.start < new_range.end and new_range.start < o.end)
 
 
 def _root_message(e: BaseException) -> str:

@@ -46,6 +46,9 @@ class TaskSpec:
         range_index: which key-group range (0..P-1).
         key_group_range: the key groups this task owns.
         manifest_key: DKV manifest of this range at the previous checkpoint (None: empty).
+        parent_manifests: after a rescale, the manifests of the previous checkpoint's
+            ranges that overlap this one; the task opens DKV from them, restricted to
+            its own key interval (``manifest_key`` is then None).
         watermark_before: watermark reached by the previous epoch (ms); events at or
             below it are late.
         watermark_after: watermark this epoch reaches (ms); timers up to it fire.
@@ -63,6 +66,7 @@ class TaskSpec:
     watermark_after: int
     next_key_groups: int | None = None
     next_parallelism: int | None = None
+    parent_manifests: tuple[str, ...] = ()
 
 
 @dataclass
@@ -146,7 +150,14 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
     attempt = uuid.uuid4().hex[:12]
     krange = spec.key_group_range
     state_prefix = f"{spec.job_prefix}/state/{operator.name}/{krange.label}"
-    db = DKV.open(store, state_prefix, spec.manifest_key, dkv_options)
+    if spec.parent_manifests:
+        db = DKV.open_from_parents(store, state_prefix, list(spec.parent_manifests), krange.key_interval,
+                                   dkv_options)
+    else:
+        db = DKV.open(store, state_prefix, spec.manifest_key, dkv_options)
+    # Results of compactions run outside the job (e.g. a Dagster op) are installed here,
+    # at the start of an epoch, if all their inputs are still live.
+    compactions = db.install_pending_compactions()
     timers = TimerService(db, krange)
     subject = _TaskSubject(db, timers, operator.outputs)
 
@@ -199,6 +210,7 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
             "emitted": {name: t.num_rows for name, t in tables.items()},
             "seconds": time.perf_counter() - started,
             "dkv": dkv_stats,
+            "remote_compactions": compactions,
         },
         forwarded=forwarded,
     )
