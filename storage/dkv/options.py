@@ -20,6 +20,10 @@ class DKVOptions:
             bytes, the checkpoint flushes the memtable instead, bounding replay on open.
         zstd_level: zstandard compression level for data blocks.
         block_cache_bytes: Budget of the decoded-block LRU cache (0 disables it).
+        table_cache_bytes: Budget of whole table objects kept in memory (compressed bytes).
+            A table of at most a quarter of it is read with one GET on first use and its
+            blocks are then sliced from memory; larger tables use one ranged GET per block.
+            0 disables it.
         target_file_bytes: Approximate uncompressed size at which compaction splits its
             output into a new table.
         num_levels: Number of levels, L0 included. L1 .. L(num_levels-1) are sorted runs;
@@ -46,6 +50,7 @@ class DKVOptions:
     wal_flush_bytes: int = 8 << 20
     zstd_level: int = 3
     block_cache_bytes: int = 64 << 20
+    table_cache_bytes: int = 256 << 20
     target_file_bytes: int = 8 << 20
     num_levels: int = 5
     level_base_bytes: int = 256 << 20

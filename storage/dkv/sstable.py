@@ -233,11 +233,14 @@ def _decode_block(raw: bytes, uri: str, block_no: int, offset: int, expect: int)
         koffs = list(accumulate(klens, initial=kstart))
         voffs = list(accumulate(vlens, initial=vstart))
         keys = [raw[a:b] for a, b in zip(koffs, koffs[1:])]
-        values: list[bytes | None] = [
-            None if f else raw[a:b] for f, a, b in zip(flags, voffs, voffs[1:])
-        ]
-        if any(f and vl for f, vl in zip(flags, vlens)):
-            raise ValueError("tombstone with a value")
+        if FLAG_TOMBSTONE in flags:
+            values: list[bytes | None] = [
+                None if f else raw[a:b] for f, a, b in zip(flags, voffs, voffs[1:])
+            ]
+            if any(f and vl for f, vl in zip(flags, vlens)):
+                raise ValueError("tombstone with a value")
+        else:
+            values = [raw[a:b] for a, b in zip(voffs, voffs[1:])]
     except (ValueError, struct.error) as e:
         raise CorruptionError(
             f"{uri}: malformed data block {block_no} at offset {offset}: {e}"
@@ -260,20 +263,31 @@ class SSTableReader:
     """
 
     def __init__(
-        self, store: ObjectStore, key: str, size: int | None = None, cache: BlockCache | None = None
+        self, store: ObjectStore, key: str, size: int | None = None, cache: BlockCache | None = None,
+        whole: bytes | None = None,
     ) -> None:
         self._store = store
         self.key = key
         self.uri = store.uri(key)
         self._cache = cache
         self._dctx = zstandard.ZstdDecompressor()
+        if whole is not None:
+            if size is not None and size != len(whole):
+                raise CorruptionError(
+                    f"{self.uri}: object has {len(whole)} bytes, manifest says {size}"
+                )
+            size = len(whole)
         if size is None:
             size = store.size(key)
         self.size = size
         if size < FOOTER_SIZE:
             raise CorruptionError(f"{self.uri}: object of {size} bytes is too small for a footer")
         tail_start = max(0, size - TAIL_READ_BYTES)
-        tail = store.get_range(key, tail_start, size - tail_start)
+        if whole is not None:
+            tail_start = 0
+            tail = whole
+        else:
+            tail = store.get_range(key, tail_start, size - tail_start)
         if len(tail) != size - tail_start:
             raise CorruptionError(
                 f"{self.uri}: object shorter than recorded size {size} (read {len(tail)} bytes"
@@ -371,7 +385,8 @@ class SSTableReader:
             raise CorruptionError(f"{self.uri}: data block {i} at offset {off}: {e}") from None
         block = _decode_block(raw, self.uri, i, off, n)
         keys = block[0]
-        if keys[0] != self._first_keys[i] or any(a >= b for a, b in zip(keys, keys[1:])):
+        # C-level checks: sorted() of a sorted list is one pass; the set catches duplicates.
+        if keys[0] != self._first_keys[i] or keys != sorted(keys) or len(set(keys)) != len(keys):
             raise CorruptionError(f"{self.uri}: data block {i} at offset {off} out of order")
         if cache is not None:
             cache.put(ck, block, len(raw))

@@ -9,6 +9,7 @@ Single-threaded, like its owning ``DKV``.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 
 from storage.dkv.block_cache import BlockCache
@@ -38,6 +39,11 @@ class TableStore:
         self.options = options
         self.cache = BlockCache(options.block_cache_bytes) if options.block_cache_bytes else None
         self._readers: dict[str, SSTableReader] = {}
+        # Whole-object cache: tables up to a quarter of the budget are fetched with one GET
+        # on first use and served from memory (LRU by reader creation and use).
+        self._whole_budget = options.table_cache_bytes
+        self._whole: OrderedDict[str, int] = OrderedDict()
+        self._whole_bytes = 0
 
     def _builder(self) -> SSTableBuilder:
         o = self.options
@@ -81,10 +87,23 @@ class TableStore:
         return out
 
     def reader(self, t: TableInfo) -> SSTableReader:
-        """Returns the (cached) reader for table ``t``; opening it costs one ranged GET."""
+        """Returns the (cached) reader for table ``t``.
+
+        Opening costs one GET of the whole object if it fits the table cache (then blocks
+        are served from memory), else one ranged GET of the tail.
+        """
         r = self._readers.get(t.key)
         if r is None:
-            r = SSTableReader(self.store, t.key, t.size, self.cache)
+            if t.size * 4 <= self._whole_budget:
+                r = SSTableReader(self.store, t.key, t.size, self.cache, self.store.get(t.key))
+                self._whole[t.key] = t.size
+                self._whole_bytes += t.size
+                while self._whole_bytes > self._whole_budget:
+                    old, n = self._whole.popitem(last=False)
+                    self._whole_bytes -= n
+                    self._readers.pop(old, None)
+            else:
+                r = SSTableReader(self.store, t.key, t.size, self.cache)
             self._readers[t.key] = r
         return r
 
@@ -109,6 +128,9 @@ class TableStore:
         """Drops cached readers of tables that left the level list (files stay)."""
         for k in keys:
             self._readers.pop(k, None)
+            n = self._whole.pop(k, None)
+            if n is not None:
+                self._whole_bytes -= n
 
     @staticmethod
     def encode_wal(records: list[WalRecord]) -> bytes:
