@@ -365,25 +365,39 @@ class DKV:
         """
         if self._closed:
             raise ClosedError("DKV is closed")
-        return live_only(merge_newest(self._sources(start, end)))
-
-    def _sources(self, start: bytes, end: bytes | None) -> list:
-        sources: list = [self._mem.range(start, end)]
-        sources += [m.range(start, end) for m in self._sealed]
-        tables = self._tables
+        mem_parts = [r for m in (self._mem, *self._sealed) if (r := m.range(start, end))]
         levels = self._levels
-
-        def overlaps(t: TableInfo) -> bool:
-            return t.max_key >= start and (end is None or t.min_key < end)
-
+        runs: list[list[TableInfo]] = []
         for t in levels.l0:
-            if overlaps(t):
-                sources.append(tables.iter_table(t, start, end))
-        for i in range(1, len(levels.levels)):
-            run = [t for t in levels.level(i) if overlaps(t)]
+            if t.max_key >= start and (end is None or t.min_key < end):
+                runs.append([t])
+        for lvl in levels.levels[1:]:
+            run = [t for t in lvl if t.max_key >= start and (end is None or t.min_key < end)]
             if run:
-                sources.append(self._run_iter(run, start, end))
-        return sources
+                runs.append(run)
+        if not mem_parts and len(runs) == 1:
+            # One sorted source: no merge, whole blocks at a time.
+            return self._scan_run(runs[0], start, end)
+        sources = mem_parts + [self._run_iter(run, start, end) for run in runs]
+        return live_only(merge_newest(sources))
+
+    def _scan_run(
+        self, run: list[TableInfo], start: bytes, end: bytes | None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        tables = self._tables
+        for t in run:
+            s, e = start, end
+            if t.clip is not None:
+                s = max(s, t.min_key)
+                hi = t.max_key + b"\x00"
+                e = hi if e is None or e > hi else e
+                if s >= e:
+                    continue
+            for keys, values in tables.reader(t).scan_batches(s, e):
+                if None in values:
+                    yield from [(k, v) for k, v in zip(keys, values) if v is not None]
+                else:
+                    yield from zip(keys, values)
 
     def _run_iter(self, run: list[TableInfo], start: bytes, end: bytes | None) -> Iterator[Entry]:
         # Tables of a sorted run are disjoint and ordered: concatenate, opening lazily.

@@ -62,6 +62,7 @@ FOOTER = struct.Struct("<QIIIIQ")
 FOOTER_SIZE = FOOTER.size  # 32
 FLAG_TOMBSTONE = 0x01
 _U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
 _ENTRY_FIXED = 17  # key_len + value_len + seq + flags, bytes
 # First ranged read at open: footer + meta usually fit (bytes).
 TAIL_READ_BYTES = 64 << 10
@@ -362,14 +363,9 @@ class SSTableReader:
         """Returns ``(offset, disk_len)`` of each data block (for tests and tools)."""
         return [(off, ln) for off, ln, _ in self._blocks]
 
-    def _block(self, i: int) -> DecodedBlock:
-        cache = self._cache
-        ck = (self.key, i)
-        if cache is not None:
-            hit = cache.get(ck)
-            if hit is not None:
-                return hit
-        off, ln, n = self._blocks[i]
+    def _raw_block(self, i: int) -> bytes:
+        """Returns data block ``i`` decompressed, after checking its crc32c."""
+        off, ln, _n = self._blocks[i]
         if self._whole is not None:
             disk = self._whole[off : off + ln]
         else:
@@ -380,9 +376,19 @@ class SSTableReader:
         if crc32c(frame) != int.from_bytes(disk[-4:], "little"):
             raise CorruptionError(f"{self.uri}: data block {i} crc32c mismatch at offset {off}")
         try:
-            raw = self._dctx.decompress(frame)
+            return self._dctx.decompress(frame)
         except zstandard.ZstdError as e:
             raise CorruptionError(f"{self.uri}: data block {i} at offset {off}: {e}") from None
+
+    def _block(self, i: int) -> DecodedBlock:
+        cache = self._cache
+        ck = (self.key, i)
+        if cache is not None:
+            hit = cache.get(ck)
+            if hit is not None:
+                return hit
+        off, _ln, n = self._blocks[i]
+        raw = self._raw_block(i)
         block = _decode_block(raw, self.uri, i, off, n)
         keys = block[0]
         # C-level checks: sorted() of a sorted list is one pass; the set catches duplicates.
@@ -409,11 +415,80 @@ class SSTableReader:
         i = bisect_right(self._first_keys, key) - 1
         if i < 0:
             return None
-        keys, seqs, values = self._block(i)
+        cache = self._cache
+        block = cache.get((self.key, i)) if cache is not None else None
+        if block is None:
+            if self._whole is not None:
+                # The table is in memory: a lookup in the raw block is cheaper than
+                # decoding and caching it.
+                return self._get_in_raw(i, key)
+            block = self._block(i)  # one ranged GET: decode and cache for the next get
+        keys, seqs, values = block
         j = bisect_left(keys, key)
         if j < len(keys) and keys[j] == key:
             return seqs[j], values[j]
         return None
+
+    def _get_in_raw(self, i: int, key: bytes) -> tuple[int, bytes | None] | None:
+        # Point lookup on the decompressed block without building its lists: binary search
+        # over key offsets. Any inconsistency falls back to the full (raising) decode.
+        raw = self._raw_block(i)
+        n = self._blocks[i][2]
+        try:
+            if _U32.unpack_from(raw, 0)[0] != n:
+                raise ValueError
+            klens = struct.unpack_from(f"<{n}I", raw, 4)
+            koffs = list(accumulate(klens, initial=4 + 17 * n))
+            vlens = struct.unpack_from(f"<{n}I", raw, 4 + 4 * n)
+            if koffs[-1] + sum(vlens) != len(raw):
+                raise ValueError
+        except (ValueError, struct.error):
+            _decode_block(raw, self.uri, i, self._blocks[i][0], n)  # raises CorruptionError
+            raise AssertionError("unreachable") from None
+        lo, hi = 0, n
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if raw[koffs[mid] : koffs[mid + 1]] < key:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo == n or raw[koffs[lo] : koffs[lo + 1]] != key:
+            return None
+        (seq,) = _U64.unpack_from(raw, 4 + 8 * n + 8 * lo)
+        flag = raw[4 + 16 * n + lo]
+        if flag == FLAG_TOMBSTONE and not vlens[lo]:
+            return seq, None
+        if flag:
+            _decode_block(raw, self.uri, i, self._blocks[i][0], n)  # raises CorruptionError
+        voff = koffs[-1] + sum(vlens[:lo])
+        return seq, raw[voff : voff + vlens[lo]]
+
+    def scan_batches(
+        self, start: bytes, end: bytes | None = None
+    ) -> Iterator[tuple[list[bytes], list[bytes | None]]]:
+        """Yields ``(keys, values)`` list pairs per block for ``start <= key < end``.
+
+        The batch form of ``iter_from`` without sequence numbers (a scan over one sorted
+        source needs none); ``None`` values are tombstones.
+        """
+        if (end is not None and end <= self.min_key) or start > self.max_key:
+            return
+        first_keys = self._first_keys
+        i = max(0, bisect_right(first_keys, start) - 1)
+        nblocks = len(self._blocks)
+        first = True
+        while i < nblocks:
+            if end is not None and first_keys[i] >= end:
+                return
+            keys, _seqs, values = self._block(i)
+            j = bisect_left(keys, start) if first else 0
+            first = False
+            if end is not None and keys[-1] >= end:
+                k = bisect_left(keys, end, j)
+                yield keys[j:k], values[j:k]
+                return
+            yield (keys[j:], values[j:]) if j else (keys, values)
+            i += 1
 
     def last_key_before(self, end: bytes | None) -> bytes | None:
         """Returns the largest key ``< end`` (the last key if ``end`` is None), or None."""
