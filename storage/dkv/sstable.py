@@ -296,6 +296,7 @@ class SSTableReader:
             )
         # Small table: keep the whole object and serve blocks from memory.
         self._whole = tail if tail_start == 0 else None
+        self._whole_view = memoryview(tail) if tail_start == 0 else None
         self._parse_tail(tail, tail_start)
 
     def _parse_tail(self, tail: bytes, tail_start: int) -> None:
@@ -366,8 +367,20 @@ class SSTableReader:
     def _raw_block(self, i: int) -> bytes:
         """Returns data block ``i`` decompressed, after checking its crc32c."""
         off, ln, _n = self._blocks[i]
-        if self._whole is not None:
-            disk = self._whole[off : off + ln]
+        view = self._whole_view
+        if view is not None:
+            frame = view[off : off + ln - 4]  # no copy
+            crc = int.from_bytes(view[off + ln - 4 : off + ln], "little")
+            if crc32c(frame) != crc:
+                raise CorruptionError(
+                    f"{self.uri}: data block {i} crc32c mismatch at offset {off}"
+                )
+            try:
+                return self._dctx.decompress(frame)
+            except zstandard.ZstdError as e:
+                raise CorruptionError(
+                    f"{self.uri}: data block {i} at offset {off}: {e}"
+                ) from None
         else:
             disk = self._store.get_range(self.key, off, ln)
         if len(disk) != ln:
@@ -434,33 +447,49 @@ class SSTableReader:
         # over key offsets. Any inconsistency falls back to the full (raising) decode.
         raw = self._raw_block(i)
         n = self._blocks[i][2]
+        kstart = 4 + 17 * n
         try:
             if _U32.unpack_from(raw, 0)[0] != n:
                 raise ValueError
             klens = struct.unpack_from(f"<{n}I", raw, 4)
-            koffs = list(accumulate(klens, initial=4 + 17 * n))
             vlens = struct.unpack_from(f"<{n}I", raw, 4 + 4 * n)
-            if koffs[-1] + sum(vlens) != len(raw):
+            kl = klens[0]
+            fixed = klens.count(kl) == n  # fixed-width keys: offsets are arithmetic
+            kend = kstart + kl * n if fixed else kstart + sum(klens)
+            if kend + sum(vlens) != len(raw):
                 raise ValueError
         except (ValueError, struct.error):
             _decode_block(raw, self.uri, i, self._blocks[i][0], n)  # raises CorruptionError
             raise AssertionError("unreachable") from None
         lo, hi = 0, n
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if raw[koffs[mid] : koffs[mid + 1]] < key:
-                lo = mid + 1
-            else:
-                hi = mid
-        if lo == n or raw[koffs[lo] : koffs[lo + 1]] != key:
-            return None
+        if fixed:
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                a = kstart + mid * kl
+                if raw[a : a + kl] < key:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            a = kstart + lo * kl
+            if lo == n or raw[a : a + kl] != key:
+                return None
+        else:
+            koffs = list(accumulate(klens, initial=kstart))
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if raw[koffs[mid] : koffs[mid + 1]] < key:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            if lo == n or raw[koffs[lo] : koffs[lo + 1]] != key:
+                return None
         (seq,) = _U64.unpack_from(raw, 4 + 8 * n + 8 * lo)
         flag = raw[4 + 16 * n + lo]
         if flag == FLAG_TOMBSTONE and not vlens[lo]:
             return seq, None
         if flag:
             _decode_block(raw, self.uri, i, self._blocks[i][0], n)  # raises CorruptionError
-        voff = koffs[-1] + sum(vlens[:lo])
+        voff = kend + sum(vlens[:lo])
         return seq, raw[voff : voff + vlens[lo]]
 
     def scan_batches(
