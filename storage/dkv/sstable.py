@@ -63,6 +63,7 @@ FOOTER_SIZE = FOOTER.size  # 32
 FLAG_TOMBSTONE = 0x01
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
+_U32S: dict[int, struct.Struct] = {}  # "<nI" per block entry count n
 _ENTRY_FIXED = 17  # key_len + value_len + seq + flags, bytes
 # First ranged read at open: footer + meta usually fit (bytes).
 TAIL_READ_BYTES = 64 << 10
@@ -451,8 +452,9 @@ class SSTableReader:
         try:
             if _U32.unpack_from(raw, 0)[0] != n:
                 raise ValueError
-            klens = struct.unpack_from(f"<{n}I", raw, 4)
-            vlens = struct.unpack_from(f"<{n}I", raw, 4 + 4 * n)
+            u32s = _U32S.get(n) or _U32S.setdefault(n, struct.Struct(f"<{n}I"))
+            klens = u32s.unpack_from(raw, 4)
+            vlens = u32s.unpack_from(raw, 4 + 4 * n)
             kl = klens[0]
             fixed = klens.count(kl) == n  # fixed-width keys: offsets are arithmetic
             kend = kstart + kl * n if fixed else kstart + sum(klens)
