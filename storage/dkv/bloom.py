@@ -25,6 +25,7 @@ import xxhash
 
 POLICY_NAME = "dkv.bloom.xxh64-dh.v1"
 _xxh64 = xxhash.xxh64_intdigest
+key_hash = _xxh64  # h of the policy; readers that probe several filters hash once
 
 
 def num_probes(bits_per_key: int) -> int:

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 
+from storage.dkv.bloom import key_hash as _xxh64
 from storage.dkv.compaction import (
     CompactionPlan,
     CompactionResult,
@@ -39,7 +40,7 @@ from storage.dkv.merge import Entry, live_only, merge_newest
 from storage.dkv.options import DKVOptions
 from storage.dkv.paths import PathResolver, compactions_dir, parse_result_key, validate_name
 from storage.dkv.remote_compaction import can_install, load_result
-from storage.dkv.sstable import TableInfo
+from storage.dkv.sstable import SSTableReader, TableInfo
 from storage.dkv.tablestore import TableStore
 from storage.dkv.wal import WalRecord
 from storage.errors import ClosedError, ManifestConflictError
@@ -120,6 +121,16 @@ def _join_shared(tables: TableStore, per_level: list[list[TableInfo]]) -> list[l
     return out
 
 
+def _filter(r: SSTableReader) -> tuple[bytes, int, int]:
+    """``(bits, m, k)`` of ``r``'s Bloom filter for the inlined probe in ``DKV.get``; an
+    empty filter (m = 0, which ``may_contain`` treats as "may contain") becomes one set
+    byte, which the probe also always passes."""
+    bits, k = r.bloom
+    if not bits or k < 1:
+        return b"\xff", 8, 1
+    return bits, len(bits) << 3, k
+
+
 class DKV:
     """An LSM key-value store over an ``ObjectStore``. Keys and values are ``bytes``.
 
@@ -140,6 +151,8 @@ class DKV:
         self._wal_buf: list[WalRecord] = []
         self._closed = False
         self._compactions: dict[str, int] = {}
+        self._plan_levels: LevelList | None = None  # the LevelList self._plan describes
+        self._plan: tuple[list, dict] = ([], {})
         if manifest is None:
             self._seq = 0
             self._flushed_seq = 0
@@ -328,22 +341,78 @@ class DKV:
             raise ClosedError("DKV is closed")
         return self._get_older(key)
 
+    def _read_plan(self) -> tuple[list, dict]:
+        """Per-LevelList probe data: L0 ``(min, max, table, bits, m, k)`` rows, newest
+        first, and a lazily filled ``table key -> (bits, m, k)`` map for sorted runs."""
+        levels = self._levels
+        if self._plan_levels is not levels:
+            reader = self._tables.reader
+            l0 = []
+            for t in levels.l0:
+                bits, m, k = _filter(reader(t))
+                l0.append((t.min_key, t.max_key, t, bits, m, k))
+            self._plan = (l0, {})
+            self._plan_levels = levels
+        return self._plan
+
     def _get_older(self, key: bytes) -> bytes | None:
-        for m in self._sealed:
-            e = m.get(key)
+        for mt in self._sealed:
+            e = mt.get(key)
             if e is not None:
                 return e[1]
+        l0, run_filters = (
+            self._plan if self._plan_levels is self._levels else self._read_plan()
+        )
         tables = self._tables
-        levels = self._levels
-        for t in levels.l0:
-            if t.min_key <= key <= t.max_key:
-                e = tables.reader(t).get(key)
+        # Bloom policy dkv.bloom.xxh64-dh.v1 (see bloom.py: probe i tests bit
+        # (h1 + i*h2) mod m), inlined: the key's hash does not depend on the table, so it
+        # is computed once per get rather than once per table, and the first probe (which
+        # rejects about half of the absent keys) runs before any further setup.
+        h = _xxh64(key)
+        h1 = h & 0xFFFFFFFF
+        h2 = (h >> 32) | 1
+        for mn, mx, t, bits, m, k in l0:
+            if key < mn or key > mx:
+                continue
+            b = h1 % m
+            if not bits[b >> 3] >> (b & 7) & 1:
+                continue
+            step = h2 % m
+            i = 1
+            while i < k:
+                b += step
+                if b >= m:
+                    b -= m
+                if not bits[b >> 3] >> (b & 7) & 1:
+                    break
+                i += 1
+            else:
+                e = tables.reader(t).get_unfiltered(key)
                 if e is not None:
                     return e[1]
-        for i in range(1, len(levels.levels)):
-            t = levels.sorted_run_candidate(i, key)
-            if t is not None:
-                e = tables.reader(t).get(key)
+        levels = self._levels
+        for lvl in range(1, len(levels.levels)):
+            t = levels.sorted_run_candidate(lvl, key)
+            if t is None:
+                continue
+            f = run_filters.get(t.key)
+            if f is None:
+                f = run_filters[t.key] = _filter(tables.reader(t))
+            bits, m, k = f
+            b = h1 % m
+            if not bits[b >> 3] >> (b & 7) & 1:
+                continue
+            step = h2 % m
+            i = 1
+            while i < k:
+                b += step
+                if b >= m:
+                    b -= m
+                if not bits[b >> 3] >> (b & 7) & 1:
+                    break
+                i += 1
+            else:
+                e = tables.reader(t).get_unfiltered(key)
                 if e is not None:
                     return e[1]
         return None

@@ -426,6 +426,15 @@ class SSTableReader:
         """
         if not self.may_contain(key):
             return None
+        return self.get_unfiltered(key)
+
+    @property
+    def bloom(self) -> tuple[bytes, int]:
+        """``(bits, k)``: the table's Bloom filter (verified with the meta block)."""
+        return self._bloom_bits, self._bloom_k
+
+    def get_unfiltered(self, key: bytes) -> tuple[int, bytes | None] | None:
+        """Like ``get`` for a caller that already checked the key range and Bloom filter."""
         i = bisect_right(self._first_keys, key) - 1
         if i < 0:
             return None
