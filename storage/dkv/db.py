@@ -36,7 +36,7 @@ from storage.dkv.invariants import check_manifest
 from storage.dkv.levels import LevelList
 from storage.dkv.manifest import Manifest, WalRef, load_manifest, publish_manifest
 from storage.dkv.memtable import Memtable
-from storage.dkv.merge import Entry, live_only, merge_newest
+from storage.dkv.merge import Entry, merge_batches_live
 from storage.dkv.options import DKVOptions
 from storage.dkv.paths import PathResolver, compactions_dir, parse_result_key, validate_name
 from storage.dkv.remote_compaction import can_install, load_result
@@ -447,8 +447,9 @@ class DKV:
         if not mem_parts and len(runs) == 1:
             # One sorted source: no merge, whole blocks at a time.
             return self._scan_run(runs[0], start, end)
-        sources = mem_parts + [self._run_iter(run, start, end) for run in runs]
-        return live_only(merge_newest(sources))
+        sources = [[p] for p in mem_parts]
+        sources += [self._run_batches(run, start, end) for run in runs]
+        return merge_batches_live(sources)
 
     def _scan_run(
         self, run: list[TableInfo], start: bytes, end: bytes | None
@@ -467,6 +468,21 @@ class DKV:
                     yield from [(k, v) for k, v in zip(keys, values) if v is not None]
                 else:
                     yield from zip(keys, values)
+
+    def _run_batches(
+        self, run: list[TableInfo], start: bytes, end: bytes | None
+    ) -> Iterator[list[Entry]]:
+        # Tables of a sorted run are disjoint and ordered: concatenate, opening lazily.
+        tables = self._tables
+        for t in run:
+            s, e = start, end
+            if t.clip is not None:
+                s = max(s, t.min_key)
+                hi = t.max_key + b"\x00"
+                e = hi if e is None or e > hi else e
+                if s >= e:
+                    continue
+            yield from tables.reader(t).scan_entry_batches(s, e)
 
     def _run_iter(self, run: list[TableInfo], start: bytes, end: bytes | None) -> Iterator[Entry]:
         # Tables of a sorted run are disjoint and ordered: concatenate, opening lazily.

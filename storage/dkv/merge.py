@@ -9,7 +9,9 @@ merge is lazy: it pulls one entry per source at a time (blocks load on demand).
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right
 from collections.abc import Iterable, Iterator
+from operator import itemgetter
 
 Entry = tuple[bytes, int, "bytes | None"]
 
@@ -55,3 +57,55 @@ def live_only(entries: Iterable[Entry]) -> Iterator[tuple[bytes, bytes]]:
     for k, _seq, v in entries:
         if v is not None:
             yield k, v
+
+
+_key = itemgetter(0)
+
+
+def merge_batches_live(sources: list[Iterator[list[Entry]]]) -> Iterator[tuple[bytes, bytes]]:
+    """``live_only(merge_newest(...))`` over sources that yield sorted *batches* of entries.
+
+    Works a chunk at a time: the bound is the smallest last key among the sources' current
+    batches; every entry up to it (from all sources) is in hand, so all versions of those
+    keys are. The chunk is sorted by ``(key, seq)`` and folded into a dict (the newest
+    version of a key comes last and wins; dict order stays ascending) in C, instead of a
+    heap step per entry. Lazy at batch (block) granularity. Each source yields ascending
+    keys, one entry per key, across all its batches; ``(key, seq)`` pairs are unique.
+    """
+    cur: list[list] = []  # [current batch (non-empty), iterator]
+    for it in sources:
+        it = iter(it)
+        for b in it:
+            if b:
+                cur.append([b, it])
+                break
+    while cur:
+        if len(cur) == 1:
+            b, it = cur[0]
+            while True:
+                yield from [(k, v) for k, _s, v in b if v is not None]
+                b = next(it, None)
+                if b is None:
+                    return
+        bound = min([c[0][-1][0] for c in cur])
+        chunk: list[Entry] = []
+        nxt = []
+        for c in cur:
+            b = c[0]
+            if b[-1][0] <= bound:
+                chunk += b
+                for nb in c[1]:
+                    if nb:
+                        c[0] = nb
+                        nxt.append(c)
+                        break
+            else:
+                j = bisect_right(b, bound, key=_key)
+                if j:
+                    chunk += b[:j]
+                    c[0] = b[j:]
+                nxt.append(c)
+        cur = nxt
+        chunk.sort()
+        newest = {k: v for k, _s, v in chunk}
+        yield from [kv for kv in newest.items() if kv[1] is not None]

@@ -222,8 +222,9 @@ def _decode_block(raw: bytes, uri: str, block_no: int, offset: int, expect: int)
         (n,) = _U32.unpack_from(raw, 0)
         if n != expect:
             raise ValueError(f"{n} entries, index says {expect}")
-        klens = struct.unpack_from(f"<{n}I", raw, 4)
-        vlens = struct.unpack_from(f"<{n}I", raw, 4 + 4 * n)
+        u32s = _U32S.get(n) or _U32S.setdefault(n, struct.Struct(f"<{n}I"))
+        klens = u32s.unpack_from(raw, 4)
+        vlens = u32s.unpack_from(raw, 4 + 4 * n)
         seqs = list(struct.unpack_from(f"<{n}Q", raw, 4 + 8 * n))
         flags = raw[4 + 16 * n : 4 + 17 * n]
         kstart = 4 + 17 * n
@@ -232,9 +233,17 @@ def _decode_block(raw: bytes, uri: str, block_no: int, offset: int, expect: int)
             raise ValueError("lengths do not add up to the block size")
         if flags.translate(None, b"\x00\x01"):
             raise ValueError("unknown entry flags")
-        koffs = list(accumulate(klens, initial=kstart))
+        kl = klens[0] if n else 0
+        if kl and klens.count(kl) == n:  # fixed-width keys: offsets are arithmetic
+            keys = [raw[a : a + kl] for a in range(kstart, vstart, kl)]
+        else:
+            koffs = list(accumulate(klens, initial=kstart))
+            keys = [raw[a:b] for a, b in zip(koffs, koffs[1:])]
+        vl = vlens[0] if n else 0
+        if vl and FLAG_TOMBSTONE not in flags and vlens.count(vl) == n:
+            values = [raw[a : a + vl] for a in range(vstart, len(raw), vl)]
+            return keys, seqs, values
         voffs = list(accumulate(vlens, initial=vstart))
-        keys = [raw[a:b] for a, b in zip(koffs, koffs[1:])]
         if FLAG_TOMBSTONE in flags:
             values: list[bytes | None] = [
                 None if f else raw[a:b] for f, a, b in zip(flags, voffs, voffs[1:])
@@ -528,6 +537,29 @@ class SSTableReader:
                 yield keys[j:k], values[j:k]
                 return
             yield (keys[j:], values[j:]) if j else (keys, values)
+            i += 1
+
+    def scan_entry_batches(self, start: bytes, end: bytes | None = None) -> Iterator[list[Entry]]:
+        """Yields per block the list of entries ``(key, seq, value-or-None)`` with
+        ``start <= key < end``, ascending (the batch form of ``iter_from``)."""
+        if (end is not None and end <= self.min_key) or start > self.max_key:
+            return
+        first_keys = self._first_keys
+        i = max(0, bisect_right(first_keys, start) - 1)
+        nblocks = len(self._blocks)
+        j = -1
+        while i < nblocks:
+            if end is not None and first_keys[i] >= end:
+                return
+            keys, seqs, values = self._block(i)
+            if j < 0:
+                j = bisect_left(keys, start)
+            if end is not None and keys[-1] >= end:
+                k = bisect_left(keys, end, j)
+                yield list(zip(keys[j:k], seqs[j:k], values[j:k]))
+                return
+            yield list(zip(keys[j:], seqs[j:], values[j:])) if j else list(zip(keys, seqs, values))
+            j = 0
             i += 1
 
     def last_key_before(self, end: bytes | None) -> bytes | None:
