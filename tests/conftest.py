@@ -2,16 +2,24 @@
 and the comparison of the flights sink with it."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
+from hypothesis import settings
 
 from operators.examples.flights_oracle import KEY_COLUMNS
-
 from operators.spark import ensure_python_workers_use_this_interpreter
 
 ensure_python_workers_use_this_interpreter()
+
+# CI explores the same examples on every run (a red CI is then reproducible, never a
+# coin toss); developers' runs keep exploring new ones.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 @pytest.fixture(scope="session")
