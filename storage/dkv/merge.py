@@ -108,4 +108,7 @@ def merge_batches_live(sources: list[Iterator[list[Entry]]]) -> Iterator[tuple[b
         cur = nxt
         chunk.sort()
         newest = {k: v for k, _s, v in chunk}
-        yield from [kv for kv in newest.items() if kv[1] is not None]
+        if None in newest.values():
+            yield from [kv for kv in newest.items() if kv[1] is not None]
+        else:
+            yield from newest.items()

@@ -474,7 +474,7 @@ class SSTableReader:
             klens = u32s.unpack_from(raw, 4)
             vlens = u32s.unpack_from(raw, 4 + 4 * n)
             kl = klens[0]
-            fixed = klens.count(kl) == n  # fixed-width keys: offsets are arithmetic
+            fixed = kl > 0 and klens.count(kl) == n  # fixed-width keys: arithmetic offsets
             kend = kstart + kl * n if fixed else kstart + sum(klens)
             if kend + sum(vlens) != len(raw):
                 raise ValueError
@@ -483,16 +483,16 @@ class SSTableReader:
             raise AssertionError("unreachable") from None
         lo, hi = 0, n
         if fixed:
-            while lo < hi:
-                mid = (lo + hi) >> 1
-                a = kstart + mid * kl
-                if raw[a : a + kl] < key:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            a = kstart + lo * kl
-            if lo == n or raw[a : a + kl] != key:
+            # The key column is n keys of kl bytes back to back: a C-level substring
+            # search finds the key; a hit off the kl grid straddles two keys, so go on.
+            if len(key) != kl:
                 return None
+            a = raw.find(key, kstart, kend)
+            while a >= 0 and (a - kstart) % kl:
+                a = raw.find(key, a + 1, kend)
+            if a < 0:
+                return None
+            lo = (a - kstart) // kl
         else:
             koffs = list(accumulate(klens, initial=kstart))
             while lo < hi:

@@ -136,3 +136,23 @@ def test_decode_block_rejects_malformed_blocks() -> None:
             _decode_block(bad, "file:///t.sst", 3, 77, 1)
     with pytest.raises(CorruptionError, match="index says 2"):
         _decode_block(block(b"\x00", 1), "u", 0, 0, 2)
+
+
+def test_fixed_width_lookup_in_raw_block(tmp_path: Path) -> None:
+    # Tables held whole are searched in the raw block; fixed-width keys use a substring
+    # search, so probes that occur across two adjacent keys must not match.
+    store = LocalObjectStore(tmp_path)
+    keys = [bytes([a, b]) for a in range(97, 123, 2) for b in range(97, 123, 3)]
+    entries = [(k, i + 1, None if i % 5 == 2 else k * 3) for i, k in enumerate(keys)]
+    data, _ = build(entries, store=store, block_bytes=64)
+    r = SSTableReader(store, "t.sst", len(data), None, data)
+    for k, seq, v in entries:
+        assert r.get_unfiltered(k) == (seq, v)
+    present = set(keys)
+    concat = b"".join(keys)
+    for i in range(len(concat) - 1):
+        probe = concat[i : i + 2]
+        if probe not in present:
+            assert r.get_unfiltered(probe) is None
+    for probe in (b"a", b"aaa", b"", b"zz", b"a\x00"):
+        assert r.get_unfiltered(probe) is None
