@@ -85,9 +85,14 @@ def clip_table(tables: TableStore, t: TableInfo, lo: bytes, hi: bytes | None) ->
 def _join_shared(tables: TableStore, per_level: list[list[TableInfo]]) -> list[list[TableInfo]]:
     """Joins references to one table that several parents share (a split, then a merge).
 
-    Two references of one file become one whose bounds span both; that is only correct
-    if the file has no key between them (a key there belongs to a range not being merged),
-    otherwise ``ValueError``. A table referenced from two levels is also a ``ValueError``.
+    Two references of one file become one whose bounds span both when the file has no
+    key between them. Otherwise the keys between are not visible to any parent (they
+    belong to a range not being merged, or a parent already compacted that part of the
+    file away and rewrote it with newer data), so joining would resurrect stale
+    versions; the earlier reference is then materialised instead: its visible entries
+    (tombstones and sequence numbers included) are copied into a new table under this
+    instance's prefix, and the file keeps a single reference, as ``tables_are_unique``
+    requires. A table referenced from two levels is a ``ValueError``.
     """
     seen: dict[str, int] = {}
     out: list[list[TableInfo]] = []
@@ -102,13 +107,15 @@ def _join_shared(tables: TableStore, per_level: list[list[TableInfo]]) -> list[l
             refs.sort(key=lambda t: t.min_key)
             cur = refs[0]
             for nxt in refs[1:]:
+                if cur.max_key >= nxt.min_key:
+                    raise ValueError(f"table {cur.key} is shared by overlapping parents")
                 gap_keys = tables.reader(cur).iter_from(cur.max_key + b"\x00", nxt.min_key)
-                gap = next(iter(gap_keys), None)
-                if gap is not None or cur.max_key >= nxt.min_key:
-                    raise ValueError(
-                        f"table {cur.key} is shared by non-adjacent parents (key {gap and gap[0]!r}"
-                        " lies between their ranges)"
-                    )
+                if next(iter(gap_keys), None) is not None:
+                    copy = tables.write_table(tables.iter_table(cur))
+                    if copy is not None:
+                        joined.append(copy)
+                    cur = nxt
+                    continue
                 lo = cur.clip[0] if cur.clip else b""
                 hi = nxt.clip[1] if nxt.clip else None
                 cur = replace(cur, max_key=nxt.max_key, entries=cur.entries + nxt.entries,

@@ -10,12 +10,21 @@ that may still be installed:
 * a published result (``<p>/compactions/<id>.json``) that no retained manifest of ``p``
   lists as handled and whose base manifest is retained is *pending*: the result and its
   outputs stay. Once a retained manifest lists it as handled (installed or discarded),
-  the result object goes, and so do its outputs unless a retained manifest names them
-  (i.e. unless it was installed). A result whose base manifest is gone can no longer be
-  told apart from a stale one and is collected.
+  its outputs go unless a retained manifest names them (i.e. unless it was installed).
+  A result whose base manifest is gone can no longer be told apart from a stale one and
+  is collected the same way.
+* a result object and its output directory go together: the result object of a handled
+  or stale compaction stays as long as any object of its directory stays (an installed
+  output still named by a retained manifest, of this range or of a range that shares
+  it after a rescale), and is deleted in the same GC run as its last output. So an
+  output directory never outlives its result object, and a directory without one
+  really is in progress (without this, the installed outputs would later become
+  unnamed, look in progress, and leak).
 * an output directory ``<p>/compactions/<id>/`` without a result object is *in progress*
   (a compaction job may be writing it): left alone unless ``include_in_progress=True``
-  (use that only when no compaction job can be running, e.g. older than a deadline).
+  (use that only when no compaction job can be running, e.g. older than a deadline), or
+  unless a retained manifest of ``p`` lists ``<id>`` as handled (then it was published,
+  so it is not in progress; such leftovers come from GC runs before the rule above).
 
 Objects outside the given prefixes are never touched, even if unnamed.
 
@@ -95,9 +104,17 @@ def collect_garbage(
             cid = parse_result_key(p, key)
             if cid is not None:
                 results[cid] = key
+        p_handled = handled.get(p, set())
+        named_dirs = {  # compaction ids with an output still named (installed, live)
+            k[len(cdir) :].split("/", 1)[0] for k in keys
+            if k in keep and k.startswith(cdir) and "/" in k[len(cdir) :]
+        }
         keep_dirs: list[str] = []
         for cid, rkey in results.items():
-            if cid in handled.get(p, ()):
+            d = compaction_dir(p, cid)
+            if cid in named_dirs:
+                keep.add(rkey)  # its installed outputs are still named: the pair stays
+            if cid in p_handled:
                 continue
             try:
                 base = load_result(store, rkey).base_manifest
@@ -105,13 +122,14 @@ def collect_garbage(
                 continue
             if base in manifests:
                 keep.add(rkey)
-                keep_dirs.append(compaction_dir(p, cid))
+                keep_dirs.append(d)
+        result_keys = set(results.values())
         for key in keys:
             if key in keep or any(key.startswith(d) for d in keep_dirs):
                 continue
-            if not include_in_progress and key.startswith(cdir) and key not in results.values():
+            if not include_in_progress and key.startswith(cdir) and key not in result_keys:
                 cid = key[len(cdir) :].split("/", 1)[0]
-                if cid not in results:
+                if cid not in results and cid not in p_handled:
                     continue  # an in-progress compaction's output
             try:
                 size = store.size(key)

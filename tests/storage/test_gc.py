@@ -61,11 +61,12 @@ def test_pending_and_in_progress_compactions_are_kept(tmp_path: Path) -> None:
     collect_garbage(store, [P], [m1])
     assert store.exists(rkey) and all(store.exists(k) for k in outputs)
     assert store.exists(f"{P}/compactions/00000000000000000001-abc/000001.sst")
-    # Installed and committed: the result object goes, its outputs are named and stay.
+    # Installed and committed: its outputs are named and stay, and so does the result
+    # object until the last of them goes (see the next test).
     assert db.install_pending_compactions()["installed"] == 1
     m2 = db.checkpoint("e2")
     out = collect_garbage(store, [P], [m2], include_in_progress=True)
-    assert not store.exists(rkey)
+    assert store.exists(rkey)
     assert all(store.exists(k) for k in outputs)
     assert not store.exists(f"{P}/compactions/00000000000000000001-abc/000001.sst")
     assert m1 in out["deleted_keys"]
@@ -96,3 +97,44 @@ def test_result_with_dropped_base_is_collected(tmp_path: Path) -> None:
     collect_garbage(store, [P], [m2])
     assert store.list(f"{P}/compactions/") == []
     assert db.install_pending_compactions() == {"installed": 0, "discarded": 0}
+
+
+def test_result_object_goes_with_its_last_installed_output(tmp_path: Path) -> None:
+    """The result object stays while an installed output is named, and goes in the same
+    run as the last one; an output directory never outlives its result object."""
+    store = LocalObjectStore(tmp_path)
+    db = filled(store)
+    db.flush_memtable()
+    m1 = db.checkpoint("e1")
+    rkey = compact_checkpoint(store, P, m1, OPTS, full=True)
+    outputs = [k for k in store.list(f"{P}/compactions/") if k.endswith(".sst")]
+    assert db.install_pending_compactions()["installed"] == 1
+    m2 = db.checkpoint("e2")
+    collect_garbage(store, [P], [m2])
+    assert store.exists(rkey) and all(store.exists(k) for k in outputs)
+    db.put(b"k0001", b"newer")
+    db.compact_all()  # the installed outputs leave the level list
+    m3 = db.checkpoint("e3")
+    assert not set(outputs) & files_named_by(store, [m3])
+    collect_garbage(store, [P], [m3])  # not include_in_progress: still collected
+    assert store.list(f"{P}/compactions/") == []
+    assert set(store.list(P + "/")) == files_named_by(store, [m3])
+
+
+def test_handled_output_directory_without_result_is_collected(tmp_path: Path) -> None:
+    """Leftovers of older GC runs: outputs of a handled compaction whose result object is
+    gone are not in progress (the id was published), so they go by default."""
+    store = LocalObjectStore(tmp_path)
+    db = filled(store)
+    db.flush_memtable()
+    m1 = db.checkpoint("e1")
+    rkey = compact_checkpoint(store, P, m1, OPTS, full=True)
+    db.install_pending_compactions()
+    db.put(b"k0001", b"newer")
+    db.compact_all()
+    m2 = db.checkpoint("e2")
+    store.delete(rkey)
+    left = store.list(f"{P}/compactions/")
+    assert left and not set(left) & files_named_by(store, [m2])
+    collect_garbage(store, [P], [m2])
+    assert store.list(f"{P}/compactions/") == []

@@ -169,5 +169,44 @@ def test_split_then_merge_without_compaction_joins_shared_tables(tmp_path: Path)
     whole = DKV.open_from_parents(store, "op/w", kids, (b"", None), OPTS)
     (t,) = list(whole.levels.all_tables())
     assert t == table  # the clip is gone once the whole file is visible again
-    with pytest.raises(ValueError, match="non-adjacent"):
-        DKV.open_from_parents(store, "op/x", [kids[0], kids[2]], (b"", None), OPTS)
+    # Clips with file keys between them are not joined (those keys are in no parent): the
+    # earlier reference is copied into a table of the new range, the file keeps one.
+    gap = DKV.open_from_parents(store, "op/x", [kids[0], kids[2]], (b"", None), OPTS)
+    refs = list(gap.levels.all_tables())
+    assert len(refs) == 2 and sum(t.key == table.key for t in refs) == 1
+    check(gap, {k: v for k, v in model.items() if k < key(5) or k >= key(12)})
+
+
+def test_merge_with_a_parent_that_compacted_its_part_of_a_shared_table(tmp_path: Path) -> None:
+    """Split in three; the middle child compacts its part of the shared table away (with
+    newer writes and deletes); merging middle + right, then left + that, must not join the
+    left and right clips of the shared file (its middle keys are stale)."""
+    store = LocalObjectStore(tmp_path)
+    db = DKV.open(store, "op/p", options=OPTS)
+    model = {key(i): b"v%d" % i for i in range(0, 20)}
+    for k, v in model.items():
+        db.put(k, v)
+    db.compact_all()
+    pkey = db.checkpoint("e1")
+    (table,) = list(db.levels.all_tables())
+    bounds = [(b"", key(5)), (key(5), key(12)), (key(12), None)]
+    kids = [DKV.open_from_parents(store, f"op/c{i}", [pkey], r, OPTS) for i, r in enumerate(bounds)]
+    mid = kids[1]
+    for i in range(5, 12):
+        if i % 2:
+            mid.delete(key(i))
+            model.pop(key(i))
+        else:
+            mid.put(key(i), b"new%d" % i)
+            model[key(i)] = b"new%d" % i
+    mid.compact_all()
+    assert table.key not in {t.key for t in mid.levels.all_tables()}
+    ckeys = [k.checkpoint("e1") for k in kids]
+    right = DKV.open_from_parents(store, "op/mr", ckeys[1:], (key(5), None), OPTS)
+    rkey = right.checkpoint("e1")
+    for parents in ([ckeys[0], rkey], ckeys):
+        merged = DKV.open_from_parents(store, "op/all", parents, (b"", None), OPTS)
+        check(merged, model)
+        assert sum(t.key == table.key for t in merged.levels.all_tables()) == 1
+        reopened = DKV.open(store, "op/all", merged.checkpoint(f"e{len(parents)}"), OPTS)
+        check(reopened, model)
