@@ -50,3 +50,10 @@ class BlockCache:
         while self.used_bytes > self.capacity_bytes:
             _, (_, c) = self._d.popitem(last=False)
             self.used_bytes -= c
+
+    def drop_tables(self, table_keys: set[str]) -> None:
+        """Drops every block of the given tables (keys ``(table_key, ...)``), e.g. tables
+        a compaction replaced: their blocks would otherwise hold the budget until evicted."""
+        d = self._d
+        for ck in [ck for ck in d if ck[0] in table_keys]:
+            self.used_bytes -= d.pop(ck)[1]

@@ -125,7 +125,10 @@ class TableStore:
         return self.reader(t).iter_from(start, end)
 
     def forget(self, keys: Iterable[str]) -> None:
-        """Drops cached readers of tables that left the level list (files stay)."""
+        """Drops cached readers and blocks of tables that left the level list (files stay)."""
+        keys = set(keys)
+        if self.cache is not None and keys:
+            self.cache.drop_tables(keys)
         for k in keys:
             self._readers.pop(k, None)
             n = self._whole.pop(k, None)
