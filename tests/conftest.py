@@ -63,3 +63,43 @@ def assert_equals_oracle(output: pa.Table, oracle: pd.DataFrame) -> None:
 def check_flights_output(flights_oracle):
     """``check(output_table)`` asserts the flights sink equals the oracle."""
     return lambda output: assert_equals_oracle(output, flights_oracle)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real SeaweedFS S3 server on free loopback ports for the whole run
+    (``storage.objectstore.seaweedfs.SeaweedFSServer``: ``.endpoint_url``, ``.bucket``,
+    ``.env()``, ``.restart()``). While it runs, the AWS environment variables point at
+    it, so ``open_object_store("s3://<bucket>/...")`` works in this process and in
+    Spark workers (a session started earlier needs them in
+    ``spark.sparkContext.environment``)."""
+    from storage.objectstore.seaweedfs import SeaweedFSServer
+
+    server = SeaweedFSServer(tmp_path_factory.mktemp("seaweedfs"), stop_timeout_s=3.0)
+    server.start()
+    saved = {k: os.environ.get(k) for k in server.env()}
+    os.environ.update(server.env())
+    try:
+        yield server
+    finally:
+        server.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture
+def s3_store(s3_server, request):
+    """An empty ``S3ObjectStore`` under a prefix unique to the test, in the server's bucket."""
+    import re
+    import uuid
+
+    from storage.objectstore.s3 import S3ObjectStore
+
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", request.node.name)[:60]
+    return S3ObjectStore(
+        s3_server.bucket, f"tests/{name}-{uuid.uuid4().hex[:8]}",
+        endpoint_url=s3_server.endpoint_url, region=s3_server.region,
+        access_key_id=s3_server.access_key, secret_access_key=s3_server.secret_key)

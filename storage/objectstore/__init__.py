@@ -194,13 +194,14 @@ def open_object_store(uri: str) -> ObjectStore:
     """Opens the object store for ``uri``, choosing the implementation by scheme.
 
     Args:
-        uri: ``file:///abs/path``, a plain filesystem path, or ``s3://bucket/prefix``.
+        uri: ``file:///abs/path``, a plain filesystem path, or ``s3://bucket/prefix``
+            (``s3a://`` too; endpoint, region and credentials from the AWS environment
+            variables, see ``storage.objectstore.s3``).
 
     Returns:
         An ``ObjectStore`` rooted at ``uri``.
 
     Raises:
-        NotImplementedError: The scheme is known but its implementation is not available yet.
         ValueError: The scheme is unknown.
     """
     from storage.objectstore.local import LocalObjectStore
@@ -215,7 +216,9 @@ def open_object_store(uri: str) -> ObjectStore:
             raise ValueError(f"file URI with a host is not supported: {uri!r}")
         return LocalObjectStore(parsed.path)
     if scheme in ("s3", "s3a"):
-        raise NotImplementedError(
-            f"S3 object store arrives with issue 5; cannot open {uri!r} yet"
-        )
+        from storage.objectstore.s3 import S3ObjectStore
+
+        # Endpoint, region and credentials come from the standard AWS environment
+        # variables (see storage/objectstore/s3.py), so the URI alone reopens the store.
+        return S3ObjectStore.from_uri(uri)
     raise ValueError(f"unknown object-store URI scheme {scheme!r} in {uri!r}")

@@ -1,16 +1,41 @@
-"""Contract tests for every ObjectStore implementation (see conftest.STORE_FACTORIES)."""
+"""Contract tests for every ObjectStore implementation: the local directory store and
+the S3 store against a real SeaweedFS server (tests/conftest.py ``s3_server``), then
+S3-only tests: multipart, pagination, retries, a stopped server."""
 
 from __future__ import annotations
 
+import http.client
+import os
 import pickle
 import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from storage.errors import ObjectExistsError, ObjectNotFoundError
 from storage.objectstore import ObjectStore, open_object_store
 from storage.objectstore.local import LocalObjectStore
+from storage.objectstore.s3 import S3ObjectStore, S3RequestError
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
+    """An empty store of each implementation (overrides tests/storage/conftest.py's
+    local-only ``store`` for this module: the S3 one needs the session's server)."""
+    if request.param == "local":
+        return LocalObjectStore(tmp_path / "bucket")
+    return request.getfixturevalue("s3_store")
+
+
+def _s3_store_like(s3_server, prefix: str, **kwargs) -> S3ObjectStore:
+    return S3ObjectStore(s3_server.bucket, prefix, endpoint_url=kwargs.pop("endpoint_url", s3_server.endpoint_url),
+                         region=s3_server.region, access_key_id=s3_server.access_key,
+                         secret_access_key=s3_server.secret_key, **kwargs)
 
 
 def test_put_get_roundtrip(store: ObjectStore) -> None:
@@ -148,13 +173,244 @@ def test_pickle_roundtrip(store: ObjectStore) -> None:
 def test_open_object_store_schemes(tmp_path: Path) -> None:
     assert isinstance(open_object_store(str(tmp_path)), LocalObjectStore)
     assert isinstance(open_object_store(tmp_path.as_uri()), LocalObjectStore)
-    with pytest.raises(NotImplementedError, match="issue 5"):
-        open_object_store("s3://bucket/prefix")
+    s3 = open_object_store("s3://bucket/some/prefix/")
+    assert isinstance(s3, S3ObjectStore)
+    assert (s3.bucket, s3.prefix, s3.root_uri) == ("bucket", "some/prefix", "s3://bucket/some/prefix")
+    assert s3.uri("a/b") == "s3://bucket/some/prefix/a/b"
+    assert open_object_store("s3a://bucket").root_uri == "s3://bucket"
     with pytest.raises(ValueError):
         open_object_store("gopher://x/y")
+    with pytest.raises(ValueError):
+        open_object_store("s3:///no-bucket")
 
 
 def test_rejects_escaping_keys(tmp_path: Path) -> None:
     store = LocalObjectStore(tmp_path / "root")
     with pytest.raises(ValueError):
         store.put("../escape", b"x")
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(st.tuples(
+    st.sampled_from(["put", "put_if_absent", "delete"]),
+    # No key is also a "directory" of another: the local store keeps keys as files.
+    st.sampled_from(["a/x", "a/y", "a/z/w", "b/x", "ax"]),
+    st.binary(max_size=64)), max_size=12))
+def test_operations_match_a_dict(store: ObjectStore, ops) -> None:
+    """Any sequence of writes leaves the store equal to a dict replaying them."""
+    for key in store.list(""):
+        store.delete(key)
+    model: dict[str, bytes] = {}
+    for op, key, data in ops:
+        if op == "put":
+            store.put(key, data)
+            model[key] = data
+        elif op == "put_if_absent":
+            if key in model:
+                with pytest.raises(ObjectExistsError):
+                    store.put_if_absent(key, data)
+            else:
+                store.put_if_absent(key, data)
+                model[key] = data
+        else:
+            store.delete(key)
+            model.pop(key, None)
+    assert store.list("") == sorted(model)
+    assert store.list("a/") == sorted(k for k in model if k.startswith("a/"))
+    for key, data in model.items():
+        assert store.get(key) == data
+        assert store.get_range(key, 1, 3) == data[1:4]
+
+
+# ------------------------------------------------------------------- S3 only
+def test_s3_multipart_put_roundtrip(s3_server, s3_store) -> None:
+    store = _s3_store_like(s3_server, s3_store.prefix, multipart_threshold=5 * MiB,
+                           multipart_chunksize=5 * MiB)
+    data = os.urandom(12 * MiB)  # 3 parts: 5 + 5 + 2 MiB
+    before = store.stats.snapshot()
+    store.put("big/object", data)
+    after = store.stats.snapshot()
+    assert after["PUT"] - before["PUT"] == 3 + 2  # create, 3 parts, complete
+    assert after["bytes_written"] - before["bytes_written"] == len(data)
+    head = store.client.head_object(Bucket=store.bucket, Key=f"{store.prefix}/big/object")
+    assert head["ETag"].strip('"').endswith("-3"), f"not a 3-part upload: {head['ETag']}"
+    assert store.size("big/object") == len(data)
+    assert store.get("big/object") == data
+    boundary = 5 * MiB
+    assert store.get_range("big/object", boundary - 10, 20) == data[boundary - 10:boundary + 10]
+    # A small object stays a single PutObject.
+    store.put("small", b"x" * 100)
+    assert store.stats.snapshot()["PUT"] - after["PUT"] == 1
+
+
+def test_s3_list_paginates(s3_server, s3_store) -> None:
+    store = _s3_store_like(s3_server, s3_store.prefix, list_page_size=3)
+    keys = [f"d/{i:03d}" for i in range(10)]
+    for k in reversed(keys):
+        store.put(k, b"v")
+    store.put("e/outside", b"v")
+    before = store.stats.snapshot()["LIST"]
+    assert store.list("d/") == keys
+    assert store.stats.snapshot()["LIST"] - before == 4  # pages of 3, 3, 3, 1
+    assert store.list("") == [*keys, "e/outside"]
+
+
+def test_s3_store_pickles_with_its_configuration(s3_server, s3_store) -> None:
+    """A store built from explicit arguments (no environment) reopens elsewhere."""
+    store = _s3_store_like(s3_server, s3_store.prefix, list_page_size=7)
+    store.put("k", b"v")
+    clone = pickle.loads(pickle.dumps(store))
+    assert (clone.endpoint_url, clone.list_page_size, clone.root_uri) == (
+        s3_server.endpoint_url, 7, store.root_uri)
+    assert clone.get("k") == b"v"
+
+
+def test_s3_store_from_dagster_s3_resource(s3_server, s3_store) -> None:
+    from dagster_aws.s3 import S3Resource
+
+    resource = S3Resource(endpoint_url=s3_server.endpoint_url, region_name=s3_server.region,
+                          aws_access_key_id=s3_server.access_key,
+                          aws_secret_access_key=s3_server.secret_key)
+    store = S3ObjectStore.from_s3_resource(resource, s3_server.bucket, s3_store.prefix)
+    store.put("from/resource", b"1")
+    assert s3_store.get("from/resource") == b"1"
+    # Or around the resource's own client: same identity, reopened after pickling.
+    wrapped = S3ObjectStore(s3_server.bucket, s3_store.prefix, client=resource.get_client())
+    assert pickle.loads(pickle.dumps(wrapped)).get("from/resource") == b"1"
+
+
+def test_s3_bad_credentials_fail_at_once_naming_the_uri(s3_server, s3_store) -> None:
+    store = S3ObjectStore(s3_server.bucket, s3_store.prefix, endpoint_url=s3_server.endpoint_url,
+                          access_key_id="nobody", secret_access_key="wrong")
+    with pytest.raises(S3RequestError, match=rf"s3://{s3_server.bucket}/{s3_store.prefix}/k .*HTTP 403"):
+        store.get("k")
+
+
+class FaultProxy:
+    """An HTTP proxy on loopback in front of the S3 server that answers the next
+    requests from a script instead of forwarding them. Script entries:
+
+    * ``(status, code)``: answer with that HTTP status and S3 error code, send nothing on;
+    * ``("lost", status)``: forward the request, then answer ``status`` instead of the
+      server's response (the write happened, its answer was lost).
+
+    ``requests`` counts every request that reached the proxy.
+    """
+
+    def __init__(self, target_port: int) -> None:
+        self.script: list[tuple] = []
+        self.requests = 0
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def _handle(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                proxy.requests += 1
+                action = proxy.script.pop(0) if proxy.script else None
+                if action is None or action[0] == "lost":
+                    conn = http.client.HTTPConnection("127.0.0.1", target_port, timeout=30)
+                    headers = {k: v for k, v in self.headers.items() if k.lower() != "expect"}
+                    conn.request(self.command, self.path, body=body, headers=headers)
+                    response = conn.getresponse()
+                    payload = response.read()
+                    if action is None:
+                        self.send_response(response.status)
+                        for k, v in response.getheaders():
+                            if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                                self.send_header(k, v)
+                        self.send_header("Content-Length", str(len(payload)))
+                        self.end_headers()
+                        self.wfile.write(payload)
+                        return
+                    action = (action[1], "InternalError")
+                status, code = action
+                payload = (f"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{code}</Code>"
+                           f"<Message>injected by the test</Message></Error>").encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(payload)
+
+            do_GET = do_PUT = do_HEAD = do_DELETE = do_POST = _handle
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint_url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def fault_proxy(s3_server):
+    proxy = FaultProxy(s3_server.ports["s3"])
+    yield proxy
+    proxy.close()
+
+
+def test_s3_transient_errors_are_retried(s3_server, s3_store, fault_proxy) -> None:
+    s3_store.put("k", b"value")
+    store = _s3_store_like(s3_server, s3_store.prefix, endpoint_url=fault_proxy.endpoint_url, max_attempts=4)
+    fault_proxy.script = [(503, "SlowDown"), (500, "InternalError"), (503, "ServiceUnavailable")]
+    assert store.get("k") == b"value"
+    assert fault_proxy.requests == 4  # three refused attempts, then the one that worked
+    assert store.stats.snapshot()["GET"] == 1  # one logical request
+    # More transient failures than attempts: a clear error naming the object.
+    fault_proxy.requests = 0
+    fault_proxy.script = [(503, "SlowDown")] * 4
+    with pytest.raises(S3RequestError, match=rf"{store.uri('k')} failed: HTTP 503 SlowDown"):
+        store.get("k")
+    assert fault_proxy.requests == 4
+
+
+def test_s3_permanent_errors_are_not_retried(s3_server, s3_store, fault_proxy) -> None:
+    store = _s3_store_like(s3_server, s3_store.prefix, endpoint_url=fault_proxy.endpoint_url, max_attempts=4)
+    fault_proxy.script = [(403, "AccessDenied")]
+    with pytest.raises(S3RequestError, match=r"HTTP 403 AccessDenied"):
+        store.put("k", b"v")
+    assert fault_proxy.requests == 1
+    fault_proxy.script = [(400, "InvalidArgument")]
+    with pytest.raises(S3RequestError, match=r"HTTP 400"):
+        store.list("")
+    assert fault_proxy.requests == 2
+
+
+def test_s3_put_if_absent_whose_answer_was_lost(s3_server, s3_store, fault_proxy) -> None:
+    """The first attempt commits, its answer is lost, the retry gets 412: still our write."""
+    store = _s3_store_like(s3_server, s3_store.prefix, endpoint_url=fault_proxy.endpoint_url, max_attempts=3)
+    fault_proxy.script = [("lost", 503)]
+    store.put_if_absent("m/1", b"manifest")
+    assert s3_store.get("m/1") == b"manifest"
+    assert fault_proxy.requests == 3  # lost write, 412 retry, read-back
+    # Someone else's object under the same name is a conflict, retried or not.
+    fault_proxy.script = [(503, "SlowDown")]
+    with pytest.raises(ObjectExistsError):
+        store.put_if_absent("m/1", b"another manifest")
+    assert s3_store.get("m/1") == b"manifest"
+
+
+def test_s3_stopped_server_fails_clearly_then_recovers(s3_server, s3_store) -> None:
+    store = _s3_store_like(s3_server, s3_store.prefix, max_attempts=2, connect_timeout_s=1)
+    store.put("before", b"kept")
+    s3_server.stop()
+    try:
+        with pytest.raises(S3RequestError, match=rf"GetObject {store.uri('before')} failed after 2 attempts: "
+                                                 r"Could not connect"):
+            store.get("before")
+        with pytest.raises(S3RequestError, match=r"PutObject\(If-None-Match\) s3://.*/m/1 failed"):
+            store.put_if_absent("m/1", b"x")
+        with pytest.raises(S3RequestError, match=r"ListObjectsV2"):
+            store.list("")
+    finally:
+        s3_server.start()
+    assert store.get("before") == b"kept"
+    store.put_if_absent("m/1", b"x")
+    assert store.list("") == ["before", "m/1"]
