@@ -1,0 +1,51 @@
+"""The log: Kafka-style topics on an object store, WarpStream-style files.
+
+* ``records.py``: CRC-checked record batches (the unit of storage).
+* ``index.py``: per-chunk offset and time indexes, Kafka's warm/cold binary search.
+* ``segment.py``: segment files holding chunks of many partitions, their directory.
+* ``metadata.py``: the versioned metadata object (partition offset ranges -> file
+  byte ranges), committed with ``put_if_absent``.
+* ``producer.py`` / ``consumer.py``: produce (a file per flush), fetch, offsets for
+  times, consumer-group offsets in the compacted ``__consumer_offsets`` topic.
+* ``offset_map.py`` / ``cleaner.py``: compacted topics: the fixed-memory key-hash map
+  and the two-pass cleaner (two GETs per input file, complete deduplication).
+* ``log.py``: ``Log``, the facade. ``dump.py``: the command-line dump tool.
+
+Seeds: ``kafka-index-binary-search.txt``, ``kafka-log-compaction-design.txt``,
+``warpstream-compacted-topics.txt``.
+"""
+from storage.log.cleaner import Cleaner, CleaningReport
+from storage.log.config import COMPACT, DELETE, CleanerConfig, ProducerConfig, TopicConfig
+from storage.log.consumer import Consumer, FetchResult
+from storage.log.errors import (
+    InvalidConfigError,
+    InvalidRecordError,
+    LogError,
+    OffsetOutOfRangeError,
+    TopicExistsError,
+    UnknownTopicError,
+)
+from storage.log.log import Log
+from storage.log.producer import Producer
+from storage.log.records import Record
+
+__all__ = [
+    "COMPACT",
+    "DELETE",
+    "Cleaner",
+    "CleanerConfig",
+    "CleaningReport",
+    "Consumer",
+    "FetchResult",
+    "InvalidConfigError",
+    "InvalidRecordError",
+    "Log",
+    "LogError",
+    "OffsetOutOfRangeError",
+    "Producer",
+    "ProducerConfig",
+    "Record",
+    "TopicConfig",
+    "TopicExistsError",
+    "UnknownTopicError",
+]
