@@ -95,5 +95,5 @@ class CleanerConfig:
     max_file_bytes: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
-        if self.dedupe_buffer_size < 1024 or not 0.1 <= self.max_load_factor <= 0.95:
+        if self.dedupe_buffer_size < 16 * 12 or not 0.1 <= self.max_load_factor <= 0.95:
             raise InvalidConfigError(f"bad cleaner config {self}")
