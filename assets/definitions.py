@@ -1,20 +1,46 @@
-"""The single Dagster ``Definitions`` of dkvstream (loaded by ``dagster dev``)."""
-from __future__ import annotations
+"""The single Dagster ``Definitions`` of dkvstream (loaded by ``dagster dev``).
 
+Per stream job: its assets (``job_assets``), the ``verified`` check on its checkpoint
+asset, an asset job running its epochs, and its compaction, cleanup and source sensors.
+Once for all stream jobs: the ``compaction``, ``flush`` and ``cleanup`` jobs.
+"""
 import os
 
-from dagster import Definitions
+from dagster import AssetSelection, Definitions, define_asset_job
 
+from assets.checkpoints import make_checkpoint_check
 from assets.job_assets import job_assets
+from assets.jobs import MAINTENANCE_JOBS
 from assets.resources import default_resources
+from assets.sensors import STREAM_JOB_TAG, make_cleanup_sensor, make_compaction_sensor, make_source_sensor
 from operators.examples.flights import flights_job
+from operators.job import Job
+
+
+def stream_job_definitions(job: Job) -> dict:
+    """Assets, checks, the epochs job and sensors of one stream job, as ``Definitions`` kwargs."""
+    assets = job_assets(job)
+    epochs_job = define_asset_job(
+        job.name, selection=AssetSelection.assets(*[s.name for s in job.sinks.values()]),
+        tags={STREAM_JOB_TAG: job.name}, description=f"Run the epochs of stream job {job.name}")
+    return {
+        "assets": assets,
+        "asset_checks": [make_checkpoint_check(job)],
+        "jobs": [epochs_job],
+        "sensors": [make_compaction_sensor(job), make_cleanup_sensor(job), make_source_sensor(job, epochs_job)],
+    }
+
 
 flights = flights_job(
     scale=int(os.environ.get("DKVSTREAM_FLIGHTS_SCALE", "1")),
     events_per_epoch=int(os.environ.get("DKVSTREAM_EVENTS_PER_EPOCH", "50000")),
 )
+_flights = stream_job_definitions(flights)
 
 defs = Definitions(
-    assets=job_assets(flights),
+    assets=_flights["assets"],
+    asset_checks=_flights["asset_checks"],
+    jobs=[*_flights["jobs"], *MAINTENANCE_JOBS],
+    sensors=_flights["sensors"],
     resources=default_resources(),
 )

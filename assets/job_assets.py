@@ -7,12 +7,9 @@ For a job J with source S and sinks T1..Tn this yields:
   until the source is drained (or ``max_epochs``). Each committed epoch is logged as a
   materialization of
 - ``<J>_checkpoint`` (the job's state checkpoint), with metadata: epoch, watermark,
-  source offsets, manifest URI, DKV tables, bytes and keys, events and duration, so
-  the Dagster UI plots them over time.
+  source offsets, manifest URI, DKV tables and bytes per level, size amplification,
+  keys, events and events/s (``assets.checkpoints``), so the Dagster UI plots them.
 """
-
-import datetime as dt
-
 from dagster import (
     AssetExecutionContext,
     AssetKey,
@@ -26,10 +23,13 @@ from dagster import (
 )
 from dagster_pyspark import PySparkResource
 
-from assets.resources import ObjectStoreResource
-from operators.api import WATERMARK_MAX, WATERMARK_MIN
+from assets.checkpoints import checkpoint_asset_key, checkpoint_metadata, format_watermark, level_stats
+from assets.resources import DKVSettingsResource, ObjectStoreResource
+from operators.checkpoints import read_checkpoint
 from operators.job import Job
-from operators.runtime import EpochResult, JobRunner
+from operators.runtime import JobRunner
+
+__all__ = ["RunJobConfig", "checkpoint_asset_key", "job_assets", "pool_name"]
 
 
 class RunJobConfig(Config):
@@ -42,37 +42,10 @@ class RunJobConfig(Config):
     max_epochs: int = 0
 
 
-def checkpoint_asset_key(job: Job) -> AssetKey:
-    """Key of the job's state checkpoint asset."""
-    return AssetKey(f"{job.name}_checkpoint")
-
-
-def format_watermark(ms: int) -> str:
-    """A watermark as ISO-8601 UTC, or ``-inf``/``+inf``."""
-    if ms >= WATERMARK_MAX:
-        return "+inf (end of input)"
-    if ms <= WATERMARK_MIN:
-        return "-inf (no events yet)"
-    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc).isoformat()
-
-
-def checkpoint_metadata(result: EpochResult) -> dict:
-    """Dagster metadata of one committed epoch."""
-    return {
-        "epoch": MetadataValue.int(result.epoch),
-        "watermark": MetadataValue.text(format_watermark(result.watermark)),
-        "watermark_ms": MetadataValue.int(result.watermark if result.watermark < WATERMARK_MAX else -1),
-        "source_offsets": MetadataValue.json(result.source_offsets),
-        "manifest_uri": MetadataValue.path(result.checkpoint_uri),
-        "tables": MetadataValue.int(result.tables),
-        "table_bytes": MetadataValue.int(result.table_bytes),
-        "keys": MetadataValue.int(result.keys),
-        "events": MetadataValue.int(result.events),
-        "duration_s": MetadataValue.float(round(result.seconds, 3)),
-        "events_per_s": MetadataValue.float(round(result.events_per_second, 1)),
-        "output_rows": MetadataValue.json(result.output_rows),
-        "finished": MetadataValue.bool(result.finished),
-    }
+def pool_name(job: Job) -> str:
+    """Dagster concurrency pool of the job's runs: one driver per job at a time (two
+    would race for the same checkpoints); dagster.yaml limits every pool to 1."""
+    return f"dkvstream-{job.name}"
 
 
 def job_assets(job: Job, group_name: str | None = None) -> list:
@@ -106,14 +79,17 @@ def job_assets(job: Job, group_name: str | None = None) -> list:
         for output, sink in job.sinks.items()
     ]
 
-    @multi_asset(name=f"run_{job.name}", specs=sink_specs, required_resource_keys=set())
+    @multi_asset(name=f"run_{job.name}", specs=sink_specs, required_resource_keys=set(), pool=pool_name(job))
     def run_job(context: AssetExecutionContext, config: RunJobConfig, object_store: ObjectStoreResource,
-                pyspark: PySparkResource):
-        runner = JobRunner(job, pyspark.spark_session, object_store.root_uri)
+                pyspark: PySparkResource, dkv: DKVSettingsResource):
+        # Retention and compaction are the cleanup and compaction sensors' runs, not inline.
+        runner = JobRunner(job, pyspark.spark_session, object_store.root_uri, dkv_options=dkv.options(),
+                           retain_checkpoints=None)
         epochs = 0
         for result in runner.run(max_epochs=config.max_epochs or None):
             epochs += 1
-            context.log_event(AssetMaterialization(asset_key=ckpt_key, metadata=checkpoint_metadata(result),
+            stats = level_stats(runner.store, read_checkpoint(runner.store, job.prefix, result.epoch))
+            context.log_event(AssetMaterialization(asset_key=ckpt_key, metadata=checkpoint_metadata(result, stats),
                                                    description=f"epoch {result.epoch}"))
             context.log.info(
                 f"epoch {result.epoch} committed: {result.events:,} events in {result.seconds:.1f} s "

@@ -8,7 +8,20 @@ so all ranges of an operator are collected together), then staged output files o
 committed epochs that no retained checkpoint names. Published sink files are output,
 never garbage.
 
-Safe while no epoch of the job is running (the runner calls it between epochs).
+The runner calls it between epochs. From another process (the Dagster cleanup op) pass
+``concurrent=True``: a task writes its SSTables and staged files *before* the epoch's
+commit names them, so an unreferenced file may belong to the epoch in flight. The
+concurrent mode therefore:
+
+1. defers (deletes no file, only expired checkpoint manifests) while the job's epoch
+   lease is live (``operators.control``: written by the driver before its tasks run,
+   released after the commit);
+2. otherwise lists the job's files, then re-reads the lease and the newest epoch: if a
+   lease appeared or an epoch committed meanwhile, it defers too;
+3. otherwise deletes only garbage among the files listed in step 2. A file written after
+   that listing is never touched, so an epoch that starts during the deletions is safe;
+   everything it reads is named by the newest checkpoint, which is retained.
+
 Staged files of epochs after the newest checkpoint are in flight and left alone.
 """
 from __future__ import annotations
@@ -17,6 +30,7 @@ import re
 from dataclasses import dataclass
 
 from operators.checkpoints import checkpoint_key, list_epochs, read_checkpoint
+from operators.control import read_lease
 from storage.dkv.gc import collect_garbage
 from storage.objectstore import ObjectStore
 
@@ -32,21 +46,26 @@ class CleanupReport:
         checkpoints_deleted: expired job checkpoints deleted.
         files_deleted: DKV and staged files deleted.
         bytes_freed: their total size, bytes.
+        deferred: why no file was deleted (an epoch in flight), or "" if files were
+            collected.
     """
 
     retained_epochs: list[int]
     checkpoints_deleted: int = 0
     files_deleted: int = 0
     bytes_freed: int = 0
+    deferred: str = ""
 
 
-def cleanup_job(store: ObjectStore, job_prefix: str, retain: int) -> CleanupReport:
+def cleanup_job(store: ObjectStore, job_prefix: str, retain: int, *, concurrent: bool = False) -> CleanupReport:
     """Keep the newest ``retain`` checkpoints of the job under ``job_prefix``; free the rest.
 
     Args:
         store: the job's object store.
         job_prefix: ``jobs/<job name>``.
         retain: checkpoints to keep, at least 1.
+        concurrent: the job may be running an epoch right now (see module docstring);
+            False only in the driver between epochs.
 
     Returns:
         A ``CleanupReport``.
@@ -61,10 +80,18 @@ def cleanup_job(store: ObjectStore, job_prefix: str, retain: int) -> CleanupRepo
     report = CleanupReport(retained_epochs=kept)
     if not kept:
         return report
+    if concurrent:
+        report.deferred = _in_flight(store, job_prefix, kept[-1])
+        if not report.deferred:
+            listed = set(store.list(f"{job_prefix}/state/")) | set(store.list(f"{job_prefix}/staging/"))
+            report.deferred = _in_flight(store, job_prefix, kept[-1])
+            store = _ListedOnly(store, listed)
     retained = [read_checkpoint(store, job_prefix, e) for e in kept]
     for e in expired:
         store.delete(checkpoint_key(job_prefix, e))
         report.checkpoints_deleted += 1
+    if report.deferred:
+        return report
 
     prefix_root = f"{job_prefix}/state/"
     range_prefixes: dict[str, set[str]] = {}  # operator -> DKV prefixes of all its ranges, old and new
@@ -87,3 +114,57 @@ def cleanup_job(store: ObjectStore, job_prefix: str, retain: int) -> CleanupRepo
         store.delete(key)
         report.files_deleted += 1
     return report
+
+
+def _in_flight(store: ObjectStore, job_prefix: str, newest: int) -> str:
+    """Why files may not be collected now ("" if they may): a live lease, or a newer epoch."""
+    epochs = list_epochs(store, job_prefix)
+    if epochs and epochs[-1] != newest:
+        return f"epoch {epochs[-1]} committed during cleanup (newest was {newest}); run again"
+    lease = read_lease(store, job_prefix)
+    if lease is not None and lease.is_live(newest):
+        return f"epoch {lease.epoch} in flight (lease held by {lease.owner})"
+    return ""
+
+
+class _ListedOnly(ObjectStore):
+    """The store as seen through one listing: ``list`` returns only keys listed then, so
+    garbage collection can never reach a file written afterwards. Everything else is
+    passed through."""
+
+    def __init__(self, inner: ObjectStore, listed: set[str]) -> None:
+        super().__init__()
+        self._inner = inner
+        self._listed = listed
+        self.stats = inner.stats
+
+    @property
+    def root_uri(self) -> str:
+        return self._inner.root_uri
+
+    def uri(self, key: str) -> str:
+        return self._inner.uri(key)
+
+    def put(self, key: str, data: bytes) -> None:
+        self._inner.put(key, data)
+
+    def put_if_absent(self, key: str, data: bytes) -> None:
+        self._inner.put_if_absent(key, data)
+
+    def get(self, key: str) -> bytes:
+        return self._inner.get(key)
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        return self._inner.get_range(key, start, length)
+
+    def size(self, key: str) -> int:
+        return self._inner.size(key)
+
+    def exists(self, key: str) -> bool:
+        return self._inner.exists(key)
+
+    def list(self, prefix: str) -> list[str]:
+        return [k for k in self._inner.list(prefix) if k in self._listed]
+
+    def delete(self, key: str) -> None:
+        self._inner.delete(key)

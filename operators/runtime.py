@@ -35,6 +35,12 @@ import pyarrow as pa
 from operators.api import WATERMARK_MAX, WATERMARK_MIN
 from operators.checkpoints import JobCheckpoint, commit_checkpoint, latest_checkpoint
 from operators.cleanup import CleanupReport, cleanup_job
+from operators.control import (
+    acquire_lease,
+    consume_flush_requests,
+    pending_flush_requests,
+    release_lease,
+)
 from operators.job import Job
 from operators.keygroups import key_group_ranges, key_groups_of, range_indexes_of
 from operators.sources import KEY_COLUMN, TIMESTAMP_COLUMN
@@ -182,7 +188,15 @@ class JobRunner:
             plan = self._plan_offsets(ckpt)
             if not self.job.source.bounded and all(a == b for a, b in plan.values()):
                 return
-            result, ckpt = self._run_epoch(ckpt, plan)
+            # Requests seen now are served by this epoch; the lease keeps a concurrent
+            # cleanup off the files the tasks write before the commit (operators.control).
+            flushes = pending_flush_requests(self.store, self.job.prefix)
+            lease = acquire_lease(self.store, self.job.prefix, ckpt.epoch + 1)
+            try:
+                result, ckpt = self._run_epoch(ckpt, plan, flush=bool(flushes))
+            finally:
+                release_lease(self.store, self.job.prefix, lease)
+            consume_flush_requests(self.store, flushes)
             done += 1
             yield result
 
@@ -225,7 +239,7 @@ class JobRunner:
             return ckpt.watermark, part_max, False
         return max(ckpt.watermark, low - self.job.max_out_of_orderness_ms), part_max, False
 
-    def _run_epoch(self, ckpt: JobCheckpoint, plan) -> tuple[EpochResult, JobCheckpoint]:
+    def _run_epoch(self, ckpt: JobCheckpoint, plan, flush: bool = False) -> tuple[EpochResult, JobCheckpoint]:
         started = time.perf_counter()
         epoch = ckpt.epoch + 1
         events, max_ts = self._read_events(plan)
@@ -247,6 +261,7 @@ class JobRunner:
                     watermark_before=ckpt.watermark, watermark_after=watermark,
                     next_key_groups=None if last else self.job.key_groups,
                     next_parallelism=None if last else self.job.parallelism,
+                    flush=flush,
                 )
                 for r, kr in enumerate(ranges)
             ]
@@ -277,6 +292,7 @@ class JobRunner:
             "remote_compactions": {
                 kind: sum(res.metrics["remote_compactions"].get(kind, 0) for rs in results_by_op.values() for res in rs)
                 for kind in ("installed", "discarded")},
+            "flushed": flush,
             "task_seconds_max": max((res.metrics["seconds"] for rs in results_by_op.values() for res in rs), default=0.0),
         }
         new = JobCheckpoint(

@@ -54,6 +54,8 @@ class TaskSpec:
         watermark_after: watermark this epoch reaches (ms); timers up to it fire.
         next_key_groups / next_parallelism: routing of ``main`` output to the next
             operator (None for the last operator).
+        flush: write the memtable to level-0 SSTables before the DKV checkpoint (a
+            flush request, ``operators.control``).
     """
 
     job_prefix: str
@@ -67,6 +69,7 @@ class TaskSpec:
     next_key_groups: int | None = None
     next_parallelism: int | None = None
     parent_manifests: tuple[str, ...] = ()
+    flush: bool = False
 
 
 @dataclass
@@ -196,6 +199,8 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
         for name, table in tables.items():
             if table.num_rows:
                 staged[name] = sinks[name].write_staged(store, staging, table)
+    if spec.flush:
+        db.flush()
     manifest_key = db.checkpoint(f"e{spec.epoch:010d}-{attempt}")
     dkv_stats = db.stats()
     db.close()

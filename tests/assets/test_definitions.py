@@ -4,7 +4,8 @@ from __future__ import annotations
 from dagster import AssetKey, DagsterInstance, Definitions, materialize
 
 from assets.job_assets import checkpoint_asset_key, job_assets
-from assets.resources import ObjectStoreResource, spark_resource
+from assets.checkpoints import L0_TABLES_MAX, SIZE_AMP_MAX
+from assets.resources import DKVSettingsResource, ObjectStoreResource, spark_resource
 from operators.examples.flights import flights_job
 
 
@@ -14,13 +15,17 @@ def test_definitions_are_loadable() -> None:
     Definitions.validate_loadable(defs)
     keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
     assert {"flights_replay", "route_daily_delays", "route_daily_delays_late", "flights_checkpoint"} <= keys
+    assert {s.name for s in defs.sensors} == {"flights_compaction_sensor", "flights_cleanup_sensor",
+                                              "flights_source_sensor"}
+    assert {"flights", "compaction", "memtable_flush", "garbage_collection"} <= {j.name for j in defs.jobs}
 
 
 def test_materialize_records_one_checkpoint_per_epoch(spark, tmp_path) -> None:
     job = flights_job(events_per_epoch=100_000)
     instance = DagsterInstance.ephemeral()
     resources = {"object_store": ObjectStoreResource(root_uri=str(tmp_path / "store")),
-                 "pyspark": spark_resource({"spark.master": "local[2]"})}
+                 "pyspark": spark_resource({"spark.master": "local[2]"}),
+                 "dkv": DKVSettingsResource(memtable_bytes=1 << 20)}
     result = materialize(job_assets(job), resources=resources, instance=instance,
                          run_config={"ops": {"run_flights": {"config": {"max_epochs": 2}}}})
     assert result.success
@@ -32,8 +37,14 @@ def test_materialize_records_one_checkpoint_per_epoch(spark, tmp_path) -> None:
     assert md["events"].value == 100_002
     assert md["source_offsets"].value == {"EWR": 66668, "JFK": 66668, "LGA": 66668}
     assert md["manifest_uri"].value.endswith("epoch-0000000002.json")
-    for field in ("watermark", "tables", "table_bytes", "keys", "duration_s", "events_per_s"):
+    for field in ("watermark", "tables", "table_bytes", "keys", "duration_s", "events_per_s", SIZE_AMP_MAX):
         assert field in md
+    # Per-level counts add up to the total, and level 0 holds the flushed tables (no
+    # inline compaction under Dagster: that is the compaction sensor's job).
+    levels = sorted(k for k in md if k.startswith("L") and k.endswith("_tables"))
+    assert sum(md[k].value for k in levels) == md["tables"].value > 0
+    assert sum(md[k.replace("_tables", "_bytes")].value for k in levels) == md["table_bytes"].value
+    assert md["L0_tables"].value == md["tables"].value and md[L0_TABLES_MAX].value > 0
     latest = instance.get_latest_materialization_event(AssetKey("route_daily_delays"))
     assert latest.asset_materialization.metadata["committed_epoch"].value == 2
     assert latest.asset_materialization.metadata["rows"].value > 0

@@ -1,0 +1,161 @@
+"""The job's state checkpoint asset: materialization metadata and the verification check.
+
+Every committed epoch is one materialization of ``<job>_checkpoint``. Its numeric
+metadata (epoch, events/s, keys, per-level table counts and bytes, size amplification)
+is what the Dagster UI plots over time, and what the compaction sensor reads.
+"""
+
+import datetime as dt
+import math
+from dataclasses import dataclass
+
+from dagster import AssetCheckResult, AssetCheckSeverity, AssetKey, MetadataValue, asset_check
+
+from assets.resources import ObjectStoreResource
+from operators.api import WATERMARK_MAX, WATERMARK_MIN
+from operators.checkpoints import JobCheckpoint, checkpoint_key, latest_checkpoint
+from operators.job import Job
+from operators.runtime import EpochResult
+from storage.dkv.compaction import size_amplification
+from storage.dkv.manifest import load_manifest
+from storage.dkv.verify import VerifyReport, verify_manifest
+from storage.errors import CorruptionError
+from storage.objectstore import ObjectStore
+
+# Metadata keys the compaction sensor reads.
+L0_TABLES_MAX = "l0_tables_max_range"
+SIZE_AMP_MAX = "size_amplification_max_range"
+
+
+def checkpoint_asset_key(job: Job) -> AssetKey:
+    """Key of the job's state checkpoint asset."""
+    return AssetKey(f"{job.name}_checkpoint")
+
+
+def format_watermark(ms: int) -> str:
+    """A watermark as ISO-8601 UTC, or ``-inf``/``+inf``."""
+    if ms >= WATERMARK_MAX:
+        return "+inf (end of input)"
+    if ms <= WATERMARK_MIN:
+        return "-inf (no events yet)"
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc).isoformat()
+
+
+@dataclass
+class LevelStats:
+    """DKV shape of one checkpoint over all ranges of all operators.
+
+    Attributes:
+        tables_per_level / bytes_per_level: tables and bytes (on the bucket) per level.
+        l0_tables_max: the most level-0 tables of any one range (compaction is per range).
+        size_amplification_max: the highest size amplification of any range
+            (``storage.dkv.compaction.size_amplification``).
+        ranges: range manifests read.
+    """
+
+    tables_per_level: list[int]
+    bytes_per_level: list[int]
+    l0_tables_max: int
+    size_amplification_max: float
+    ranges: int
+
+
+def level_stats(store: ObjectStore, ckpt: JobCheckpoint) -> LevelStats:
+    """Reads every range manifest of ``ckpt`` (one GET each) and sums its levels.
+
+    Raises:
+        ObjectNotFoundError / CorruptionError: a range manifest is missing or broken.
+    """
+    tables: list[int] = []
+    sizes: list[int] = []
+    l0_max, amp_max, ranges = 0, 0.0, 0
+    for op_ranges in ckpt.operators.values():
+        for manifest_key in op_ranges.values():
+            levels = load_manifest(store, manifest_key).levels
+            ranges += 1
+            for i, lvl in enumerate(levels.levels):
+                if i >= len(tables):
+                    tables.append(0)
+                    sizes.append(0)
+                tables[i] += len(lvl)
+                sizes[i] += sum(t.size for t in lvl)
+            l0_max = max(l0_max, len(levels.l0))
+            amp_max = max(amp_max, size_amplification(levels))
+    return LevelStats(tables, sizes, l0_max, amp_max, ranges)
+
+
+def checkpoint_metadata(result: EpochResult, stats: LevelStats) -> dict:
+    """Dagster metadata of one committed epoch (numeric values are plotted by the UI)."""
+    amp = stats.size_amplification_max
+    md = {
+        "epoch": MetadataValue.int(result.epoch),
+        "watermark": MetadataValue.text(format_watermark(result.watermark)),
+        "watermark_ms": MetadataValue.int(result.watermark if result.watermark < WATERMARK_MAX else -1),
+        "source_offsets": MetadataValue.json(result.source_offsets),
+        "manifest_uri": MetadataValue.path(result.checkpoint_uri),
+        "tables": MetadataValue.int(result.tables),
+        "table_bytes": MetadataValue.int(result.table_bytes),
+        "keys": MetadataValue.int(result.keys),
+        "events": MetadataValue.int(result.events),
+        "duration_s": MetadataValue.float(round(result.seconds, 3)),
+        "events_per_s": MetadataValue.float(round(result.events_per_second, 1)),
+        L0_TABLES_MAX: MetadataValue.int(stats.l0_tables_max),
+        SIZE_AMP_MAX: MetadataValue.float(round(amp, 4) if math.isfinite(amp) else 1e9),
+        "output_rows": MetadataValue.json(result.output_rows),
+        "finished": MetadataValue.bool(result.finished),
+    }
+    for i, (n, size) in enumerate(zip(stats.tables_per_level, stats.bytes_per_level)):
+        md[f"L{i}_tables"] = MetadataValue.int(n)
+        md[f"L{i}_bytes"] = MetadataValue.int(size)
+    return md
+
+
+def verify_checkpoint(store: ObjectStore, job_prefix: str, ckpt: JobCheckpoint) -> VerifyReport:
+    """Verifies every file checkpoint ``ckpt`` names: each range manifest with its tables
+    and WAL objects (``storage.dkv.verify``) and each staged output file (exists, size).
+
+    Returns:
+        The summed ``VerifyReport``; ``errors`` names every missing or corrupt file.
+    """
+    report = VerifyReport()
+    for op_ranges in ckpt.operators.values():
+        for manifest_key in op_ranges.values():
+            report.add(verify_manifest(store, manifest_key))
+    for keys in ckpt.outputs.values():
+        for key in keys:
+            if not store.exists(key):
+                report.errors.append(f"{store.uri(key)}: staged output named by epoch {ckpt.epoch} is missing")
+    return report
+
+
+def make_checkpoint_check(job: Job):
+    """The asset check ``verified`` on ``<job>_checkpoint``: the newest checkpoint's files
+    all exist and their checksums verify. Fails with severity ERROR naming each bad file."""
+
+    @asset_check(asset=checkpoint_asset_key(job), name="verified",
+                 description="Every file the newest checkpoint names exists and its checksums verify")
+    def verified(object_store: ObjectStoreResource) -> AssetCheckResult:
+        store = object_store.open()
+        try:
+            ckpt = latest_checkpoint(store, job.prefix)
+        except CorruptionError as e:
+            return AssetCheckResult(passed=False, severity=AssetCheckSeverity.ERROR,
+                                    metadata={"errors": MetadataValue.json([str(e)])})
+        if ckpt is None:
+            return AssetCheckResult(passed=True, metadata={"epoch": MetadataValue.int(0),
+                                                           "note": "no committed checkpoint yet"})
+        report = verify_checkpoint(store, job.prefix, ckpt)
+        return AssetCheckResult(
+            passed=report.ok, severity=AssetCheckSeverity.ERROR,
+            metadata={
+                "epoch": MetadataValue.int(ckpt.epoch),
+                "checkpoint_uri": MetadataValue.path(store.uri(checkpoint_key(job.prefix, ckpt.epoch))),
+                "manifests": MetadataValue.int(report.manifests),
+                "tables": MetadataValue.int(report.tables),
+                "table_bytes": MetadataValue.int(report.table_bytes),
+                "blocks": MetadataValue.int(report.blocks),
+                "wal_objects": MetadataValue.int(report.wal_objects),
+                "errors": MetadataValue.json(report.errors[:20]),
+            })
+
+    return verified

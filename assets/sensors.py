@@ -1,0 +1,150 @@
+"""Sensors that run the platform: compaction, cleanup and new input, one set per stream job.
+
+* ``<job>_compaction_sensor`` reads the metadata of the newest materialization of
+  ``<job>_checkpoint`` and requests a ``compaction`` run when a range's level-0 table
+  count reaches ``DKVSettingsResource.l0_compaction_trigger`` or its size amplification
+  exceeds ``size_amp_threshold``. Its cursor is the storage id of the last checkpoint
+  event it judged, so each checkpoint is judged once and fires at most one run; a
+  checkpoint seen while a compaction of the job is still queued or running is skipped
+  (its tables are the ones being compacted).
+* ``<job>_cleanup_sensor`` lists the job's checkpoints and requests a ``cleanup`` run
+  whenever retention has something to delete (more than ``retain_checkpoints``
+  committed) for a newest epoch or retention setting it has not cleaned up for (cursor
+  ``<newest epoch>:<retain>``).
+* ``<job>_source_sensor`` compares the source's end offsets with the newest checkpoint's
+  and starts a run of the job's asset job when new input arrived (cursor: the end
+  offsets it last started a run for). Off by default: the bundled flights source is a
+  finished replay.
+
+Thresholds are the ``dkv`` resource's settings (``$DKVSTREAM_DKV_*``); tick intervals
+come from ``$DKVSTREAM_SENSOR_INTERVAL_S`` (default 15 s).
+"""
+import json
+import os
+
+from dagster import (
+    DagsterRunStatus,
+    DefaultSensorStatus,
+    RunRequest,
+    RunsFilter,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    sensor,
+)
+
+from assets.checkpoints import L0_TABLES_MAX, SIZE_AMP_MAX, checkpoint_asset_key
+from assets.jobs import cleanup_job_def, compaction, op_config
+from assets.resources import DKVSettingsResource, ObjectStoreResource
+from operators.checkpoints import latest_checkpoint, list_epochs
+from operators.job import Job
+
+IN_PROGRESS = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
+               DagsterRunStatus.STARTED]
+STREAM_JOB_TAG = "dkvstream/job"
+
+
+def sensor_interval_s() -> int:
+    """Minimum seconds between ticks of every sensor here (``$DKVSTREAM_SENSOR_INTERVAL_S``)."""
+    return int(os.environ.get("DKVSTREAM_SENSOR_INTERVAL_S", "15"))
+
+
+def _in_progress(context: SensorEvaluationContext, job_name: str, stream_job: str) -> bool:
+    records = context.instance.get_run_records(
+        RunsFilter(job_name=job_name, statuses=IN_PROGRESS, tags={STREAM_JOB_TAG: stream_job}), limit=1)
+    return bool(records)
+
+
+def compaction_trigger(l0_tables: int, size_amp: float, dkv: DKVSettingsResource) -> str:
+    """Why a checkpoint needs compaction ("" if it does not): the level-0 count fires AT
+    the trigger, size amplification ABOVE the threshold (as in the planner)."""
+    if l0_tables >= dkv.l0_compaction_trigger:
+        return f"a range has {l0_tables} level-0 tables (trigger {dkv.l0_compaction_trigger})"
+    if size_amp > dkv.size_amp_threshold:
+        return f"a range has size amplification {size_amp:.3f} (threshold {dkv.size_amp_threshold})"
+    return ""
+
+
+def make_compaction_sensor(job: Job):
+    """The compaction sensor of ``job`` (see module docstring)."""
+    key = checkpoint_asset_key(job)
+
+    @sensor(name=f"{job.name}_compaction_sensor", job=compaction, minimum_interval_seconds=sensor_interval_s(),
+            default_status=DefaultSensorStatus.RUNNING,
+            description=f"Compact {job.name}'s state when level-0 tables or size amplification cross the triggers")
+    def compaction_sensor(context: SensorEvaluationContext, dkv: DKVSettingsResource):
+        event = context.instance.get_latest_materialization_event(key)
+        if event is None:
+            return SkipReason(f"{key.to_user_string()} has no materialization yet")
+        seen = int(context.cursor) if context.cursor else -1
+        if event.storage_id <= seen:
+            return SkipReason(f"checkpoint event {event.storage_id} already judged")
+        md = event.asset_materialization.metadata
+        epoch = md["epoch"].value if "epoch" in md else "?"
+        if L0_TABLES_MAX not in md:
+            return SensorResult(skip_reason=f"epoch {epoch}: no level metadata", cursor=str(event.storage_id))
+        reason = compaction_trigger(int(md[L0_TABLES_MAX].value), float(md[SIZE_AMP_MAX].value), dkv)
+        if not reason:
+            return SensorResult(skip_reason=f"epoch {epoch}: below the compaction triggers",
+                                cursor=str(event.storage_id))
+        if _in_progress(context, compaction.name, job.name):
+            return SensorResult(skip_reason=f"epoch {epoch}: {reason}, but a compaction is already running",
+                                cursor=str(event.storage_id))
+        context.log.info(f"{job.name} epoch {epoch}: {reason}")
+        return SensorResult(
+            run_requests=[RunRequest(run_key=f"{job.name}-compaction-{event.storage_id}",
+                                     run_config=op_config("plan_compaction", job.name),
+                                     tags={STREAM_JOB_TAG: job.name, "dkvstream/epoch": str(epoch),
+                                           "dkvstream/trigger": reason})],
+            cursor=str(event.storage_id))
+
+    return compaction_sensor
+
+
+def make_cleanup_sensor(job: Job):
+    """The cleanup sensor of ``job`` (see module docstring)."""
+
+    @sensor(name=f"{job.name}_cleanup_sensor", job=cleanup_job_def, minimum_interval_seconds=sensor_interval_s(),
+            default_status=DefaultSensorStatus.RUNNING,
+            description=f"Apply checkpoint retention and collect garbage of {job.name} when checkpoints expire")
+    def cleanup_sensor(context: SensorEvaluationContext, object_store: ObjectStoreResource,
+                       dkv: DKVSettingsResource):
+        epochs = list_epochs(object_store.open(), job.prefix)
+        if len(epochs) <= dkv.retain_checkpoints:
+            return SkipReason(f"{len(epochs)} checkpoints, retention keeps {dkv.retain_checkpoints}")
+        state = f"{epochs[-1]}:{dkv.retain_checkpoints}"
+        if context.cursor == state:
+            return SkipReason(f"already cleaned up at epoch {epochs[-1]}")
+        if _in_progress(context, cleanup_job_def.name, job.name):
+            return SkipReason("a cleanup is already running")
+        return SensorResult(
+            run_requests=[RunRequest(run_key=f"{job.name}-cleanup-{state}", run_config=op_config("cleanup", job.name),
+                                     tags={STREAM_JOB_TAG: job.name})],
+            cursor=state)
+
+    return cleanup_sensor
+
+
+def make_source_sensor(job: Job, asset_job):
+    """The new-input sensor of ``job``, starting runs of ``asset_job`` (see module docstring)."""
+
+    @sensor(name=f"{job.name}_source_sensor", job=asset_job, minimum_interval_seconds=sensor_interval_s(),
+            description=f"Run {job.name}'s epochs when its source has new input")
+    def source_sensor(context: SensorEvaluationContext, object_store: ObjectStoreResource):
+        ends = job.source.end_offsets()
+        ckpt = latest_checkpoint(object_store.open(), job.prefix)
+        done = ckpt.source_offsets if ckpt else {}
+        if all(ends[p] <= done.get(p, 0) for p in ends):
+            return SkipReason("no new input")
+        state = json.dumps(ends, sort_keys=True)
+        if context.cursor == state:
+            return SkipReason("a run was already started for this input")
+        if _in_progress(context, asset_job.name, job.name):
+            return SkipReason(f"{asset_job.name} is already running")
+        new = sum(ends[p] - done.get(p, 0) for p in ends)
+        return SensorResult(
+            run_requests=[RunRequest(run_key=f"{job.name}-input-{state}", tags={STREAM_JOB_TAG: job.name,
+                                                                                 "dkvstream/new_events": str(new)})],
+            cursor=state)
+
+    return source_sensor
