@@ -73,9 +73,10 @@ def make_compaction_sensor(job: Job):
             default_status=DefaultSensorStatus.RUNNING,
             description=f"Compact {job.name}'s state when level-0 tables or size amplification cross the triggers")
     def compaction_sensor(context: SensorEvaluationContext, dkv: DKVSettingsResource):
-        event = context.instance.get_latest_materialization_event(key)
-        if event is None:
+        records = context.instance.fetch_materializations(key, limit=1).records
+        if not records:
             return SkipReason(f"{key.to_user_string()} has no materialization yet")
+        event = records[0]
         seen = int(context.cursor) if context.cursor else -1
         if event.storage_id <= seen:
             return SkipReason(f"checkpoint event {event.storage_id} already judged")

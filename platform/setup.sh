@@ -7,6 +7,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
 bash "$root/platform/install-java.sh"
+bash "$root/platform/install-chromium.sh"
 
 py=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then

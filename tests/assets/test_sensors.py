@@ -1,0 +1,121 @@
+"""Sensors evaluated tick by tick with build_sensor_context: they fire at the threshold, not
+below it, and not twice for the same checkpoint (or input)."""
+from __future__ import annotations
+
+import pytest
+from dagster import AssetMaterialization, DagsterInstance, build_sensor_context
+
+from assets.checkpoints import L0_TABLES_MAX, SIZE_AMP_MAX, checkpoint_asset_key
+from assets.jobs import compaction
+from assets.resources import DKVSettingsResource, ObjectStoreResource
+from assets.sensors import STREAM_JOB_TAG, make_cleanup_sensor, make_compaction_sensor, make_source_sensor
+from operators.cleanup import cleanup_job
+from operators.runtime import JobRunner
+from tests.assets.small_job import NAME, SMALL_DKV, small_job
+
+TRIGGERS = DKVSettingsResource(l0_compaction_trigger=4, size_amp_threshold=0.5)
+
+
+class Ticker:
+    """Evaluates one sensor tick after tick, carrying the cursor like the daemon does."""
+
+    def __init__(self, sensor_def, instance: DagsterInstance, resources: dict) -> None:
+        self.sensor_def, self.instance, self.resources = sensor_def, instance, resources
+        self.cursor: str | None = None
+
+    def tick(self):
+        with build_sensor_context(instance=self.instance, cursor=self.cursor, resources=self.resources) as ctx:
+            data = self.sensor_def.evaluate_tick(ctx)
+        if data.cursor is not None:
+            self.cursor = data.cursor
+        return data.run_requests
+
+
+def _checkpoint(instance: DagsterInstance, epoch: int, l0: int, amp: float) -> None:
+    instance.report_runless_asset_event(AssetMaterialization(
+        checkpoint_asset_key(small_job()), metadata={"epoch": epoch, L0_TABLES_MAX: l0, SIZE_AMP_MAX: amp}))
+
+
+@pytest.fixture
+def compaction_ticker():
+    instance = DagsterInstance.ephemeral()
+    return Ticker(make_compaction_sensor(small_job()), instance, {"dkv": TRIGGERS})
+
+
+def test_compaction_sensor_fires_at_the_l0_trigger_once_per_checkpoint(compaction_ticker) -> None:
+    t = compaction_ticker
+    assert t.tick() == []  # no checkpoint yet
+    _checkpoint(t.instance, 1, l0=3, amp=0.0)
+    assert t.tick() == []  # below
+    _checkpoint(t.instance, 2, l0=4, amp=0.0)
+    [request] = t.tick()  # at the trigger
+    assert request.run_config == {"ops": {"plan_compaction": {"config": {"job": NAME}}}}
+    assert request.tags[STREAM_JOB_TAG] == NAME and request.tags["dkvstream/epoch"] == "2"
+    assert t.tick() == []  # same checkpoint: not twice
+    _checkpoint(t.instance, 3, l0=6, amp=0.0)
+    assert len(t.tick()) == 1  # a new checkpoint still over the trigger fires again
+
+
+def test_compaction_sensor_fires_above_the_size_amplification_threshold(compaction_ticker) -> None:
+    t = compaction_ticker
+    _checkpoint(t.instance, 1, l0=0, amp=0.5)
+    assert t.tick() == []  # at the threshold is not above it
+    _checkpoint(t.instance, 2, l0=0, amp=0.51)
+    [request] = t.tick()
+    assert "size amplification 0.510" in request.tags["dkvstream/trigger"]
+    assert t.tick() == []
+
+
+def test_compaction_sensor_skips_a_checkpoint_while_a_compaction_runs(compaction_ticker) -> None:
+    t = compaction_ticker
+    _checkpoint(t.instance, 1, l0=5, amp=0.0)
+    [request] = t.tick()
+    t.instance.create_run_for_job(compaction, run_config=request.run_config, tags=request.tags)  # queued
+    _checkpoint(t.instance, 2, l0=5, amp=0.0)
+    assert t.tick() == []  # the queued run compacts these very tables
+    assert t.tick() == []  # and the checkpoint is not judged again
+
+
+@pytest.fixture(scope="module")
+def four_checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("store")
+    JobRunner(small_job(), None, str(root), dkv_options=SMALL_DKV.options(), retain_checkpoints=None).run_to_end(
+        max_epochs=4)
+    return root
+
+
+def test_cleanup_sensor_fires_when_retention_has_something_to_delete(tmp_path, four_checkpoints) -> None:
+    import shutil
+
+    root = tmp_path / "store"
+    shutil.copytree(four_checkpoints, root)
+    store = ObjectStoreResource(root_uri=str(root))
+
+    def ticker(retain: int) -> Ticker:
+        return Ticker(make_cleanup_sensor(small_job()), DagsterInstance.ephemeral(),
+                      {"object_store": store, "dkv": DKVSettingsResource(retain_checkpoints=retain)})
+
+    assert ticker(4).tick() == []  # 4 checkpoints, keep 4: nothing expired
+    t = ticker(3)
+    [request] = t.tick()  # one over retention
+    assert request.run_config == {"ops": {"cleanup": {"config": {"job": NAME}}}}
+    assert t.tick() == []  # not twice for the same newest epoch
+    cleanup_job(store.open(), f"jobs/{NAME}", 3, concurrent=True)
+    assert t.tick() == []  # retention applied: nothing left to do
+    JobRunner(small_job(), None, str(root), dkv_options=SMALL_DKV.options(), retain_checkpoints=None).run_to_end(
+        max_epochs=1)
+    assert len(t.tick()) == 1  # the next commit expires the next checkpoint
+
+
+def test_source_sensor_starts_a_run_when_new_input_arrives(tmp_path) -> None:
+    job = small_job(events=1_000)
+    t = Ticker(make_source_sensor(job, compaction), DagsterInstance.ephemeral(),
+               {"object_store": ObjectStoreResource(root_uri=str(tmp_path))})
+    [request] = t.tick()  # input and no checkpoint
+    assert request.tags["dkvstream/new_events"] == "2000"
+    assert t.tick() == []  # same input: not twice
+    JobRunner(job, None, str(tmp_path), retain_checkpoints=None).run_to_end()
+    assert t.tick() == []  # all input processed
+    job.source.events = 1_500  # the source grows
+    [request] = t.tick()
+    assert request.tags["dkvstream/new_events"] == "1000"
