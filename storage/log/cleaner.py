@@ -10,9 +10,10 @@ together, so that it keeps exactly the latest record of every key:
    (key hash -> latest offset, ``offset_map.py``). When the partition's keys do not fit
    the fixed ``dedupe.buffer.size``, the key-hash space is split: the pass is redone for
    hash ranges ``[lo, hi)`` of 32 hash bits, each small enough to fit (a range that
-   overflows after seeing a fraction f of the records is split in ceil(1.25 / f) parts:
-   the number of distinct keys is a concave function of records read, so f of the
-   records hold at least f of the keys). The latest offsets of each range go into a
+   overflows after seeing a fraction f of the records is split into
+   ceil(1.25 * keys estimate / map capacity) parts:
+   the number of distinct keys is a concave function of records read, so all records
+   hold at most (keys seen) / f keys). The latest offsets of each range go into a
    roaring bitmap of survivors; the map is reused for the next range. Kafka instead
    cleans only up to where its map filled, leaving the rest dirty; here every
    cleaning removes every duplicate.
@@ -38,8 +39,12 @@ only append after them; a concurrent cleaning of the same partition makes this o
 skip it). Input files no entry names any more are deleted after the commit.
 
 Memory: the map (``dedupe.buffer.size``), the survivors bitmap of one partition
-(roaring: at most 2 bytes per survivor or 1 bit per offset of the range) and the two
-streams' bytes (each input file's span, held until its last partition is done).
+(roaring: at most 2 bytes per survivor or 1 bit per offset of the range), the two
+streams' bytes (each input file's span, held until its last partition is done) and
+the decoded batches of the partition being mapped (kept for extra hash ranges). The
+map is hashed and filled 65,536 records at a time (vectorized numpy), and uses only
+4 slots per record of the partition when that is below the budget, so a small
+partition neither clears nor probes the whole 128 MiB.
 """
 from __future__ import annotations
 
@@ -54,10 +59,12 @@ from storage.log.config import CleanerConfig
 from storage.log.metadata import NO_CHANGE, Entry, LogMetadata
 from storage.log.offset_map import OffsetMap, hash_keys, partition_bits
 from storage.log.producer import now_ms
+from storage.log.records import Columns
 from storage.log.segment import SegmentWriter, chunk_batches
 
 HASH_SPACE = 2**32
 MAX_RANGE_OFFSETS = 2**32 - 1
+GROUP_RECORDS = 65_536  # records hashed and inserted per vectorized step
 
 
 @dataclass
@@ -174,6 +181,19 @@ def plan_cleaning(md: LogMetadata, now: int, topics: list[str] | None = None,
                 entries = [e for e in entries if e.start < end]
             plans.append(PartitionPlan(name, i, entries, end, ratio))
     return plans
+
+
+def _groups(batches, records: int):
+    """Consecutive batches cut into groups of about ``records`` records."""
+    group, n = [], 0
+    for _, b in batches:
+        group.append(b)
+        n += len(b)
+        if n >= records:
+            yield group
+            group, n = [], 0
+    if group:
+        yield group
 
 
 def _members(bitmap: BitMap, lo: int, hi: int) -> np.ndarray:
@@ -302,18 +322,21 @@ class Cleaner:
         for e in plan.entries:
             streams[e.file].done_with_chunk()
         survivors = BitMap()
-        ranges = [(0, HASH_SPACE)]
+        ranges = [(0, HASH_SPACE, False)]
         while ranges:
-            lo, hi = ranges.pop()
-            self.map.clear()
+            lo, hi, whole_buffer = ranges.pop()
+            share = (hi - lo) / HASH_SPACE  # keys in the range <= its records, ~ share of all
+            self.map.clear(None if whole_buffer else int(total * min(1.0, share * 1.2)) + 1024)
             report.map_passes += 1
             seen, full = 0, False
             for e, batches in chunks:
-                for _, b in batches:
-                    report.bytes_decoded += b.header.size
-                    keys = b.keys()
-                    h, l = hash_keys([k or b"" for k in keys])
-                    rel = (b.deltas.astype(np.int64) + (e.base - base)).astype(np.uint32)
+                for group in _groups(batches, GROUP_RECORDS):
+                    report.bytes_decoded += sum(b.header.size for b in group)
+                    keys = [k or b"" for b in group for k in b.keys()]
+                    h, l = hash_keys(keys)
+                    rel = np.concatenate([b.deltas for b in group]).astype(np.int64) + (e.base - base)
+                    rel = rel.astype(np.uint32)
+                    seen += len(keys)
                     if (lo, hi) != (0, HASH_SPACE):
                         bits = partition_bits(h)
                         sel = (bits >= lo) & (bits < hi)
@@ -321,16 +344,21 @@ class Cleaner:
                     if not self.map.put(h, l, rel):
                         full = True
                         break
-                    seen += len(b)
                 if full:
                     break
             if full:
-                parts = max(2, math.ceil(1.25 * total / max(1, seen)))
+                if self.map.active < self.map.slots:
+                    ranges.append((lo, hi, True))  # the estimate was short; the budget is not
+                    continue
+                # Distinct keys grow concavely with records read: all of them are at most
+                # (keys so far) / (fraction of records read).
+                keys_estimate = self.map.size * total / max(1, seen)
+                parts = max(2, math.ceil(1.25 * keys_estimate / self.map.capacity))
                 if hi - lo < parts:
                     raise MemoryError(f"dedupe buffer of {self.config.dedupe_buffer_size} bytes cannot hold "
                                       f"the keys of one hash value in {plan.topic}/{plan.partition}")
                 step = -(-(hi - lo) // parts)
-                ranges += [(a, min(hi, a + step)) for a in range(lo, hi, step)]
+                ranges += [(a, min(hi, a + step), False) for a in range(lo, hi, step)]
                 continue
             report.hash_ranges += 1
             report.max_map_keys = max(report.max_map_keys, self.map.size)
@@ -344,13 +372,14 @@ class Cleaner:
         """Copies survivors into ``writer``; returns the output chunk's base offset."""
         out_base = base + survivors.min() if survivors else base
         writer.begin_chunk(plan.topic, plan.partition, compacted=True)
-        buf: dict = {"d": [], "t": [], "k": [], "v": [], "h": [], "horizon": None, "bytes": 0, "headers": False}
+        parts: list[Columns] = []
+        state = {"horizon": 0, "bytes": 0}
 
         def flush() -> None:
-            if buf["k"]:
-                writer.append(np.concatenate(buf["d"]), np.concatenate(buf["t"]), buf["k"], buf["v"],
-                              buf["h"] if buf["headers"] else None, delete_horizon=buf["horizon"])
-            buf.update(d=[], t=[], k=[], v=[], h=[], bytes=0, headers=False)
+            if parts:
+                writer.append_columns(Columns.concat(parts), delete_horizon=state["horizon"])
+            parts.clear()
+            state["bytes"] = 0
 
         for e in plan.entries:
             for _, b in streams[e.file].batches(e):
@@ -359,28 +388,25 @@ class Cleaner:
                 report.bytes_in += b.header.size
                 rel = b.deltas.astype(np.int64) + (e.base - base)
                 present = _members(survivors, int(rel[0]), int(rel[-1]))
-                keep = np.isin(rel, present, assume_unique=True)
+                keep = present[np.minimum(np.searchsorted(present, rel), max(0, len(present) - 1))] == rel \
+                    if len(present) else np.zeros(len(rel), bool)
                 report.duplicates_removed += int(len(b) - keep.sum())
                 horizon = b.header.delete_horizon
-                if horizon and (b.value_lens < 0).any() and now >= horizon:
+                if horizon and now >= horizon and (b.value_lens < 0).any():
                     expired = keep & (b.value_lens < 0)
                     report.tombstones_removed += int(expired.sum())
                     keep &= ~expired
                 if not keep.any():
                     continue
                 horizon = horizon or new_horizon
-                if buf["horizon"] is not None and horizon != buf["horizon"]:
+                if parts and horizon != state["horizon"]:
                     flush()
-                buf["horizon"] = horizon
-                d, t, k, v, h = b.select(keep)
-                buf["d"].append(d.astype(np.int64) + (e.base - out_base))
-                buf["t"].append(t)
-                buf["k"] += k
-                buf["v"] += v
-                buf["h"] += h if h is not None else [()] * len(k)
-                buf["headers"] |= h is not None
-                buf["bytes"] += int(b.header.raw_len * keep.mean())
-                if buf["bytes"] >= writer.batch_bytes * 8:
+                state["horizon"] = horizon
+                cols = b.take(keep)
+                cols.deltas += e.base - out_base
+                parts.append(cols)
+                state["bytes"] += cols.raw_bytes
+                if state["bytes"] >= writer.batch_bytes:
                     flush()
             streams[e.file].done_with_chunk()
         flush()

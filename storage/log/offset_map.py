@@ -50,6 +50,7 @@ import numpy as np
 import xxhash
 
 SLOT_BYTES = 12
+SPARSE = 4  # slots per expected key when the budget has room (load <= 0.25)
 _EMPTY = np.uint64(0)
 
 
@@ -79,6 +80,8 @@ class OffsetMap:
         self.slots = int(buffer_bytes // SLOT_BYTES)
         if self.slots < 16 or self.slots >= 2**32:
             raise ValueError(f"dedupe buffer of {buffer_bytes} bytes gives {self.slots} slots; need 16..2**32-1")
+        self.max_load_factor = max_load_factor
+        self.active = self.slots
         self.capacity = int(self.slots * max_load_factor)
         self.fingerprints = np.zeros(self.slots, np.uint64)
         self.offsets = np.zeros(self.slots, np.uint32)
@@ -95,14 +98,26 @@ class OffsetMap:
         """Upper bound on the probability that two keys were confused so far."""
         return self.displacement * 2.0**-64
 
-    def clear(self) -> None:
-        """Empties the map (keeps the arrays)."""
-        self.fingerprints.fill(0)
+    def clear(self, expected_keys: int | None = None) -> None:
+        """Empties the map (keeps the arrays).
+
+        Args:
+            expected_keys: an upper bound on the keys the next pass inserts (e.g. its
+                record count): only ``SPARSE`` times as many slots are used and zeroed
+                (within the budget), so small partitions neither pay for clearing the
+                whole buffer nor probe a nearly full table.
+        """
+        active = self.slots
+        if expected_keys is not None:
+            active = min(self.slots, max(16, SPARSE * expected_keys))
+        self.active = active
+        self.capacity = int(active * self.max_load_factor)
+        self.fingerprints[:active].fill(0)
         self.size = 0
         self.displacement = 0
 
     def _home(self, h: np.ndarray) -> np.ndarray:
-        return ((h >> np.uint64(32)) * np.uint64(self.slots)) >> np.uint64(32)
+        return ((h >> np.uint64(32)) * np.uint64(self.active)) >> np.uint64(32)
 
     def put(self, h: np.ndarray, l: np.ndarray, offsets: np.ndarray) -> bool:
         """Records the offsets of one batch of keys, given in offset order (later wins).
@@ -124,14 +139,15 @@ class OffsetMap:
             _, first_from_end = np.unique(both[::-1], return_index=True)
             last = n - 1 - first_from_end
             h, l, offsets = h[last], l[last], offsets[last]
-        if self.size + len(h) >= self.slots:
+        if self.size + len(h) >= self.active:
+            self.size += len(h)  # an upper bound, for the caller's estimate; the map is now invalid
             return False  # cannot even place them physically
         fp = np.where(l == _EMPTY, np.uint64(1), l)
         offsets = offsets.astype(np.uint32)
         home = self._home(h).astype(np.int64)
         pos = home.copy()
         pending = np.arange(len(h))
-        slots, fps, offs = self.slots, self.fingerprints, self.offsets
+        slots, fps, offs = self.active, self.fingerprints[:self.active], self.offsets[:self.active]
         while pending.size:
             p = pos[pending]
             cur = fps[p]
@@ -144,11 +160,13 @@ class OffsetMap:
                 claim = pending[empty]
                 taken, first = np.unique(pos[claim], return_index=True)
                 winners = claim[first]
+                lost = np.ones(len(claim), bool)
+                lost[first] = False
                 fps[taken] = fp[winners]
                 offs[taken] = offsets[winners]
                 self.size += len(winners)
                 self.displacement += int(((taken - home[winners]) % slots).sum())
-                losers = np.setdiff1d(claim, winners, assume_unique=True)
+                losers = claim[lost]
             moving = pending[~match & ~empty]
             pos[moving] = (pos[moving] + 1) % slots
             pending = np.concatenate([moving, losers])
@@ -156,4 +174,5 @@ class OffsetMap:
 
     def values(self) -> np.ndarray:
         """The offsets of all keys (uint32, unordered)."""
-        return self.offsets[self.fingerprints != _EMPTY]
+        fps = self.fingerprints[:self.active]
+        return self.offsets[:self.active][fps != _EMPTY]

@@ -123,19 +123,68 @@ def encode_batch(deltas: Sequence[int] | np.ndarray, timestamps: Sequence[int] |
     if n == 0 or not (len(deltas) == len(timestamps) == len(values) == n):
         raise ValueError(f"batch needs equal, non-zero column lengths, got {len(deltas)} deltas, "
                          f"{len(timestamps)} timestamps, {n} keys, {len(values)} values")
-    d = np.asarray(deltas, dtype=np.uint32)
-    if n > 1 and not (np.diff(d.astype(np.int64)) > 0).all():
-        raise ValueError("batch offset deltas must be strictly increasing")
-    ts = np.asarray(timestamps, dtype=np.int64)
-    klens, vlens = _lens(keys), _lens(values)
     if headers is None:
         hblobs: list[bytes] = []
         hlens = np.zeros(n, np.int32)
     else:
         hblobs = [msgpack.packb([list(h) for h in hs], use_bin_type=True) if hs else b"" for hs in headers]
         hlens = _lens(hblobs)
-    raw = b"".join([d.tobytes(), ts.tobytes(), klens.tobytes(), vlens.tobytes(), hlens.tobytes(),
-                    b"".join(k for k in keys if k), b"".join(v for v in values if v), b"".join(hblobs)])
+    return encode_columns(Columns(
+        np.asarray(deltas, dtype=np.int64), np.asarray(timestamps, dtype=np.int64), _lens(keys), _lens(values),
+        hlens, b"".join(k for k in keys if k), b"".join(v for v in values if v), b"".join(hblobs),
+    ), compress, delete_horizon)
+
+
+@dataclass
+class Columns:
+    """A batch's records as columns: what ``encode_columns`` writes and ``Batch.take``
+    returns. Byte columns hold the non-null keys / values / headers end to end."""
+
+    deltas: np.ndarray
+    timestamps: np.ndarray
+    key_lens: np.ndarray
+    value_lens: np.ndarray
+    header_lens: np.ndarray
+    keys: bytes | np.ndarray
+    values: bytes | np.ndarray
+    headers: bytes | np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.deltas)
+
+    @property
+    def raw_bytes(self) -> int:
+        """Payload bytes before compression."""
+        return 24 * len(self.deltas) + len(self.keys) + len(self.values) + len(self.headers)
+
+    @staticmethod
+    def concat(parts: list[Columns]) -> Columns:
+        """The columns of ``parts`` one after the other."""
+        if len(parts) == 1:
+            return parts[0]
+        return Columns(*(np.concatenate([np.frombuffer(getattr(p, f), np.uint8) if isinstance(getattr(p, f), bytes)
+                                         else getattr(p, f) for p in parts])
+                         for f in ("deltas", "timestamps", "key_lens", "value_lens", "header_lens",
+                                   "keys", "values", "headers")))
+
+
+def encode_columns(c: Columns, compress: bool = True, delete_horizon: int = 0) -> bytes:
+    """Encodes a batch from columns (``encode_batch`` without per-record Python objects).
+
+    Raises:
+        ValueError: empty, or deltas not strictly increasing.
+    """
+    n = len(c.deltas)
+    if n == 0:
+        raise ValueError("batch needs equal, non-zero column lengths")
+    d = np.asarray(c.deltas)
+    if n > 1 and not (np.diff(d) > 0).all():
+        raise ValueError("batch offset deltas must be strictly increasing")
+    ts = np.asarray(c.timestamps, dtype=np.int64)
+    vlens = np.asarray(c.value_lens, dtype=np.int32)
+    raw = b"".join([d.astype(np.uint32).tobytes(), ts.tobytes(), np.asarray(c.key_lens, np.int32).tobytes(),
+                    vlens.tobytes(), np.asarray(c.header_lens, np.int32).tobytes(),
+                    bytes(c.keys), bytes(c.values), bytes(c.headers)])
     codec, stored = CODEC_NONE, raw
     if compress and len(raw) >= COMPRESS_MIN_BYTES:
         z = _zc.compress(raw)
@@ -145,6 +194,16 @@ def encode_batch(deltas: Sequence[int] | np.ndarray, timestamps: Sequence[int] |
     head = HEADER.pack(MAGIC, codec, flags, 0, n, int(d[0]), int(d[-1]), int(ts.min()), int(ts.max()),
                        delete_horizon, len(raw), len(stored), 0)[:HEADER_SIZE - 4]
     return b"".join([head, struct.pack("<I", crc32c(stored, crc32c(head))), stored])
+
+
+def _gather(raw: np.ndarray, offsets: np.ndarray, lens: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """The byte ranges ``[offsets[i], offsets[i] + lens[i])`` for ``mask[i]``, end to end."""
+    starts, ls = offsets[:-1][mask], lens[mask]
+    total = int(ls.sum())
+    if total == 0:
+        return np.empty(0, np.uint8)
+    shift = starts - np.concatenate(([0], np.cumsum(ls)[:-1]))
+    return raw[np.repeat(shift, ls) + np.arange(total)]
 
 
 def read_header(buf: bytes | memoryview, pos: int, where: str, base: int = 0) -> BatchHeader:
@@ -241,13 +300,15 @@ class Batch:
         hs = self.headers() if (self.header_lens > 0).any() else [()] * len(offs)
         return [Record(o, t, k, v, h) for o, t, k, v, h in zip(offs, ts, self.keys(), self.values(), hs)]
 
-    def select(self, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, list, list, list | None]:
-        """Columns of the records where ``mask`` is True, ready for ``encode_batch``."""
-        idx = np.flatnonzero(mask).tolist()
-        ks, vs = self.keys(), self.values()
-        hs = self.headers() if (self.header_lens > 0).any() else None
-        return (self.deltas[mask], self.timestamps[mask], [ks[i] for i in idx], [vs[i] for i in idx],
-                None if hs is None else [hs[i] for i in idx])
+    def take(self, mask: np.ndarray) -> Columns:
+        """The records where ``mask`` is True as ``Columns`` (deltas as int64), copied
+        with numpy (no per-record Python objects)."""
+        raw = np.frombuffer(self._raw, np.uint8)
+        kl, vl, hl = self.key_lens, self.value_lens, self.header_lens
+        return Columns(self.deltas[mask].astype(np.int64), self.timestamps[mask], kl[mask], vl[mask], hl[mask],
+                       _gather(raw, self._koff, np.maximum(kl, 0), mask),
+                       _gather(raw, self._voff, np.maximum(vl, 0), mask),
+                       _gather(raw, self._hoff, np.maximum(hl, 0), mask))
 
 
 def iter_batches(buf: bytes | memoryview, start: int, end: int, where: str, base: int = 0):

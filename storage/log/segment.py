@@ -39,7 +39,7 @@ from pyroaring import BitMap
 
 from storage.errors import CorruptionError
 from storage.log.index import IndexBuilder, OffsetIndex, TimeIndex
-from storage.log.records import Batch, encode_batch, iter_batches
+from storage.log.records import Batch, Columns, encode_batch, encode_columns, iter_batches
 from storage.objectstore import ObjectStore
 
 FORMAT_VERSION = 1
@@ -150,16 +150,11 @@ class SegmentWriter:
                headers: Sequence[Sequence[tuple[str, bytes]]] | None = None, delete_horizon: int = 0) -> None:
         """Appends records to the open chunk, cut into batches of about ``batch_bytes``
         (``delete_horizon``: see ``records.py``)."""
-        c = self._open
-        if c is None:
-            raise ValueError("no open chunk")
         n = len(keys)
         if n == 0:
             return
         deltas = np.asarray(deltas, dtype=np.int64)
         timestamps = np.asarray(timestamps, dtype=np.int64)
-        if c["deltas"] and deltas[0] <= c["deltas"][-1][-1]:
-            raise ValueError(f"chunk {c['topic']}/{c['partition']}: deltas must increase across appends")
         sizes = np.fromiter(((len(k) if k else 0) + (len(v) if v else 0) + 24 for k, v in zip(keys, values)),
                             np.int64, n)
         cuts = np.searchsorted(np.cumsum(sizes), np.arange(self.batch_bytes, int(sizes.sum()), self.batch_bytes),
@@ -168,15 +163,28 @@ class SegmentWriter:
         for a, b in zip(bounds, bounds[1:]):
             data = encode_batch(deltas[a:b], timestamps[a:b], keys[a:b], values[a:b],
                                 None if headers is None else headers[a:b], delete_horizon=delete_horizon)
-            mx = int(timestamps[a:b].max())
-            c["index"].add_batch(int(deltas[a]), self._size - c["start"], len(data), mx)
-            self._parts.append(data)
-            self._size += len(data)
-            c["batches"] += 1
-        c["deltas"].append(deltas)
-        c["records"] += n
-        c["tombstones"] += sum(1 for v in values if v is None)
+            self._add(data, deltas[a:b], timestamps[a:b], sum(1 for v in values[a:b] if v is None))
+
+    def append_columns(self, cols: Columns, delete_horizon: int = 0) -> None:
+        """Appends the records of ``cols`` to the open chunk as one batch."""
+        if len(cols):
+            self._add(encode_columns(cols, delete_horizon=delete_horizon), cols.deltas, cols.timestamps,
+                      int((np.asarray(cols.value_lens) < 0).sum()))
+
+    def _add(self, data: bytes, deltas: np.ndarray, timestamps: np.ndarray, tombstones: int) -> None:
+        c = self._open
+        if c is None:
+            raise ValueError("no open chunk")
+        if c["deltas"] and deltas[0] <= c["deltas"][-1][-1]:
+            raise ValueError(f"chunk {c['topic']}/{c['partition']}: deltas must increase across batches")
         mn, mx = int(timestamps.min()), int(timestamps.max())
+        c["index"].add_batch(int(deltas[0]), self._size - c["start"], len(data), mx)
+        self._parts.append(data)
+        self._size += len(data)
+        c["batches"] += 1
+        c["deltas"].append(np.asarray(deltas, np.int64))
+        c["records"] += len(deltas)
+        c["tombstones"] += tombstones
         c["min_ts"] = mn if c["min_ts"] is None else min(c["min_ts"], mn)
         c["max_ts"] = mx if c["max_ts"] is None else max(c["max_ts"], mx)
 
