@@ -61,6 +61,11 @@ ops_st = st.lists(st.one_of(
 @given(ops_st, st.sampled_from([256, 4096]))
 @settings(max_examples=40, deadline=None)
 def test_compaction_matches_model(tmp_path_factory, ops, buffer) -> None:
+    run_model(tmp_path_factory, ops, buffer)
+
+
+def run_model(tmp_path_factory, ops, buffer) -> None:
+    """Random produce / delete / flush / clean against a dict per partition."""
     retention = 1_000
     clock = Clock()
     log = compacted_log(tmp_path_factory.mktemp("c"), retention)
@@ -206,3 +211,26 @@ def test_offset_map_collision_bound_matches_knuth() -> None:
     assert 1.5 < mean < 2.5  # a / (2 (1 - a)) = 2 at a = 0.8
     assert sorted(m.values().tolist()) == list(range(n))
     assert not m.put(*hash_keys([b"x%d" % i for i in range(m.slots)]), np.zeros(m.slots, np.uint32))
+
+
+@pytest.mark.slow
+def test_compaction_matches_model_long(request: pytest.FixtureRequest, tmp_path_factory) -> None:
+    """400 examples of the model (~30 s); opt in with -m slow."""
+    markexpr = request.config.option.markexpr or ""
+    if "slow" not in markexpr or "not slow" in markexpr:
+        pytest.skip("long run: select it with -m slow")
+    run = settings(max_examples=400, deadline=None)(given(ops_st, st.sampled_from([200, 1024, 4096]))(
+        lambda ops, buffer: run_model(tmp_path_factory, ops, buffer)))
+    run()
+
+
+def test_corrupt_metadata_is_detected(tmp_path) -> None:
+    from storage.errors import CorruptionError
+
+    log = compacted_log(tmp_path)
+    (key,) = log.store.list("log/metadata/")
+    data = bytearray(log.store.get(key))
+    data[5] ^= 1
+    log.store.put(key, bytes(data))
+    with pytest.raises(CorruptionError, match=rf"{key}: metadata CRC32C mismatch"):
+        Log(log.store).metadata()
