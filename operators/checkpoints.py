@@ -12,7 +12,9 @@ written with ``put_if_absent`` so two drivers can never both commit an epoch. La
         "key_groups": int, "parallelism": int,
         "operators": {op_name: {range_label: dkv manifest key}},
         "outputs": {output_name: [staged object keys]},
-        "metrics": {...}}}
+        "metrics": {...,                            # events, tables, bytes, ...
+            "requests": {"driver": {...}, "tasks": {...}}}}}  # object-store requests
+            # by kind and bytes since the previous commit (RequestStats.snapshot() shape)
 
 Everything a task wrote is garbage until a checkpoint names it (DESIGN.md, "Epochs and
 checkpoints").

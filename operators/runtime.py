@@ -54,7 +54,7 @@ from operators.task import (
     run_task,
 )
 from storage.dkv import DKVOptions
-from storage.objectstore import ObjectStore, open_object_store
+from storage.objectstore import ObjectStore, open_object_store, subtract_requests, sum_requests
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +129,8 @@ class JobRunner:
         self.spark = spark
         self.store_uri = store_uri
         self.store: ObjectStore = open_object_store(store_uri)
+        # Driver requests are counted from here to each commit (checkpoint metric "requests").
+        self._requests_mark = self.store.stats.snapshot()
         self.dkv_options = dkv_options
         self.failpoint = failpoint or (lambda point, epoch: None)
         if retain_checkpoints is not None and retain_checkpoints < 1:
@@ -295,6 +297,7 @@ class JobRunner:
             "flushed": flush,
             "task_seconds_max": max((res.metrics["seconds"] for rs in results_by_op.values() for res in rs), default=0.0),
         }
+        metrics["requests"] = self._epoch_requests(results_by_op)
         new = JobCheckpoint(
             job=self.job.name, epoch=epoch, watermark=watermark,
             source_offsets={p: plan[p][1] for p in plan}, partition_max_ts=part_max, finished=finished,
@@ -323,6 +326,18 @@ class JobRunner:
         for name, staged in ckpt.outputs.items():
             published += self.job.sinks[name].publish(self.store, self.job.prefix, ckpt.epoch, staged)
         return published
+
+    def _epoch_requests(self, results_by_op: dict[str, list[TaskResult]]) -> dict[str, dict[str, int]]:
+        """Object-store requests by kind and bytes since the previous commit (or start):
+        ``{"driver": {...}, "tasks": {...}}``, each shaped like ``RequestStats.snapshot()``.
+        The driver part includes the previous epoch's commit, publish and cleanup."""
+        now = self.store.stats.snapshot()
+        tasks = sum_requests(res.metrics.get("requests", {}) for rs in results_by_op.values() for res in rs)
+        driver = subtract_requests(now, self._requests_mark)
+        if self.spark is None:  # in-process tasks used the driver's store
+            driver = subtract_requests(driver, tasks)
+        self._requests_mark = now
+        return {"driver": driver, "tasks": tasks}
 
     # -------------------------------------------------------------------- Spark
     def _route_values(self, parallelism: int) -> list[int]:
@@ -364,8 +379,10 @@ class JobRunner:
             from storage.objectstore import open_object_store as _open
 
             spec = by_range[batch.column(RANGE_COLUMN)[0].as_py()]
-            res = run_task(operator, spec, batch.drop_columns([ROUTE_COLUMN]), _open(store_uri),
+            store = _open(store_uri)
+            res = run_task(operator, spec, batch.drop_columns([ROUTE_COLUMN]), store,
                            sinks=sinks, dkv_options=dkv_options)
+            res.metrics["requests"] = store.stats.snapshot()
             return _result_table(res, out_schema)
 
         self.spark.conf.set("spark.sql.shuffle.partitions", str(parallelism))
@@ -396,8 +413,10 @@ class JobRunner:
         results, forwarded = [], []
         for spec in specs:
             part = events.filter(pa.array(ranges == spec.range_index))
+            before = self.store.stats.snapshot()
             res = run_task(operator, spec, part, self.store, sinks=self.job.sinks if last else None,
                            dkv_options=self.dkv_options)
+            res.metrics["requests"] = subtract_requests(self.store.stats.snapshot(), before)
             results.append(res)
             if res.forwarded is not None:
                 forwarded.append(res.forwarded)

@@ -31,6 +31,8 @@ __all__ = [
     "ObjectStore",
     "RequestStats",
     "open_object_store",
+    "subtract_requests",
+    "sum_requests",
 ]
 
 REQUEST_KINDS = ("GET", "PUT", "LIST", "DELETE", "HEAD")
@@ -82,6 +84,23 @@ class RequestStats:
             self._counts = dict.fromkeys(REQUEST_KINDS, 0)
             self._bytes_read = 0
             self._bytes_written = 0
+
+
+STAT_FIELDS = (*REQUEST_KINDS, "bytes_read", "bytes_written")
+
+
+def subtract_requests(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    """Requests and bytes between two ``RequestStats.snapshot()``s (``after - before``)."""
+    return {k: after.get(k, 0) - before.get(k, 0) for k in STAT_FIELDS}
+
+
+def sum_requests(snapshots) -> dict[str, int]:
+    """Field-wise sum of ``RequestStats.snapshot()``-shaped dicts (missing fields are 0)."""
+    total = dict.fromkeys(STAT_FIELDS, 0)
+    for snap in snapshots:
+        for k in STAT_FIELDS:
+            total[k] += snap.get(k, 0)
+    return total
 
 
 class ObjectStore(ABC):

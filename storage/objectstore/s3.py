@@ -77,6 +77,9 @@ def _shared_client(endpoint_url: str | None, region: str, access_key_id: str | N
                    secret_access_key: str | None, session_token: str | None,
                    max_attempts: int | None, retry_mode: str | None,
                    connect_timeout_s: float, read_timeout_s: float):
+    # Unset values fall back to AWS_RETRY_MODE / AWS_MAX_ATTEMPTS, then to ours.
+    retry_mode = retry_mode or os.environ.get("AWS_RETRY_MODE") or "standard"
+    max_attempts = max_attempts or int(os.environ.get("AWS_MAX_ATTEMPTS") or DEFAULT_MAX_ATTEMPTS)
     # Keyed by pid as well: a client's connection pool must not cross a fork (Spark's
     # Python workers are forked from a daemon).
     key = (os.getpid(), endpoint_url, region, access_key_id, secret_access_key, session_token,
@@ -87,13 +90,9 @@ def _shared_client(endpoint_url: str | None, region: str, access_key_id: str | N
             import boto3
             from botocore.config import Config
 
-            retries: dict[str, Any] = {}
-            # Unset values fall back to AWS_RETRY_MODE / AWS_MAX_ATTEMPTS, then to ours.
-            retries["mode"] = retry_mode or os.environ.get("AWS_RETRY_MODE") or "standard"
             # botocore's "max_attempts" counts retries only; "total_max_attempts" counts
             # the first attempt too, like AWS_MAX_ATTEMPTS and our max_attempts.
-            retries["total_max_attempts"] = max_attempts or int(
-                os.environ.get("AWS_MAX_ATTEMPTS") or DEFAULT_MAX_ATTEMPTS)
+            retries = {"mode": retry_mode, "total_max_attempts": max_attempts}
             config = Config(
                 s3={"addressing_style": "path"}, retries=retries,
                 connect_timeout=connect_timeout_s, read_timeout=read_timeout_s,

@@ -1,0 +1,158 @@
+"""The flights job on S3 (a real SeaweedFS server): output equal to the pandas oracle
+and to the same job's output on the local store, request counts in every checkpoint,
+and a server that stops in the middle of the job: the epoch fails with an error naming
+the S3 object, and once the server is back the job resumes from its last checkpoint
+with exactly-once output."""
+from __future__ import annotations
+
+import dataclasses
+import re
+import uuid
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from operators.checkpoints import list_epochs, read_checkpoint
+from operators.examples.flights import flights_job
+from operators.examples.flights_oracle import KEY_COLUMNS
+from operators.runtime import JobFailedError, JobRunner
+from operators.sources import Source
+from storage.objectstore.s3 import S3RequestError
+
+EPOCH_EVENTS = 120_000  # 3 epochs over the full data set
+
+
+@pytest.fixture(scope="module")
+def local_output(tmp_path_factory) -> pa.Table:
+    """The main sink of one in-process run on the local directory store."""
+    job = flights_job(events_per_epoch=EPOCH_EVENTS)
+    runner = JobRunner(job, None, str(tmp_path_factory.mktemp("local")))
+    runner.run_to_end()
+    return job.sinks["main"].read(runner.store, job.prefix)
+
+
+def assert_same_rows(got: pa.Table, expected: pa.Table) -> None:
+    """Same rows in any order (floats to 1e-9 relative: sums may add in another order)."""
+    g, e = (t.to_pandas().sort_values(KEY_COLUMNS).reset_index(drop=True) for t in (got, expected))
+    pd.testing.assert_frame_equal(g, e, check_exact=False, rtol=1e-9)
+
+
+def _first_in_chain(error: BaseException, kind: type) -> BaseException:
+    """``error`` or the first exception of type ``kind`` it was raised while handling."""
+    seen = error
+    while seen is not None and not isinstance(seen, kind):
+        seen = seen.__cause__ or seen.__context__
+    assert seen is not None, f"no {kind.__name__} behind {error!r}"
+    return seen
+
+
+def _s3_root(s3_server) -> str:
+    return f"s3://{s3_server.bucket}/flights-{uuid.uuid4().hex[:8]}"
+
+
+def _assert_requests_recorded(runner: JobRunner) -> None:
+    for epoch in list_epochs(runner.store, runner.job.prefix):
+        requests = read_checkpoint(runner.store, runner.job.prefix, epoch).metrics["requests"]
+        tasks = requests["tasks"]
+        # Each range task reads its previous manifest and writes WAL/tables, a manifest
+        # and staged output: a handful of requests, never one per key.
+        assert 0 < tasks["PUT"] < 50 and tasks["bytes_written"] > 0, (epoch, requests)
+        assert requests["driver"]["LIST"] >= 0 and set(tasks) >= {"GET", "PUT", "LIST", "DELETE", "HEAD"}
+
+
+@pytest.fixture
+def spark_with_s3_env(spark, s3_server):
+    """The session's Python workers get the server's AWS variables (the session may
+    predate the server) and 2 attempts per request, so a stopped server fails fast."""
+    env = {**s3_server.env(), "AWS_MAX_ATTEMPTS": "2"}
+    environment = spark.sparkContext.environment
+    saved = {k: environment.get(k) for k in env}
+    environment.update(env)
+    yield spark
+    for k, v in saved.items():
+        if v is None:
+            environment.pop(k, None)
+        else:
+            environment[k] = v
+
+
+class StopServerOnEpoch2(Source):
+    """The flights source, stopping the S3 server when the driver reads epoch 2's
+    events: the epoch's tasks then find the server gone."""
+
+    def __init__(self, inner: Source, server) -> None:
+        self.inner, self.server, self.stopped = inner, server, False
+
+    def partitions(self) -> list[str]:
+        return self.inner.partitions()
+
+    def end_offsets(self) -> dict[str, int]:
+        return self.inner.end_offsets()
+
+    @property
+    def bounded(self) -> bool:
+        return self.inner.bounded
+
+    @property
+    def value_schema(self) -> pa.Schema:
+        return self.inner.value_schema
+
+    def read(self, partition: str, start: int, end: int) -> pa.Table:
+        if start > 0 and not self.stopped:  # the first read past epoch 1
+            self.stopped = True
+            self.server.stop()
+        return self.inner.read(partition, start, end)
+
+
+def test_flights_on_s3_spark_survives_a_stopped_server(spark_with_s3_env, s3_server, local_output,
+                                                       check_flights_output) -> None:
+    job = flights_job(events_per_epoch=EPOCH_EVENTS)
+    root = _s3_root(s3_server)
+    faulty = dataclasses.replace(job, source=StopServerOnEpoch2(job.source, s3_server))
+    try:
+        with pytest.raises((JobFailedError, S3RequestError)) as failed:
+            JobRunner(faulty, spark_with_s3_env, root).run_to_end()
+    finally:
+        s3_server.start()
+    # The task's error, naming the object it could not read (an error raised while the
+    # driver cleans up after it may sit on top of it: look down the chain).
+    task_error = _first_in_chain(failed.value, JobFailedError)
+    assert re.search(r"epoch 2 failed in operator route_daily_delays: .*S3RequestError: S3 GetObject "
+                     rf"{root}/jobs/flights/state/\S+ failed after 2 attempts: Could not connect",
+                     str(task_error)), str(task_error)
+
+    resumed = JobRunner(job, spark_with_s3_env, root)
+    assert resumed.latest().epoch == 1
+    results = resumed.run_to_end()
+    assert [r.epoch for r in results] == list(range(2, 2 + len(results)))
+    output = job.sinks["main"].read(resumed.store, job.prefix)
+    check_flights_output(output)  # every flight counted once: exactly-once across the fault
+    assert_same_rows(output, local_output)
+    _assert_requests_recorded(resumed)
+
+
+def test_commit_fails_clearly_when_server_stops_then_resumes_exactly_once(
+        s3_server, local_output, monkeypatch) -> None:
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
+    job = flights_job(events_per_epoch=EPOCH_EVENTS)
+    root = _s3_root(s3_server)
+
+    def stop_server_after_tasks(point: str, epoch: int) -> None:
+        if (point, epoch) == ("after_tasks", 2):  # tasks wrote state and output; nothing committed
+            s3_server.stop()
+
+    try:
+        with pytest.raises(S3RequestError, match=rf"{root}/jobs/flights/\S+ failed after 2 attempts: "
+                                                 r"Could not connect"):
+            JobRunner(job, None, root, failpoint=stop_server_after_tasks).run_to_end()
+        with pytest.raises(S3RequestError, match=rf"{root}/jobs/flights/"):
+            JobRunner(job, None, root).run_to_end()  # still down: fails at once, clearly
+    finally:
+        s3_server.start()
+
+    resumed = JobRunner(job, None, root)
+    assert resumed.latest().epoch == 1
+    resumed.run_to_end()
+    assert_same_rows(job.sinks["main"].read(resumed.store, job.prefix), local_output)
+    _assert_requests_recorded(resumed)
