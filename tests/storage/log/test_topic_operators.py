@@ -61,11 +61,11 @@ def oracle(inp: pd.DataFrame) -> pd.DataFrame:
     return df[["key", "seq", "amount", "total", "ts"]].sort_values(["key", "seq"]).reset_index(drop=True)
 
 
-def make_job(root: str, name: str = "topics") -> Job:
+def make_job(root: str, events_per_epoch: int = 120) -> Job:
     source = TopicSource(root, "in", value_schema=pa.schema([("amount", pa.int64())]), bounded=True)
-    return Job(name=name, source=source, operators=[RunningTotal()],
+    return Job(name="topics", source=source, operators=[RunningTotal()],
                sinks={"main": TopicSink("out", timestamp_column="ts")},
-               key_groups=16, parallelism=2, events_per_epoch=120)
+               key_groups=16, parallelism=2, events_per_epoch=events_per_epoch)
 
 
 def output(root: str) -> pd.DataFrame:
@@ -114,9 +114,10 @@ def test_topic_to_topic_on_spark(spark, tmp_path) -> None:
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     root = str(tmp_path / "store")
     expected = oracle(make_input(root))
-    with pytest.raises(Crash):
-        JobRunner(make_job(root), spark, root, failpoint=crash_at("after_commit", 2)).run_to_end()
-    JobRunner(make_job(root), spark, root).run_to_end()
+    with pytest.raises(Crash):  # two epochs of 300 events, a crash before publishing the first
+        JobRunner(make_job(root, 300), spark, root, failpoint=crash_at("after_commit", 1)).run_to_end()
+    assert len(output(root)) == 0
+    JobRunner(make_job(root, 300), spark, root).run_to_end()
     pd.testing.assert_frame_equal(output(root), expected, check_dtype=False)
 
 
