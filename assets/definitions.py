@@ -31,16 +31,25 @@ def stream_job_definitions(job: Job) -> dict:
     }
 
 
+def dkvstream_definitions(*jobs: Job, resources: dict | None = None) -> Definitions:
+    """The ``Definitions`` of the given stream jobs plus the maintenance jobs.
+
+    Args:
+        jobs: stream jobs (names must differ).
+        resources: Dagster resources (default: ``assets.resources.default_resources()``).
+    """
+    parts = [stream_job_definitions(job) for job in jobs]
+    return Definitions(
+        assets=[a for p in parts for a in p["assets"]],
+        asset_checks=[c for p in parts for c in p["asset_checks"]],
+        jobs=[*(j for p in parts for j in p["jobs"]), *MAINTENANCE_JOBS],
+        sensors=[s for p in parts for s in p["sensors"]],
+        resources=resources if resources is not None else default_resources(),
+    )
+
+
 flights = flights_job(
     scale=int(os.environ.get("DKVSTREAM_FLIGHTS_SCALE", "1")),
     events_per_epoch=int(os.environ.get("DKVSTREAM_EVENTS_PER_EPOCH", "50000")),
 )
-_flights = stream_job_definitions(flights)
-
-defs = Definitions(
-    assets=_flights["assets"],
-    asset_checks=_flights["asset_checks"],
-    jobs=[*_flights["jobs"], *MAINTENANCE_JOBS],
-    sensors=_flights["sensors"],
-    resources=default_resources(),
-)
+defs = dkvstream_definitions(flights)

@@ -94,11 +94,15 @@ def dagster_dev(tmp_path_factory):
             time.sleep(1)
         yield Dagster(base), store
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # the process group this fixture started
+        os.killpg(proc.pid, signal.SIGINT)  # the process group this fixture started; dagster dev's Ctrl-C
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # code servers and run workers left in the group
+        except ProcessLookupError:
+            pass
         log.close()
 
 
