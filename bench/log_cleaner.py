@@ -51,13 +51,11 @@ def fill(buffer: int) -> tuple[OffsetMap, float]:
 
 def keys_table(fill_full: bool) -> str:
     budget = 128 * MIB
-    ours = OffsetMap.__new__(OffsetMap)
     slots = budget // SLOT_BYTES
     cap = int(slots * 0.8)
     m, secs = fill(budget if fill_full else 16 * MIB)
     disp_per_key = m.displacement / m.size
     bound = cap * disp_per_key * 2.0**-64
-    del ours
     kafka_raw = budget // KAFKA_SLOT
     kafka_eff = int(kafka_raw * KAFKA_LOAD)
     rows = [

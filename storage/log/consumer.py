@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import xxhash
 
+from storage.errors import ObjectNotFoundError
 from storage.log.config import COMPACT, TopicConfig
 from storage.log.errors import OffsetOutOfRangeError
 from storage.log.metadata import Entry, LogMetadata
@@ -70,14 +71,23 @@ def fetch(log, topic: str, partition: int, offset: int, max_records: int | None 
         log: the ``Log``.
         offset: first offset wanted; an offset in a gap starts at the next record.
         max_records: stop after this many (None: to the end of the log).
-        md: metadata version to read (default: the newest).
+        md: metadata version to read (default: the newest, re-read once if a file it
+            names was deleted meanwhile by a cleaning).
 
     Raises:
         UnknownTopicError: no such topic/partition.
         OffsetOutOfRangeError: ``offset`` outside ``[log start, next offset]``.
         CorruptionError: a batch or index fails its checksum (names file and byte).
     """
-    md = md or log.metadata()
+    if md is not None:
+        return _fetch(log, md, topic, partition, offset, max_records)
+    try:
+        return _fetch(log, log.metadata(), topic, partition, offset, max_records)
+    except ObjectNotFoundError:
+        return _fetch(log, log.metadata(), topic, partition, offset, max_records)
+
+
+def _fetch(log, md: LogMetadata, topic: str, partition: int, offset: int, max_records: int | None) -> FetchResult:
     p = md.partition(topic, partition)
     if not p.log_start <= offset <= p.next_offset:
         raise OffsetOutOfRangeError(f"{topic}/{partition}: offset {offset} outside "

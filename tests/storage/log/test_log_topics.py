@@ -198,3 +198,23 @@ def test_produce_consume_compact_on_s3(s3_store) -> None:
     assert sorted(r.key for r in got) == sorted(b"k%d" % i for i in range(100))
     assert {r.value for r in got} == {b"r2"}
     assert log.offsets_for_times("c", {0: 0})[0] is not None
+
+
+def test_fetch_with_stale_metadata_survives_a_cleaning(tmp_path) -> None:
+    from storage.objectstore.local import LocalObjectStore
+
+    log = Log(LocalObjectStore(tmp_path))
+    log.create_topic("c", TopicConfig(cleanup_policy=COMPACT))
+    prod = log.producer()
+    for i in range(100):
+        prod.send("c", b"k%d" % (i % 10), b"v%d" % i)
+    prod.flush()
+    versions = [log.metadata()]  # names the produced file, which the cleaning deletes
+    assert log.clean().files_deleted
+
+    class StaleLog(Log):
+        def metadata(self):
+            return versions.pop() if versions else super().metadata()
+
+    got = StaleLog(log.store).fetch("c", 0, 0).records
+    assert [r.value for r in got] == [b"v%d" % i for i in range(90, 100)]
