@@ -84,7 +84,7 @@ def job_assets(job: Job, group_name: str | None = None) -> list:
                 pyspark: PySparkResource, dkv: DKVSettingsResource):
         # Retention and compaction are the cleanup and compaction sensors' runs, not inline.
         runner = JobRunner(job, pyspark.spark_session, object_store.root_uri, dkv_options=dkv.options(),
-                           retain_checkpoints=None)
+                           retain_checkpoints=dkv.retain_checkpoints if dkv.inline_retention else None)
         epochs = 0
         for result in runner.run(max_epochs=config.max_epochs or None):
             epochs += 1

@@ -54,7 +54,11 @@ class ObjectStoreResource(ConfigurableResource):
 def _env_default(name: str, default):
     """A field default read from ``DKVSTREAM_DKV_<NAME>`` (typed like ``default``)."""
     raw = os.environ.get(f"DKVSTREAM_DKV_{name.upper()}")
-    return default if raw is None else type(default)(raw)
+    if raw is None:
+        return default
+    if isinstance(default, bool):
+        return raw.strip().lower() in ("1", "true", "yes")
+    return type(default)(raw)
 
 
 _DKV_DEFAULTS = {f.name: f.default for f in fields(DKVOptions)}
@@ -65,7 +69,8 @@ class DKVSettingsResource(ConfigurableResource):
 
     Every field defaults to ``$DKVSTREAM_DKV_<FIELD>`` when set. Under Dagster the
     compaction sensor compacts (``max_inline_compaction_bytes`` 0: tasks never compact
-    inline) and the cleanup sensor applies retention (the job does not clean up inline).
+    inline) and the cleanup sensor applies retention, so epochs do not pay for it (unless
+    ``inline_retention``).
     The sensor fires when a range's level-0 table count reaches ``l0_compaction_trigger``
     or its size amplification exceeds ``size_amp_threshold``, the same triggers the
     planner of the ``compact`` op uses, so a fired sensor always finds work.
@@ -79,6 +84,8 @@ class DKVSettingsResource(ConfigurableResource):
         max_inline_compaction_bytes: input bytes a task may compact inline per call.
         target_file_bytes: compaction output table size, bytes (uncompressed).
         retain_checkpoints: job checkpoints the cleanup keeps.
+        inline_retention: the job itself applies retention after each epoch (for runs
+            without the Dagster daemon, e.g. ``dagster asset materialize``).
     """
 
     memtable_bytes: int = Field(default_factory=lambda: _env_default("memtable_bytes", 4 << 20))
@@ -93,6 +100,7 @@ class DKVSettingsResource(ConfigurableResource):
     target_file_bytes: int = Field(default_factory=lambda: _env_default(
         "target_file_bytes", _DKV_DEFAULTS["target_file_bytes"]))
     retain_checkpoints: int = Field(default_factory=lambda: _env_default("retain_checkpoints", 10))
+    inline_retention: bool = Field(default_factory=lambda: _env_default("inline_retention", False))
 
     def options(self) -> DKVOptions:
         """These settings as ``DKVOptions`` (other options keep their defaults).
