@@ -132,6 +132,7 @@ def test_flights_on_s3_spark_survives_a_stopped_server(spark_with_s3_env, s3_ser
     _assert_requests_recorded(resumed)
 
 
+@pytest.mark.slow  # a second full in-process run (~30 s); CI runs it in its slow step
 def test_commit_fails_clearly_when_server_stops_then_resumes_exactly_once(
         s3_server, local_output, monkeypatch) -> None:
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
