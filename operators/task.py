@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from operators import batch as batch_api
 from operators.api import MAIN_OUTPUT, KeyedEvent, Operator, Subject
+from operators.batch import BatchContext, BatchOperator
 from operators.keygroups import KeyGroupRange, key_groups_of, range_indexes_of
 from operators.sinks import Sink
 from operators.sources import KEY_COLUMN, TIMESTAMP_COLUMN
@@ -164,6 +166,51 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
     timers = TimerService(db, krange)
     subject = _TaskSubject(db, timers, operator.outputs)
 
+    if isinstance(operator, BatchOperator):
+        n_events, timers_fired, emitted = _run_batch(operator, spec, events, db, timers)
+    else:
+        n_events, timers_fired, emitted = _run_events(operator, spec, events, subject, timers)
+
+    staging = staging_prefix(spec.job_prefix, spec.epoch, operator.name, krange.label, attempt)
+    tables = {name: e[0] for name, e in emitted.items()}
+    forwarded = None
+    staged: dict[str, str] = {}
+    if spec.next_parallelism is not None:
+        forwarded = _forward_table(*emitted[MAIN_OUTPUT], spec)
+    else:
+        for name, table in tables.items():
+            if table.num_rows:
+                staged[name] = sinks[name].write_staged(store, staging, table)
+    if spec.flush:
+        db.flush()
+    manifest_key = db.checkpoint(f"e{spec.epoch:010d}-{attempt}")
+    dkv_stats = db.stats()
+    db.close()
+    return TaskResult(
+        range_index=spec.range_index,
+        range_label=krange.label,
+        manifest_key=manifest_key,
+        staged_outputs=staged,
+        metrics={
+            "events": n_events,
+            "timers_fired": timers_fired,
+            "emitted": {name: t.num_rows for name, t in tables.items()},
+            "seconds": time.perf_counter() - started,
+            "dkv": dkv_stats,
+            "remote_compactions": compactions,
+        },
+        forwarded=forwarded,
+    )
+
+
+# Per output: (values table, keys, timestamps), row-aligned.
+Emitted = dict[str, tuple[pa.Table, list, list]]
+
+
+def _run_events(operator: Operator, spec: TaskSpec, events: pa.Table, subject: _TaskSubject,
+                timers: TimerService) -> tuple[int, int, Emitted]:
+    """The ``on_event`` form: one call per event in event-time order, then per due timer."""
+    krange = spec.key_group_range
     events = _sorted_events(events)
     value_columns = [c for c in events.column_names if c not in INTERNAL_COLUMNS]
     keys = events.column(KEY_COLUMN).to_pylist()
@@ -188,52 +235,63 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
         subject.timestamp = ts
         operator.on_timer_expired(subject, ts)
         timers_fired += 1
-
-    staging = staging_prefix(spec.job_prefix, spec.epoch, operator.name, krange.label, attempt)
-    tables = {name: _emitted_table(rows, operator.outputs[name]) for name, rows in subject._emitted.items()}
-    forwarded = None
-    staged: dict[str, str] = {}
-    if spec.next_parallelism is not None:
-        forwarded = _forward_table(subject._emitted[MAIN_OUTPUT], tables[MAIN_OUTPUT], spec)
-    else:
-        for name, table in tables.items():
-            if table.num_rows:
-                staged[name] = sinks[name].write_staged(store, staging, table)
-    if spec.flush:
-        db.flush()
-    manifest_key = db.checkpoint(f"e{spec.epoch:010d}-{attempt}")
-    dkv_stats = db.stats()
-    db.close()
-    return TaskResult(
-        range_index=spec.range_index,
-        range_label=krange.label,
-        manifest_key=manifest_key,
-        staged_outputs=staged,
-        metrics={
-            "events": len(keys),
-            "timers_fired": timers_fired,
-            "emitted": {name: t.num_rows for name, t in tables.items()},
-            "seconds": time.perf_counter() - started,
-            "dkv": dkv_stats,
-            "remote_compactions": compactions,
-        },
-        forwarded=forwarded,
-    )
+    emitted = {
+        name: (pa.Table.from_pylist([r[2] for r in rows], schema=operator.outputs[name]),
+               [r[0] for r in rows], [r[1] for r in rows])
+        for name, rows in subject._emitted.items()
+    }
+    return len(keys), timers_fired, emitted
 
 
-def _emitted_table(rows: list, schema: pa.Schema) -> pa.Table:
-    return pa.Table.from_pylist([r[2] for r in rows], schema=schema)
+def _run_batch(operator: BatchOperator, spec: TaskSpec, events: pa.Table, db: DKV,
+               timers: TimerService) -> tuple[int, int, Emitted]:
+    """The vectorised form: ``on_batch`` once with the range's events sorted by (key,
+    time), then ``on_timers`` with due timers until none is due."""
+    krange = spec.key_group_range
+    events = events.filter(pc.is_valid(events.column(KEY_COLUMN)))  # drop heartbeat rows
+    kgs = events.column(KEY_GROUP_COLUMN)
+    if events.num_rows and (pc.min(kgs).as_py() < krange.start or pc.max(kgs).as_py() >= krange.end):
+        bad = events.filter(pc.invert(pc.and_(pc.greater_equal(kgs, krange.start), pc.less(kgs, krange.end))))
+        raise ValueError(f"key {bad.column(KEY_COLUMN)[0].as_py()!r} (key group {bad.column(KEY_GROUP_COLUMN)[0]})"
+                         f" routed to task of {krange.label}")
+    events = events.sort_by([(KEY_COLUMN, "ascending"), (TIMESTAMP_COLUMN, "ascending"),
+                             (PART_COLUMN, "ascending"), (OFFSET_COLUMN, "ascending")])
+    value_columns = [c for c in events.column_names if c not in INTERNAL_COLUMNS]
+    batch = pa.table({batch_api.KEY: events.column(KEY_COLUMN), batch_api.TIMESTAMP: events.column(TIMESTAMP_COLUMN),
+                      batch_api.KEY_GROUP: events.column(KEY_GROUP_COLUMN),
+                      **{c: events.column(c) for c in value_columns}})
+    ctx = BatchContext(db, timers, operator.outputs)
+    ctx.watermark = spec.watermark_before
+    if batch.num_rows:
+        operator.on_batch(ctx, batch)
+    ctx.watermark = spec.watermark_after
+    timers_fired = 0
+    while True:
+        due = list(timers.due(spec.watermark_after))  # timers the handler sets show up next round
+        if not due:
+            break
+        timers_fired += len(due)
+        operator.on_timers(ctx, pa.table({
+            batch_api.KEY: pa.array([d[2] for d in due], pa.binary()),
+            batch_api.KEY_GROUP: pa.array([d[1] for d in due], pa.int32()),
+            batch_api.TIMESTAMP: pa.array([d[0] for d in due], pa.int64()),
+        }))
+    emitted: Emitted = {}
+    for name, parts in ctx.emitted.items():
+        schema = operator.outputs[name]
+        emitted[name] = (pa.concat_tables([p[0] for p in parts]) if parts else schema.empty_table(),
+                         [k for p in parts for k in p[1]], [t for p in parts for t in p[2]])
+    return batch.num_rows, timers_fired, emitted
 
 
-def _forward_table(rows: list, values: pa.Table, spec: TaskSpec) -> pa.Table:
+def _forward_table(values: pa.Table, keys: list, stamps: list, spec: TaskSpec) -> pa.Table:
     """Main output as events of the next operator, with its key group and range."""
-    keys = [r[0] for r in rows]
     kgs = key_groups_of(keys, spec.next_key_groups)
     table = values
     table = table.append_column(KEY_COLUMN, pa.array(keys, pa.binary()))
-    table = table.append_column(TIMESTAMP_COLUMN, pa.array([r[1] for r in rows], pa.int64()))
-    table = table.append_column(PART_COLUMN, pa.array([spec.range_index] * len(rows), pa.int32()))
-    table = table.append_column(OFFSET_COLUMN, pa.array(range(len(rows)), pa.int64()))
+    table = table.append_column(TIMESTAMP_COLUMN, pa.array(stamps, pa.int64()))
+    table = table.append_column(PART_COLUMN, pa.array([spec.range_index] * len(keys), pa.int32()))
+    table = table.append_column(OFFSET_COLUMN, pa.array(range(len(keys)), pa.int64()))
     table = table.append_column(KEY_GROUP_COLUMN, pa.array(kgs, pa.int32()))
     return table.append_column(
         RANGE_COLUMN, pa.array(range_indexes_of(kgs, spec.next_key_groups, spec.next_parallelism), pa.int32())

@@ -9,8 +9,10 @@ emitted window go to the ``late`` output.
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from operators.api import KeyedEvent, Operator, Subject
+from operators.batch import BatchContext, BatchOperator
 from operators.codecs import IntCodec, RecordCodec
 from operators.examples.flights_data import DAY_MS, ORIGINS, replay_partitions
 from operators.job import Job
@@ -126,7 +128,7 @@ class RouteDailyDelays(Operator):
 
 
 def flights_job(scale: int = 1, events_per_epoch: int = 50_000, parallelism: int = 2,
-                key_groups: int = 256, name: str = "flights") -> Job:
+                key_groups: int = 256, name: str = "flights", batch: bool = False) -> Job:
     """The flights route-delays job.
 
     Args:
@@ -135,11 +137,12 @@ def flights_job(scale: int = 1, events_per_epoch: int = 50_000, parallelism: int
         parallelism: tasks per operator.
         key_groups: K.
         name: job name (its object-store prefix is ``jobs/<name>``).
+        batch: use the vectorised operator form ``RouteDailyDelaysBatch`` (same output).
     """
     return Job(
         name=name,
         source=FlightsSource(scale),
-        operators=[RouteDailyDelays()],
+        operators=[RouteDailyDelaysBatch() if batch else RouteDailyDelays()],
         sinks={"main": ParquetSink("route_daily_delays", OUTPUT_SCHEMA),
                "late": ParquetSink("route_daily_delays_late", LATE_SCHEMA)},
         key_groups=key_groups,
@@ -147,3 +150,72 @@ def flights_job(scale: int = 1, events_per_epoch: int = 50_000, parallelism: int
         events_per_epoch=events_per_epoch,
         max_out_of_orderness_ms=HOUR_MS,
     )
+
+
+class RouteDailyDelaysBatch(BatchOperator):
+    """``RouteDailyDelays`` in vectorised form (``operators.batch``): same state, same
+    output. An epoch's flights are aggregated per (route, day) with pyarrow, then each
+    (route, day) window reads and writes its state once."""
+
+    name = RouteDailyDelays.name
+    outputs = RouteDailyDelays.outputs
+    windows = RouteDailyDelays.windows
+
+    def on_batch(self, ctx: BatchContext, events: pa.Table) -> None:
+        ts = events.column("timestamp").to_numpy()
+        start = ts - ts % DAY_MS
+        late = start + DAY_MS <= ctx.watermark
+        if late.any():
+            lt = events.filter(pa.array(late))
+            ctx.emit({"key": lt.column("key"), "event_time": lt.column("timestamp").cast(pa.timestamp("ms", tz="UTC")),
+                      "origin": lt.column("origin"), "dest": lt.column("dest"),
+                      "watermark": pa.array([ctx.watermark] * lt.num_rows, pa.int64())},
+                     output="late", keys=lt.column("key").to_pylist(),
+                     timestamps=lt.column("timestamp").to_pylist())
+            events, start = events.filter(pa.array(~late)), start[~late]
+        delay = events.column("dep_delay").cast(pa.float64())
+        groups = pa.table({
+            "key": events.column("key"), "kg": events.column("key_group"), "start": start,
+            "cancelled": pc.is_null(events.column("dep_time")).cast(pa.int64()), "delay": delay,
+        }).group_by(["key", "kg", "start"], use_threads=False).aggregate(
+            [("cancelled", "count"), ("cancelled", "sum"), ("delay", "sum"), ("delay", "count"),
+             ("delay", "max")])
+        keys = groups.column("key").to_pylist()
+        kgs = groups.column("kg").to_pylist()
+        starts = groups.column("start").to_pylist()
+        state = ctx.state(self.windows)
+        merged = []
+        for old, n, c, dsum, dcount, dmax in zip(
+                state.get(keys, kgs, starts), *(groups.column(name).to_pylist() for name in (
+                    "cancelled_count", "cancelled_sum", "delay_sum", "delay_count", "delay_max"))):
+            agg = old or {"flights": 0, "cancelled": 0, "delay_sum": 0.0, "delay_count": 0, "delay_max": None}
+            agg["flights"] += n
+            agg["cancelled"] += c
+            if dcount:
+                agg["delay_sum"] += dsum
+                agg["delay_count"] += dcount
+                if agg["delay_max"] is None or dmax > agg["delay_max"]:
+                    agg["delay_max"] = float(dmax)
+            merged.append(agg)
+        state.set(keys, kgs, starts, merged)
+        ctx.set_timers(keys, kgs, [s + DAY_MS for s in starts])
+
+    def on_timers(self, ctx: BatchContext, timers: pa.Table) -> None:
+        keys = timers.column("key").to_pylist()
+        kgs = timers.column("key_group").to_pylist()
+        stamps = timers.column("timestamp").to_pylist()
+        starts = [t - DAY_MS for t in stamps]
+        state = ctx.state(self.windows)
+        aggs = state.get(keys, kgs, starts)
+        hit = [i for i, a in enumerate(aggs) if a is not None]
+        routes = [keys[i].decode().split("-", 1) for i in hit]
+        rows = [aggs[i] for i in hit]
+        ctx.emit({
+            "origin": [r[0] for r in routes], "dest": [r[1] for r in routes],
+            "window_start": pa.array([starts[i] for i in hit], pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
+            "window_end": pa.array([stamps[i] for i in hit], pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
+            "flights": [a["flights"] for a in rows], "cancelled": [a["cancelled"] for a in rows],
+            "dep_delay_mean": [a["delay_sum"] / a["delay_count"] if a["delay_count"] else None for a in rows],
+            "dep_delay_max": [a["delay_max"] for a in rows],
+        }, keys=[keys[i] for i in hit], timestamps=[stamps[i] for i in hit])
+        state.delete([keys[i] for i in hit], [kgs[i] for i in hit], [starts[i] for i in hit])

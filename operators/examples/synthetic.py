@@ -1,13 +1,15 @@
 """A deterministic synthetic source and a two-operator chain used by tests and benchmarks.
 
 ``SyntheticSource(events, keys, partitions, seed)``: event i of partition p has key
-``k<n>`` with n uniform in [0, keys), timestamp ``i * step_ms`` (+ p), and value
-``{"amount": int}``. Same arguments, same events, on every machine.
+``k<n>`` with n uniform in [0, keys) (or Zipf-distributed with ``zipf=s``), timestamp
+``i * step_ms`` (+ p), and value ``{"amount": int}``. Same arguments, same events, on
+every machine.
 """
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from operators.api import KeyedEvent, Operator, Subject
 from operators.codecs import IntCodec
@@ -28,8 +30,16 @@ class SyntheticSource(Source):
 
     name = "synthetic"
 
-    def __init__(self, events: int, keys: int, partitions: int = 2, step_ms: int = 1000, seed: int = 7) -> None:
+    def __init__(self, events: int, keys: int, partitions: int = 2, step_ms: int = 1000, seed: int = 7,
+                 zipf: float | None = None) -> None:
+        if zipf is not None and zipf <= 1:
+            raise ValueError(f"zipf exponent must be > 1, got {zipf}")
         self.events, self.keys, self.n_partitions, self.step_ms, self.seed = events, keys, partitions, step_ms, seed
+        self.zipf = zipf
+        self._cache: dict[str, pa.Table] = {}
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_cache": {}}  # generated data never travels to Spark
 
     def partitions(self) -> list[str]:
         return [f"p{i}" for i in range(self.n_partitions)]
@@ -42,14 +52,27 @@ class SyntheticSource(Source):
         return pa.schema([pa.field("amount", pa.int64())])
 
     def full_partition(self, partition: str) -> pa.Table:
-        """All events of ``partition`` (the oracle's input)."""
+        """All events of ``partition`` (the oracle's input), generated once per source.
+
+        Keys: uniform over ``k0 .. k<keys-1>``, or with ``zipf=s`` key rank r >= 1 drawn
+        with probability proportional to r^-s (numpy's ``zipf``), folded into the key space
+        as ``k<(r - 1) mod keys>``.
+        """
+        cached = self._cache.get(partition)
+        if cached is not None:
+            return cached
         p = self.partitions().index(partition)
         rng = np.random.default_rng([self.seed, p])
-        ids = rng.integers(0, self.keys, self.events)
+        if self.zipf is None:
+            ids = rng.integers(0, self.keys, self.events)
+        else:
+            ids = (rng.zipf(self.zipf, self.events) - 1) % self.keys
         amounts = rng.integers(1, 100, self.events)
-        keys = pa.array([f"k{n}".encode() for n in ids], pa.binary())
+        keys = pc.binary_join_element_wise("k", pc.cast(pa.array(ids), pa.string()), "").cast(pa.binary())
         ts = np.arange(self.events, dtype=np.int64) * self.step_ms + p
-        return pa.table({KEY_COLUMN: keys, TIMESTAMP_COLUMN: ts, "amount": amounts})
+        table = pa.table({KEY_COLUMN: keys, TIMESTAMP_COLUMN: ts, "amount": amounts})
+        self._cache[partition] = table
+        return table
 
     def read(self, partition: str, start: int, end: int) -> pa.Table:
         if not 0 <= start <= end <= self.events:
