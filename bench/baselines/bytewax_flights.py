@@ -26,7 +26,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -42,9 +41,9 @@ from bench.baselines.flights_input import (
     EVENT_TIME_COLUMN,
     ROUTE_COLUMN,
     EpochPlan,
+    add_run_arguments,
     check_output,
-    plan_epochs,
-    write_input_files,
+    run_engine_cli,
 )
 from operators.examples.flights_data import DAY_MS
 
@@ -211,14 +210,9 @@ def run(plan: EpochPlan, input_dir: str, work_dir: str, workers: int = 1, recove
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--scale", type=int, default=1)
-    ap.add_argument("--events-per-epoch", type=int, default=50_000)
-    ap.add_argument("--max-events", type=int, default=None)
-    ap.add_argument("--workers", type=int, default=1)
-    ap.add_argument("--no-recovery", action="store_true")
-    ap.add_argument("--input-dir")
-    ap.add_argument("--work-dir")
-    ap.add_argument("--json")
+    add_run_arguments(ap)
+    ap.add_argument("--workers", type=int, default=1, help="Bytewax worker threads")
+    ap.add_argument("--no-recovery", action="store_true", help="no state snapshots (in-memory only)")
     args = ap.parse_args(argv)
 
     error = bytewax_import_error()
@@ -228,24 +222,9 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.json, "w") as f:
                 json.dump({"engine": "bytewax", "error": error}, f)
         return 2
-    plan = plan_epochs(args.scale, args.events_per_epoch, args.max_events)
-    tmp = tempfile.mkdtemp(prefix="bytewax-")
-    try:
-        input_dir = args.input_dir or os.path.join(tmp, "input")
-        if not args.input_dir:
-            write_input_files(plan, input_dir)
-        result = run(plan, input_dir, args.work_dir or os.path.join(tmp, "work"), args.workers,
-                     not args.no_recovery)
-        result.update(engine=f"bytewax ({args.workers} worker{'s' if args.workers > 1 else ''})", full=plan.full)
-        what = "all" if plan.full else f"first {plan.events:,} (--max-events)"
-        print(f"bytewax: {what} events, output equals the oracle; {result['events']:,} events in "
-              f"{result['seconds']:.1f} s = {result['events'] / result['seconds']:,.0f} events/s")
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(result, f)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return 0
+    engine = f"bytewax-{args.workers}w" + ("" if args.no_recovery else "-recovery")
+    return run_engine_cli(args, engine, lambda plan, input_dir, work_dir: run(
+        plan, input_dir, work_dir, args.workers, not args.no_recovery))
 
 
 if __name__ == "__main__":

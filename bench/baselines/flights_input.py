@@ -14,7 +14,10 @@ window closed, the same end-of-input semantics as the full run (watermark to +in
 """
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 
 import pandas as pd
@@ -198,3 +201,44 @@ def check_output(output: pa.Table, plan: EpochPlan) -> None:
     from tests.conftest import assert_equals_oracle
 
     assert_equals_oracle(output, prefix_oracle(plan))
+
+
+def add_run_arguments(ap) -> None:
+    """The command-line options every engine script shares (argparse ``ap``)."""
+    ap.add_argument("--scale", type=int, default=1, help="copies of the 2013 data (336,776 events each)")
+    ap.add_argument("--events-per-epoch", type=int, default=50_000, help="micro-batch size, events")
+    ap.add_argument("--max-events", type=int, default=None,
+                    help="run the whole epochs covering the first N events (oracle over exactly those)")
+    ap.add_argument("--partitions", default=",".join(ORIGINS), help="partitions with input (others empty)")
+    ap.add_argument("--max-per-partition", type=int, help="cap each partition at this many rows")
+    ap.add_argument("--input-dir", help="reuse files write_input_files wrote for this plan")
+    ap.add_argument("--work-dir", help="scratch directory (default: a temporary one)")
+    ap.add_argument("--json", help="write the result dict to this file")
+
+
+def run_engine_cli(args, engine: str, run) -> int:
+    """Plan, write the input files (unless ``--input-dir``), ``run(plan, input_dir,
+    work_dir) -> result dict``, print the events/s line and write ``--json``.
+
+    Returns:
+        Exit status 0 (an ``AssertionError`` from the oracle check propagates).
+    """
+    plan = plan_epochs(args.scale, args.events_per_epoch, args.max_events,
+                       tuple(args.partitions.split(",")), args.max_per_partition)
+    tmp = tempfile.mkdtemp(prefix=f"{engine}-")
+    try:
+        input_dir = args.input_dir or os.path.join(tmp, "input")
+        if not args.input_dir:
+            write_input_files(plan, input_dir)
+        result = run(plan, input_dir, args.work_dir or os.path.join(tmp, "work"))
+        result.setdefault("engine", engine)
+        result["full"] = plan.full
+        what = "all" if plan.full else "a prefix of"
+        print(f"{result['engine']}: {what} {result['events']:,} events, output equals the oracle, in "
+              f"{result['seconds']:.1f} s = {result['events'] / result['seconds']:,.0f} events/s", flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0

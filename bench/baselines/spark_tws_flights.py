@@ -43,7 +43,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 
@@ -60,9 +59,9 @@ from bench.baselines.flights_input import (
     INPUT_SCHEMA,
     ROUTE_COLUMN,
     EpochPlan,
+    add_run_arguments,
     check_output,
-    plan_epochs,
-    write_input_files,
+    run_engine_cli,
 )
 from operators.examples.flights_data import DAY_MS
 
@@ -72,7 +71,7 @@ VARIANTS = ("textbook", "batched")
 
 OUTPUT_DDL = ("kind string, origin string, dest string, window_start timestamp, window_end timestamp, "
               "flights long, cancelled long, dep_delay_mean double, dep_delay_max double, "
-              "event_time timestamp, watermark long")
+              "event_time timestamp, watermark long, emitted_at_ms long")
 OUTPUT_COLUMNS = [c.strip().split(" ")[0] for c in OUTPUT_DDL.split(",")]
 WINDOW_KEY_DDL = "window_start long"
 AGGREGATE_DDL = "flights long, cancelled long, delay_sum double, delay_count long, delay_max double"
@@ -98,6 +97,7 @@ def _window_rows(route: str, aggs: list[tuple[int, tuple]]) -> pd.DataFrame:
         "dep_delay_mean": mean, "dep_delay_max": np.array([np.nan if v is None else v for v in dmax], dtype=float),
         "event_time": pd.Series([pd.NaT] * n, dtype="datetime64[ns, UTC]"),
         "watermark": pd.Series([None] * n, dtype="Int64"),
+        "emitted_at_ms": np.full(n, int(time.time() * 1000), dtype=np.int64),
     })
 
 
@@ -111,6 +111,7 @@ def _late_rows(pdf: pd.DataFrame, watermark: int) -> pd.DataFrame:
         "dep_delay_mean": np.full(n, np.nan), "dep_delay_max": np.full(n, np.nan),
         "event_time": pd.to_datetime(pdf["_ms"].to_numpy(), unit="ms", utc=True),
         "watermark": np.full(n, watermark, dtype=np.int64),
+        "emitted_at_ms": np.full(n, int(time.time() * 1000), dtype=np.int64),
     })
 
 
@@ -297,14 +298,16 @@ def _spark_schema_json() -> str:
     return from_arrow_schema(INPUT_SCHEMA).json()
 
 
-def read_output(spark, output_dir: str) -> tuple[pa.Table, pa.Table]:
-    """The sink's committed rows as ``(windows, late)`` Arrow tables (window columns in
-    the spec's types: timestamps ms UTC)."""
+def read_output(spark, output_dir: str) -> tuple[pa.Table, pa.Table, int | None]:
+    """The sink's committed rows as ``(windows, late, first_emitted_ms)``: Arrow tables
+    (window columns in the spec's types: timestamps ms UTC) and the wall-clock time (ms)
+    the processor emitted its first window (None without windows)."""
     df = spark.read.parquet(output_dir)
     table = df.toArrow()
     kind = table.column("kind")
     windows = table.filter(pa.compute.equal(kind, "window"))
     late = table.filter(pa.compute.equal(kind, "late"))
+    first_emitted_ms = pa.compute.min(windows.column("emitted_at_ms")).as_py()
     ts = pa.timestamp("ms", tz="UTC")
     windows = pa.table({
         "origin": windows.column("origin"), "dest": windows.column("dest"),
@@ -313,7 +316,7 @@ def read_output(spark, output_dir: str) -> tuple[pa.Table, pa.Table]:
         "flights": windows.column("flights"), "cancelled": windows.column("cancelled"),
         "dep_delay_mean": windows.column("dep_delay_mean"), "dep_delay_max": windows.column("dep_delay_max"),
     })
-    return windows, late
+    return windows, late, first_emitted_ms
 
 
 def run(spark, plan: EpochPlan, input_dir: str, work_dir: str, variant: str = "textbook",
@@ -361,15 +364,21 @@ def run(spark, plan: EpochPlan, input_dir: str, work_dir: str, variant: str = "t
             spark.conf.set("spark.sql.streaming.stateStore.providerClass", previous_provider)
         else:
             spark.conf.unset("spark.sql.streaming.stateStore.providerClass")
-    windows, late = read_output(spark, out_dir)
+    windows, late, first_emitted_ms = read_output(spark, out_dir)
     check_output(windows, plan)
     dropped = sum(op.get("numRowsDroppedByWatermark", 0) for p in progresses for op in p.get("stateOperators", []))
     assert late.num_rows == 0 and dropped == 0, \
         f"spark-tws: {late.num_rows} late events, {dropped} rows dropped by the watermark (expected none)"
     epoch_seconds = [p["batchDuration"] / 1000 for p in progresses if p.get("numInputRows", 0) > 0]
-    first = next((p for p in progresses if _output_rows(p) > 0), None)
-    first_output_s = None if first is None else \
-        pd.Timestamp(first["timestamp"]).timestamp() + first["batchDuration"] / 1000 - started_wall
+    # The file sink reports no row counts (numOutputRows -1): the first window's output
+    # is committed at the end of the batch that was running when the processor emitted it.
+    first_output_s = None
+    if first_emitted_ms is not None:
+        for p in progresses:
+            end_s = pd.Timestamp(p["timestamp"]).timestamp() + p["batchDuration"] / 1000
+            if end_s * 1000 >= first_emitted_ms:
+                first_output_s = end_s - started_wall
+                break
     return {"events": plan.events, "seconds": seconds, "epochs": len(epoch_seconds),
             "epoch_seconds": epoch_seconds, "first_output_s": first_output_s, "late": late.num_rows,
             "dropped_by_watermark": dropped, "correct": True}
@@ -377,37 +386,19 @@ def run(spark, plan: EpochPlan, input_dir: str, work_dir: str, variant: str = "t
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--scale", type=int, default=1)
-    ap.add_argument("--events-per-epoch", type=int, default=50_000)
-    ap.add_argument("--max-events", type=int, default=None,
-                    help="run the whole epochs covering the first N events (oracle over exactly those)")
+    add_run_arguments(ap)
     ap.add_argument("--variant", choices=VARIANTS, default="textbook")
-    ap.add_argument("--input-dir", help="reuse files written by write_input_files for this plan")
-    ap.add_argument("--work-dir", default=None)
-    ap.add_argument("--json", help="write the result dict here")
     args = ap.parse_args(argv)
 
-    from operators.spark import get_spark
+    def run_on_spark(plan: EpochPlan, input_dir: str, work_dir: str) -> dict:
+        from operators.spark import get_spark
 
-    plan = plan_epochs(args.scale, args.events_per_epoch, args.max_events)
-    tmp = tempfile.mkdtemp(prefix="spark-tws-")
-    try:
-        input_dir = args.input_dir or os.path.join(tmp, "input")
-        if not args.input_dir:
-            write_input_files(plan, input_dir)
         spark = get_spark({"spark.master": "local[2]", "spark.sql.shuffle.partitions": "2"})
-        result = run(spark, plan, input_dir, args.work_dir or os.path.join(tmp, "work"), args.variant,
-                     progress=lambda line: print(line, file=sys.stderr, flush=True))
-        result.update(engine=f"spark-tws-{args.variant}", full=plan.full)
-        what = "all" if plan.full else f"first {plan.events:,} (--max-events)"
-        print(f"spark-tws: {what} events, output equals the oracle; {result['events']:,} events in "
-              f"{result['seconds']:.1f} s = {result['events'] / result['seconds']:,.0f} events/s")
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(result, f)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return 0
+        return dict(run(spark, plan, input_dir, work_dir, args.variant,
+                        progress=lambda line: print(line, file=sys.stderr, flush=True)),
+                    engine=f"spark-tws-{args.variant}")
+
+    return run_engine_cli(args, f"spark-tws-{args.variant}", run_on_spark)
 
 
 if __name__ == "__main__":
