@@ -97,13 +97,16 @@ class SeaweedFSServer:
         volume_size_limit_mb: SeaweedFS volume size limit, MiB.
         start_timeout_s / stop_timeout_s: how long to wait for readiness / for a
             graceful exit before SIGKILL, s.
+        die_with_parent: on Linux, the kernel SIGKILLs the server when the process that
+            started it dies (a killed test run leaves no ``weed`` behind); the command
+            line turns it off, its server outlives the command.
     """
 
     def __init__(self, data_dir: str | Path, *, bucket: str = DEFAULT_BUCKET,
                  access_key: str = DEFAULT_ACCESS_KEY, secret_key: str = DEFAULT_SECRET_KEY,
                  region: str = DEFAULT_REGION, ports: dict[str, int] | None = None,
                  volume_size_limit_mb: int = 64, start_timeout_s: float = 60.0,
-                 stop_timeout_s: float = 5.0) -> None:
+                 stop_timeout_s: float = 5.0, die_with_parent: bool = True) -> None:
         if len(bucket) < 3:
             raise ValueError(f"SeaweedFS bucket names need at least 3 characters: {bucket!r}")
         self.data_dir = Path(data_dir).resolve()
@@ -118,6 +121,7 @@ class SeaweedFSServer:
         self.volume_size_limit_mb = volume_size_limit_mb
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = stop_timeout_s
+        self.die_with_parent = die_with_parent
         self.process: subprocess.Popen | None = None
 
     # ------------------------------------------------------------------ facts
@@ -195,7 +199,8 @@ class SeaweedFSServer:
         try:
             self.process = subprocess.Popen(
                 self.command(), cwd=self.data_dir, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True)
+                stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=_kill_when_parent_dies if self.die_with_parent else None)
         finally:
             log.close()
         try:
@@ -275,6 +280,14 @@ class SeaweedFSServer:
         self.stop()
 
 
+def _kill_when_parent_dies() -> None:
+    """Runs in the child before exec: PR_SET_PDEATHSIG(SIGKILL) (Linux only)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
 def _socket_path(role: str, ports: dict[str, int]) -> str:
     # Unix socket paths are limited to ~108 bytes: keep them short, in /tmp.
     return f"/tmp/seaweedfs-dkv-{role}-{ports['s3']}.sock"
@@ -329,14 +342,14 @@ def _cmd_start(args: argparse.Namespace) -> int:
     ports = None
     if state.exists() and not args.new_ports:
         ports = json.loads(state.read_text())["ports"]  # keep the endpoint across restarts
-    server = SeaweedFSServer(data_dir, bucket=args.bucket, ports=ports)
+    server = SeaweedFSServer(data_dir, bucket=args.bucket, ports=ports, die_with_parent=False)
     try:
         server.start()
     except SeaweedFSError:
         if ports is None:
             raise
         # A remembered port was taken meanwhile: start on fresh ones.
-        server = SeaweedFSServer(data_dir, bucket=args.bucket)
+        server = SeaweedFSServer(data_dir, bucket=args.bucket, die_with_parent=False)
         server.start()
     # The child outlives this command: forget it so no destructor waits on it.
     pid, server.process = server.process.pid, None
