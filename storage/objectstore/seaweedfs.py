@@ -98,8 +98,9 @@ class SeaweedFSServer:
         start_timeout_s / stop_timeout_s: how long to wait for readiness / for a
             graceful exit before SIGKILL, s.
         die_with_parent: on Linux, the kernel SIGKILLs the server when the process that
-            started it dies (a killed test run leaves no ``weed`` behind); the command
-            line turns it off, its server outlives the command.
+            started it dies (a killed test run leaves no ``weed`` behind; strictly, when
+            the thread that called ``start`` ends, so start it from a long-lived thread);
+            the command line turns it off, its server outlives the command.
     """
 
     def __init__(self, data_dir: str | Path, *, bucket: str = DEFAULT_BUCKET,
