@@ -64,7 +64,10 @@ class Dagster:
 
 
 @pytest.fixture(scope="module")
-def dagster_dev(tmp_path_factory):
+def dagster_dev(request, tmp_path_factory):
+    markexpr = request.config.getoption("markexpr") or ""
+    if "slow" not in markexpr or "not slow" in markexpr:
+        pytest.skip("long run (about 4 minutes): select it with -m slow")
     home = tmp_path_factory.mktemp("dagster_home")
     # The repository's instance settings, storage moved into the temporary home.
     (home / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text().replace(".dagster_home", str(home)))
