@@ -124,7 +124,7 @@ def run(mib: int, keys: int) -> tuple[str, str]:
         kept = sum(p.records for p in md.topic("c").partitions)
         distinct = len({r.key for p in range(4) for r in log.read("c", p)})
         rows = [[f"{small.dedupe_buffer_size / MIB:.2f}", f"{int(small.dedupe_buffer_size / SLOT_BYTES * 0.8):,}",
-                 f"{keys:,}", rep.map_passes, rep.hash_ranges, len(rep.input_files),
+                 f"{distinct:,}", rep.map_passes, rep.hash_ranges, len(rep.input_files),
                  f"{rep.gets / len(rep.input_files):.0f}", f"{rep.bytes_fetched / MIB:.1f}",
                  f"{rep.bytes_decoded / MIB:.1f}", f"{rep.seconds:.2f}",
                  "yes" if kept == distinct == rep.records_out else "NO"]]
