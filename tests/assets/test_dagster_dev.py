@@ -130,7 +130,7 @@ def test_dagster_dev_runs_flights_and_sensors_compact_and_clean_up(dagster_dev, 
     assert tags["dagster/sensor_name"] == "flights_compaction_sensor" and tags["dkvstream/job"] == "flights"
     flights = dagster.wait_for_run("flights", timeout_s=600)
     assert flights["runId"] == run_id
-    dagster.wait_for_run("garbage_collection", timeout_s=120)
+    dagster.wait_for_run("garbage_collection", timeout_s=300)
 
     store = open_object_store(str(store_root))
     results = [k for k in store.list("jobs/flights/state/") if "/compactions/" in k and k.endswith(".json")]
