@@ -13,6 +13,10 @@ if [ "${1:-}" = "--fresh" ]; then
 fi
 export DAGSTER_HOME="$root" SPARK_CONF_DIR="$root/platform/conf"
 export PYSPARK_PYTHON="$root/.venv/bin/python"
+# No Dagster daemon here, so no sensors: the job compacts inline and applies checkpoint
+# retention itself (under `dagster dev` the sensors' runs do both).
+export DKVSTREAM_DKV_INLINE_RETENTION="${DKVSTREAM_DKV_INLINE_RETENTION:-1}"
+export DKVSTREAM_DKV_MAX_INLINE_COMPACTION_BYTES="${DKVSTREAM_DKV_MAX_INLINE_COMPACTION_BYTES:-2147483648}"
 .venv/bin/dagster asset materialize -m assets.definitions \
   --select 'flights_replay,route_daily_delays,route_daily_delays_late' 2>&1 \
   | grep --line-buffered -E 'epoch [0-9]+ committed|RUN_SUCCESS|RUN_FAILURE|STEP_FAILURE|Error|error' || true
