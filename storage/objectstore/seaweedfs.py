@@ -191,6 +191,7 @@ class SeaweedFSServer:
         if self.pid is not None:
             return self
         (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
+        _remove_sockets(self.ports)  # left by a server killed on these ports (they are free now)
         self._identities_path().write_text(json.dumps({"identities": [{
             "name": "dkvstream",
             "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
