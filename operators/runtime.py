@@ -23,6 +23,8 @@ only its own key interval (key groups themselves are fixed for a job's lifetime)
 """
 from __future__ import annotations
 
+import contextlib
+
 import json
 import logging
 import time
@@ -196,8 +198,13 @@ class JobRunner:
             lease = acquire_lease(self.store, self.job.prefix, ckpt.epoch + 1)
             try:
                 result, ckpt = self._run_epoch(ckpt, plan, flush=bool(flushes))
-            finally:
-                release_lease(self.store, self.job.prefix, lease)
+            except BaseException:
+                # The epoch's own error is the one to report: with the store down,
+                # releasing the lease fails too, and the lease goes stale on its own.
+                with contextlib.suppress(Exception):
+                    release_lease(self.store, self.job.prefix, lease)
+                raise
+            release_lease(self.store, self.job.prefix, lease)
             consume_flush_requests(self.store, flushes)
             done += 1
             yield result
