@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up a fresh machine for dkvstream: Java 17 for Spark (only when `java` is missing)
-# and a virtual environment at .venv with the project and its test extras.
+# and a virtual environment at .venv with the project and its test and bench extras.
 # Idempotent: a second run only re-checks. Usage: platform/setup.sh
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -16,6 +16,6 @@ fi
 stamp=.venv/.dkvstream-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e ".[test]"
+  .venv/bin/python -m pip install -q -e ".[test,bench]"  # bench: baselines of bench/ and their smoke tests
   touch "$stamp"
 fi

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import pandas as pd
-import pyarrow as pa
 import pytest
 from hypothesis import settings
 
-from operators.examples.flights_oracle import KEY_COLUMNS
+from operators.examples.flights_oracle import assert_equals_oracle
 from operators.spark import ensure_python_workers_use_this_interpreter
 
 ensure_python_workers_use_this_interpreter()
@@ -38,25 +36,6 @@ def flights_oracle() -> pd.DataFrame:
     from operators.examples.flights_oracle import route_daily_delays_oracle
 
     return route_daily_delays_oracle()
-
-
-def assert_equals_oracle(output: pa.Table, oracle: pd.DataFrame) -> None:
-    """Every route and window present once, counts equal, means and maxima to 1e-9 relative."""
-    got = output.to_pandas()
-    dupes = got.duplicated(KEY_COLUMNS)
-    assert not dupes.any(), f"{int(dupes.sum())} duplicate rows, e.g. {got[dupes].head(3).to_dict('records')}"
-    got = got.sort_values(KEY_COLUMNS).reset_index(drop=True)
-    exp = oracle.sort_values(KEY_COLUMNS).reset_index(drop=True)
-    assert len(got) == len(exp), f"{len(got)} rows, oracle has {len(exp)}"
-    for c in ["origin", "dest", "window_start", "window_end", "flights", "cancelled"]:
-        mismatch = got[c].to_numpy() != exp[c].to_numpy()
-        assert not mismatch.any(), f"column {c} differs in {int(mismatch.sum())} rows, first: " \
-            f"{got[mismatch].head(1).to_dict('records')} vs {exp[mismatch].head(1).to_dict('records')}"
-    for c in ["dep_delay_mean", "dep_delay_max"]:
-        g, e = got[c].to_numpy(dtype=float), exp[c].to_numpy(dtype=float)
-        assert np.array_equal(np.isnan(g), np.isnan(e)), f"column {c}: null pattern differs"
-        ok = np.isnan(e) | np.isclose(g, e, rtol=1e-9, atol=0)
-        assert ok.all(), f"column {c} differs in {int((~ok).sum())} rows"
 
 
 @pytest.fixture(scope="session")

@@ -192,13 +192,13 @@ def prefix_oracle(plan: EpochPlan) -> pd.DataFrame:
 
 
 def check_output(output: pa.Table, plan: EpochPlan) -> None:
-    """Assert an engine's output equals ``prefix_oracle(plan)`` (tests/conftest.py rules:
+    """Assert an engine's output equals ``prefix_oracle(plan)`` (``flights_oracle.assert_equals_oracle`` rules:
     each route and window once, counts equal, means and maxima to 1e-9 relative).
 
     Raises:
         AssertionError: naming the first differing column and row.
     """
-    from tests.conftest import assert_equals_oracle
+    from operators.examples.flights_oracle import assert_equals_oracle
 
     assert_equals_oracle(output, prefix_oracle(plan))
 

@@ -37,7 +37,7 @@ def test_uneven_partitions_take_the_finished_ones_share() -> None:
 
 def test_prefix_oracle_agrees_with_the_spec_oracle_on_the_full_data(flights_oracle) -> None:
     """The pyarrow prefix oracle, forced onto the whole data set, is the pandas oracle."""
-    from tests.conftest import assert_equals_oracle
+    from operators.examples.flights_oracle import assert_equals_oracle
 
     full = plan_epochs(1, 120_000)
     assert full.full and full.events == FLIGHT_COUNT
