@@ -1,7 +1,9 @@
 """DKV against RocksDB (via rocksdict) on the same workload, each engine in its own process.
 
 Usage: ``.venv/bin/python bench/dkv_rocksdb.py [--keys 1000000] [--repeat 1] [--quick]
-[--profile PHASE]`` (needs the ``bench`` extra: ``pip install -e '.[bench]'``).
+[--clock cpu|wall] [--pure-python] [--profile PHASE]`` (needs the ``bench`` extra: ``pip install -e '.[bench]'``).
+``--pure-python`` adds a third child, DKV with its C module off (``DKVSTREAM_DKV_NATIVE=0``),
+and a column with DKV's speed-up over it.
 
 The parent spawns one fresh child process per engine and repeat (``multiprocessing``
 spawn), so each engine's peak RSS is its own; the children rebuild the same workload from
@@ -39,7 +41,7 @@ same digest of sampled results.
 Comparable settings (see ``_open_rocksdb``): DKV's defaults (``DKVOptions()``) and for
 RocksDB a 64 MiB write buffer (DKV ``memtable_bytes``), 4 KiB blocks, a full Bloom filter
 of 10 bits/key, zstd (RocksDB's default level maps to zstd level 3, as DKV's
-``zstd_level``), a 64 MiB block cache (DKV ``block_cache_bytes``, which holds decoded
+``zstd_level``), a 64 MiB block cache (DKV ``block_cache_bytes``, which holds decompressed
 blocks), L0 trigger 4, 8 MiB target files, raw mode (bytes in, bytes out; no pickling),
 and the WAL disabled: DKV buffers WAL records in memory until ``checkpoint``, so neither
 engine writes a log per put. Differences that remain: RocksDB flushes and compacts on up
@@ -271,7 +273,21 @@ def _open_rocksdb(r, root: str):
     return db
 
 
-ENGINES = {"dkv": DKVEngine, "rocksdb": RocksDBEngine}
+class DKVPurePythonEngine(DKVEngine):
+    """DKV with its C read-path loops switched off (``DKVSTREAM_DKV_NATIVE=0``, set by
+    the child before DKV is imported): the baseline of the ``--pure-python`` column."""
+
+    name = "DKV-py"
+
+    def __init__(self, root: str) -> None:
+        from storage.dkv.native import NATIVE
+
+        if NATIVE is not None:
+            raise RuntimeError("DKV-py child imported the C module")
+        super().__init__(root)
+
+
+ENGINES = {"dkv": DKVEngine, "rocksdb": RocksDBEngine, "dkv-py": DKVPurePythonEngine}
 
 
 # -- the child ----------------------------------------------------------------------------
@@ -287,6 +303,16 @@ def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
 
+def _clock() -> float:
+    """Seconds on the clock ``--clock`` chose (the parent passes it in the environment):
+    ``cpu`` is the process's CPU time, all threads (RocksDB's background flushes and
+    compactions included), which a shared, loaded machine disturbs far less than ``wall``;
+    it leaves out time blocked on I/O (fsync, cold reads)."""
+    if os.environ.get("DKV_BENCH_CLOCK", "cpu") == "wall":
+        return time.perf_counter()
+    return time.process_time()
+
+
 def _chunked(label: str, fn, n: int, chunks: int = CHUNKS) -> tuple[float, list]:
     """Calls ``fn(lo, hi)`` over ``chunks`` slices of ``range(n)``; times only ``fn``.
 
@@ -298,10 +324,10 @@ def _chunked(label: str, fn, n: int, chunks: int = CHUNKS) -> tuple[float, list]
     last_print = time.perf_counter()
     for lo in range(0, n, step):
         hi = min(n, lo + step)
-        t = time.perf_counter()
+        t = _clock()
         res = fn(lo, hi)
+        total += _clock() - t
         now = time.perf_counter()
-        total += now - t
         if res is not None:
             out += res
         if hi < n and now - last_print >= PROGRESS_EVERY_S:
@@ -326,6 +352,8 @@ def child(engine_name: str, n_keys: int, profile_phase: str | None, conn) -> Non
 
 
 def _child(engine_name: str, n_keys: int, profile_phase: str | None) -> dict:
+    if engine_name == "dkv-py":
+        os.environ["DKVSTREAM_DKV_NATIVE"] = "0"  # read once, when storage.dkv is imported
     tag = f"[{ENGINES[engine_name].name} pid {os.getpid()}]"
     print(f"{tag} building workload ({n_keys:,} keys)", flush=True)
     w = Workload(n_keys)
@@ -347,9 +375,9 @@ def _child(engine_name: str, n_keys: int, profile_phase: str | None) -> dict:
 
                 profiler = cProfile.Profile()
                 profiler.enable()
-            t = time.perf_counter()
+            t = _clock()
             res = fn()
-            secs = time.perf_counter() - t
+            secs = _clock() - t
             if profiler is not None and name == profile_phase:
                 profiler.disable()
             if isinstance(res, tuple):  # (seconds measured inside, results)
@@ -467,10 +495,15 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="100,000 keys (smoke run)")
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                        help="time phases by process CPU time (default) or wall time")
+    parser.add_argument("--pure-python", action="store_true",
+                        help="also run DKV without its C module; adds a DKV/DKV-py column")
     parser.add_argument("--profile", metavar="PHASE", choices=PHASE_NAMES,
                         help="run only the DKV child, with cProfile on PHASE; print the top")
     args = parser.parse_args()
     n_keys = 100_000 if args.quick else args.keys
+    os.environ["DKV_BENCH_CLOCK"] = args.clock  # the spawned children inherit it
     ctx = mp.get_context("spawn")
 
     if args.profile:
@@ -481,14 +514,15 @@ def main() -> None:
         print(res["profile"])
         return
 
-    runs: dict[str, list[dict]] = {"dkv": [], "rocksdb": []}
+    engines = ("dkv", "rocksdb", "dkv-py") if args.pure_python else ("dkv", "rocksdb")
+    runs: dict[str, list[dict]] = {eng: [] for eng in engines}
     for i in range(args.repeat):
-        for eng in ("dkv", "rocksdb"):
+        for eng in engines:
             print(f"== run {i + 1}/{args.repeat}: {ENGINES[eng].name} ==", flush=True)
             runs[eng].append(run_child(ctx, eng, n_keys, None))
 
     digests = {eng: {r["digest"] for r in rs} for eng, rs in runs.items()}
-    if len(digests["dkv"] | digests["rocksdb"]) != 1:
+    if len(set().union(*digests.values())) != 1:
         raise SystemExit(f"engines disagree on sampled results: {digests}")
 
     def median_rate(eng: str, phase: str) -> tuple[float, float]:
@@ -501,9 +535,11 @@ def main() -> None:
     print(f"{n_keys:,} keys (16 B keys, 100 B values), {counts['get present'][0]:,} gets, "
           f"{counts['scan prefix'][0]:,} prefix scans; "
           f"{'median of ' + str(args.repeat) + ' runs' if args.repeat > 1 else '1 run'}; "
+          f"{args.clock} time; "
           "each engine in its own process; results verified, both engines agree")
     head = (f"{'phase':26} {'unit':8} {'DKV ops/s':>12} {'RocksDB ops/s':>14} "
-            f"{'DKV/RocksDB':>12} {'DKV s':>8} {'RocksDB s':>10}  target")
+            f"{'DKV/RocksDB':>12} {'DKV s':>8} {'RocksDB s':>10}  {'target':22}"
+            + (f"{'DKV/DKV-py':>14}" if args.pure_python else ""))
     print(head)
     print("-" * len(head))
     misses = []
@@ -520,8 +556,11 @@ def main() -> None:
         else:
             verdict = f">={target:g}x MISS"
             misses.append(name)
+        py = ""
+        if args.pure_python:
+            py = f"{d / median_rate('dkv-py', name)[0]:14.2f}"
         print(f"{name:26} {unit:8} {d:12,.0f} {r:14,.0f} {ratio:12.3f} {ds:8.2f} {rs:10.2f}"
-              f"  {verdict}")
+              f"  {verdict:22}{py}")
     print()
     for eng, rs in runs.items():
         peak = max(r["peak_rss"] for r in rs)

@@ -1,4 +1,4 @@
-"""A byte-budget LRU cache of decoded SSTable data blocks.
+"""A byte-budget LRU cache of decompressed SSTable data blocks.
 
 Keys are ``(table_key, block_number)``; the charge of an entry is its uncompressed size in
 bytes. Tables are immutable and uniquely named, so entries never go stale. Not thread-safe

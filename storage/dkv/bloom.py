@@ -13,6 +13,9 @@ whenever the encoding below changes):
 Contract: no false negatives, ever. About 10 bits per key gives roughly 1% false
 positives (the textbook ``(1 - e^(-k n / m))^k``); fewer bits trade memory for more wasted
 block reads.
+
+Probing has a pure-Python reference (``*_py``) and a compiled twin in ``_native.c``;
+``may_contain_hash`` and ``first_candidate`` are the compiled ones when built.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from collections.abc import Sequence
 
 import numpy as np
 import xxhash
+
+from storage.dkv.native import NATIVE
 
 POLICY_NAME = "dkv.bloom.xxh64-dh.v1"
 _xxh64 = xxhash.xxh64_intdigest
@@ -73,7 +78,21 @@ def may_contain(bits: bytes, k: int, key: bytes) -> bool:
     m = len(bits) << 3
     if m == 0:
         return True
-    h = _xxh64(key)
+    return may_contain_hash(bits, m, k, _xxh64(key))
+
+
+def may_contain_hash_py(bits: bytes, m: int, k: int, h: int) -> bool:
+    """Probes a filter with a precomputed ``h = key_hash(key)`` (pure-Python reference).
+
+    Args:
+        bits: The filter's bit array; ``0 < m <= 8 * len(bits)``.
+        m: Filter size in bits.
+        k: Probe count.
+        h: ``key_hash(key)``, so a reader probing several filters hashes once.
+
+    Returns:
+        False only if the key was certainly not added.
+    """
     # (h1 + i*h2) mod m, computed incrementally: one add and compare per probe.
     b = (h & 0xFFFFFFFF) % m
     step = ((h >> 32) | 1) % m
@@ -84,3 +103,35 @@ def may_contain(bits: bytes, k: int, key: bytes) -> bool:
         if b >= m:
             b -= m
     return True
+
+
+FilterRow = tuple  # (min_key: bytes, max_key: bytes, bits: bytes, m: int, k: int, *payload)
+
+
+def first_candidate_py(rows: list[FilterRow], start: int, key: bytes, h: int) -> int:
+    """Finds the first table that may hold ``key`` (pure-Python reference).
+
+    Args:
+        rows: ``(min_key, max_key, bits, m, k, ...)`` per table, in probe order (newest
+            first); ``m > 0``.
+        start: Index of the first row to test.
+        key: The key.
+        h: ``key_hash(key)``.
+
+    Returns:
+        The index of the first row ``>= start`` with ``min_key <= key <= max_key`` whose
+        filter may contain ``key``, or -1.
+    """
+    for i in range(max(start, 0), len(rows)):
+        mn, mx, bits, m, k = rows[i][:5]
+        if mn <= key <= mx and may_contain_hash_py(bits, m, k, h):
+            return i
+    return -1
+
+
+if NATIVE is not None:
+    may_contain_hash = NATIVE.bloom_may_contain
+    first_candidate = NATIVE.bloom_first
+else:
+    may_contain_hash = may_contain_hash_py
+    first_candidate = first_candidate_py

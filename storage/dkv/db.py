@@ -24,7 +24,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 
-from storage.dkv.bloom import key_hash as _xxh64
+from storage.dkv.bloom import first_candidate as _first_candidate
+from storage.dkv.bloom import key_hash as _key_hash
+from storage.dkv.bloom import may_contain_hash as _may_contain_hash
 from storage.dkv.compaction import (
     CompactionPlan,
     CompactionResult,
@@ -36,7 +38,7 @@ from storage.dkv.invariants import check_manifest
 from storage.dkv.levels import LevelList
 from storage.dkv.manifest import Manifest, WalRef, load_manifest, publish_manifest
 from storage.dkv.memtable import Memtable
-from storage.dkv.merge import Entry, merge_batches_live
+from storage.dkv.merge import ColumnBatch, Entry, merge_batches_live
 from storage.dkv.options import DKVOptions
 from storage.dkv.paths import PathResolver, compactions_dir, parse_result_key, validate_name
 from storage.dkv.remote_compaction import can_install, load_result
@@ -349,15 +351,16 @@ class DKV:
         return self._get_older(key)
 
     def _read_plan(self) -> tuple[list, dict]:
-        """Per-LevelList probe data: L0 ``(min, max, table, bits, m, k)`` rows, newest
-        first, and a lazily filled ``table key -> (bits, m, k)`` map for sorted runs."""
+        """Per-LevelList probe data: L0 filter rows ``(min, max, bits, m, k, table)``,
+        newest first (``bloom.first_candidate``'s layout), and a lazily filled
+        ``table key -> (bits, m, k)`` map for sorted runs."""
         levels = self._levels
         if self._plan_levels is not levels:
             reader = self._tables.reader
             l0 = []
             for t in levels.l0:
                 bits, m, k = _filter(reader(t))
-                l0.append((t.min_key, t.max_key, t, bits, m, k))
+                l0.append((t.min_key, t.max_key, bits, m, k, t))
             self._plan = (l0, {})
             self._plan_levels = levels
         return self._plan
@@ -371,32 +374,14 @@ class DKV:
             self._plan if self._plan_levels is self._levels else self._read_plan()
         )
         tables = self._tables
-        # Bloom policy dkv.bloom.xxh64-dh.v1 (see bloom.py: probe i tests bit
-        # (h1 + i*h2) mod m), inlined: the key's hash does not depend on the table, so it
-        # is computed once per get rather than once per table, and the first probe (which
-        # rejects about half of the absent keys) runs before any further setup.
-        h = _xxh64(key)
-        h1 = h & 0xFFFFFFFF
-        h2 = (h >> 32) | 1
-        for mn, mx, t, bits, m, k in l0:
-            if key < mn or key > mx:
-                continue
-            b = h1 % m
-            if not bits[b >> 3] >> (b & 7) & 1:
-                continue
-            step = h2 % m
-            i = 1
-            while i < k:
-                b += step
-                if b >= m:
-                    b -= m
-                if not bits[b >> 3] >> (b & 7) & 1:
-                    break
-                i += 1
-            else:
-                e = tables.reader(t).get_unfiltered(key)
+        h = _key_hash(key)  # once per get, not per table probed
+        if l0:
+            i = _first_candidate(l0, 0, key, h)
+            while i >= 0:
+                e = tables.reader(l0[i][5]).get_unfiltered(key)
                 if e is not None:
                     return e[1]
+                i = _first_candidate(l0, i + 1, key, h)
         levels = self._levels
         for lvl in range(1, len(levels.levels)):
             t = levels.sorted_run_candidate(lvl, key)
@@ -405,20 +390,7 @@ class DKV:
             f = run_filters.get(t.key)
             if f is None:
                 f = run_filters[t.key] = _filter(tables.reader(t))
-            bits, m, k = f
-            b = h1 % m
-            if not bits[b >> 3] >> (b & 7) & 1:
-                continue
-            step = h2 % m
-            i = 1
-            while i < k:
-                b += step
-                if b >= m:
-                    b -= m
-                if not bits[b >> 3] >> (b & 7) & 1:
-                    break
-                i += 1
-            else:
+            if _may_contain_hash(*f, h):
                 e = tables.reader(t).get_unfiltered(key)
                 if e is not None:
                     return e[1]
@@ -441,7 +413,7 @@ class DKV:
         """
         if self._closed:
             raise ClosedError("DKV is closed")
-        mem_parts = [r for m in (self._mem, *self._sealed) if (r := m.range(start, end))]
+        mem_parts = [r for m in (self._mem, *self._sealed) if (r := m.range_columns(start, end))[0]]
         levels = self._levels
         runs: list[list[TableInfo]] = []
         for t in levels.l0:
@@ -478,7 +450,7 @@ class DKV:
 
     def _run_batches(
         self, run: list[TableInfo], start: bytes, end: bytes | None
-    ) -> Iterator[list[Entry]]:
+    ) -> Iterator[ColumnBatch]:
         # Tables of a sorted run are disjoint and ordered: concatenate, opening lazily.
         tables = self._tables
         for t in run:
@@ -489,7 +461,7 @@ class DKV:
                 e = hi if e is None or e > hi else e
                 if s >= e:
                     continue
-            yield from tables.reader(t).scan_entry_batches(s, e)
+            yield from tables.reader(t).scan_column_batches(s, e)
 
     def _run_iter(self, run: list[TableInfo], start: bytes, end: bytes | None) -> Iterator[Entry]:
         # Tables of a sorted run are disjoint and ordered: concatenate, opening lazily.

@@ -98,6 +98,18 @@ class Memtable:
         d = self._d
         return [(k, *d[k]) for k in keys[lo:hi]]
 
+    def range_columns(
+        self, start: bytes, end: bytes | None
+    ) -> tuple[list[bytes], list[int], list[bytes | None]]:
+        """Like ``range`` but as parallel lists ``(keys, seqs, values)`` (a scan batch)."""
+        keys = self._sorted_keys()
+        lo = bisect_left(keys, start)
+        hi = len(keys) if end is None else bisect_left(keys, end, lo)
+        keys = keys[lo:hi]
+        d = self._d
+        entries = [d[k] for k in keys]
+        return keys, [e[0] for e in entries], [e[1] for e in entries]
+
     def entries(self) -> Iterator[Entry]:
         """Yields every entry in ascending key order (used to write an SSTable)."""
         d = self._d

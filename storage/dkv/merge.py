@@ -11,7 +11,8 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator
-from operator import itemgetter
+
+from storage.dkv.native import NATIVE
 
 Entry = tuple[bytes, int, "bytes | None"]
 
@@ -59,56 +60,78 @@ def live_only(entries: Iterable[Entry]) -> Iterator[tuple[bytes, bytes]]:
             yield k, v
 
 
-_key = itemgetter(0)
+# A scan batch: parallel lists of keys (ascending, unique), sequence numbers and values
+# (None = tombstone), as SSTable blocks decode.
+ColumnBatch = tuple[list[bytes], list[int], "list[bytes | None]"]
 
 
-def merge_batches_live(sources: list[Iterator[list[Entry]]]) -> Iterator[tuple[bytes, bytes]]:
-    """``live_only(merge_newest(...))`` over sources that yield sorted *batches* of entries.
+def merge_live_py(parts: list[tuple]) -> list[tuple[bytes, bytes]]:
+    """Merges slices of column batches: each key once, ascending, with the value of its
+    highest sequence number; keys whose newest version is a tombstone are dropped.
+    Pure-Python reference of ``_native.merge_live``.
+
+    Args:
+        parts: ``(keys, seqs, values, lo, hi)``: a ``ColumnBatch`` and the slice
+            ``[lo, hi)`` of it to merge.
+
+    Returns:
+        ``(key, value)`` pairs.
+    """
+    chunk = sorted(
+        e for keys, seqs, values, lo, hi in parts
+        for e in zip(keys[lo:hi], seqs[lo:hi], values[lo:hi])
+    )
+    newest = {k: v for k, _s, v in chunk}  # ascending (key, seq): the newest comes last
+    return [kv for kv in newest.items() if kv[1] is not None]
+
+
+merge_live = NATIVE.merge_live if NATIVE is not None else merge_live_py
+
+
+def merge_batches_live(sources: list[Iterator[ColumnBatch]]) -> Iterator[tuple[bytes, bytes]]:
+    """``live_only(merge_newest(...))`` over sources that yield sorted ``ColumnBatch``es.
 
     Works a chunk at a time: the bound is the smallest last key among the sources' current
     batches; every entry up to it (from all sources) is in hand, so all versions of those
-    keys are. The chunk is sorted by ``(key, seq)`` and folded into a dict (the newest
-    version of a key comes last and wins; dict order stays ascending) in C, instead of a
-    heap step per entry. Lazy at batch (block) granularity. Each source yields ascending
-    keys, one entry per key, across all its batches; ``(key, seq)`` pairs are unique.
+    keys are, and ``merge_live`` folds them in one C call instead of a heap step per
+    entry. Lazy at batch (block) granularity. Each source yields ascending keys, one entry
+    per key, across all its batches; ``(key, seq)`` pairs are unique.
     """
-    cur: list[list] = []  # [current batch (non-empty), iterator]
+    cur: list[list] = []  # [keys, seqs, values, position, iterator] per live source
     for it in sources:
         it = iter(it)
         for b in it:
-            if b:
-                cur.append([b, it])
+            if b[0]:
+                cur.append([*b, 0, it])
                 break
     while cur:
         if len(cur) == 1:
-            b, it = cur[0]
+            keys, seqs, values, pos, it = cur[0]
             while True:
-                yield from [(k, v) for k, _s, v in b if v is not None]
+                yield from merge_live([(keys, seqs, values, pos, len(keys))])
                 b = next(it, None)
                 if b is None:
                     return
-        bound = min([c[0][-1][0] for c in cur])
-        chunk: list[Entry] = []
+                keys, seqs, values = b
+                pos = 0
+        bound = min([c[0][-1] for c in cur])
+        parts = []
         nxt = []
         for c in cur:
-            b = c[0]
-            if b[-1][0] <= bound:
-                chunk += b
-                for nb in c[1]:
-                    if nb:
-                        c[0] = nb
+            keys, seqs, values, pos, it = c
+            if keys[-1] <= bound:
+                parts.append((keys, seqs, values, pos, len(keys)))
+                for b in it:
+                    if b[0]:
+                        c[0], c[1], c[2] = b
+                        c[3] = 0
                         nxt.append(c)
                         break
             else:
-                j = bisect_right(b, bound, key=_key)
-                if j:
-                    chunk += b[:j]
-                    c[0] = b[j:]
+                j = bisect_right(keys, bound, pos)
+                if j > pos:
+                    parts.append((keys, seqs, values, pos, j))
+                    c[3] = j
                 nxt.append(c)
         cur = nxt
-        chunk.sort()
-        newest = {k: v for k, _s, v in chunk}
-        if None in newest.values():
-            yield from [kv for kv in newest.items() if kv[1] is not None]
-        else:
-            yield from newest.items()
+        yield from merge_live(parts)

@@ -19,7 +19,7 @@ class DKVOptions:
         wal_flush_bytes: If the WAL objects a checkpoint would list exceed this many
             bytes, the checkpoint flushes the memtable instead, bounding replay on open.
         zstd_level: zstandard compression level for data blocks.
-        block_cache_bytes: Budget of the decoded-block LRU cache (0 disables it).
+        block_cache_bytes: Budget of the LRU cache of decompressed data blocks (0 disables it).
         table_cache_bytes: Budget of whole table objects kept in memory (compressed bytes).
             A table of at most a quarter of it is read with one GET on first use and its
             blocks are then sliced from memory; larger tables use one ranged GET per block.

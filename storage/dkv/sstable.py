@@ -52,6 +52,7 @@ import zstandard
 from crc32c import crc32c
 
 from storage.dkv.block_cache import BlockCache
+from storage.dkv.native import NATIVE
 from storage.dkv.bloom import POLICY_NAME, build_bloom, may_contain
 from storage.errors import CorruptionError
 from storage.objectstore import ObjectStore
@@ -217,7 +218,22 @@ class SSTableBuilder:
         return b"".join([*self._parts, meta_bytes, footer]), meta
 
 
-def _decode_block(raw: bytes, uri: str, block_no: int, offset: int, expect: int) -> DecodedBlock:
+def decode_block_py(raw: bytes, expect: int) -> DecodedBlock:
+    """Splits a decompressed data block into ``(keys, seqs, values)`` (pure-Python
+    reference of ``_native.decode_block``).
+
+    Args:
+        raw: The decompressed block (layout ``raw_block`` above).
+        expect: The entry count the sparse index gives.
+
+    Returns:
+        Parallel lists: keys (strictly ascending), sequence numbers, values (None for a
+        tombstone).
+
+    Raises:
+        ValueError: Naming what is malformed (count, lengths, flags, tombstone with a
+            value, order). ``struct.error`` for a block too short for its count.
+    """
     try:
         (n,) = _U32.unpack_from(raw, 0)
         if n != expect:
@@ -226,37 +242,97 @@ def _decode_block(raw: bytes, uri: str, block_no: int, offset: int, expect: int)
         klens = u32s.unpack_from(raw, 4)
         vlens = u32s.unpack_from(raw, 4 + 4 * n)
         seqs = list(struct.unpack_from(f"<{n}Q", raw, 4 + 8 * n))
-        flags = raw[4 + 16 * n : 4 + 17 * n]
-        kstart = 4 + 17 * n
-        vstart = kstart + sum(klens)
-        if vstart + sum(vlens) != len(raw) or len(flags) != n:
-            raise ValueError("lengths do not add up to the block size")
-        if flags.translate(None, b"\x00\x01"):
-            raise ValueError("unknown entry flags")
-        kl = klens[0] if n else 0
-        if kl and klens.count(kl) == n:  # fixed-width keys: offsets are arithmetic
-            keys = [raw[a : a + kl] for a in range(kstart, vstart, kl)]
-        else:
-            koffs = list(accumulate(klens, initial=kstart))
-            keys = [raw[a:b] for a, b in zip(koffs, koffs[1:])]
-        vl = vlens[0] if n else 0
-        if vl and FLAG_TOMBSTONE not in flags and vlens.count(vl) == n:
-            values = [raw[a : a + vl] for a in range(vstart, len(raw), vl)]
-            return keys, seqs, values
-        voffs = list(accumulate(vlens, initial=vstart))
-        if FLAG_TOMBSTONE in flags:
-            values: list[bytes | None] = [
-                None if f else raw[a:b] for f, a, b in zip(flags, voffs, voffs[1:])
-            ]
-            if any(f and vl for f, vl in zip(flags, vlens)):
-                raise ValueError("tombstone with a value")
-        else:
-            values = [raw[a:b] for a, b in zip(voffs, voffs[1:])]
-    except (ValueError, struct.error) as e:
+    except struct.error:
+        raise ValueError("lengths do not add up to the block size") from None
+    flags = raw[4 + 16 * n : 4 + 17 * n]
+    kstart = 4 + 17 * n
+    vstart = kstart + sum(klens)
+    if vstart + sum(vlens) != len(raw) or len(flags) != n:
+        raise ValueError("lengths do not add up to the block size")
+    if flags.translate(None, b"\x00\x01"):
+        raise ValueError("unknown entry flags")
+    if FLAG_TOMBSTONE in flags and any(f and vl for f, vl in zip(flags, vlens)):
+        raise ValueError("tombstone with a value")
+    kl = klens[0] if n else 0
+    if kl and klens.count(kl) == n:  # fixed-width keys: offsets are arithmetic
+        keys = [raw[a : a + kl] for a in range(kstart, vstart, kl)]
+    else:
+        koffs = list(accumulate(klens, initial=kstart))
+        keys = [raw[a:b] for a, b in zip(koffs, koffs[1:])]
+    # C-level checks: sorted() of a sorted list is one pass; the set catches duplicates.
+    if keys != sorted(keys) or len(set(keys)) != len(keys):
+        raise ValueError("keys out of order")
+    vl = vlens[0] if n else 0
+    if vl and FLAG_TOMBSTONE not in flags and vlens.count(vl) == n:
+        values = [raw[a : a + vl] for a in range(vstart, len(raw), vl)]
+        return keys, seqs, values
+    voffs = list(accumulate(vlens, initial=vstart))
+    if FLAG_TOMBSTONE in flags:
+        values: list[bytes | None] = [
+            None if f else raw[a:b] for f, a, b in zip(flags, voffs, voffs[1:])
+        ]
+    else:
+        values = [raw[a:b] for a, b in zip(voffs, voffs[1:])]
+    return keys, seqs, values
+
+
+def block_get_py(raw: bytes, expect: int, key: bytes) -> tuple[int, bytes | None] | None:
+    """Looks ``key`` up in a decompressed data block without building its lists
+    (pure-Python reference of ``_native.block_get``).
+
+    Args:
+        raw: The decompressed block.
+        expect: The entry count the sparse index gives.
+        key: The key.
+
+    Returns:
+        ``(seq, value)``, ``(seq, None)`` for a tombstone, or None if absent.
+
+    Raises:
+        ValueError: The count or lengths are malformed, or the entry found has bad flags.
+    """
+    n = expect
+    try:
+        if _U32.unpack_from(raw, 0)[0] != n:
+            raise ValueError(f"{_U32.unpack_from(raw, 0)[0]} entries, index says {n}")
+        u32s = _U32S.get(n) or _U32S.setdefault(n, struct.Struct(f"<{n}I"))
+        klens = u32s.unpack_from(raw, 4)
+        vlens = u32s.unpack_from(raw, 4 + 4 * n)
+    except struct.error:
+        raise ValueError("lengths do not add up to the block size") from None
+    kstart = 4 + 17 * n
+    kend = kstart + sum(klens)
+    if kend + sum(vlens) != len(raw):
+        raise ValueError("lengths do not add up to the block size")
+    koffs = list(accumulate(klens, initial=kstart))
+    lo = bisect_left(range(n), key, key=lambda j: raw[koffs[j] : koffs[j + 1]])
+    if lo == n or raw[koffs[lo] : koffs[lo + 1]] != key:
+        return None
+    (seq,) = _U64.unpack_from(raw, 4 + 8 * n + 8 * lo)
+    flag = raw[4 + 16 * n + lo]
+    if flag > FLAG_TOMBSTONE:
+        raise ValueError("unknown entry flags")
+    if flag:
+        if vlens[lo]:
+            raise ValueError("tombstone with a value")
+        return seq, None
+    voff = kend + sum(vlens[:lo])
+    return seq, raw[voff : voff + vlens[lo]]
+
+
+if NATIVE is not None:
+    decode_block, block_get = NATIVE.decode_block, NATIVE.block_get
+else:
+    decode_block, block_get = decode_block_py, block_get_py
+
+
+def _decode_block(raw: bytes, uri: str, block_no: int, offset: int, expect: int) -> DecodedBlock:
+    try:
+        return decode_block(raw, expect)
+    except ValueError as e:
         raise CorruptionError(
             f"{uri}: malformed data block {block_no} at offset {offset}: {e}"
         ) from None
-    return keys, seqs, values
 
 
 class SSTableReader:
@@ -266,7 +342,7 @@ class SSTableReader:
         store: Where the table lives.
         key: The table's object key.
         size: The table's size in bytes if known (from the manifest); saves a HEAD.
-        cache: Shared decoded-block cache, or None.
+        cache: Shared cache of decompressed blocks, or None.
 
     Raises:
         CorruptionError: The footer or meta block fails its checks.
@@ -305,7 +381,6 @@ class SSTableReader:
                 f" at offset {tail_start})"
             )
         # Small table: keep the whole object and serve blocks from memory.
-        self._whole = tail if tail_start == 0 else None
         self._whole_view = memoryview(tail) if tail_start == 0 else None
         self._parse_tail(tail, tail_start)
 
@@ -375,50 +450,43 @@ class SSTableReader:
         return [(off, ln) for off, ln, _ in self._blocks]
 
     def _raw_block(self, i: int) -> bytes:
-        """Returns data block ``i`` decompressed, after checking its crc32c."""
+        """Returns data block ``i`` decompressed (through the block cache), after checking
+        its crc32c on a miss."""
+        cache = self._cache
+        if cache is not None:
+            hit = cache.get((self.key, i))
+            if hit is not None:
+                return hit
         off, ln, _n = self._blocks[i]
         view = self._whole_view
         if view is not None:
             frame = view[off : off + ln - 4]  # no copy
             crc = int.from_bytes(view[off + ln - 4 : off + ln], "little")
-            if crc32c(frame) != crc:
-                raise CorruptionError(
-                    f"{self.uri}: data block {i} crc32c mismatch at offset {off}"
-                )
-            try:
-                return self._dctx.decompress(frame)
-            except zstandard.ZstdError as e:
-                raise CorruptionError(
-                    f"{self.uri}: data block {i} at offset {off}: {e}"
-                ) from None
         else:
             disk = self._store.get_range(self.key, off, ln)
-        if len(disk) != ln:
-            raise CorruptionError(f"{self.uri}: short read of data block {i} at offset {off}")
-        frame = disk[:-4]
-        if crc32c(frame) != int.from_bytes(disk[-4:], "little"):
+            if len(disk) != ln:
+                raise CorruptionError(f"{self.uri}: short read of data block {i} at offset {off}")
+            frame = disk[:-4]
+            crc = int.from_bytes(disk[-4:], "little")
+        if crc32c(frame) != crc:
             raise CorruptionError(f"{self.uri}: data block {i} crc32c mismatch at offset {off}")
         try:
-            return self._dctx.decompress(frame)
+            raw = self._dctx.decompress(frame)
         except zstandard.ZstdError as e:
             raise CorruptionError(f"{self.uri}: data block {i} at offset {off}: {e}") from None
+        if cache is not None:
+            cache.put((self.key, i), raw, len(raw))
+        return raw
 
     def _block(self, i: int) -> DecodedBlock:
-        cache = self._cache
-        ck = (self.key, i)
-        if cache is not None:
-            hit = cache.get(ck)
-            if hit is not None:
-                return hit
+        # The cache holds decompressed bytes, not lists: their charge is their true size,
+        # and splitting a block into lists costs ~1 µs per block in _native.decode_block.
         off, _ln, n = self._blocks[i]
-        raw = self._raw_block(i)
-        block = _decode_block(raw, self.uri, i, off, n)
-        keys = block[0]
-        # C-level checks: sorted() of a sorted list is one pass; the set catches duplicates.
-        if keys[0] != self._first_keys[i] or keys != sorted(keys) or len(set(keys)) != len(keys):
-            raise CorruptionError(f"{self.uri}: data block {i} at offset {off} out of order")
-        if cache is not None:
-            cache.put(ck, block, len(raw))
+        block = _decode_block(self._raw_block(i), self.uri, i, off, n)
+        if not block[0] or block[0][0] != self._first_keys[i]:
+            raise CorruptionError(
+                f"{self.uri}: data block {i} at offset {off} does not start at its index key"
+            )
         return block
 
     def may_contain(self, key: bytes) -> bool:
@@ -447,70 +515,13 @@ class SSTableReader:
         i = bisect_right(self._first_keys, key) - 1
         if i < 0:
             return None
-        cache = self._cache
-        block = cache.get((self.key, i)) if cache is not None else None
-        if block is None:
-            if self._whole is not None:
-                # The table is in memory: a lookup in the raw block is cheaper than
-                # decoding and caching it.
-                return self._get_in_raw(i, key)
-            block = self._block(i)  # one ranged GET: decode and cache for the next get
-        keys, seqs, values = block
-        j = bisect_left(keys, key)
-        if j < len(keys) and keys[j] == key:
-            return seqs[j], values[j]
-        return None
-
-    def _get_in_raw(self, i: int, key: bytes) -> tuple[int, bytes | None] | None:
-        # Point lookup on the decompressed block without building its lists: binary search
-        # over key offsets. Any inconsistency falls back to the full (raising) decode.
         raw = self._raw_block(i)
-        n = self._blocks[i][2]
-        kstart = 4 + 17 * n
         try:
-            if _U32.unpack_from(raw, 0)[0] != n:
-                raise ValueError
-            u32s = _U32S.get(n) or _U32S.setdefault(n, struct.Struct(f"<{n}I"))
-            klens = u32s.unpack_from(raw, 4)
-            vlens = u32s.unpack_from(raw, 4 + 4 * n)
-            kl = klens[0]
-            fixed = kl > 0 and klens.count(kl) == n  # fixed-width keys: arithmetic offsets
-            kend = kstart + kl * n if fixed else kstart + sum(klens)
-            if kend + sum(vlens) != len(raw):
-                raise ValueError
-        except (ValueError, struct.error):
-            _decode_block(raw, self.uri, i, self._blocks[i][0], n)  # raises CorruptionError
-            raise AssertionError("unreachable") from None
-        lo, hi = 0, n
-        if fixed:
-            # The key column is n keys of kl bytes back to back: a C-level substring
-            # search finds the key; a hit off the kl grid straddles two keys, so go on.
-            if len(key) != kl:
-                return None
-            a = raw.find(key, kstart, kend)
-            while a >= 0 and (a - kstart) % kl:
-                a = raw.find(key, a + 1, kend)
-            if a < 0:
-                return None
-            lo = (a - kstart) // kl
-        else:
-            koffs = list(accumulate(klens, initial=kstart))
-            while lo < hi:
-                mid = (lo + hi) >> 1
-                if raw[koffs[mid] : koffs[mid + 1]] < key:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            if lo == n or raw[koffs[lo] : koffs[lo + 1]] != key:
-                return None
-        (seq,) = _U64.unpack_from(raw, 4 + 8 * n + 8 * lo)
-        flag = raw[4 + 16 * n + lo]
-        if flag == FLAG_TOMBSTONE and not vlens[lo]:
-            return seq, None
-        if flag:
-            _decode_block(raw, self.uri, i, self._blocks[i][0], n)  # raises CorruptionError
-        voff = kend + sum(vlens[:lo])
-        return seq, raw[voff : voff + vlens[lo]]
+            return block_get(raw, self._blocks[i][2], key)
+        except ValueError as e:
+            raise CorruptionError(
+                f"{self.uri}: malformed data block {i} at offset {self._blocks[i][0]}: {e}"
+            ) from None
 
     def scan_batches(
         self, start: bytes, end: bytes | None = None
@@ -539,9 +550,11 @@ class SSTableReader:
             yield (keys[j:], values[j:]) if j else (keys, values)
             i += 1
 
-    def scan_entry_batches(self, start: bytes, end: bytes | None = None) -> Iterator[list[Entry]]:
-        """Yields per block the list of entries ``(key, seq, value-or-None)`` with
-        ``start <= key < end``, ascending (the batch form of ``iter_from``)."""
+    def scan_column_batches(
+        self, start: bytes, end: bytes | None = None
+    ) -> Iterator[DecodedBlock]:
+        """Yields per block ``(keys, seqs, values)`` lists (values None for tombstones) of
+        the entries with ``start <= key < end``, ascending; never an empty batch."""
         if (end is not None and end <= self.min_key) or start > self.max_key:
             return
         first_keys = self._first_keys
@@ -556,9 +569,11 @@ class SSTableReader:
                 j = bisect_left(keys, start)
             if end is not None and keys[-1] >= end:
                 k = bisect_left(keys, end, j)
-                yield list(zip(keys[j:k], seqs[j:k], values[j:k]))
+                if k > j:
+                    yield keys[j:k], seqs[j:k], values[j:k]
                 return
-            yield list(zip(keys[j:], seqs[j:], values[j:])) if j else list(zip(keys, seqs, values))
+            if j < len(keys):
+                yield (keys[j:], seqs[j:], values[j:]) if j else (keys, seqs, values)
             j = 0
             i += 1
 

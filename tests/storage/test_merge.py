@@ -6,20 +6,36 @@ import random
 
 import pytest
 
+from storage.dkv import merge, native
 from storage.dkv.merge import live_only, merge_batches_live, merge_newest
 
 
-def _batches(entries: list, rng: random.Random) -> list[list]:
+def _batches(entries: list, rng: random.Random) -> list[tuple]:
     out, i = [], 0
     while i < len(entries):
         n = rng.randrange(0, 6)  # empty batches are allowed
-        out.append(entries[i : i + n])
+        part = entries[i : i + n]
+        out.append(([e[0] for e in part], [e[1] for e in part], [e[2] for e in part]))
         i += n
     return out
 
 
+@pytest.fixture(params=["native", "python"])
+def merge_impl(request, monkeypatch):
+    """Runs a test with the compiled ``merge_live`` and again with the Python reference."""
+    if request.param == "native":
+        if merge.NATIVE is None:
+            if native.DISABLED:
+                pytest.skip("DKVSTREAM_DKV_NATIVE=0: pure-Python paths forced")
+            pytest.fail("storage.dkv._native was not built (see tests/storage/test_native.py)")
+        monkeypatch.setattr(merge, "merge_live", merge.NATIVE.merge_live)
+    else:
+        monkeypatch.setattr(merge, "merge_live", merge.merge_live_py)
+    return request.param
+
+
 @pytest.mark.parametrize("seed", range(40))
-def test_batch_merge_matches_heap_merge(seed: int) -> None:
+def test_batch_merge_matches_heap_merge(seed: int, merge_impl: str) -> None:
     rng = random.Random(seed)
     seq = 0
     sources = []
