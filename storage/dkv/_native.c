@@ -10,6 +10,8 @@
  *       a decompressed SSTable data block split into parallel lists.
  *   block_get(raw, expect, key) -> (seq, value) | None
  *       a point lookup in a decompressed data block, without building its lists.
+ *   block_range(raw, expect, start, end) -> (keys, seqs, values)
+ *       the same for only the entries in [start, end): what a scan reads of a block.
  *   merge_live(parts) -> [(key, value)]
  *       one chunk of a scan's merge: newest version per key, tombstones dropped.
  *
@@ -301,10 +303,108 @@ fail:
 }
 
 
+/* Lower bound of key in the block's key column: the first index whose key is >= key. */
+static Py_ssize_t key_lower_bound(const unsigned char *raw, const uint64_t *offs, Py_ssize_t n,
+                                  const char *key, Py_ssize_t kl) {
+    Py_ssize_t lo = 0, hi = n;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) >> 1;
+        if (bytes_cmp((const char *)raw + offs[mid], (Py_ssize_t)(offs[mid + 1] - offs[mid]),
+                      key, kl) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+PyDoc_STRVAR(block_range_doc,
+"block_range(raw, expect, start, end) -> (keys, seqs, values)\n\n"
+"Like decode_block, but only the entries with start <= key < end (end None: no bound),\n"
+"found by binary search: a scan touching a block builds objects for its own entries\n"
+"only. Raises ValueError for a malformed count, lengths or flags, or keys of the range\n"
+"not strictly ascending.");
+
+static PyObject *block_range(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[2])
+        || (args[3] != Py_None && !PyBytes_Check(args[3]))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "block_range(raw: bytes, expect: int, start: bytes, end: bytes | None)");
+        return NULL;
+    }
+    const unsigned char *raw = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    Py_ssize_t len = PyBytes_GET_SIZE(args[0]);
+    Py_ssize_t expect = PyLong_AsSsize_t(args[1]);
+    if (expect == -1 && PyErr_Occurred()) return NULL;
+    uint64_t ksum;
+    if (block_header(raw, len, expect, &ksum) < 0) return NULL;
+    Py_ssize_t n = expect;
+    const unsigned char *klens = raw + 4, *vlens = raw + 4 + 4 * n;
+    const unsigned char *seqp = raw + 4 + 8 * n, *flags = raw + 4 + 16 * n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (flags[i] > 1) {
+            PyErr_SetString(PyExc_ValueError, "unknown entry flags");
+            return NULL;
+        }
+        if (flags[i] && rd_u32(vlens + 4 * i)) {
+            PyErr_SetString(PyExc_ValueError, "tombstone with a value");
+            return NULL;
+        }
+    }
+    uint64_t stack_offs[2 * 257];
+    uint64_t *koffs = n < 256 ? stack_offs : PyMem_Malloc(sizeof(uint64_t) * 2 * (size_t)(n + 1));
+    if (!koffs) return PyErr_NoMemory();
+    uint64_t *voffs = koffs + (n + 1);
+    koffs[0] = 4 + 17 * (uint64_t)n;
+    voffs[0] = koffs[0] + ksum;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        koffs[i + 1] = koffs[i] + rd_u32(klens + 4 * i);
+        voffs[i + 1] = voffs[i] + rd_u32(vlens + 4 * i);
+    }
+    Py_ssize_t lo = key_lower_bound(raw, koffs, n, PyBytes_AS_STRING(args[2]),
+                                    PyBytes_GET_SIZE(args[2]));
+    Py_ssize_t hi = args[3] == Py_None ? n
+        : key_lower_bound(raw, koffs, n, PyBytes_AS_STRING(args[3]), PyBytes_GET_SIZE(args[3]));
+    if (hi < lo) hi = lo;
+    PyObject *keys = PyList_New(hi - lo), *seqs = PyList_New(hi - lo), *values = PyList_New(hi - lo);
+    if (!keys || !seqs || !values) goto fail;
+    for (Py_ssize_t i = lo; i < hi; i++) {
+        if (i > lo && bytes_cmp((const char *)raw + koffs[i - 1], (Py_ssize_t)(koffs[i] - koffs[i - 1]),
+                                (const char *)raw + koffs[i], (Py_ssize_t)(koffs[i + 1] - koffs[i])) >= 0) {
+            PyErr_SetString(PyExc_ValueError, "keys out of order");
+            goto fail;
+        }
+        PyObject *k = PyBytes_FromStringAndSize((const char *)raw + koffs[i], (Py_ssize_t)(koffs[i + 1] - koffs[i]));
+        if (!k) goto fail;
+        PyList_SET_ITEM(keys, i - lo, k);
+        PyObject *sq = PyLong_FromUnsignedLongLong(rd_u64(seqp + 8 * i));
+        if (!sq) goto fail;
+        PyList_SET_ITEM(seqs, i - lo, sq);
+        PyObject *v;
+        if (flags[i]) {
+            v = Py_None;
+            Py_INCREF(v);
+        } else {
+            v = PyBytes_FromStringAndSize((const char *)raw + voffs[i], (Py_ssize_t)(voffs[i + 1] - voffs[i]));
+            if (!v) goto fail;
+        }
+        PyList_SET_ITEM(values, i - lo, v);
+    }
+    if (koffs != stack_offs) PyMem_Free(koffs);
+    return Py_BuildValue("(NNN)", keys, seqs, values);
+fail:
+    if (koffs != stack_offs) PyMem_Free(koffs);
+    Py_XDECREF(keys);
+    Py_XDECREF(seqs);
+    Py_XDECREF(values);
+    return NULL;
+}
+
 PyDoc_STRVAR(merge_live_doc,
 "merge_live(parts) -> list[(key, value)]\n\n"
 "parts: list of (keys, seqs, values, lo, hi): three parallel lists and the slice [lo, hi)\n"
-"to merge; keys ascending and unique within a part; values None for tombstones. Returns\n"
+"to merge, or (keys, seqs, values) for all of them; keys ascending and unique within a\n"
+"part; values None for tombstones. Returns\n"
 "each key once, ascending, with the value of its highest sequence number, dropping keys\n"
 "whose newest version is a tombstone. Raises TypeError/ValueError on malformed parts.");
 
@@ -324,16 +424,19 @@ static PyObject *merge_live(PyObject *self, PyObject *parts) {
     PyObject *out = NULL;
     for (Py_ssize_t i = 0; i < np; i++) {
         PyObject *t = PyList_GET_ITEM(parts, i);
-        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 5 || !PyList_Check(PyTuple_GET_ITEM(t, 0))
+        if (!PyTuple_Check(t) || (PyTuple_GET_SIZE(t) != 5 && PyTuple_GET_SIZE(t) != 3)
+            || !PyList_Check(PyTuple_GET_ITEM(t, 0))
             || !PyList_Check(PyTuple_GET_ITEM(t, 1)) || !PyList_Check(PyTuple_GET_ITEM(t, 2))) {
-            PyErr_Format(PyExc_TypeError, "merge_live: part %zd is not (keys, seqs, values, lo, hi)", i);
+            PyErr_Format(PyExc_TypeError, "merge_live: part %zd is not (keys, seqs, values[, lo, hi])", i);
             goto done;
         }
         PyObject *k = PyTuple_GET_ITEM(t, 0), *s = PyTuple_GET_ITEM(t, 1), *v = PyTuple_GET_ITEM(t, 2);
-        Py_ssize_t lo = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 3));
-        Py_ssize_t hi = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 4));
-        if (PyErr_Occurred()) goto done;
-        Py_ssize_t n = PyList_GET_SIZE(k);
+        Py_ssize_t n = PyList_GET_SIZE(k), lo = 0, hi = n;
+        if (PyTuple_GET_SIZE(t) == 5) {
+            lo = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 3));
+            hi = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 4));
+            if (PyErr_Occurred()) goto done;
+        }
         if (PyList_GET_SIZE(s) != n || PyList_GET_SIZE(v) != n || lo < 0 || hi > n || lo > hi) {
             PyErr_Format(PyExc_ValueError, "merge_live: part %zd: lengths or bounds disagree", i);
             goto done;
@@ -404,6 +507,7 @@ static PyMethodDef methods[] = {
      bloom_may_contain_doc},
     {"decode_block", (PyCFunction)(void (*)(void))decode_block, METH_FASTCALL, decode_block_doc},
     {"block_get", (PyCFunction)(void (*)(void))block_get, METH_FASTCALL, block_get_doc},
+    {"block_range", (PyCFunction)(void (*)(void))block_range, METH_FASTCALL, block_range_doc},
     {"merge_live", (PyCFunction)merge_live, METH_O, merge_live_doc},
     {NULL, NULL, 0, NULL},
 };

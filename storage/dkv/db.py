@@ -38,7 +38,7 @@ from storage.dkv.invariants import check_manifest
 from storage.dkv.levels import LevelList
 from storage.dkv.manifest import Manifest, WalRef, load_manifest, publish_manifest
 from storage.dkv.memtable import Memtable
-from storage.dkv.merge import ColumnBatch, Entry, merge_batches_live
+from storage.dkv.merge import ColumnBatch, Entry, merge_batches_live, merge_live
 from storage.dkv.options import DKVOptions
 from storage.dkv.paths import PathResolver, compactions_dir, parse_result_key, validate_name
 from storage.dkv.remote_compaction import can_install, load_result
@@ -48,6 +48,10 @@ from storage.dkv.wal import WalRecord
 from storage.errors import ClosedError, ManifestConflictError
 from storage.objectstore import ObjectStore
 
+
+# Scans reading at most this many data blocks in all (~4 KiB each decompressed) are merged
+# eagerly in one call; longer ones lazily, a block at a time, in bounded memory.
+SMALL_SCAN_BLOCKS = 16
 
 def prefix_successor(prefix: bytes) -> bytes | None:
     """Returns the smallest key greater than every key starting with ``prefix``.
@@ -139,6 +143,17 @@ def _filter(r: SSTableReader) -> tuple[bytes, int, int]:
         return b"\xff", 8, 1
     return bits, len(bits) << 3, k
 
+
+
+def _table_bounds(t: TableInfo, start: bytes, end: bytes | None) -> tuple[bytes, bytes | None] | None:
+    """``[start, end)`` narrowed to what a clipped (shared, after a rescale) table may
+    serve, or None if nothing; unclipped tables serve the whole range."""
+    if t.clip is None:
+        return start, end
+    s = max(start, t.min_key)
+    hi = t.max_key + b"\x00"
+    e = hi if end is None or end > hi else end
+    return (s, e) if s < e else None
 
 class DKV:
     """An LSM key-value store over an ``ObjectStore``. Keys and values are ``bytes``.
@@ -415,53 +430,59 @@ class DKV:
             raise ClosedError("DKV is closed")
         mem_parts = [r for m in (self._mem, *self._sealed) if (r := m.range_columns(start, end))[0]]
         levels = self._levels
-        runs: list[list[TableInfo]] = []
-        for t in levels.l0:
-            if t.max_key >= start and (end is None or t.min_key < end):
-                runs.append([t])
-        for lvl in levels.levels[1:]:
-            run = [t for t in lvl if t.max_key >= start and (end is None or t.min_key < end)]
+        runs: list[tuple[TableInfo, ...]] = [
+            (t,) for t in levels.l0 if t.max_key >= start and (end is None or t.min_key < end)
+        ]
+        for lvl in range(1, len(levels.levels)):
+            run = levels.sorted_run_overlapping(lvl, start, end)
             if run:
                 runs.append(run)
+        # The data blocks each table would read (sparse index; no I/O): a short scan
+        # (operator state of one subject, a prefix of ~100 keys) reads them all now and
+        # merges in one C call; generators and the chunked merge cost more than the
+        # scan itself at that size.
+        reader = self._tables.reader
+        spans = []
+        nblocks = 0
+        for run in runs:
+            for t in run:
+                bounds = _table_bounds(t, start, end)
+                if bounds is not None:
+                    r = reader(t)
+                    span = r.block_span(*bounds)
+                    nblocks += len(span)
+                    if nblocks > SMALL_SCAN_BLOCKS:
+                        break
+                    spans.append((r, span, bounds))
+            if nblocks > SMALL_SCAN_BLOCKS:
+                break
+        else:
+            parts = mem_parts
+            for r, span, (s, e) in spans:
+                parts += r.read_span(span, s, e)
+            return iter(merge_live(parts))
         if not mem_parts and len(runs) == 1:
-            # One sorted source: no merge, whole blocks at a time.
+            # One sorted source: nothing to merge; a block at a time, tombstones dropped.
             return self._scan_run(runs[0], start, end)
         sources = [[p] for p in mem_parts]
         sources += [self._run_batches(run, start, end) for run in runs]
         return merge_batches_live(sources)
 
     def _scan_run(
-        self, run: list[TableInfo], start: bytes, end: bytes | None
+        self, run: tuple[TableInfo, ...], start: bytes, end: bytes | None
     ) -> Iterator[tuple[bytes, bytes]]:
-        tables = self._tables
-        for t in run:
-            s, e = start, end
-            if t.clip is not None:
-                s = max(s, t.min_key)
-                hi = t.max_key + b"\x00"
-                e = hi if e is None or e > hi else e
-                if s >= e:
-                    continue
-            for keys, values in tables.reader(t).scan_batches(s, e):
-                if None in values:
-                    yield from [(k, v) for k, v in zip(keys, values) if v is not None]
-                else:
-                    yield from zip(keys, values)
+        for batch in self._run_batches(run, start, end):
+            yield from merge_live([batch])
 
     def _run_batches(
-        self, run: list[TableInfo], start: bytes, end: bytes | None
+        self, run: tuple[TableInfo, ...], start: bytes, end: bytes | None
     ) -> Iterator[ColumnBatch]:
         # Tables of a sorted run are disjoint and ordered: concatenate, opening lazily.
-        tables = self._tables
+        reader = self._tables.reader
         for t in run:
-            s, e = start, end
-            if t.clip is not None:
-                s = max(s, t.min_key)
-                hi = t.max_key + b"\x00"
-                e = hi if e is None or e > hi else e
-                if s >= e:
-                    continue
-            yield from tables.reader(t).scan_column_batches(s, e)
+            bounds = _table_bounds(t, start, end)
+            if bounds is not None:
+                yield from reader(t).scan_column_batches(*bounds)
 
     def _run_iter(self, run: list[TableInfo], start: bytes, end: bytes | None) -> Iterator[Entry]:
         # Tables of a sorted run are disjoint and ordered: concatenate, opening lazily.

@@ -91,3 +91,15 @@ class LevelList:
         if j < len(run) and run[j].min_key <= key:
             return run[j]
         return None
+
+    def sorted_run_overlapping(self, i: int, start: bytes, end: bytes | None) -> tuple[TableInfo, ...]:
+        """Returns the tables of sorted-run level ``i`` that may hold keys in
+        ``[start, end)`` (``end`` None: no bound), in key order (two bisections)."""
+        run = self.level(i)
+        j = bisect_left(self._max_keys[i], start)
+        k = len(run) if end is None else bisect_left(self._min_keys[i], end, j)
+        return run[j:k]
+
+    @cached_property
+    def _min_keys(self) -> list[list[bytes]]:
+        return [[t.min_key for t in lvl] for lvl in self.levels]

@@ -72,13 +72,13 @@ def merge_live_py(parts: list[tuple]) -> list[tuple[bytes, bytes]]:
 
     Args:
         parts: ``(keys, seqs, values, lo, hi)``: a ``ColumnBatch`` and the slice
-            ``[lo, hi)`` of it to merge.
+            ``[lo, hi)`` of it to merge; or a ``ColumnBatch`` alone (all of it).
 
     Returns:
         ``(key, value)`` pairs.
     """
     chunk = sorted(
-        e for keys, seqs, values, lo, hi in parts
+        e for keys, seqs, values, lo, hi in (p if len(p) == 5 else (*p, 0, len(p[0])) for p in parts)
         for e in zip(keys[lo:hi], seqs[lo:hi], values[lo:hi])
     )
     newest = {k: v for k, _s, v in chunk}  # ascending (key, seq): the newest comes last

@@ -320,10 +320,25 @@ def block_get_py(raw: bytes, expect: int, key: bytes) -> tuple[int, bytes | None
     return seq, raw[voff : voff + vlens[lo]]
 
 
+def block_range_py(raw: bytes, expect: int, start: bytes, end: bytes | None) -> DecodedBlock:
+    """``decode_block_py`` restricted to ``start <= key < end`` (``end`` None: no bound);
+    pure-Python reference of ``_native.block_range``.
+
+    Raises:
+        ValueError: As ``decode_block_py``.
+    """
+    keys, seqs, values = decode_block_py(raw, expect)
+    lo = bisect_left(keys, start)
+    hi = len(keys) if end is None else max(lo, bisect_left(keys, end))
+    return keys[lo:hi], seqs[lo:hi], values[lo:hi]
+
+
 if NATIVE is not None:
-    decode_block, block_get = NATIVE.decode_block, NATIVE.block_get
+    decode_block, block_get, block_range = (
+        NATIVE.decode_block, NATIVE.block_get, NATIVE.block_range
+    )
 else:
-    decode_block, block_get = decode_block_py, block_get_py
+    decode_block, block_get, block_range = decode_block_py, block_get_py, block_range_py
 
 
 def _decode_block(raw: bytes, uri: str, block_no: int, offset: int, expect: int) -> DecodedBlock:
@@ -463,7 +478,7 @@ class SSTableReader:
             frame = view[off : off + ln - 4]  # no copy
             crc = int.from_bytes(view[off + ln - 4 : off + ln], "little")
         else:
-            disk = self._store.get_range(self.key, off, ln)
+            disk = self._store.get_range_immutable(self.key, off, ln)
             if len(disk) != ln:
                 raise CorruptionError(f"{self.uri}: short read of data block {i} at offset {off}")
             frame = disk[:-4]
@@ -550,32 +565,47 @@ class SSTableReader:
             yield (keys[j:], values[j:]) if j else (keys, values)
             i += 1
 
+    def _block_range(self, i: int, start: bytes, end: bytes | None) -> DecodedBlock:
+        try:
+            return block_range(self._raw_block(i), self._blocks[i][2], start, end)
+        except ValueError as e:
+            raise CorruptionError(
+                f"{self.uri}: malformed data block {i} at offset {self._blocks[i][0]}: {e}"
+            ) from None
+
+    def block_span(self, start: bytes, end: bytes | None) -> range:
+        """The data blocks that may hold keys in ``[start, end)`` (sparse index; no I/O)."""
+        if (end is not None and end <= self.min_key) or start > self.max_key:
+            return range(0)
+        first_keys = self._first_keys
+        i = max(0, bisect_right(first_keys, start) - 1)
+        return range(i, len(first_keys) if end is None else bisect_left(first_keys, end, i))
+
     def scan_column_batches(
         self, start: bytes, end: bytes | None = None
     ) -> Iterator[DecodedBlock]:
         """Yields per block ``(keys, seqs, values)`` lists (values None for tombstones) of
-        the entries with ``start <= key < end``, ascending; never an empty batch."""
-        if (end is not None and end <= self.min_key) or start > self.max_key:
-            return
-        first_keys = self._first_keys
-        i = max(0, bisect_right(first_keys, start) - 1)
-        nblocks = len(self._blocks)
-        j = -1
-        while i < nblocks:
-            if end is not None and first_keys[i] >= end:
-                return
-            keys, seqs, values = self._block(i)
-            if j < 0:
-                j = bisect_left(keys, start)
-            if end is not None and keys[-1] >= end:
-                k = bisect_left(keys, end, j)
-                if k > j:
-                    yield keys[j:k], seqs[j:k], values[j:k]
-                return
-            if j < len(keys):
-                yield (keys[j:], seqs[j:], values[j:]) if j else (keys, seqs, values)
-            j = 0
-            i += 1
+        the entries with ``start <= key < end``, ascending; never an empty batch. Only the
+        entries in range become Python objects (``block_range``).
+
+        Raises:
+            CorruptionError: A block fails its checksum or is malformed.
+        """
+        for i in self.block_span(start, end):
+            batch = self._block_range(i, start, end)
+            if batch[0]:
+                yield batch
+
+    def read_span(self, span: range, start: bytes, end: bytes | None) -> list[DecodedBlock]:
+        """``list(scan_column_batches(start, end))`` without the generator, over the
+        ``block_span(start, end)`` the caller already computed: for short scans, where
+        per-block overhead shows."""
+        out = []
+        for i in span:
+            batch = self._block_range(i, start, end)
+            if batch[0]:
+                out.append(batch)
+        return out
 
     def last_key_before(self, end: bytes | None) -> bytes | None:
         """Returns the largest key ``< end`` (the last key if ``end`` is None), or None."""

@@ -180,6 +180,15 @@ class ObjectStore(ABC):
             ObjectNotFoundError: No such key.
         """
 
+    def get_range_immutable(self, key: str, start: int, length: int) -> bytes:
+        """``get_range`` of an object its writer never rewrites (an SSTable): a store may
+        keep the object open between calls, so a read after the object was deleted may
+        still return its bytes instead of raising ``ObjectNotFoundError``.
+
+        Args, returns and raises: as ``get_range``.
+        """
+        return self.get_range(key, start, length)
+
     @abstractmethod
     def size(self, key: str) -> int:
         """Returns the object's size in bytes.

@@ -94,6 +94,34 @@ def test_get_range(store: ObjectStore) -> None:
     assert store.get_range("r", 256, 10) == b""
 
 
+def test_get_range_immutable_reads_like_get_range(store: ObjectStore) -> None:
+    data = bytes(range(256))
+    store.put("im/t", data)
+    for start, length in ((0, 10), (100, 50), (250, 100), (256, 10), (5, 0)):
+        assert store.get_range_immutable("im/t", start, length) == data[start : start + length]
+    with pytest.raises(ObjectNotFoundError, match="im/missing"):
+        store.get_range_immutable("im/missing", 0, 1)
+    # The store's own rewrite and delete are seen even if it kept the object open.
+    store.put("im/t", b"new bytes")
+    assert store.get_range_immutable("im/t", 0, 3) == b"new"
+    store.delete("im/t")
+    with pytest.raises(ObjectNotFoundError, match="im/t"):
+        store.get_range_immutable("im/t", 0, 1)
+
+
+def test_local_store_bounds_open_files(tmp_path) -> None:
+    from storage.objectstore import local
+
+    s = local.LocalObjectStore(tmp_path)
+    for i in range(local.MAX_OPEN_FILES + 20):
+        s.put(f"f/{i}", b"%d" % i)
+        assert s.get_range_immutable(f"f/{i}", 0, 8) == b"%d" % i
+    assert len(s._fds) == local.MAX_OPEN_FILES
+    assert s.get_range_immutable("f/0", 0, 8) == b"0"  # evicted, reopened
+    s.close()
+    assert not s._fds
+
+
 def test_list_sorted_recursive_with_prefix(store: ObjectStore) -> None:
     keys = ["p/z", "p/a/2", "p/a/1", "p/b", "q/x", "px"]
     for k in keys:
