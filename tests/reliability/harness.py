@@ -43,9 +43,10 @@ OPTIONS = DKVOptions(memtable_bytes=4 << 10, l0_compaction_trigger=2, target_fil
 
 
 def job(name: str = "keyed_count", events: int = 6_000, events_per_epoch: int = 1_500) -> Job:
-    """The crash-test job: 2 partitions x ``events``, 200 keys, an event every 2 s per
-    partition (about 3 one-hour windows close during the run), 8 epochs by default."""
-    return keyed_count_job(events, 200, partitions=2, step_ms=2_000, events_per_epoch=events_per_epoch,
+    """The crash-test job: 2 partitions x ``events``, 200 keys, an event every 6 s per
+    partition, 8 epochs by default; each epoch spans 75 min of event time, so every epoch
+    closes a one-hour window and publishes output."""
+    return keyed_count_job(events, 200, partitions=2, step_ms=6_000, events_per_epoch=events_per_epoch,
                            parallelism=2, name=name)
 
 
