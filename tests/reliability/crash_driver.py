@@ -9,9 +9,9 @@ Usage: ``python crash_driver.py '<json config>'`` with keys
   ready_file and wait until go_file exists (two drivers meet before their commit);
 * ``spark``: a Spark master (e.g. ``local[2]``, ``local[2,4]``); absent: in-process;
 * ``spark_conf``: extra Spark settings;
-* ``fail_first_attempt``: every task's first attempt fails (Spark retries it): in
-  ranges 0, 2, ... after it wrote its staged files and DKV manifest, in the others while
-  processing events;
+* ``fail_first_attempt``: a directory; every task's first attempt fails (Spark retries
+  it) and leaves a file there: in partitions 0, 2, ... after it wrote its staged files
+  and DKV manifest, in the others while processing events;
 * ``job``: keyword arguments of ``harness.job``.
 
 Exit code 0 after the job's end; a fenced driver exits 3 with the error on stderr.
@@ -33,7 +33,11 @@ from tests.reliability import harness  # noqa: E402
 
 
 class FailsOnFirstAttempt(KeyedWindowCountBatch):
-    """The batch operator whose task attempt 0 fails (pickled by value: defined in __main__)."""
+    """The batch operator whose task attempt 0 fails (pickled by value: defined in
+    __main__); each failure touches a file in ``log_dir``."""
+
+    def __init__(self, log_dir: str) -> None:
+        self.log_dir = log_dir
 
     def on_batch(self, ctx, events):
         from pyspark import TaskContext
@@ -42,6 +46,7 @@ class FailsOnFirstAttempt(KeyedWindowCountBatch):
 
         tc = TaskContext.get()
         if tc is not None and tc.attemptNumber() == 0:
+            Path(self.log_dir, f"stage{tc.stageId()}-part{tc.partitionId()}").touch()
             if tc.partitionId() % 2 == 0:
                 def fail(point: str) -> None:
                     raise RuntimeError(f"injected failure of attempt 0 at {point}")
@@ -75,7 +80,7 @@ def main() -> int:
         spark = get_spark({"spark.master": cfg["spark"], **cfg.get("spark_conf", {})})
     runner = harness.runner(cfg["store"], spark, **cfg.get("job", {}))
     if cfg.get("fail_first_attempt"):
-        runner.job.operators = [FailsOnFirstAttempt()]
+        runner.job.operators = [FailsOnFirstAttempt(cfg["fail_first_attempt"])]
     try:
         for res in runner.run():
             print(json.dumps({"epoch": res.epoch, "seconds": res.seconds}), flush=True)
