@@ -121,7 +121,7 @@ def test_soak_with_sensors_and_s3_restarts(request, s3_server, s3_store) -> None
             s3_server.start()
             down.clear()
             restarts.append(round(time.monotonic() - started, 1))
-            print(f"{now:7.1f} s: S3 server restarted", flush=True)
+            print(f"{restarts[-1]:7.1f} s: S3 server restarted (stopped at {now:.1f} s or before)", flush=True)
 
     started = time.monotonic()
     timers = [threading.Timer(seconds * f, stop) for f in (1 / 3, 2 / 3)]
