@@ -15,7 +15,6 @@ it cannot be exercised in local mode; the duplicate-attempt test stands in for i
 """
 from __future__ import annotations
 
-import random
 
 import pytest
 
