@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from operators.checkpoints import checkpoint_key, list_epochs, read_checkpoint
 from operators.control import read_lease
 from storage.dkv.gc import collect_garbage
+from storage.faults import fault_point
 from storage.objectstore import ObjectStore
 
 _STAGED_EPOCH = re.compile(r"/staging/epoch=(\d+)/")
@@ -89,6 +90,7 @@ def cleanup_job(store: ObjectStore, job_prefix: str, retain: int, *, concurrent:
     retained = [read_checkpoint(store, job_prefix, e) for e in kept]
     for e in expired:
         store.delete(checkpoint_key(job_prefix, e))
+        fault_point("cleanup_checkpoint")
         report.checkpoints_deleted += 1
     if report.deferred:
         return report
@@ -112,6 +114,7 @@ def cleanup_job(store: ObjectStore, job_prefix: str, retain: int, *, concurrent:
             continue
         report.bytes_freed += store.size(key)
         store.delete(key)
+        fault_point("cleanup_staged")
         report.files_deleted += 1
     return report
 

@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from operators.api import WATERMARK_MAX, WATERMARK_MIN
-from operators.checkpoints import JobCheckpoint, commit_checkpoint, latest_checkpoint
+from operators.checkpoints import JobCheckpoint, checkpoint_key, commit_checkpoint, latest_checkpoint
 from operators.cleanup import CleanupReport, cleanup_job
 from operators.control import (
     acquire_lease,
@@ -56,6 +56,8 @@ from operators.task import (
     run_task,
 )
 from storage.dkv import DKVOptions
+from storage.errors import ObjectExistsError
+from storage.faults import fault_point
 from storage.objectstore import ObjectStore, open_object_store, subtract_requests, sum_requests
 
 log = logging.getLogger(__name__)
@@ -71,6 +73,11 @@ Failpoint = Callable[[str, int], None]
 
 class JobFailedError(RuntimeError):
     """Raised when an epoch fails; the previous checkpoint stays the newest."""
+
+
+class JobFencedError(JobFailedError):
+    """Raised when another driver committed this epoch first: this driver must stop (it
+    published nothing of the epoch; its task files are garbage for cleanup)."""
 
 
 @dataclass
@@ -180,6 +187,7 @@ class JobRunner:
 
         Raises:
             JobFailedError: an epoch failed (the previous checkpoint stays newest).
+            JobFencedError: another driver committed an epoch this one ran.
         """
         ckpt = self.latest()
         if ckpt is None:
@@ -197,6 +205,7 @@ class JobRunner:
             flushes = pending_flush_requests(self.store, self.job.prefix)
             lease = acquire_lease(self.store, self.job.prefix, ckpt.epoch + 1)
             try:
+                fault_point("epoch_planned")
                 result, ckpt = self._run_epoch(ckpt, plan, flush=bool(flushes))
             except BaseException:
                 # The epoch's own error is the one to report: with the store down,
@@ -204,6 +213,7 @@ class JobRunner:
                 with contextlib.suppress(Exception):
                     release_lease(self.store, self.job.prefix, lease)
                 raise
+            fault_point("after_cleanup")
             release_lease(self.store, self.job.prefix, lease)
             consume_flush_requests(self.store, flushes)
             done += 1
@@ -284,6 +294,7 @@ class JobRunner:
             stage_input = forwarded
 
         self.failpoint("after_tasks", epoch)
+        fault_point("after_tasks")
         last_results = results_by_op[self.job.operators[-1].name]
         outputs: dict[str, list[str]] = {}
         for res in sorted(last_results, key=lambda r: r.range_index):
@@ -312,9 +323,17 @@ class JobRunner:
             operators={op: {res.range_label: res.manifest_key for res in rs} for op, rs in results_by_op.items()},
             outputs=outputs, metrics=metrics,
         )
-        key = commit_checkpoint(self.store, self.job.prefix, new)
+        try:
+            key = commit_checkpoint(self.store, self.job.prefix, new)
+        except ObjectExistsError:
+            raise JobFencedError(
+                f"job {self.job.name}: epoch {epoch} was committed by another driver "
+                f"({self.store.uri(checkpoint_key(self.job.prefix, epoch))} already exists); "
+                f"this driver stops without publishing. Run one driver per job.") from None
         self.failpoint("after_commit", epoch)
+        fault_point("after_commit")
         published = self._publish(new)
+        fault_point("before_cleanup")
         if self.retain_checkpoints is not None:
             self.last_cleanup = cleanup_job(self.store, self.job.prefix, self.retain_checkpoints)
         seconds = time.perf_counter() - started
@@ -332,6 +351,7 @@ class JobRunner:
         published = []
         for name, staged in ckpt.outputs.items():
             published += self.job.sinks[name].publish(self.store, self.job.prefix, ckpt.epoch, staged)
+            fault_point("publish_file")
         return published
 
     def _epoch_requests(self, results_by_op: dict[str, list[TaskResult]]) -> dict[str, dict[str, int]]:

@@ -27,6 +27,7 @@ from operators.staging import staging_prefix
 from operators.state import subject_prefix
 from operators.timers import TimerService
 from storage.dkv import DKV, DKVOptions
+from storage.faults import fault_point
 from storage.objectstore import ObjectStore
 
 # Columns the runtime adds to events; everything else besides key/timestamp is value.
@@ -183,7 +184,9 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
                 staged[name] = sinks[name].write_staged(store, staging, table)
     if spec.flush:
         db.flush()
+    fault_point("task_before_checkpoint")
     manifest_key = db.checkpoint(f"e{spec.epoch:010d}-{attempt}")
+    fault_point("task_after_checkpoint")
     dkv_stats = db.stats()
     db.close()
     return TaskResult(

@@ -46,6 +46,7 @@ from storage.dkv.sstable import SSTableReader, TableInfo
 from storage.dkv.tablestore import TableStore
 from storage.dkv.wal import WalRecord
 from storage.errors import ClosedError, ManifestConflictError
+from storage.faults import fault_point
 from storage.objectstore import ObjectStore
 
 
@@ -502,6 +503,7 @@ class DKV:
         levels = self._levels
         for m in reversed(self._sealed):  # oldest first, so L0 ends up newest first
             t = self._tables.write_table(m.entries())
+            fault_point("dkv_table_written")
             if t is not None:
                 levels = levels.with_flushed(t)
         self._levels = levels
@@ -536,6 +538,7 @@ class DKV:
 
     def _run_plan(self, plan: CompactionPlan) -> None:
         result = run_compaction(plan, self._tables, self._options.target_file_bytes)
+        fault_point("dkv_compaction_written")
         self.install_compaction(result)
         self._compactions[plan.reason] = self._compactions.get(plan.reason, 0) + 1
 
@@ -641,6 +644,7 @@ class DKV:
             key_range=self._key_range, handled_compactions=tuple(sorted(self._handled)),
         )
         check_manifest(m, self._store.uri(mkey))
+        fault_point("dkv_before_manifest")
         publish_manifest(self._store, mkey, m)
         return mkey
 

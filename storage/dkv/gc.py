@@ -41,6 +41,7 @@ from storage.dkv.manifest import Manifest, load_manifest
 from storage.dkv.paths import compaction_dir, compactions_dir, parse_result_key
 from storage.dkv.remote_compaction import load_result
 from storage.errors import CorruptionError, ObjectNotFoundError
+from storage.faults import fault_point
 from storage.objectstore import ObjectStore
 
 
@@ -136,6 +137,7 @@ def collect_garbage(
             except ObjectNotFoundError:
                 continue
             store.delete(key)
+            fault_point("gc_delete")
             deleted.append(key)
             freed += size
     return {"deleted": len(deleted), "bytes_freed": freed, "deleted_keys": deleted}
