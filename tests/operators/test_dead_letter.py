@@ -184,3 +184,45 @@ def test_future_bound_is_relative_to_the_wall_clock() -> None:
     assert dead.column("reason").to_pylist() == ["timestamp_in_future"] and dead["offset"].to_pylist() == [12]
     good, dead, _ = screen(t, np.arange(3), DeadLetter(max_future_ms=None), source="s", partition="p", epoch=1)
     assert good.num_rows == 3 and dead.num_rows == 0
+
+
+def test_topic_values_that_do_not_decode_go_to_dead_letter(tmp_path) -> None:
+    """TopicSource: a value that is not JSON, not an object, or has a field of the wrong
+    type, and a record without key, are dead letters; the rest is processed."""
+    from operators.topics import TopicSource
+    from storage.log import Log, TopicConfig
+    from storage.objectstore import open_object_store
+
+    root = str(tmp_path / "store")
+    log = Log(open_object_store(root))
+    log.create_topic("in", TopicConfig(partitions=1))
+    prod = log.producer()
+    broken = {5: (b"k1", b"{amount: 1"), 9: (b"k2", b"[1, 2]"), 14: (b"k3", b'{"amount": "ten"}'),
+              20: (None, b'{"amount": 4}'), 21: (b"k1", b"\xff\xfe")}
+    reasons = {5: "unparseable_value", 9: "unparseable_value", 14: "unparseable_value", 20: "missing_key",
+               21: "unparseable_value"}
+    good = []
+    for i in range(40):
+        key, value = broken.get(i, (f"k{i % 4}".encode(), json.dumps({"amount": i}).encode()))
+        prod.send("in", key, value, timestamp=BASE_MS + 1_000 * i)
+        if i not in broken:
+            good.append({"key": key, "timestamp": BASE_MS + 1_000 * i, "amount": i})
+    prod.flush()
+    job = Job(name="topic_dl", source=TopicSource(root, "in", value_schema=pa.schema([("amount", pa.int64())]),
+                                                  bounded=True),
+              operators=[KeyWindowCount()], sinks={"main": ParquetSink("counts", WINDOW_COUNT_SCHEMA)},
+              key_groups=8, parallelism=2, events_per_epoch=15)
+    runner = JobRunner(job, None, root)
+    runner.run_to_end()
+    dead = job.dead_letter.sink.read(runner.store, job.prefix).to_pandas()
+    assert sorted(zip(dead["offset"], dead["reason"])) == sorted(reasons.items())
+    assert dict(zip(dead["offset"], dead["value"])) == {i: v for i, (_, v) in broken.items()}
+    assert "field 'amount'" in dead.set_index("offset").loc[14, "error"]
+    df = pd.DataFrame(good)
+    df["window_start"] = df["timestamp"] - df["timestamp"] % KeyWindowCount.window_ms
+    want = df.groupby(["key", "window_start"], as_index=False).agg(count=("amount", "size"),
+                                                                   amount=("amount", "sum"))
+    want["group"] = [group_of(k) for k in want["key"]]
+    got = job.sinks["main"].read(runner.store, job.prefix).to_pandas()
+    pd.testing.assert_frame_equal(_sorted(got), _sorted(want[["group", "window_start", "count", "amount"]]),
+                                  check_dtype=False)
