@@ -47,6 +47,7 @@ from operators.control import (
 from operators import dead_letter
 from operators.job import Job
 from operators.keygroups import key_group_ranges, key_groups_of, range_indexes_of
+from operators.recovery import VERIFY_MODES, restart_checkpoint
 from operators.sources import KEY_COLUMN, TIMESTAMP_COLUMN
 from operators.task import (
     KEY_GROUP_COLUMN,
@@ -134,6 +135,10 @@ class JobRunner:
         retain_checkpoints: keep this many newest checkpoints and, after each epoch,
             delete older ones and the files only they named (``operators.cleanup``);
             None keeps everything.
+        verify_restart: how a restart checks the newest checkpoint before continuing
+            from it, ``"names"`` (files exist at their recorded size) or ``"full"``
+            (every block and record); an unusable one is fallen back from where that
+            is correct (``operators.recovery``).
 
     Raises:
         InvalidJobError: the job definition is invalid (``operators.validation``);
@@ -142,7 +147,7 @@ class JobRunner:
 
     def __init__(self, job: Job, spark, store_uri: str = ".dkvstream",
                  dkv_options: DKVOptions | None = None, failpoint: Failpoint | None = None,
-                 retain_checkpoints: int | None = 10) -> None:
+                 retain_checkpoints: int | None = 10, verify_restart: str = "names") -> None:
         job.validate()  # again: fields may have changed since construction; fail before any write
         self.job = job
         self.spark = spark
@@ -155,6 +160,10 @@ class JobRunner:
         if retain_checkpoints is not None and retain_checkpoints < 1:
             raise ValueError(f"retain_checkpoints must be >= 1 or None, got {retain_checkpoints}")
         self.retain_checkpoints = retain_checkpoints
+        if verify_restart not in VERIFY_MODES:
+            raise ValueError(f"verify_restart must be one of {VERIFY_MODES}, got {verify_restart!r}")
+        self.verify_restart = verify_restart
+        self._recovery: dict | None = None  # a fallback, recorded in the next checkpoint
         self.last_cleanup: CleanupReport | None = None
         self._routes: dict[int, list[int]] = {}
 
@@ -198,8 +207,12 @@ class JobRunner:
         Raises:
             JobFailedError: an epoch failed (the previous checkpoint stays newest).
             JobFencedError: another driver committed an epoch this one ran.
+            RecoveryRefusedError: the newest checkpoint is unusable and falling back
+                is not safe (``operators.recovery``).
         """
-        ckpt = self.latest()
+        ckpt, fallback = restart_checkpoint(self.store, self.job, self.verify_restart)
+        if fallback is not None:
+            self._recovery = fallback.as_metrics()
         if ckpt is None:
             ckpt = self._initial()
         else:
@@ -334,6 +347,7 @@ class JobRunner:
                 for kind in ("installed", "discarded")},
             "flushed": flush,
             "dead_letter": dead_letter.counts(self._dead_letters),
+            **({"recovery": self._recovery} if self._recovery else {}),
             "task_seconds_max": max((res.metrics["seconds"] for rs in results_by_op.values() for res in rs), default=0.0),
         }
         metrics["requests"] = self._epoch_requests(results_by_op)
@@ -351,6 +365,7 @@ class JobRunner:
                 f"job {self.job.name}: epoch {epoch} was committed by another driver "
                 f"({self.store.uri(checkpoint_key(self.job.prefix, epoch))} already exists); "
                 f"this driver stops without publishing. Run one driver per job.") from None
+        self._recovery = None
         self.failpoint("after_commit", epoch)
         fault_point("after_commit")
         published = self._publish(new)

@@ -227,6 +227,11 @@ class TopicSink(Sink):
             return []
         return published
 
+    def published_after(self, store: ObjectStore, job_prefix: str, epoch: int) -> list[str]:
+        applied = Log(store, self.log_prefix).metadata().producers.get(self.producer_id(job_prefix), -1)
+        return [f"topic {self.topic}: producer {self.producer_id(job_prefix)} published epoch {applied}"] \
+            if applied > epoch else []
+
     def read(self, store: ObjectStore, job_prefix: str) -> pa.Table:
         """Every record of the topic: ``partition``, ``offset``, ``key``, ``timestamp``, ``value``."""
         log = Log(store, self.log_prefix)
