@@ -100,6 +100,8 @@ class EpochResult:
         published: object keys published this epoch.
         dead_letter: bad input rows sent to the dead-letter table this epoch, per
             reason and ``total`` (``operators.dead_letter``).
+        recovery: set on the first epoch after a restart that fell back from an
+            unusable checkpoint (``operators.recovery.Fallback.as_metrics``).
     """
 
     epoch: int
@@ -115,6 +117,7 @@ class EpochResult:
     output_rows: dict[str, int]
     published: list[str]
     dead_letter: dict[str, int] = field(default_factory=dict)
+    recovery: dict | None = None
 
     @property
     def events_per_second(self) -> float:
@@ -378,6 +381,7 @@ class JobRunner:
             checkpoint_uri=self.store.uri(key), events=events.num_rows, seconds=seconds, finished=finished,
             tables=metrics["tables"], table_bytes=metrics["table_bytes"], keys=metrics["keys"],
             output_rows=metrics["output_rows"], published=published, dead_letter=metrics["dead_letter"],
+            recovery=metrics.get("recovery"),
         )
         log.info("job %s: committed epoch %d (%d events, watermark %d, %.1f s)",
                  self.job.name, epoch, events.num_rows, watermark, seconds)

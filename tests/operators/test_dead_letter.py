@@ -131,6 +131,11 @@ def test_bad_rows_go_to_dead_letter_with_reason(use_spark, request, tmp_path) ->
     assert summed == want and sum(res.dead_letter["total"] for res in results) == len(BAD)
     ckpt = latest_checkpoint(runner.store, job.prefix)
     assert ckpt.metrics["dead_letter"] == results[-1].dead_letter
+    from assets.checkpoints import checkpoint_metadata, level_stats
+
+    for res in results:  # the Dagster materialization metadata of each checkpoint
+        md = checkpoint_metadata(res, level_stats(runner.store, ckpt))
+        assert {r: md[f"dead_letter_{r}"].value for r in (*REASONS, "total")} == res.dead_letter
     # Exactly once: each bad row is in one epoch's file, named by that epoch's checkpoint.
     assert dead.groupby(["partition", "offset"]).size().max() == 1
 

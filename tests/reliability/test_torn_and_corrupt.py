@@ -283,6 +283,11 @@ def test_restart_falls_back_when_bad_epoch_output_is_not_visible(what: str, tmp_
     assert any(name in b for b in recovery["bad_objects"])
     assert recovery["quarantined"] and all(runner.store.exists(k) for k in recovery["quarantined"])
     assert "recovery" not in read_checkpoint(runner.store, job.prefix, 3).metrics  # recorded once
+    from assets.checkpoints import checkpoint_metadata, level_stats  # and shown in Dagster
+
+    md = checkpoint_metadata(results[0], level_stats(runner.store, read_checkpoint(runner.store, job.prefix, 2)))
+    assert md["fell_back_from_epoch"].value == 2 and md["recovery"].value == recovery
+    assert "fell_back_from_epoch" not in checkpoint_metadata(results[1], level_stats(runner.store, runner.latest()))
 
 
 def test_data_block_flip_without_full_verification_fails_the_epoch_naming_it(tmp_path: Path) -> None:
