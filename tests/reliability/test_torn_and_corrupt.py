@@ -193,6 +193,34 @@ def test_torn_write_is_never_visible(method: str, tmp_path: Path, monkeypatch) -
     assert store.get("a/old") == b"previous version" and store.list("a/") == ["a/old"]
 
 
+def test_s3_upload_cut_midway_is_never_visible(s3_store) -> None:
+    """A real SeaweedFS server: a PUT whose client dies after sending part of the body
+    (Content-Length promises more) leaves neither a new object nor a partial one, and an
+    existing object keeps its previous version."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    def raw_put(key: str, sent: bytes, length: int) -> http.client.HTTPConnection:
+        url = urlsplit(s3_store._client.generate_presigned_url(
+            "put_object", Params={"Bucket": s3_store.bucket, "Key": s3_store._object_key(key)}, ExpiresIn=60))
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
+        conn.putrequest("PUT", f"{url.path}?{url.query}", skip_accept_encoding=True)
+        conn.putheader("Content-Length", str(length))
+        conn.endheaders()
+        conn.send(sent)
+        return conn
+
+    s3_store.put("a/old", b"previous version")
+    for key in ("a/new", "a/old"):
+        raw_put(key, b"x" * 40_000, 100_000).sock.close()  # the writer crashes mid-body
+    assert s3_store.list("a/") == ["a/old"]
+    assert s3_store.get("a/old") == b"previous version"
+    assert not s3_store.exists("a/new")
+    # The same request sent whole does land (so the cut, not the request, kept it out).
+    assert raw_put("a/new", b"y" * 1000, 1000).getresponse().status == 200
+    assert s3_store.get("a/new") == b"y" * 1000
+
+
 # ------------------------------------------------------------------ job restart and fallback
 EVENTS = 300
 
