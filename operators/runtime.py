@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from operators import dead_letter
 from operators.api import WATERMARK_MAX, WATERMARK_MIN
 from operators.checkpoints import JobCheckpoint, checkpoint_key, commit_checkpoint, latest_checkpoint
 from operators.cleanup import CleanupReport, cleanup_job
@@ -44,7 +45,6 @@ from operators.control import (
     pending_flush_requests,
     release_lease,
 )
-from operators import dead_letter
 from operators.job import Job
 from operators.keygroups import key_group_ranges, key_groups_of, range_indexes_of
 from operators.recovery import VERIFY_MODES, restart_checkpoint
