@@ -156,7 +156,9 @@ def _quarantine(store: ObjectStore, job_prefix: str, epochs: list[int]) -> list[
     return moved
 
 
-def restart_checkpoint(store: ObjectStore, job: Job, mode: str = "names") -> tuple[JobCheckpoint | None, Fallback | None]:
+def restart_checkpoint(
+    store: ObjectStore, job: Job, mode: str = "names"
+) -> tuple[JobCheckpoint | None, Fallback | None]:
     """The checkpoint a restart continues from (module docstring).
 
     Args:
