@@ -84,10 +84,10 @@ class BadInputSource(Source):
             RAW_VALUE_COLUMN, pa.array(raws, pa.binary()))
 
 
-def _job(tolerance: str = "all") -> Job:
+def _job(tolerance: str = "all", events_per_epoch: int = 200) -> Job:
     return Job(name="dl", source=BadInputSource(), operators=[KeyWindowCount()],
                sinks={"main": ParquetSink("counts", WINDOW_COUNT_SCHEMA)}, parallelism=2,
-               events_per_epoch=160, max_out_of_orderness_ms=5_000,
+               events_per_epoch=events_per_epoch, max_out_of_orderness_ms=5_000,
                dead_letter=DeadLetter(tolerance=tolerance))
 
 
@@ -110,7 +110,7 @@ def test_bad_rows_go_to_dead_letter_with_reason(use_spark, request, tmp_path) ->
     job = _job()
     runner = JobRunner(job, spark, str(tmp_path / "store"))
     results = runner.run_to_end()
-    assert results[-1].finished and len(results) >= 3  # several epochs, job kept running
+    assert results[-1].finished and len(results) >= 2  # several epochs, job kept running
 
     got = job.sinks["main"].read(runner.store, job.prefix).to_pandas()
     pd.testing.assert_frame_equal(_sorted(got), _oracle(job.source), check_dtype=False)
@@ -155,8 +155,8 @@ def test_dead_letter_rows_are_exactly_once_across_a_crash(tmp_path) -> None:
 
     for fp in (crash_after_commit, crash_after_tasks):
         with pytest.raises(RuntimeError, match="crash"):
-            JobRunner(_job(), None, root, failpoint=fp).run_to_end()
-    job = _job()
+            JobRunner(_job(events_per_epoch=120), None, root, failpoint=fp).run_to_end()
+    job = _job(events_per_epoch=120)
     runner = JobRunner(job, None, root)
     runner.run_to_end()
     dead = job.dead_letter.sink.read(runner.store, job.prefix).to_pandas()
