@@ -104,6 +104,11 @@ def checkpoint_metadata(result: EpochResult, stats: LevelStats) -> dict:
         "output_rows": MetadataValue.json(result.output_rows),
         "finished": MetadataValue.bool(result.finished),
     }
+    for reason, n in result.dead_letter.items():  # bad input rows this epoch, per reason
+        md[f"dead_letter_{reason}"] = MetadataValue.int(n)
+    if result.recovery:  # this run fell back from an unusable checkpoint
+        md["fell_back_from_epoch"] = MetadataValue.int(result.recovery["fell_back_from_epoch"])
+        md["recovery"] = MetadataValue.json(result.recovery)
     for i, (n, size) in enumerate(zip(stats.tables_per_level, stats.bytes_per_level)):
         md[f"L{i}_tables"] = MetadataValue.int(n)
         md[f"L{i}_bytes"] = MetadataValue.int(size)

@@ -66,17 +66,26 @@ class JobCheckpoint:
         """
         try:
             doc = json.loads(data)
+        except ValueError as e:  # a truncated object ends inside the JSON document
+            pos = getattr(e, "pos", 0)
+            raise CorruptionError(f"{uri}: job checkpoint is not valid JSON at offset {pos} of "
+                                  f"{len(data)} bytes (truncated?): {e}") from e
+        try:
             body = doc["body"]
             canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
             if crc32c.crc32c(canon) != doc["crc32c"]:
-                raise CorruptionError(f"{uri}: job checkpoint checksum mismatch")
+                # The crc32c covers the canonical body, not the stored bytes, so the damage
+                # can only be narrowed to the body's span of the object.
+                body_at = data.find(b'"body"')
+                raise CorruptionError(f"{uri}: job checkpoint checksum mismatch over the body at "
+                                      f"offset {body_at} of {len(data)} bytes")
             if body.get("format") != FORMAT_VERSION:
                 raise CorruptionError(f"{uri}: unknown job checkpoint format {body.get('format')!r}")
             return cls(**body)
         except CorruptionError:
             raise
-        except (ValueError, KeyError, TypeError) as e:
-            raise CorruptionError(f"{uri}: unreadable job checkpoint: {e}") from e
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise CorruptionError(f"{uri}: unreadable job checkpoint ({len(data)} bytes): {e}") from e
 
 
 def checkpoint_prefix(job_prefix: str) -> str:

@@ -4,7 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from operators.api import MAIN_OUTPUT, Operator
-from operators.keygroups import DEFAULT_KEY_GROUPS, MAX_KEY_GROUPS
+from operators.dead_letter import DEAD_LETTER_OUTPUT, DeadLetter
+from operators.keygroups import DEFAULT_KEY_GROUPS
 from operators.sinks import Sink
 from operators.sources import Source
 
@@ -25,10 +26,14 @@ class Job:
         parallelism: P, tasks (and DKV instances) per operator.
         events_per_epoch: events read per micro-batch epoch, over all partitions.
         max_out_of_orderness_ms: watermark bound: watermark = min over unfinished
-            source partitions of the max event time seen, minus this.
+            source partitions of the max event time seen, minus this (>= 0).
+        dead_letter: where malformed events go and the future-timestamp bound
+            (``operators.dead_letter.DeadLetter``).
 
     Raises:
-        ValueError: from ``validate()`` on an inconsistent definition.
+        InvalidJobError: (a ``ValueError``) from ``validate()`` on an inconsistent
+            definition: zero key groups, parallelism above key groups, a state spec
+            whose codec is not a ``Codec``, a negative watermark bound, ...
     """
 
     name: str
@@ -40,22 +45,20 @@ class Job:
     events_per_epoch: int = 50_000
     max_out_of_orderness_ms: int = 0
     tags: dict[str, str] = field(default_factory=dict)
+    dead_letter: DeadLetter = field(default_factory=DeadLetter)
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
-        """Check the definition; raise ``ValueError`` naming the problem."""
+        """Check the definition; raise ``InvalidJobError`` (a ``ValueError``) naming the problem."""
+        from operators.validation import check_job  # imports state specs and codecs
+
         if not self.name or "/" in self.name:
             raise ValueError(f"job name must be non-empty without '/': {self.name!r}")
         if not self.operators:
             raise ValueError(f"job {self.name}: needs at least one operator")
-        if not 1 <= self.key_groups <= MAX_KEY_GROUPS:
-            raise ValueError(f"job {self.name}: key_groups must be in [1, {MAX_KEY_GROUPS}]")
-        if not 1 <= self.parallelism <= self.key_groups:
-            raise ValueError(f"job {self.name}: parallelism must be in [1, key_groups]")
-        if self.events_per_epoch < 1:
-            raise ValueError(f"job {self.name}: events_per_epoch must be >= 1")
+        check_job(self)
         names = [op.name for op in self.operators]
         if len(set(names)) != len(names):
             raise ValueError(f"job {self.name}: operator names must be unique, got {names}")
@@ -72,6 +75,10 @@ class Job:
         extra = set(self.sinks) - set(last.outputs)
         if extra:
             raise ValueError(f"job {self.name}: sinks {sorted(extra)} name no output of {last.name}")
+
+    def output_sink(self, output: str) -> Sink:
+        """The sink of a checkpoint output name (a last-operator output or the dead-letter table)."""
+        return self.dead_letter.sink if output == DEAD_LETTER_OUTPUT else self.sinks[output]
 
     @property
     def prefix(self) -> str:

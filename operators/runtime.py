@@ -28,12 +28,14 @@ import contextlib
 import json
 import logging
 import time
+import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import pyarrow as pa
 
+from operators import dead_letter
 from operators.api import WATERMARK_MAX, WATERMARK_MIN
 from operators.checkpoints import JobCheckpoint, checkpoint_key, commit_checkpoint, latest_checkpoint
 from operators.cleanup import CleanupReport, cleanup_job
@@ -45,6 +47,7 @@ from operators.control import (
 )
 from operators.job import Job
 from operators.keygroups import key_group_ranges, key_groups_of, range_indexes_of
+from operators.recovery import VERIFY_MODES, restart_checkpoint
 from operators.sources import KEY_COLUMN, TIMESTAMP_COLUMN
 from operators.task import (
     KEY_GROUP_COLUMN,
@@ -95,6 +98,10 @@ class EpochResult:
         tables / table_bytes / keys: DKV tables, bytes and entries over all ranges.
         output_rows: rows published per output.
         published: object keys published this epoch.
+        dead_letter: bad input rows sent to the dead-letter table this epoch, per
+            reason and ``total`` (``operators.dead_letter``).
+        recovery: set on the first epoch after a restart that fell back from an
+            unusable checkpoint (``operators.recovery.Fallback.as_metrics``).
     """
 
     epoch: int
@@ -109,6 +116,8 @@ class EpochResult:
     keys: int
     output_rows: dict[str, int]
     published: list[str]
+    dead_letter: dict[str, int] = field(default_factory=dict)
+    recovery: dict | None = None
 
     @property
     def events_per_second(self) -> float:
@@ -129,11 +138,20 @@ class JobRunner:
         retain_checkpoints: keep this many newest checkpoints and, after each epoch,
             delete older ones and the files only they named (``operators.cleanup``);
             None keeps everything.
+        verify_restart: how a restart checks the newest checkpoint before continuing
+            from it, ``"names"`` (files exist at their recorded size) or ``"full"``
+            (every block and record); an unusable one is fallen back from where that
+            is correct (``operators.recovery``).
+
+    Raises:
+        InvalidJobError: the job definition is invalid (``operators.validation``);
+            nothing has been written.
     """
 
     def __init__(self, job: Job, spark, store_uri: str = ".dkvstream",
                  dkv_options: DKVOptions | None = None, failpoint: Failpoint | None = None,
-                 retain_checkpoints: int | None = 10) -> None:
+                 retain_checkpoints: int | None = 10, verify_restart: str = "names") -> None:
+        job.validate()  # again: fields may have changed since construction; fail before any write
         self.job = job
         self.spark = spark
         self.store_uri = store_uri
@@ -145,6 +163,10 @@ class JobRunner:
         if retain_checkpoints is not None and retain_checkpoints < 1:
             raise ValueError(f"retain_checkpoints must be >= 1 or None, got {retain_checkpoints}")
         self.retain_checkpoints = retain_checkpoints
+        if verify_restart not in VERIFY_MODES:
+            raise ValueError(f"verify_restart must be one of {VERIFY_MODES}, got {verify_restart!r}")
+        self.verify_restart = verify_restart
+        self._recovery: dict | None = None  # a fallback, recorded in the next checkpoint
         self.last_cleanup: CleanupReport | None = None
         self._routes: dict[int, list[int]] = {}
 
@@ -188,8 +210,12 @@ class JobRunner:
         Raises:
             JobFailedError: an epoch failed (the previous checkpoint stays newest).
             JobFencedError: another driver committed an epoch this one ran.
+            RecoveryRefusedError: the newest checkpoint is unusable and falling back
+                is not safe (``operators.recovery``).
         """
-        ckpt = self.latest()
+        ckpt, fallback = restart_checkpoint(self.store, self.job, self.verify_restart)
+        if fallback is not None:
+            self._recovery = fallback.as_metrics()
         if ckpt is None:
             ckpt = self._initial()
         else:
@@ -223,19 +249,26 @@ class JobRunner:
         """``list(run(max_epochs))``."""
         return list(self.run(max_epochs))
 
-    def _read_events(self, plan: dict[str, tuple[int, int]]) -> tuple[pa.Table, dict[str, int]]:
+    def _read_events(self, plan: dict[str, tuple[int, int]], epoch: int) -> tuple[pa.Table, dict[str, int]]:
+        """Reads the planned slices; bad rows go to ``self._dead_letters`` (not to the
+        operators, nor into the watermark)."""
         source, parts = self.job.source, self.job.source.partitions()
-        tables, max_ts = [], {}
+        tables, max_ts, dead = [], {}, [dead_letter.DEAD_LETTER_SCHEMA.empty_table()]
+        now_ms = int(time.time() * 1000)
         for i, p in enumerate(parts):
             start, end = plan[p]
             if end <= start:
                 continue
-            t = source.read(p, start, end)
-            ts = t.column(TIMESTAMP_COLUMN)
-            max_ts[p] = pa.compute.max(ts).as_py()
+            t, bad, offsets = dead_letter.screen(
+                source.read(p, start, end), np.arange(start, end, dtype=np.int64), self.job.dead_letter,
+                source=source.name, partition=p, epoch=epoch, now_ms=now_ms)
+            dead.append(bad)
+            if t.num_rows:
+                max_ts[p] = pa.compute.max(t.column(TIMESTAMP_COLUMN)).as_py()
             t = t.append_column(PART_COLUMN, pa.array(np.full(t.num_rows, i, np.int32)))
-            t = t.append_column(OFFSET_COLUMN, pa.array(np.arange(start, end, dtype=np.int64)))
+            t = t.append_column(OFFSET_COLUMN, pa.array(offsets))
             tables.append(t)
+        self._dead_letters = pa.concat_tables(dead)
         if not tables:
             events = _empty_events(source.value_schema)
         else:
@@ -261,7 +294,7 @@ class JobRunner:
     def _run_epoch(self, ckpt: JobCheckpoint, plan, flush: bool = False) -> tuple[EpochResult, JobCheckpoint]:
         started = time.perf_counter()
         epoch = ckpt.epoch + 1
-        events, max_ts = self._read_events(plan)
+        events, max_ts = self._read_events(plan, epoch)
         watermark, part_max, finished = self._watermark(ckpt, plan, max_ts)
         ranges = key_group_ranges(self.job.key_groups, self.job.parallelism)
         old_ranges = key_group_ranges(self.job.key_groups, ckpt.parallelism)
@@ -300,6 +333,9 @@ class JobRunner:
         for res in sorted(last_results, key=lambda r: r.range_index):
             for name, key in res.staged_outputs.items():
                 outputs.setdefault(name, []).append(key)
+        if self._dead_letters.num_rows:
+            outputs[dead_letter.DEAD_LETTER_OUTPUT] = [dead_letter.stage(
+                self.store, self.job.prefix, epoch, self._dead_letters, uuid.uuid4().hex[:12])]
         dkv = [res.metrics["dkv"] for rs in results_by_op.values() for res in rs]
         metrics = {
             "events": events.num_rows,
@@ -313,6 +349,8 @@ class JobRunner:
                 kind: sum(res.metrics["remote_compactions"].get(kind, 0) for rs in results_by_op.values() for res in rs)
                 for kind in ("installed", "discarded")},
             "flushed": flush,
+            "dead_letter": dead_letter.counts(self._dead_letters),
+            **({"recovery": self._recovery} if self._recovery else {}),
             "task_seconds_max": max((res.metrics["seconds"] for rs in results_by_op.values() for res in rs), default=0.0),
         }
         metrics["requests"] = self._epoch_requests(results_by_op)
@@ -330,6 +368,7 @@ class JobRunner:
                 f"job {self.job.name}: epoch {epoch} was committed by another driver "
                 f"({self.store.uri(checkpoint_key(self.job.prefix, epoch))} already exists); "
                 f"this driver stops without publishing. Run one driver per job.") from None
+        self._recovery = None
         self.failpoint("after_commit", epoch)
         fault_point("after_commit")
         published = self._publish(new)
@@ -341,7 +380,8 @@ class JobRunner:
             epoch=epoch, watermark=watermark, source_offsets=new.source_offsets,
             checkpoint_uri=self.store.uri(key), events=events.num_rows, seconds=seconds, finished=finished,
             tables=metrics["tables"], table_bytes=metrics["table_bytes"], keys=metrics["keys"],
-            output_rows=metrics["output_rows"], published=published,
+            output_rows=metrics["output_rows"], published=published, dead_letter=metrics["dead_letter"],
+            recovery=metrics.get("recovery"),
         )
         log.info("job %s: committed epoch %d (%d events, watermark %d, %.1f s)",
                  self.job.name, epoch, events.num_rows, watermark, seconds)
@@ -350,7 +390,7 @@ class JobRunner:
     def _publish(self, ckpt: JobCheckpoint) -> list[str]:
         published = []
         for name, staged in ckpt.outputs.items():
-            published += self.job.sinks[name].publish(self.store, self.job.prefix, ckpt.epoch, staged)
+            published += self.job.output_sink(name).publish(self.store, self.job.prefix, ckpt.epoch, staged)
             fault_point("publish_file")
         return published
 

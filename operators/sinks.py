@@ -9,6 +9,7 @@ and readers of the sink directory never see a file of an uncommitted epoch.
 from __future__ import annotations
 
 import io
+import re
 from abc import ABC, abstractmethod
 
 import pyarrow as pa
@@ -16,6 +17,9 @@ import pyarrow.parquet as pq
 
 from operators.staging import range_label_of
 from storage.objectstore import ObjectStore
+
+
+_EPOCH_DIR = re.compile(r"/epoch=(\d+)/")
 
 
 class Sink(ABC):
@@ -36,6 +40,12 @@ class Sink(ABC):
     @abstractmethod
     def read(self, store: ObjectStore, job_prefix: str) -> pa.Table:
         """Everything published so far, as one table."""
+
+    def published_after(self, store: ObjectStore, job_prefix: str, epoch: int) -> list[str] | None:
+        """What this sink has made visible for epochs after ``epoch`` (URIs or a
+        description; empty if nothing), or None if it cannot tell. A restart falls back
+        to checkpoint ``epoch`` only when nothing is (``operators.recovery``)."""
+        return None
 
 
 class ParquetSink(Sink):
@@ -75,6 +85,10 @@ class ParquetSink(Sink):
                 store.put(final, store.get(key))
             published.append(final)
         return published
+
+    def published_after(self, store: ObjectStore, job_prefix: str, epoch: int) -> list[str]:
+        return [store.uri(k) for k in store.list(self.table_prefix(job_prefix))
+                if (m := _EPOCH_DIR.search(k)) and int(m.group(1)) > epoch]
 
     def read(self, store: ObjectStore, job_prefix: str) -> pa.Table:
         tables = [

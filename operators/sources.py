@@ -13,6 +13,11 @@ import pyarrow as pa
 
 KEY_COLUMN = "key"
 TIMESTAMP_COLUMN = "timestamp"
+# Optional columns of ``Source.read`` for rows the source could not decode: the error
+# message (null for a good row) and the raw bytes. Such rows go to the job's dead-letter
+# table (``operators.dead_letter``); the columns never reach an operator.
+ERROR_COLUMN = "_error"
+RAW_VALUE_COLUMN = "_raw_value"
 
 
 class Source(ABC):
@@ -21,6 +26,9 @@ class Source(ABC):
     ``read`` returns an Arrow table with a ``key`` column (binary), a ``timestamp``
     column (int64, ms since the Unix epoch, UTC) and the value columns of
     ``value_schema``; each row becomes ``KeyedEvent(key, timestamp, {value columns})``.
+    A row the source cannot decode should not raise: set its ``_error`` column (and
+    ``_raw_value``), and the runtime sends it to the dead-letter table, as it does rows
+    with a null or empty key or a timestamp before the Unix epoch or too far in the future.
     """
 
     name: str = "source"

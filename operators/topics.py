@@ -17,8 +17,9 @@ records of failed attempts or uncommitted epochs never do.
 
 Values: by default a record's value is the JSON object of the row's columns other
 than the key column (sorted keys, compact); ``TopicSource(value_schema=...)`` decodes
-such values back into columns, otherwise the source yields one binary ``value``
-column.
+such values back into columns (a value that does not decode goes to the job's
+dead-letter table, see ``decode_json_values``), otherwise the source yields one binary
+``value`` column.
 """
 from __future__ import annotations
 
@@ -26,9 +27,10 @@ import json
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from operators.sinks import Sink
-from operators.sources import KEY_COLUMN, TIMESTAMP_COLUMN, Source
+from operators.sources import ERROR_COLUMN, KEY_COLUMN, RAW_VALUE_COLUMN, TIMESTAMP_COLUMN, Source
 from storage.log import Log
 from storage.log.metadata import NO_CHANGE, LogMetadata
 from storage.log.producer import append_file, now_ms, partition_for
@@ -103,10 +105,55 @@ class TopicSource(Source):
         ts = pa.array(np.fromiter((r.timestamp for r in records), np.int64, len(records)))
         if self._value_schema is None:
             values = {VALUE_COLUMN: pa.array([r.value for r in records], pa.binary())}
-        else:
-            rows = [json.loads(r.value) if r.value is not None else {} for r in records]
-            values = {f.name: pa.array([row.get(f.name) for row in rows], f.type) for f in self._value_schema}
-        return pa.table({KEY_COLUMN: keys, TIMESTAMP_COLUMN: ts, **values})
+            return pa.table({KEY_COLUMN: keys, TIMESTAMP_COLUMN: ts, **values})
+        values, errors = decode_json_values([r.value for r in records], self._value_schema)
+        return pa.table({KEY_COLUMN: keys, TIMESTAMP_COLUMN: ts, **values, ERROR_COLUMN: errors,
+                         RAW_VALUE_COLUMN: pa.array([r.value for r in records], pa.binary())})
+
+
+def decode_json_values(raw: list[bytes | None], schema: pa.Schema) -> tuple[dict[str, pa.Array], pa.Array]:
+    """Decodes JSON-object record values into the columns of ``schema``.
+
+    A value that is not JSON, not an object, or has a field that does not convert to its
+    column type does not raise: its columns are null and its error message is set, so
+    the runtime sends it to the dead-letter table (``operators.dead_letter``).
+
+    Returns:
+        ``({column: array}, errors)``: one array per field of ``schema`` and a string
+        array of error messages, null for the rows that decoded.
+    """
+    rows: list[dict] = []
+    errors: list[str | None] = []
+    for value in raw:
+        try:
+            row = json.loads(value) if value is not None else {}
+            if not isinstance(row, dict):
+                raise ValueError(f"value is a JSON {type(row).__name__}, not an object")
+            rows.append(row)
+            errors.append(None)
+        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            rows.append({})
+            errors.append(f"{type(e).__name__}: {e}")
+    columns = {}
+    for f in schema:
+        cells = [row.get(f.name) for row in rows]
+        try:
+            columns[f.name] = pa.array(cells, f.type)
+            continue
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
+            pass
+        # Some cell does not convert: find it row by row (rare, so the slow path is fine).
+        for i, cell in enumerate(cells):
+            try:
+                pa.array([cell], f.type)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as e:
+                errors[i] = errors[i] or f"field {f.name!r}: {e}"
+                rows[i] = {}
+        columns[f.name] = pa.array([None if errors[i] else c for i, c in enumerate(cells)], f.type)
+    if any(errors):  # a row bad in a later field keeps no value from an earlier one
+        bad = pa.array([e is not None for e in errors])
+        columns = {n: pc.if_else(bad, pa.nulls(len(rows), a.type), a) for n, a in columns.items()}
+    return columns, pa.array(errors, pa.string())
 
 
 class TopicSink(Sink):
@@ -179,6 +226,11 @@ class TopicSink(Sink):
                 store.delete(file)
             return []
         return published
+
+    def published_after(self, store: ObjectStore, job_prefix: str, epoch: int) -> list[str]:
+        applied = Log(store, self.log_prefix).metadata().producers.get(self.producer_id(job_prefix), -1)
+        return [f"topic {self.topic}: producer {self.producer_id(job_prefix)} published epoch {applied}"] \
+            if applied > epoch else []
 
     def read(self, store: ObjectStore, job_prefix: str) -> pa.Table:
         """Every record of the topic: ``partition``, ``offset``, ``key``, ``timestamp``, ``value``."""

@@ -164,7 +164,10 @@ def unframe(data: bytes, uri: str) -> dict:
     """
     parts = data.split(b"\n")
     if len(parts) != 3 or parts[2] != b"":
-        raise CorruptionError(f"{uri}: framing broken (expected body and crc lines)")
+        # A truncated object lacks a newline: the damage starts at its end at the latest.
+        at = len(data) if len(parts) < 3 else len(parts[0]) + len(parts[1]) + 2
+        raise CorruptionError(f"{uri}: framing broken at offset {at} of {len(data)} bytes "
+                              "(expected a body line and a crc line; truncated?)")
     raw, trailer = parts[0], parts[1]
     m = _TRAILER_RE.match(trailer)
     if m is None:
@@ -174,9 +177,9 @@ def unframe(data: bytes, uri: str) -> dict:
     try:
         body = json.loads(raw)
     except ValueError as e:
-        raise CorruptionError(f"{uri}: malformed JSON body: {e}") from None
+        raise CorruptionError(f"{uri}: malformed JSON body at offset {getattr(e, 'pos', 0)}: {e}") from None
     if not isinstance(body, dict):
-        raise CorruptionError(f"{uri}: body is not a JSON object")
+        raise CorruptionError(f"{uri}: body at offset 0 is not a JSON object")
     return body
 
 
@@ -264,7 +267,8 @@ def decode_manifest(data: bytes, uri: str) -> Manifest:
             handled_compactions=tuple(str(i) for i in body.get("handled_compactions", ())),
         )
     except (ValueError, KeyError, TypeError) as e:
-        raise CorruptionError(f"{uri}: malformed manifest body: {e}") from None
+        end = data.find(b"\n")
+        raise CorruptionError(f"{uri}: malformed manifest body in bytes [0, {end}): {e}") from None
 
 
 def publish_manifest(store: ObjectStore, key: str, m: Manifest) -> None:

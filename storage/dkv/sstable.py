@@ -409,7 +409,7 @@ class SSTableReader:
         if crc32c(fbytes[:20]) != footer_crc:
             raise CorruptionError(f"{uri}: footer crc32c mismatch at offset {foff}")
         if version != FORMAT_VERSION:
-            raise CorruptionError(f"{uri}: unsupported SSTable format version {version}")
+            raise CorruptionError(f"{uri}: unsupported SSTable format version {version} in footer at offset {foff}")
         if meta_off + meta_len != foff:
             raise CorruptionError(f"{uri}: meta block bounds disagree with footer at {foff}")
         if meta_off >= tail_start:
@@ -435,7 +435,7 @@ class SSTableReader:
                 f"{uri}: malformed meta block at offset {meta_off}: {e}"
             ) from None
         if bloom_name != POLICY_NAME:
-            raise CorruptionError(f"{uri}: unknown Bloom filter policy {bloom_name!r}")
+            raise CorruptionError(f"{uri}: unknown Bloom filter policy {bloom_name!r} in meta block at offset {meta_off}")
         self.bloom_bits = len(self._bloom_bits) * 8
         self.format_version = version
         # (first_key, offset, disk_len, raw_len, entries) per block, for tools.
@@ -451,9 +451,9 @@ class SSTableReader:
                 raise CorruptionError(f"{uri}: sparse index row {i} inconsistent at offset {off}")
             pos += ln
         if pos != meta_off or self._first_keys != sorted(self._first_keys) or not blocks:
-            raise CorruptionError(f"{uri}: sparse index does not cover the data blocks")
+            raise CorruptionError(f"{uri}: sparse index in meta block at offset {meta_off} does not cover the data blocks")
         if sum(b[2] for b in self._blocks) != self.entries:
-            raise CorruptionError(f"{uri}: entry count in meta disagrees with index")
+            raise CorruptionError(f"{uri}: entry count in meta block at offset {meta_off} disagrees with index")
 
     @property
     def num_blocks(self) -> int:

@@ -18,7 +18,7 @@ from storage.dkv.options import DKVOptions
 from storage.dkv.paths import PathResolver
 from storage.dkv.sstable import SSTableBuilder, SSTableReader, TableInfo
 from storage.dkv.wal import WalRecord, decode_wal, encode_wal
-from storage.errors import CorruptionError
+from storage.errors import CorruptionError, ObjectNotFoundError
 from storage.objectstore import ObjectStore
 
 Entry = tuple[bytes, int, "bytes | None"]
@@ -94,17 +94,24 @@ class TableStore:
         """
         r = self._readers.get(t.key)
         if r is None:
-            if t.size * 4 <= self._whole_budget:
-                r = SSTableReader(self.store, t.key, t.size, self.cache, self.store.get(t.key))
-                self._whole[t.key] = t.size
-                self._whole_bytes += t.size
-                while self._whole_bytes > self._whole_budget:
-                    old, n = self._whole.popitem(last=False)
-                    self._whole_bytes -= n
-                    self._readers.pop(old, None)
-            else:
-                r = SSTableReader(self.store, t.key, t.size, self.cache)
+            try:
+                r = self._open_reader(t)
+            except ObjectNotFoundError:
+                raise ObjectNotFoundError(f"{self.store.uri(t.key)}: SSTable named by the manifest is "
+                                          f"missing (manifest says {t.size} bytes)") from None
             self._readers[t.key] = r
+        return r
+
+    def _open_reader(self, t: TableInfo) -> SSTableReader:
+        if t.size * 4 > self._whole_budget:
+            return SSTableReader(self.store, t.key, t.size, self.cache)
+        r = SSTableReader(self.store, t.key, t.size, self.cache, self.store.get(t.key))
+        self._whole[t.key] = t.size
+        self._whole_bytes += t.size
+        while self._whole_bytes > self._whole_budget:
+            old, n = self._whole.popitem(last=False)
+            self._whole_bytes -= n
+            self._readers.pop(old, None)
         return r
 
     def iter_table(
@@ -152,7 +159,15 @@ class TableStore:
     def read_wal(self, ref: WalRef) -> list[WalRecord]:
         """Reads and verifies a WAL object against its manifest entry."""
         uri = self.store.uri(ref.key)
-        recs = decode_wal(self.store.get(ref.key), uri, ref.first_seq, ref.last_seq)
+        try:
+            data = self.store.get(ref.key)
+        except ObjectNotFoundError:
+            raise ObjectNotFoundError(f"{uri}: WAL object named by the manifest is missing "
+                                      f"(seqs {ref.first_seq}..{ref.last_seq})") from None
+        if len(data) != ref.size:  # a torn tail cut at a record boundary shows here first
+            raise CorruptionError(f"{uri}: WAL object has {len(data)} bytes, manifest says {ref.size}"
+                                  f" (torn or extended at offset {min(len(data), ref.size)})")
+        recs = decode_wal(data, uri, ref.first_seq, ref.last_seq)
         if len(recs) != ref.records:
             raise CorruptionError(
                 f"{uri}: WAL has {len(recs)} records, manifest says {ref.records}"

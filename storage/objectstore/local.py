@@ -73,10 +73,16 @@ class LocalObjectStore(ObjectStore):
     def _write_temp(self, path: Path, data: bytes) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.parent / f"{TMP_PREFIX}{uuid.uuid4().hex}-{path.name}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        except BaseException:
+            # A write failing midway (disk full, I/O error) leaves no litter; a process
+            # killed here leaves a ``.tmp-`` file that ``list`` never returns.
+            tmp.unlink(missing_ok=True)
+            raise
         return tmp
 
     def put(self, key: str, data: bytes) -> None:

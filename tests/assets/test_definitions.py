@@ -37,6 +37,7 @@ def test_materialize_records_one_checkpoint_per_epoch(spark, tmp_path) -> None:
     assert md["events"].value == 100_002
     assert md["source_offsets"].value == {"EWR": 66668, "JFK": 66668, "LGA": 66668}
     assert md["manifest_uri"].value.endswith("epoch-0000000002.json")
+    assert md["dead_letter_total"].value == 0 and md["dead_letter_missing_key"].value == 0  # clean input
     for field in ("watermark", "tables", "table_bytes", "keys", "duration_s", "events_per_s", SIZE_AMP_MAX):
         assert field in md
     # Per-level counts add up to the total, and level 0 holds the flushed tables (no

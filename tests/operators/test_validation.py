@@ -1,0 +1,87 @@
+"""Invalid configuration fails fast: at Job construction (or JobRunner start, for a job
+changed after construction), with a message naming the field, before any write."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from operators.codecs import IntCodec, JsonCodec
+from operators.dead_letter import DeadLetter
+from operators.examples.synthetic import WINDOW_COUNT_SCHEMA, KeyWindowCount, SyntheticSource
+from operators.job import Job
+from operators.runtime import JobRunner
+from operators.sinks import ParquetSink
+from operators.state import ListSpec, MapSpec, ValueSpec
+from operators.validation import InvalidJobError
+
+
+def _kwargs(**over) -> dict:
+    kw = dict(name="cfg", source=SyntheticSource(50, 5), operators=[KeyWindowCount()],
+              sinks={"main": ParquetSink("counts", WINDOW_COUNT_SCHEMA)})
+    return {**kw, **over}
+
+
+class StringCodec(KeyWindowCount):
+    name = "string_codec"
+    totals = MapSpec(IntCodec(), "json", id="totals")
+
+
+class CodecClass(KeyWindowCount):
+    name = "codec_class"
+    extra = ValueSpec(JsonCodec)
+
+
+class NotACodec(KeyWindowCount):
+    name = "not_a_codec"
+    buffer = ListSpec(object())
+
+
+BAD = {
+    "zero key groups": ({"key_groups": 0}, r"key_groups=0 must be in \[1, 32768\]"),
+    "negative key groups": ({"key_groups": -4}, r"key_groups=-4"),
+    "parallelism above key groups": ({"key_groups": 8, "parallelism": 9},
+                                     r"parallelism=9 must be in \[1, 8\] \(at most key_groups"),
+    "zero parallelism": ({"parallelism": 0}, r"parallelism=0"),
+    "float parallelism": ({"parallelism": 2.0}, r"parallelism must be an int, got 2.0"),
+    "negative events per epoch": ({"events_per_epoch": -1}, r"events_per_epoch=-1 must be >= 1"),
+    "negative watermark delay": ({"max_out_of_orderness_ms": -1}, r"max_out_of_orderness_ms=-1 must be >= 0"),
+    "unknown codec name": ({"operators": [StringCodec()]},
+                           r"operator string_codec state 'totals' value codec: unknown codec 'json'.*JsonCodec"),
+    "codec class, not instance": ({"operators": [CodecClass()]},
+                                  r"state 'extra' codec is the class JsonCodec, not an instance"),
+    "object that is not a codec": ({"operators": [NotACodec()]}, r"state 'buffer' codec: unknown codec 'object'"),
+    "negative future bound": ({"dead_letter": DeadLetter(max_future_ms=-5)}, r"dead_letter.max_future_ms=-5"),
+    "unknown tolerance": ({"dead_letter": DeadLetter(tolerance="some")}, r"tolerance must be 'all' or 'none'"),
+    "sink that is not a Sink": ({"sinks": {"main": "counts.parquet"}}, r"sink 'main' is 'counts.parquet', not a Sink"),
+    "output schema not a schema": ({"operators": [type("BadOut", (KeyWindowCount,), {
+        "name": "bad_out", "outputs": {"main": [("group", pa.string())]}})()]}, r"output 'main' schema is list"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD), ids=list(BAD))
+def test_invalid_job_fails_at_construction(case: str) -> None:
+    over, message = BAD[case]
+    with pytest.raises(InvalidJobError, match=message):
+        Job(**_kwargs(**over))
+
+
+@pytest.mark.parametrize("case", ["zero key groups", "parallelism above key groups", "negative watermark delay",
+                                  "unknown codec name"])
+def test_invalid_job_fails_at_runner_start_before_any_write(case: str, tmp_path: Path) -> None:
+    over, message = BAD[case]
+    job = Job(**_kwargs())
+    for name, value in over.items():
+        setattr(job, name, value)  # changed after construction: the runner checks again
+    root = tmp_path / "store"
+    with pytest.raises(InvalidJobError, match=message):
+        JobRunner(job, None, str(root))
+    assert not root.exists()  # no object-store write, no directory even
+
+
+def test_valid_job_passes_and_error_is_a_value_error() -> None:
+    Job(**_kwargs(key_groups=2, parallelism=2, max_out_of_orderness_ms=0))
+    assert issubclass(InvalidJobError, ValueError)  # callers catching ValueError still do
+    assert dataclasses.is_dataclass(DeadLetter())
