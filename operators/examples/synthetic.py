@@ -7,6 +7,8 @@ every machine.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -15,6 +17,9 @@ from operators.api import KeyedEvent, Operator, Subject
 from operators.codecs import IntCodec
 from operators.sources import KEY_COLUMN, TIMESTAMP_COLUMN, Source
 from operators.state import MapSpec
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class SyntheticSource(Source):
@@ -140,3 +145,22 @@ class GroupWindowSum(Operator):
                       "count": count, "amount": amount})
         for i in range(3):
             m.delete(start * 4 + i)
+
+
+def window_count_oracle(events: pd.DataFrame) -> pd.DataFrame:
+    """``KeyWindowCount``'s output computed by pandas, the tests' oracle.
+
+    Args:
+        events: Input events with columns ``key`` (bytes), ``timestamp`` (ms), ``amount``.
+
+    Returns:
+        Columns ``group, window_start, count, amount``, one row per key and window, sorted
+        by every column, int64.
+    """
+    df = events.copy()
+    df["window_start"] = df["timestamp"] - df["timestamp"] % KeyWindowCount.window_ms
+    out = df.groupby(["key", "window_start"], as_index=False).agg(
+        count=("amount", "size"), amount=("amount", "sum"))
+    out["group"] = [group_of(k) for k in out["key"]]
+    out = out[["group", "window_start", "count", "amount"]]
+    return out.sort_values(list(out.columns)).reset_index(drop=True).astype("int64", errors="ignore")

@@ -164,135 +164,68 @@ static int block_header(const unsigned char *raw, Py_ssize_t len, Py_ssize_t exp
     return 0;
 }
 
-PyDoc_STRVAR(block_get_doc,
-"block_get(raw, expect, key) -> (seq, value) | None\n\n"
-"Binary search for key in a decompressed data block (format: sstable.py, raw_block)\n"
-"without building its lists. Returns (seq, value bytes), (seq, None) for a tombstone, or\n"
-"None if absent. Raises ValueError if the block's count or lengths are malformed or the\n"
-"entry found has bad flags.");
-
-static PyObject *block_get(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "block_get(raw: bytes, expect: int, key: bytes)");
-        return NULL;
-    }
-    const unsigned char *raw = (const unsigned char *)PyBytes_AS_STRING(args[0]);
-    Py_ssize_t len = PyBytes_GET_SIZE(args[0]);
-    Py_ssize_t expect = PyLong_AsSsize_t(args[1]);
-    if (expect == -1 && PyErr_Occurred()) return NULL;
+/* A decompressed data block whose count and lengths block_header checked. */
+typedef struct {
+    const unsigned char *raw, *klens, *vlens, *seqs, *flags;
+    Py_ssize_t n;
     uint64_t ksum;
-    if (block_header(raw, len, expect, &ksum) < 0) return NULL;
-    Py_ssize_t n = expect;
-    const char *key = PyBytes_AS_STRING(args[2]);
-    Py_ssize_t kl = PyBytes_GET_SIZE(args[2]);
-    const unsigned char *klens = raw + 4;
-    uint64_t kstart = 4 + 17 * (uint64_t)n;
-    /* Key offsets: arithmetic for fixed-width keys (the common case), else a prefix sum. */
-    uint32_t k0 = n ? rd_u32(klens) : 0;
-    int fixed = (uint64_t)k0 * (uint64_t)n == ksum;
-    for (Py_ssize_t i = 1; fixed && i < n; i++) fixed = rd_u32(klens + 4 * i) == k0;
-    uint64_t stack_offs[257];
-    uint64_t *offs = NULL;
-    if (!fixed) {
-        offs = n < 256 ? stack_offs : PyMem_Malloc(sizeof(uint64_t) * (size_t)(n + 1));
-        if (!offs) return PyErr_NoMemory();
-        offs[0] = kstart;
-        for (Py_ssize_t i = 0; i < n; i++) offs[i + 1] = offs[i] + rd_u32(klens + 4 * i);
+} raw_block;
+
+/* Checks the header and every entry's flags (0 = value, 1 = tombstone without a value). */
+static int parse_block(PyObject *raw_obj, PyObject *expect_obj, raw_block *b) {
+    b->raw = (const unsigned char *)PyBytes_AS_STRING(raw_obj);
+    Py_ssize_t expect = PyLong_AsSsize_t(expect_obj);
+    if (expect == -1 && PyErr_Occurred()) return -1;
+    if (block_header(b->raw, PyBytes_GET_SIZE(raw_obj), expect, &b->ksum) < 0) return -1;
+    Py_ssize_t n = b->n = expect;
+    b->klens = b->raw + 4;
+    b->vlens = b->raw + 4 + 4 * n;
+    b->seqs = b->raw + 4 + 8 * n;
+    b->flags = b->raw + 4 + 16 * n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (b->flags[i] > 1) {
+            PyErr_SetString(PyExc_ValueError, "unknown entry flags");
+            return -1;
+        }
     }
-    Py_ssize_t lo = 0, hi = n;
-    while (lo < hi) {
-        Py_ssize_t mid = (lo + hi) >> 1;
-        uint64_t a = fixed ? kstart + (uint64_t)k0 * mid : offs[mid];
-        Py_ssize_t ml = fixed ? k0 : (Py_ssize_t)(offs[mid + 1] - offs[mid]);
-        if (bytes_cmp((const char *)raw + a, ml, key, kl) < 0) lo = mid + 1;
-        else hi = mid;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (b->flags[i] && rd_u32(b->vlens + 4 * i)) {
+            PyErr_SetString(PyExc_ValueError, "tombstone with a value");
+            return -1;
+        }
     }
-    int found = 0;
-    if (lo < n) {
-        uint64_t a = fixed ? kstart + (uint64_t)k0 * lo : offs[lo];
-        Py_ssize_t ml = fixed ? k0 : (Py_ssize_t)(offs[lo + 1] - offs[lo]);
-        found = bytes_cmp((const char *)raw + a, ml, key, kl) == 0;
-    }
-    if (offs && offs != stack_offs) PyMem_Free(offs);
-    if (!found) Py_RETURN_NONE;
-    uint8_t flag = raw[4 + 16 * n + lo];
-    uint32_t vl = rd_u32(raw + 4 + 4 * n + 4 * lo);
-    if (flag > 1 || (flag && vl)) {
-        PyErr_SetString(PyExc_ValueError, flag > 1 ? "unknown entry flags" : "tombstone with a value");
-        return NULL;
-    }
-    uint64_t voff = kstart + ksum;
-    for (Py_ssize_t i = 0; i < lo; i++) voff += rd_u32(raw + 4 + 4 * n + 4 * i);
-    PyObject *seq = PyLong_FromUnsignedLongLong(rd_u64(raw + 4 + 8 * n + 8 * lo));
-    if (!seq) return NULL;
-    if (flag) return Py_BuildValue("(NO)", seq, Py_None);
-    return Py_BuildValue("(Ny#)", seq, (const char *)raw + voff, (Py_ssize_t)vl);
+    return 0;
 }
 
-PyDoc_STRVAR(decode_block_doc,
-"decode_block(raw, expect) -> (keys, seqs, values)\n\n"
-"Splits a decompressed data block (format: sstable.py, raw_block) into parallel lists:\n"
-"keys (bytes), seqs (int), values (bytes, or None for a tombstone). expect is the entry\n"
-"count the sparse index gives. Raises ValueError naming what is malformed (entry count,\n"
-"lengths, flags, a tombstone with a value, keys not strictly ascending).");
-
-static PyObject *decode_block(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyBytes_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "decode_block(raw: bytes, expect: int)");
-        return NULL;
-    }
-    const unsigned char *raw = (const unsigned char *)PyBytes_AS_STRING(args[0]);
-    Py_ssize_t len = PyBytes_GET_SIZE(args[0]);
-    Py_ssize_t expect = PyLong_AsSsize_t(args[1]);
-    if (expect == -1 && PyErr_Occurred()) return NULL;
-    uint64_t ksum;
-    if (block_header(raw, len, expect, &ksum) < 0) return NULL;
-    Py_ssize_t n = expect;
-    const unsigned char *klens = raw + 4, *vlens = raw + 4 + 4 * n;
-    const unsigned char *seqp = raw + 4 + 8 * n, *flags = raw + 4 + 16 * n;
-    uint64_t kstart = 4 + 17 * (uint64_t)n;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (flags[i] > 1) {
-            PyErr_SetString(PyExc_ValueError, "unknown entry flags");
-            return NULL;
-        }
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (flags[i] && rd_u32(vlens + 4 * i)) {
-            PyErr_SetString(PyExc_ValueError, "tombstone with a value");
-            return NULL;
-        }
-    }
-    PyObject *keys = PyList_New(n), *seqs = PyList_New(n), *values = PyList_New(n);
+/* Parallel lists of entries [lo, hi) at the given key/value offsets (n + 1 each);
+ * raises ValueError if their keys are not strictly ascending. */
+static PyObject *entry_lists(const raw_block *b, const uint64_t *koffs, const uint64_t *voffs,
+                             Py_ssize_t lo, Py_ssize_t hi) {
+    const unsigned char *raw = b->raw;
+    PyObject *keys = PyList_New(hi - lo), *seqs = PyList_New(hi - lo), *values = PyList_New(hi - lo);
     if (!keys || !seqs || !values) goto fail;
-    const unsigned char *kp = raw + kstart, *vp = raw + kstart + ksum;
-    const unsigned char *prev = NULL;
-    uint32_t prevlen = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        uint32_t kl = rd_u32(klens + 4 * i), vl = rd_u32(vlens + 4 * i);
-        if (prev != NULL && bytes_cmp((const char *)prev, prevlen, (const char *)kp, kl) >= 0) {
+    for (Py_ssize_t i = lo; i < hi; i++) {
+        Py_ssize_t kl = (Py_ssize_t)(koffs[i + 1] - koffs[i]);
+        if (i > lo && bytes_cmp((const char *)raw + koffs[i - 1], (Py_ssize_t)(koffs[i] - koffs[i - 1]),
+                                (const char *)raw + koffs[i], kl) >= 0) {
             PyErr_SetString(PyExc_ValueError, "keys out of order");
             goto fail;
         }
-        PyObject *k = PyBytes_FromStringAndSize((const char *)kp, kl);
+        PyObject *k = PyBytes_FromStringAndSize((const char *)raw + koffs[i], kl);
         if (!k) goto fail;
-        PyList_SET_ITEM(keys, i, k);
-        PyObject *s = PyLong_FromUnsignedLongLong(rd_u64(seqp + 8 * i));
-        if (!s) goto fail;
-        PyList_SET_ITEM(seqs, i, s);
+        PyList_SET_ITEM(keys, i - lo, k);
+        PyObject *sq = PyLong_FromUnsignedLongLong(rd_u64(b->seqs + 8 * i));
+        if (!sq) goto fail;
+        PyList_SET_ITEM(seqs, i - lo, sq);
         PyObject *v;
-        if (flags[i]) {
+        if (b->flags[i]) {
             v = Py_None;
             Py_INCREF(v);
         } else {
-            v = PyBytes_FromStringAndSize((const char *)vp, vl);
+            v = PyBytes_FromStringAndSize((const char *)raw + voffs[i], (Py_ssize_t)(voffs[i + 1] - voffs[i]));
             if (!v) goto fail;
         }
-        PyList_SET_ITEM(values, i, v);
-        prev = kp;
-        prevlen = kl;
-        kp += kl;
-        vp += vl;
+        PyList_SET_ITEM(values, i - lo, v);
     }
     return Py_BuildValue("(NNN)", keys, seqs, values);
 fail:
@@ -302,6 +235,20 @@ fail:
     return NULL;
 }
 
+/* Key and value offsets of every entry (n + 1 each) into koffs (2 * (n + 1) slots). */
+static void entry_offsets(const raw_block *b, uint64_t *koffs) {
+    Py_ssize_t n = b->n;
+    uint64_t *voffs = koffs + (n + 1);
+    koffs[0] = 4 + 17 * (uint64_t)n;
+    voffs[0] = koffs[0] + b->ksum;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        koffs[i + 1] = koffs[i] + rd_u32(b->klens + 4 * i);
+        voffs[i + 1] = voffs[i] + rd_u32(b->vlens + 4 * i);
+    }
+}
+
+/* Blocks of fewer entries keep their offset arrays on the stack. */
+#define STACK_ENTRIES 256
 
 /* Lower bound of key in the block's key column: the first index whose key is >= key. */
 static Py_ssize_t key_lower_bound(const unsigned char *raw, const uint64_t *offs, Py_ssize_t n,
@@ -318,6 +265,70 @@ static Py_ssize_t key_lower_bound(const unsigned char *raw, const uint64_t *offs
     return lo;
 }
 
+PyDoc_STRVAR(block_get_doc,
+"block_get(raw, expect, key) -> (seq, value) | None\n\n"
+"Binary search for key in a decompressed data block (format: sstable.py, raw_block)\n"
+"without building its lists. Returns (seq, value bytes), (seq, None) for a tombstone, or\n"
+"None if absent. Raises ValueError if the block's count, lengths or flags are malformed.");
+
+static PyObject *block_get(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "block_get(raw: bytes, expect: int, key: bytes)");
+        return NULL;
+    }
+    raw_block b;
+    if (parse_block(args[0], args[1], &b) < 0) return NULL;
+    uint64_t stack_offs[2 * (STACK_ENTRIES + 1)];
+    uint64_t *koffs = b.n < STACK_ENTRIES ? stack_offs
+        : PyMem_Malloc(sizeof(uint64_t) * 2 * (size_t)(b.n + 1));
+    if (!koffs) return PyErr_NoMemory();
+    entry_offsets(&b, koffs);
+    const char *key = PyBytes_AS_STRING(args[2]);
+    Py_ssize_t kl = PyBytes_GET_SIZE(args[2]);
+    Py_ssize_t i = key_lower_bound(b.raw, koffs, b.n, key, kl);
+    PyObject *out;
+    if (i == b.n || bytes_cmp((const char *)b.raw + koffs[i], (Py_ssize_t)(koffs[i + 1] - koffs[i]),
+                              key, kl) != 0) {
+        out = Py_None;
+        Py_INCREF(out);
+    } else {
+        PyObject *seq = PyLong_FromUnsignedLongLong(rd_u64(b.seqs + 8 * i));
+        const uint64_t *voffs = koffs + (b.n + 1);
+        out = !seq ? NULL
+            : b.flags[i] ? Py_BuildValue("(NO)", seq, Py_None)
+            : Py_BuildValue("(Ny#)", seq, (const char *)b.raw + voffs[i],
+                            (Py_ssize_t)(voffs[i + 1] - voffs[i]));
+    }
+    if (koffs != stack_offs) PyMem_Free(koffs);
+    return out;
+}
+
+PyDoc_STRVAR(decode_block_doc,
+"decode_block(raw, expect) -> (keys, seqs, values)\n\n"
+"Splits a decompressed data block (format: sstable.py, raw_block) into parallel lists:\n"
+"keys (bytes), seqs (int), values (bytes, or None for a tombstone). expect is the entry\n"
+"count the sparse index gives. Raises ValueError naming what is malformed (entry count,\n"
+"lengths, flags, a tombstone with a value, keys not strictly ascending).");
+
+static PyObject *decode_block(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "decode_block(raw: bytes, expect: int)");
+        return NULL;
+    }
+    raw_block b;
+    if (parse_block(args[0], args[1], &b) < 0) return NULL;
+    uint64_t stack_offs[2 * (STACK_ENTRIES + 1)];
+    uint64_t *koffs = b.n < STACK_ENTRIES ? stack_offs
+        : PyMem_Malloc(sizeof(uint64_t) * 2 * (size_t)(b.n + 1));
+    if (!koffs) return PyErr_NoMemory();
+    entry_offsets(&b, koffs);
+    PyObject *out = entry_lists(&b, koffs, koffs + (b.n + 1), 0, b.n);
+    if (koffs != stack_offs) PyMem_Free(koffs);
+    return out;
+}
+
+
+
 PyDoc_STRVAR(block_range_doc,
 "block_range(raw, expect, start, end) -> (keys, seqs, values)\n\n"
 "Like decode_block, but only the entries with start <= key < end (end None: no bound),\n"
@@ -332,72 +343,20 @@ static PyObject *block_range(PyObject *self, PyObject *const *args, Py_ssize_t n
                         "block_range(raw: bytes, expect: int, start: bytes, end: bytes | None)");
         return NULL;
     }
-    const unsigned char *raw = (const unsigned char *)PyBytes_AS_STRING(args[0]);
-    Py_ssize_t len = PyBytes_GET_SIZE(args[0]);
-    Py_ssize_t expect = PyLong_AsSsize_t(args[1]);
-    if (expect == -1 && PyErr_Occurred()) return NULL;
-    uint64_t ksum;
-    if (block_header(raw, len, expect, &ksum) < 0) return NULL;
-    Py_ssize_t n = expect;
-    const unsigned char *klens = raw + 4, *vlens = raw + 4 + 4 * n;
-    const unsigned char *seqp = raw + 4 + 8 * n, *flags = raw + 4 + 16 * n;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (flags[i] > 1) {
-            PyErr_SetString(PyExc_ValueError, "unknown entry flags");
-            return NULL;
-        }
-        if (flags[i] && rd_u32(vlens + 4 * i)) {
-            PyErr_SetString(PyExc_ValueError, "tombstone with a value");
-            return NULL;
-        }
-    }
-    uint64_t stack_offs[2 * 257];
-    uint64_t *koffs = n < 256 ? stack_offs : PyMem_Malloc(sizeof(uint64_t) * 2 * (size_t)(n + 1));
+    raw_block b;
+    if (parse_block(args[0], args[1], &b) < 0) return NULL;
+    uint64_t stack_offs[2 * (STACK_ENTRIES + 1)];
+    uint64_t *koffs = b.n < STACK_ENTRIES ? stack_offs
+        : PyMem_Malloc(sizeof(uint64_t) * 2 * (size_t)(b.n + 1));
     if (!koffs) return PyErr_NoMemory();
-    uint64_t *voffs = koffs + (n + 1);
-    koffs[0] = 4 + 17 * (uint64_t)n;
-    voffs[0] = koffs[0] + ksum;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        koffs[i + 1] = koffs[i] + rd_u32(klens + 4 * i);
-        voffs[i + 1] = voffs[i] + rd_u32(vlens + 4 * i);
-    }
-    Py_ssize_t lo = key_lower_bound(raw, koffs, n, PyBytes_AS_STRING(args[2]),
+    entry_offsets(&b, koffs);
+    Py_ssize_t lo = key_lower_bound(b.raw, koffs, b.n, PyBytes_AS_STRING(args[2]),
                                     PyBytes_GET_SIZE(args[2]));
-    Py_ssize_t hi = args[3] == Py_None ? n
-        : key_lower_bound(raw, koffs, n, PyBytes_AS_STRING(args[3]), PyBytes_GET_SIZE(args[3]));
-    if (hi < lo) hi = lo;
-    PyObject *keys = PyList_New(hi - lo), *seqs = PyList_New(hi - lo), *values = PyList_New(hi - lo);
-    if (!keys || !seqs || !values) goto fail;
-    for (Py_ssize_t i = lo; i < hi; i++) {
-        if (i > lo && bytes_cmp((const char *)raw + koffs[i - 1], (Py_ssize_t)(koffs[i] - koffs[i - 1]),
-                                (const char *)raw + koffs[i], (Py_ssize_t)(koffs[i + 1] - koffs[i])) >= 0) {
-            PyErr_SetString(PyExc_ValueError, "keys out of order");
-            goto fail;
-        }
-        PyObject *k = PyBytes_FromStringAndSize((const char *)raw + koffs[i], (Py_ssize_t)(koffs[i + 1] - koffs[i]));
-        if (!k) goto fail;
-        PyList_SET_ITEM(keys, i - lo, k);
-        PyObject *sq = PyLong_FromUnsignedLongLong(rd_u64(seqp + 8 * i));
-        if (!sq) goto fail;
-        PyList_SET_ITEM(seqs, i - lo, sq);
-        PyObject *v;
-        if (flags[i]) {
-            v = Py_None;
-            Py_INCREF(v);
-        } else {
-            v = PyBytes_FromStringAndSize((const char *)raw + voffs[i], (Py_ssize_t)(voffs[i + 1] - voffs[i]));
-            if (!v) goto fail;
-        }
-        PyList_SET_ITEM(values, i - lo, v);
-    }
+    Py_ssize_t hi = args[3] == Py_None ? b.n
+        : key_lower_bound(b.raw, koffs, b.n, PyBytes_AS_STRING(args[3]), PyBytes_GET_SIZE(args[3]));
+    PyObject *out = entry_lists(&b, koffs, koffs + (b.n + 1), lo, hi < lo ? lo : hi);
     if (koffs != stack_offs) PyMem_Free(koffs);
-    return Py_BuildValue("(NNN)", keys, seqs, values);
-fail:
-    if (koffs != stack_offs) PyMem_Free(koffs);
-    Py_XDECREF(keys);
-    Py_XDECREF(seqs);
-    Py_XDECREF(values);
-    return NULL;
+    return out;
 }
 
 PyDoc_STRVAR(merge_live_doc,

@@ -289,7 +289,7 @@ def block_get_py(raw: bytes, expect: int, key: bytes) -> tuple[int, bytes | None
         ``(seq, value)``, ``(seq, None)`` for a tombstone, or None if absent.
 
     Raises:
-        ValueError: The count or lengths are malformed, or the entry found has bad flags.
+        ValueError: The count, lengths or flags are malformed.
     """
     n = expect
     try:
@@ -304,17 +304,17 @@ def block_get_py(raw: bytes, expect: int, key: bytes) -> tuple[int, bytes | None
     kend = kstart + sum(klens)
     if kend + sum(vlens) != len(raw):
         raise ValueError("lengths do not add up to the block size")
+    flags = raw[4 + 16 * n : kstart]
+    if flags.translate(None, b"\x00\x01"):
+        raise ValueError("unknown entry flags")
+    if FLAG_TOMBSTONE in flags and any(f and vl for f, vl in zip(flags, vlens)):
+        raise ValueError("tombstone with a value")
     koffs = list(accumulate(klens, initial=kstart))
     lo = bisect_left(range(n), key, key=lambda j: raw[koffs[j] : koffs[j + 1]])
     if lo == n or raw[koffs[lo] : koffs[lo + 1]] != key:
         return None
     (seq,) = _U64.unpack_from(raw, 4 + 8 * n + 8 * lo)
-    flag = raw[4 + 16 * n + lo]
-    if flag > FLAG_TOMBSTONE:
-        raise ValueError("unknown entry flags")
-    if flag:
-        if vlens[lo]:
-            raise ValueError("tombstone with a value")
+    if flags[lo]:
         return seq, None
     voff = kend + sum(vlens[:lo])
     return seq, raw[voff : voff + vlens[lo]]

@@ -118,45 +118,44 @@ class LocalObjectStore(ObjectStore):
         self.stats.record("GET", bytes_read=len(data))
         return data
 
-    def get_range(self, key: str, start: int, length: int) -> bytes:
+    def _open_for_range(self, key: str, start: int, length: int) -> int:
+        """Checks a ranged read's arguments and opens the object (string path, no pathlib:
+        block reads are on the hot path of cold DKV reads); returns the descriptor."""
         if start < 0 or length < 0:
             raise ValueError(f"bad range start={start} length={length} for {self.uri(key)}")
         if key.startswith("/") or ".." in key.split("/"):
             raise ValueError(f"invalid object key {key!r}")
-        # os.open + pread on a string path: a block read is on the hot path of cold DKV
-        # reads, and pathlib plus a buffered file object cost about 4x as much.
         try:
-            fd = os.open(self._root_prefix + key, os.O_RDONLY)
+            return os.open(self._root_prefix + key, os.O_RDONLY)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             self.stats.record("GET")
             raise ObjectNotFoundError(f"object not found: {self.uri(key)}") from None
+
+    def _pread(self, key: str, fd: int, start: int, length: int) -> bytes:
         try:
             data = os.pread(fd, length, start)
         except IsADirectoryError:
             self.stats.record("GET")
             raise ObjectNotFoundError(f"object not found: {self.uri(key)}") from None
-        finally:
-            os.close(fd)
         self.stats.record("GET", bytes_read=len(data))
         return data
 
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        fd = self._open_for_range(key, start, length)
+        try:
+            return self._pread(key, fd, start, length)
+        finally:
+            os.close(fd)
+
     def get_range_immutable(self, key: str, start: int, length: int) -> bytes:
-        # Keeps up to MAX_OPEN_FILES objects open (LRU) and reads with pread: a cold
-        # SSTable block read then costs one syscall instead of open + read + close.
-        if start < 0 or length < 0:
-            raise ValueError(f"bad range start={start} length={length} for {self.uri(key)}")
+        # Keeps up to MAX_OPEN_FILES objects open (LRU): a cold SSTable block read then
+        # costs one pread instead of open + read + close.
         with self._fds_lock:
             fd = self._fds.get(key)
             if fd is not None:
                 self._fds.move_to_end(key)
         if fd is None:
-            if key.startswith("/") or ".." in key.split("/"):
-                raise ValueError(f"invalid object key {key!r}")
-            try:
-                fd = os.open(self._root_prefix + key, os.O_RDONLY)
-            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-                self.stats.record("GET")
-                raise ObjectNotFoundError(f"object not found: {self.uri(key)}") from None
+            fd = self._open_for_range(key, start, length)
             with self._fds_lock:
                 if key in self._fds:  # another thread opened it meanwhile
                     os.close(fd)
@@ -165,14 +164,13 @@ class LocalObjectStore(ObjectStore):
                     self._fds[key] = fd
                     while len(self._fds) > MAX_OPEN_FILES:
                         os.close(self._fds.popitem(last=False)[1])
+        elif start < 0 or length < 0:
+            raise ValueError(f"bad range start={start} length={length} for {self.uri(key)}")
         try:
-            data = os.pread(fd, length, start)
-        except IsADirectoryError:
+            return self._pread(key, fd, start, length)
+        except ObjectNotFoundError:
             self._forget_fd(key)
-            self.stats.record("GET")
-            raise ObjectNotFoundError(f"object not found: {self.uri(key)}") from None
-        self.stats.record("GET", bytes_read=len(data))
-        return data
+            raise
 
     def _forget_fd(self, key: str) -> None:
         with self._fds_lock:

@@ -14,7 +14,13 @@ from pyspark import cloudpickle
 
 from operators.checkpoints import latest_checkpoint
 from operators.dead_letter import REASONS, BadInputError, DeadLetter
-from operators.examples.synthetic import WINDOW_COUNT_SCHEMA, KeyWindowCount, SyntheticSource, group_of
+from operators.examples.synthetic import (
+    WINDOW_COUNT_SCHEMA,
+    KeyWindowCount,
+    SyntheticSource,
+    group_of,
+    window_count_oracle,
+)
 from operators.job import Job
 from operators.runtime import JobRunner
 from operators.sinks import ParquetSink
@@ -93,11 +99,7 @@ def _job(tolerance: str = "all", events_per_epoch: int = 200) -> Job:
 
 def _oracle(source: BadInputSource) -> pd.DataFrame:
     rows = [r for p in source.partitions() for off, r in enumerate(source.good_rows(p)) if (p, off) not in BAD]
-    df = pd.DataFrame(rows)
-    df["window_start"] = df["timestamp"] - df["timestamp"] % KeyWindowCount.window_ms
-    out = df.groupby(["key", "window_start"], as_index=False).agg(count=("amount", "size"), amount=("amount", "sum"))
-    out["group"] = [group_of(k) for k in out["key"]]
-    return _sorted(out[["group", "window_start", "count", "amount"]])
+    return window_count_oracle(pd.DataFrame(rows))
 
 
 def _sorted(df: pd.DataFrame) -> pd.DataFrame:

@@ -17,20 +17,27 @@ import pandas as pd
 import pytest
 
 from operators.checkpoints import checkpoint_key, list_epochs, read_checkpoint
-from operators.examples.synthetic import WINDOW_COUNT_SCHEMA, KeyWindowCount, SyntheticSource, group_of
+from operators.examples.synthetic import (
+    WINDOW_COUNT_SCHEMA,
+    KeyWindowCount,
+    SyntheticSource,
+    window_count_oracle,
+)
 from operators.job import Job
 from operators.recovery import RecoveryRefusedError, check_checkpoint
 from operators.runtime import JobFailedError, JobRunner
 from operators.sinks import ParquetSink
 from storage.dkv import DKV, DKVOptions
 from storage.dkv.manifest import load_manifest
-from storage.dkv.sstable import FOOTER_SIZE, SSTableBuilder, SSTableReader
+from storage.dkv.sstable import FOOTER_SIZE
 from storage.errors import CorruptionError, ObjectNotFoundError
 from storage.objectstore import local as local_store
 from storage.objectstore.local import LocalObjectStore
+from tests.storage.test_corruption import ENTRIES
+from tests.storage.test_corruption import read_everything as _read_all
+from tests.storage.test_corruption import small_table as _table
 
 OPTS = DKVOptions(memtable_bytes=1 << 20, block_bytes=200, l0_compaction_trigger=10)
-ENTRIES = [(b"k%04d" % i, i + 1, None if i % 5 == 0 else b"value-%d" % i) for i in range(300)]
 
 
 def _path(store: LocalObjectStore, key: str) -> Path:
@@ -78,21 +85,6 @@ def test_truncated_wal_tail_detected_with_offset(tmp_path: Path) -> None:
         assert f"offset {cut}" in str(err.value) or "torn" in str(err.value)
     store.put(wal, data)
     assert DKV.open(store, "p/r", mkey, OPTS).get(b"k0299") == b"late"
-
-
-def _table(tmp_path: Path) -> tuple[LocalObjectStore, bytes, SSTableReader]:
-    store = LocalObjectStore(tmp_path)
-    b = SSTableBuilder(200, 10, 3)
-    for e in ENTRIES:
-        b.add(*e)
-    data, _ = b.finish()
-    store.put("x/table-1.sst", data)
-    return store, data, SSTableReader(store, "x/table-1.sst", len(data))
-
-
-def _read_all(store: LocalObjectStore, size: int) -> None:
-    r = SSTableReader(store, "x/table-1.sst", size)  # no cache: every block is verified
-    assert list(r.iter_from(b"")) == ENTRIES  # without an error the data must be exact
 
 
 def test_sstable_bit_flip_names_the_block_and_offset(tmp_path: Path) -> None:
@@ -235,11 +227,7 @@ SMALL = DKVOptions(memtable_bytes=2_000, block_bytes=256)  # every epoch writes 
 
 
 def _oracle(source: SyntheticSource) -> pd.DataFrame:
-    df = pd.concat([source.full_partition(p).to_pandas() for p in source.partitions()])
-    df["window_start"] = df["timestamp"] - df["timestamp"] % KeyWindowCount.window_ms
-    out = df.groupby(["key", "window_start"], as_index=False).agg(count=("amount", "size"), amount=("amount", "sum"))
-    out["group"] = [group_of(k) for k in out["key"]]
-    return _sorted(out[["group", "window_start", "count", "amount"]])
+    return window_count_oracle(pd.concat([source.full_partition(p).to_pandas() for p in source.partitions()]))
 
 
 def _sorted(df: pd.DataFrame) -> pd.DataFrame:
