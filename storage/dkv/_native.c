@@ -227,6 +227,12 @@ static PyObject *entry_lists(const raw_block *b, const uint64_t *koffs, const ui
         }
         PyList_SET_ITEM(values, i - lo, v);
     }
+    /* Lists of bytes, ints and None that DKV only reads: untracked, they cost the cyclic
+     * collector nothing (each scan or get makes several). Callers must not put containers
+     * in them. */
+    PyObject_GC_UnTrack(keys);
+    PyObject_GC_UnTrack(seqs);
+    PyObject_GC_UnTrack(values);
     return Py_BuildValue("(NNN)", keys, seqs, values);
 fail:
     Py_XDECREF(keys);
@@ -438,6 +444,10 @@ static PyObject *merge_live(PyObject *self, PyObject *parts) {
         if (v != Py_None) {
             PyObject *pair = PyTuple_Pack(2, bk, v);
             if (!pair) goto fail;
+            /* Two bytes objects cannot form a cycle: untrack the pair now, as CPython's
+             * collector would at its first pass, so results a caller keeps never make
+             * full collections (which traverse the whole heap) more frequent. */
+            PyObject_GC_UnTrack(pair);
             int rc = PyList_Append(out, pair);
             Py_DECREF(pair);
             if (rc < 0) goto fail;
@@ -452,6 +462,7 @@ static PyObject *merge_live(PyObject *self, PyObject *parts) {
         }
         p[best].pos++;
     }
+    PyObject_GC_UnTrack(out);  /* holds untracked pairs only; see above */
     goto done;
 fail:
     Py_CLEAR(out);
