@@ -59,6 +59,7 @@ launch() {
   # spark-class ends in `exec java`, so the recorded pid is the JVM's.
   env -u SPARK_CONF_DIR -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKEN \
       -u AWS_ENDPOINT_URL -u AWS_ENDPOINT_URL_S3 -u AWS_REGION -u AWS_DEFAULT_REGION \
+      -u AWS_MAX_ATTEMPTS -u AWS_RETRY_MODE \
       SPARK_HOME="$home" SPARK_LOCAL_IP=127.0.0.1 SPARK_LOCAL_DIRS="$dir/local/$name" \
       PYSPARK_PYTHON="$python" SPARK_NO_DAEMONIZE=1 \
       setsid "$home/bin/spark-class" "$@" >"$dir/logs/$name.log" 2>&1 </dev/null &

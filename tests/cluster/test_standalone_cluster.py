@@ -30,6 +30,7 @@ import pytest
 from operators.checkpoints import list_epochs, read_checkpoint
 from operators.examples.flights import flights_job
 from operators.keygroups import key_group_ranges
+from operators.spark import OBJECT_STORE_ENV
 from operators.state_reader import checkpoint_entries, read_state
 from storage.objectstore import open_object_store
 
@@ -37,7 +38,8 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB_SPEC = "operators.examples.flights:flights_job"
-EPOCH_EVENTS = 60_000  # 7 epochs over the full data set
+EPOCH_EVENTS = 120_000  # 4 epochs over the full data set (the last one has 835 events)
+EPOCHS = list(range(1, 5))
 DRIVER_TIMEOUT_S = 600
 
 
@@ -193,12 +195,12 @@ def clean_run(cluster, s3_server):
 def test_flights_on_cluster_equals_oracle(cluster, clean_run, check_flights_output) -> None:
     records, store, _ = clean_run
     for pid in cluster.worker_pids():  # the executors' only way to S3 is the job's configuration
-        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        assert not [v for v in env if v.startswith(b"AWS_")], f"worker {pid} has AWS variables"
-    assert [r["epoch"] for r in records] == list(range(1, 8)) and records[-1]["finished"]
-    assert list_epochs(store, flights_job().prefix) == list(range(1, 8))
+        names = {v.split(b"=", 1)[0].decode() for v in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")}
+        assert not names & set(OBJECT_STORE_ENV), f"worker {pid} has {names & set(OBJECT_STORE_ENV)}"
+    assert [r["epoch"] for r in records] == EPOCHS and records[-1]["finished"]
+    assert list_epochs(store, flights_job().prefix) == EPOCHS
     check_flights_output(_output(store))
-    print("\nper-epoch object-store requests on the cluster (parallelism 2, 60,000 events):")
+    print("\nper-epoch object-store requests on the cluster (parallelism 2, 120,000 events):")
     for r in records:
         print(r["epoch"], r["events"], json.dumps(r["requests"]))
         assert r["requests"]["tasks"]["PUT"] > 0  # the tasks, on the executors, wrote to S3
@@ -221,7 +223,7 @@ def test_rescale_2_4_3_while_running(cluster, s3_server, clean_run, check_flight
     uri = _store_uri(s3_server, "rescale")
     store = open_object_store(uri)
     epochs: list[int] = []
-    for parallelism, max_epochs in ((2, 2), (4, 2), (3, None)):
+    for parallelism, max_epochs in ((2, 1), (4, 1), (3, None)):
         args = ["--parallelism", str(parallelism)] + (["--max-epochs", str(max_epochs)] if max_epochs else [])
         records = Driver(cluster, s3_server, uri, *args).wait()
         epochs += [r["epoch"] for r in records]
@@ -230,7 +232,7 @@ def test_rescale_2_4_3_while_running(cluster, s3_server, clean_run, check_flight
         assert _state(store, ckpt.epoch) == clean_state[ckpt.epoch], \
             f"state after rescaling to {parallelism} differs at epoch {ckpt.epoch}"
         _assert_each_key_once(store, ckpt.epoch, parallelism)
-    assert epochs == list(range(1, 8))
+    assert epochs == EPOCHS
     check_flights_output(_output(store))
 
 
@@ -250,9 +252,13 @@ def _executor_pid(cluster: Cluster, app_id: str, executor_id: str) -> int:
 
 
 def _busy_executor(ui: str, app_id: str) -> str | None:
-    """An executor of the app running a task now, from the driver's REST API."""
-    with urllib.request.urlopen(f"{ui}/api/v1/applications/{app_id}/executors", timeout=5) as r:
-        executors = json.load(r)
+    """An executor of the app running a task now, from the driver's REST API (None also
+    when the driver, busy on a loaded machine, does not answer in time)."""
+    try:
+        with urllib.request.urlopen(f"{ui}/api/v1/applications/{app_id}/executors", timeout=10) as r:
+            executors = json.load(r)
+    except (OSError, ValueError):  # URLError, timeouts and refused connections are OSErrors
+        return None
     return next((e["id"] for e in executors if e["id"] != "driver" and e["activeTasks"] > 0), None)
 
 
@@ -282,7 +288,7 @@ def test_executor_killed_mid_epoch_commits_once(cluster, s3_server, check_flight
     assert re.search(rf"Lost task \S+ in stage \S+ \(TID \d+\) \(\S+ executor {killed}\): ExecutorLostFailure",
                      log), log[-3000:]
     epochs = [r["epoch"] for r in records]
-    assert epochs == list(range(1, 8)) and in_flight in epochs  # each epoch committed once, none lost
+    assert epochs == EPOCHS and in_flight in epochs  # each epoch committed once, none lost
     store = open_object_store(uri)
     assert list_epochs(store, flights_job().prefix) == epochs
     ckpt = read_checkpoint(store, flights_job().prefix, in_flight)
