@@ -84,6 +84,7 @@ EOF
 }
 
 start() {
+  bash "$root/platform/setup.sh" >&2
   home=$(spark_home)
   if alive "$dir/pids/master.pid"; then
     die "a cluster already runs from $dir ($(master_url)); stop it first"
