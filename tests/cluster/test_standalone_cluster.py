@@ -227,11 +227,13 @@ def test_rescale_2_4_3_while_running(cluster, s3_server, clean_run, check_flight
         args = ["--parallelism", str(parallelism)] + (["--max-epochs", str(max_epochs)] if max_epochs else [])
         records = Driver(cluster, s3_server, uri, *args).wait()
         epochs += [r["epoch"] for r in records]
-        ckpt = read_checkpoint(store, flights_job().prefix, records[-1]["epoch"])
-        assert ckpt.parallelism == parallelism and len(ckpt.operators["route_daily_delays"]) == parallelism
-        assert _state(store, ckpt.epoch) == clean_state[ckpt.epoch], \
-            f"state after rescaling to {parallelism} differs at epoch {ckpt.epoch}"
-        _assert_each_key_once(store, ckpt.epoch, parallelism)
+        for epoch in (r["epoch"] for r in records):  # every checkpoint is kept
+            ckpt = read_checkpoint(store, flights_job().prefix, epoch)
+            assert ckpt.parallelism == parallelism and len(ckpt.operators["route_daily_delays"]) == parallelism
+            assert _state(store, epoch) == clean_state[epoch], \
+                f"state after rescaling to {parallelism} differs at epoch {epoch}"
+            _assert_each_key_once(store, epoch, parallelism)
+    assert clean_state[3], "epoch 3 (parallelism 3) must hold open windows for the check to mean something"
     assert epochs == EPOCHS
     check_flights_output(_output(store))
 
