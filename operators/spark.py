@@ -5,6 +5,13 @@ Configuration, later wins: ``SPARK_CONF_DIR``'s ``spark-defaults.conf``
 environment variable ``DKVSTREAM_SPARK_MASTER`` (default ``local[2]``), and the
 ``conf`` argument (Dagster's ``PySparkResource`` passes its ``spark_config``). So the
 same job runs on ``local[2]`` or a cluster.
+
+On a cluster (any master that is not ``local...``), executors share nothing with the
+driver but the Spark configuration: the object-store variables set in the driver's
+environment (``OBJECT_STORE_ENV``: S3 endpoint, region, credentials, retries) are passed
+to them as ``spark.executorEnv.<NAME>``, so tasks reopen an ``s3://`` store exactly as
+the driver does. Spark redacts the secret ones in its UI and logs
+(``spark.redaction.regex``).
 """
 from __future__ import annotations
 
@@ -27,6 +34,12 @@ DEFAULT_CONF: dict[str, str] = {
 }
 
 
+# Read by storage/objectstore/s3.py (and botocore) in every process that opens the store.
+OBJECT_STORE_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION",
+                    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                    "AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE")
+
+
 def ensure_python_workers_use_this_interpreter() -> None:
     """Spark's Python workers run ``python3`` from PATH, not this venv: point them here
     before a session starts (else pyarrow is "missing" in tasks)."""
@@ -34,10 +47,21 @@ def ensure_python_workers_use_this_interpreter() -> None:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 
+def executor_env_conf(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """``spark.executorEnv.<NAME>`` for each ``OBJECT_STORE_ENV`` variable set in
+    ``environ`` (default ``os.environ``)."""
+    environ = os.environ if environ is None else environ
+    return {f"spark.executorEnv.{name}": environ[name] for name in OBJECT_STORE_ENV if environ.get(name)}
+
+
 def spark_conf(conf: dict[str, str] | None = None) -> dict[str, str]:
-    """The effective configuration: defaults, env master, then ``conf``."""
+    """The effective configuration: defaults, env master, the object-store variables for
+    executors when the master is a cluster, then ``conf``."""
     merged = dict(DEFAULT_CONF)
     merged["spark.master"] = os.environ.get("DKVSTREAM_SPARK_MASTER", DEFAULT_MASTER)
+    master = (conf or {}).get("spark.master", merged["spark.master"])
+    if not master.startswith("local"):
+        merged.update(executor_env_conf())
     merged.update(conf or {})
     return merged
 
