@@ -54,6 +54,7 @@ from storage.objectstore import ObjectStore
 # eagerly in one call; longer ones lazily, a block at a time, in bounded memory.
 SMALL_SCAN_BLOCKS = 16
 
+
 def prefix_successor(prefix: bytes) -> bytes | None:
     """Returns the smallest key greater than every key starting with ``prefix``.
 
@@ -145,7 +146,6 @@ def _filter(r: SSTableReader) -> tuple[bytes, int, int]:
     return bits, len(bits) << 3, k
 
 
-
 def _table_bounds(t: TableInfo, start: bytes, end: bytes | None) -> tuple[bytes, bytes | None] | None:
     """``[start, end)`` narrowed to what a clipped (shared, after a rescale) table may
     serve, or None if nothing; unclipped tables serve the whole range."""
@@ -155,6 +155,7 @@ def _table_bounds(t: TableInfo, start: bytes, end: bytes | None) -> tuple[bytes,
     hi = t.max_key + b"\x00"
     e = hi if end is None or end > hi else end
     return (s, e) if s < e else None
+
 
 class DKV:
     """An LSM key-value store over an ``ObjectStore``. Keys and values are ``bytes``.
