@@ -336,6 +336,11 @@ class JobRunner:
         if self._dead_letters.num_rows:
             outputs[dead_letter.DEAD_LETTER_OUTPUT] = [dead_letter.stage(
                 self.store, self.job.prefix, epoch, self._dead_letters, uuid.uuid4().hex[:12])]
+        for name, staged in outputs.items():
+            try:
+                self.job.output_sink(name).prepare(self.store, self.job.prefix, epoch, staged)
+            except Exception as e:  # noqa: BLE001 - any sink check failing fails the epoch
+                raise JobFailedError(f"job {self.job.name}: epoch {epoch} refused by sink {name}: {e}") from e
         dkv = [res.metrics["dkv"] for rs in results_by_op.values() for res in rs]
         metrics = {
             "events": events.num_rows,

@@ -1,0 +1,331 @@
+"""An upsert table sink: a Delta Lake table with a primary key (delta-rs, ``deltalake``).
+
+What Kudu gives at the end of a stream (``shared/seeds/kudu-architecture.txt``): a
+table with a primary key that takes inserts, updates and deletes from a job, answers
+point lookups, scans columns with projection and predicates, and reads a snapshot as
+of a past commit. The table is a Delta Lake table under ``<job>/sinks/<name>/`` that
+any Delta reader (pyarrow through ``deltalake``, DuckDB, Spark with delta-spark) opens.
+
+Change rows. The operator output feeding the sink carries the table's columns plus an
+optional ``_op`` column: ``"insert"`` (fails when the key exists, as Kudu's INSERT does),
+``"upsert"`` (insert or replace the whole row) or ``"delete"`` (remove the key; a
+missing key is a no-op, Kudu's DELETE_IGNORE). Without ``_op`` every row is an upsert.
+Within one epoch a key's changes apply in emission order; only its net effect is
+written.
+
+Partitioning like Kudu's: a hidden column ``_bucket`` = xxh3_64 of the primary key
+columns mod ``hash_buckets``, plus an optional ``range_column`` (one of the key columns,
+partitioned by value: give it a coarse value such as a day). Both are Delta partition
+columns, so a point lookup or a MERGE touches one bucket's files.
+
+Exactly-once, one table commit per epoch. A task writes its change rows as Parquet
+under its staging prefix (nothing visible). Before the driver commits epoch e it calls
+``prepare``: the inserts of e are checked against the table, which then holds exactly
+the epochs up to e-1 (a restart re-publishes the newest checkpoint before it runs
+anything), so a duplicate key fails the epoch before its checkpoint exists, naming the
+key and the table. After the commit, ``publish`` applies the epoch's net changes with
+**one** Delta MERGE whose commit carries the application transaction
+(``txn``) ``appId = <job prefix>/<sink>``, ``version = e`` and ``dkvstream.epoch = e``
+in its commit info. The MERGE commit is atomic (Delta's log entry
+``_delta_log/<version>.json`` is written put-if-absent), and a publish redone after a
+crash reads the table's transaction version first and skips an epoch already applied.
+An epoch with no change rows writes no commit.
+
+Snapshot reads: ``version_as_of_epoch(e)`` is the newest table version whose epoch is
+at most e; ``scan(..., as_of_epoch=e)`` reads it (Delta time travel).
+
+Limits: local-directory stores only for now (``S3ObjectStore`` raises: the S3 storage
+options are not wired yet); the table is written by the driver, one MERGE per epoch.
+"""
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+import xxhash
+
+from operators.sinks import Sink
+from storage.objectstore import ObjectStore
+
+OP_COLUMN = "_op"
+BUCKET_COLUMN = "_bucket"
+INSERT, UPSERT, DELETE = "insert", "upsert", "delete"
+_OPS = (INSERT, UPSERT, DELETE)
+EPOCH_METADATA = "dkvstream.epoch"
+
+
+class InsertConflictError(RuntimeError):
+    """Raised when an insert names a primary key the table (or the same epoch) already holds."""
+
+
+class TableSink(Sink):
+    """Writes an operator output into a Delta Lake table with a primary key.
+
+    Args:
+        name: table name; the table lives at ``<job>/sinks/<name>/``.
+        schema: the table's columns (without ``_op`` and ``_bucket``).
+        primary_key: key column names; non-null in every change row.
+        hash_buckets: number of hash buckets over the key columns (>= 1).
+        range_column: optional key column partitioned by value (Kudu's range partition).
+
+    Raises:
+        ValueError: a key column or the range column is not in ``schema``, or the range
+            column is not a key column.
+    """
+
+    def __init__(self, name: str, schema: pa.Schema, primary_key: Sequence[str], hash_buckets: int = 4,
+                 range_column: str | None = None) -> None:
+        self.name = name
+        self.schema = schema
+        self.primary_key = list(primary_key)
+        missing = [c for c in self.primary_key if c not in schema.names]
+        if not self.primary_key or missing:
+            raise ValueError(f"table sink {name}: primary key {self.primary_key} names columns not in the schema: "
+                             f"{missing}")
+        if hash_buckets < 1:
+            raise ValueError(f"table sink {name}: hash_buckets must be >= 1, got {hash_buckets}")
+        if range_column is not None and range_column not in self.primary_key:
+            raise ValueError(f"table sink {name}: range column {range_column!r} must be a key column "
+                             f"(as in Kudu), key is {self.primary_key}")
+        self.hash_buckets = hash_buckets
+        self.range_column = range_column
+
+    # ------------------------------------------------------------------ naming
+    def table_prefix(self, job_prefix: str) -> str:
+        """Object-store prefix of the Delta table (no trailing slash)."""
+        return f"{job_prefix}/sinks/{self.name}"
+
+    def table_uri(self, store: ObjectStore, job_prefix: str) -> str:
+        """The table's location for Delta readers.
+
+        Raises:
+            NotImplementedError: the store is not a local directory.
+        """
+        root = getattr(store, "root_uri", None)
+        if root is None or not root.startswith("file://"):
+            raise NotImplementedError(f"table sink {self.name}: only local-directory stores are supported, "
+                                      f"got {store!r}")
+        return f"{root.rstrip('/')}/{self.table_prefix(job_prefix)}"
+
+    def app_id(self, job_prefix: str) -> str:
+        """The Delta application-transaction id of this sink in a job."""
+        return f"{job_prefix}/{self.name}"
+
+    @property
+    def partition_columns(self) -> list[str]:
+        return [BUCKET_COLUMN] + ([self.range_column] if self.range_column else [])
+
+    def _stored_schema(self) -> pa.Schema:
+        fields = [pa.field(f.name, f.type, nullable=f.name not in self.primary_key) for f in self.schema]
+        return pa.schema([*fields, pa.field(BUCKET_COLUMN, pa.int32(), nullable=False)])
+
+    # -------------------------------------------------------------- the task side
+    def buckets_of(self, table: pa.Table) -> pa.Array:
+        """Hash bucket of each row's primary key: xxh3_64 over the key columns'
+        values (str/bytes/int as their UTF-8 or decimal text, joined by 0x1f) mod
+        ``hash_buckets``. Stable across processes and versions."""
+        cols = [table.column(c).to_pylist() for c in self.primary_key]
+        digest, n = xxhash.xxh3_64_intdigest, self.hash_buckets
+        out = np.fromiter((digest(b"\x1f".join(_key_bytes(v) for v in vals)) % n for vals in zip(*cols)),
+                          dtype=np.int32, count=table.num_rows)
+        return pa.array(out, pa.int32())
+
+    def changes_of(self, table: pa.Table) -> pa.Table:
+        """The change rows of an operator output: the schema's columns, ``_op`` and
+        ``_bucket``.
+
+        Raises:
+            ValueError: an ``_op`` value is not insert/upsert/delete, or a key is null.
+        """
+        ops = table.column(OP_COLUMN) if OP_COLUMN in table.column_names else pa.array([UPSERT] * table.num_rows)
+        bad = pc.invert(pc.is_in(pc.fill_null(ops, ""), pa.array(_OPS)))
+        if pc.any(bad).as_py():
+            raise ValueError(f"table sink {self.name}: _op must be one of {_OPS}, got "
+                             f"{ops.filter(bad)[0].as_py()!r}")
+        for c in self.primary_key:
+            if table.column(c).null_count:
+                raise ValueError(f"table sink {self.name}: key column {c!r} is null in a change row")
+        cols = {f.name: (table.column(f.name).cast(f.type) if f.name in table.column_names
+                         else pa.nulls(table.num_rows, f.type)) for f in self.schema}
+        out = pa.table(cols).append_column(OP_COLUMN, pa.array(ops, pa.string()))
+        return out.append_column(BUCKET_COLUMN, self.buckets_of(out))
+
+    def write_staged(self, store: ObjectStore, staging_prefix: str, table: pa.Table) -> str:
+        buf = io.BytesIO()
+        pq.write_table(self.changes_of(table), buf, compression="zstd")
+        key = f"{staging_prefix}/{self.name}.changes.parquet"
+        store.put(key, buf.getvalue())
+        return key
+
+    # ------------------------------------------------------------ the driver side
+    def _read_staged(self, store: ObjectStore, staged: list[str]) -> pa.Table:
+        tables = [pq.read_table(io.BytesIO(store.get(k))) for k in staged]
+        return pa.concat_tables(tables) if tables else self.changes_of(self.schema.empty_table())
+
+    def _existing(self, uri: str, changes: pa.Table) -> set[tuple]:
+        """Keys among ``changes`` that the table holds now."""
+        from deltalake import DeltaTable
+
+        if not DeltaTable.is_deltatable(uri) or changes.num_rows == 0:
+            return set()
+        found = self._lookup(DeltaTable(uri), changes.select(self.primary_key + [BUCKET_COLUMN]), self.primary_key)
+        return set(zip(*(found.column(c).to_pylist() for c in self.primary_key)))
+
+    def net_changes(self, changes: pa.Table, existing: set[tuple], epoch: int, where: str) -> pa.Table:
+        """Collapses an epoch's change rows (in order) into one row per key: the last
+        upsert or insert as ``upsert``, or a ``delete``.
+
+        Raises:
+            InsertConflictError: an insert of a key that exists at that point.
+        """
+        keys = list(zip(*(changes.column(c).to_pylist() for c in self.primary_key)))
+        ops = changes.column(OP_COLUMN).to_pylist()
+        exists: dict[tuple, bool] = {}
+        last: dict[tuple, int] = {}
+        for i, (k, op) in enumerate(zip(keys, ops)):
+            present = exists.get(k, k in existing)
+            if op == INSERT and present:
+                raise InsertConflictError(
+                    f"table sink {self.name}: epoch {epoch} inserts primary key "
+                    f"{dict(zip(self.primary_key, k))} which {where} already holds")
+            exists[k] = op != DELETE
+            last[k] = i
+        rows = changes.take(pa.array(sorted(last.values()), pa.int64()))
+        return rows.set_column(rows.schema.get_field_index(OP_COLUMN), OP_COLUMN,
+                               pc.if_else(pc.equal(rows.column(OP_COLUMN), DELETE), DELETE, UPSERT))
+
+    def prepare(self, store: ObjectStore, job_prefix: str, epoch: int, staged: list[str]) -> None:
+        """Before epoch ``epoch`` commits: check its inserts against the table.
+
+        Raises:
+            InsertConflictError: an insert names a key that exists (the epoch fails,
+                nothing is committed).
+        """
+        uri = self.table_uri(store, job_prefix)
+        changes = self._read_staged(store, staged)
+        inserts = changes.filter(pc.equal(changes.column(OP_COLUMN), INSERT))
+        self.net_changes(changes, self._existing(uri, inserts), epoch, f"the table {uri}")
+
+    def publish(self, store: ObjectStore, job_prefix: str, epoch: int, staged: list[str]) -> list[str]:
+        from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+
+        uri = self.table_uri(store, job_prefix)
+        if not DeltaTable.is_deltatable(uri):
+            write_deltalake(uri, self._stored_schema().empty_table(), partition_by=self.partition_columns,
+                            mode="ignore")
+        dt = DeltaTable(uri)
+        app = self.app_id(job_prefix)
+        applied = dt.transaction_version(app)
+        if applied is not None and applied >= epoch:
+            return []  # redone after a crash: this epoch is in the table already
+        changes = self._read_staged(store, staged)
+        inserts = changes.filter(pc.equal(changes.column(OP_COLUMN), INSERT))
+        net = self.net_changes(changes, self._existing(uri, inserts), epoch, f"the table {uri}")
+        # Partition columns first so delta-rs prunes the target to the touched buckets.
+        on = " AND ".join(f"t.{c} = s.{c}" for c in dict.fromkeys([*self.partition_columns, *self.primary_key]))
+        values = {c: f"s.{c}" for c in [*self.schema.names, BUCKET_COLUMN]}
+        props = CommitProperties(app_transactions=[Transaction(app, epoch)],
+                                 custom_metadata={EPOCH_METADATA: str(epoch)})
+        (dt.merge(net, predicate=on, source_alias="s", target_alias="t", commit_properties=props)
+           .when_matched_delete(predicate=f"s.{OP_COLUMN} = '{DELETE}'")
+           .when_matched_update(updates=values, predicate=f"s.{OP_COLUMN} = '{UPSERT}'")
+           .when_not_matched_insert(updates=values, predicate=f"s.{OP_COLUMN} = '{UPSERT}'")
+           .execute())
+        return [f"{uri}@v{DeltaTable(uri).version()}"]
+
+    def published_after(self, store: ObjectStore, job_prefix: str, epoch: int) -> list[str]:
+        from deltalake import DeltaTable
+
+        uri = self.table_uri(store, job_prefix)
+        if not DeltaTable.is_deltatable(uri):
+            return []
+        applied = DeltaTable(uri).transaction_version(self.app_id(job_prefix))
+        return [f"Delta table {uri}: epoch {applied} applied"] if applied is not None and applied > epoch else []
+
+    # ------------------------------------------------------------------- reads
+    def open(self, store: ObjectStore, job_prefix: str, as_of_epoch: int | None = None):
+        """The ``deltalake.DeltaTable``, current or as of a committed epoch.
+
+        Raises:
+            LookupError: no table version holds an epoch <= ``as_of_epoch``.
+        """
+        from deltalake import DeltaTable
+
+        dt = DeltaTable(self.table_uri(store, job_prefix))
+        if as_of_epoch is not None:
+            dt.load_as_version(self.version_as_of_epoch(dt, as_of_epoch))
+        return dt
+
+    def version_as_of_epoch(self, dt, epoch: int) -> int:
+        """The newest table version whose commit holds an epoch <= ``epoch`` (version 0,
+        the empty table, when the first epochs wrote no rows).
+
+        Raises:
+            LookupError: the table's history no longer reaches back that far.
+        """
+        best = None
+        for entry in dt.history():
+            e = entry.get(EPOCH_METADATA)
+            v = entry["version"]
+            if e is not None and int(e) <= epoch and (best is None or v > best):
+                best = v
+            if v == 0 and best is None:
+                best = 0
+        if best is None:
+            raise LookupError(f"table sink {self.name}: no version of {dt.table_uri} as of epoch {epoch}")
+        return best
+
+    def dataset(self, store: ObjectStore, job_prefix: str, as_of_epoch: int | None = None) -> pads.Dataset:
+        """A ``pyarrow.dataset.Dataset`` of the table (current or as of an epoch); it
+        still has the ``_bucket`` column, DuckDB reads it with ``duckdb.arrow(ds)``."""
+        return self.open(store, job_prefix, as_of_epoch).to_pyarrow_dataset()
+
+    def scan(self, store: ObjectStore, job_prefix: str, columns: list[str] | None = None,
+             filter: pc.Expression | None = None, as_of_epoch: int | None = None) -> pa.Table:
+        """Rows of the table with projection and a predicate, current or as of an epoch.
+
+        Args:
+            columns: columns to read (default: the schema's).
+            filter: a ``pyarrow.compute`` expression, pushed down to file statistics.
+            as_of_epoch: read the snapshot of this committed epoch (time travel).
+        """
+        return self.dataset(store, job_prefix, as_of_epoch).to_table(
+            columns=columns or self.schema.names, filter=filter)
+
+    def lookup(self, store: ObjectStore, job_prefix: str, keys: pa.Table, columns: list[str] | None = None,
+               as_of_epoch: int | None = None) -> pa.Table:
+        """Rows for the given primary keys (a table of the key columns), reading only
+        their hash buckets' files. Keys not in the table are absent from the result."""
+        keys = keys.append_column(BUCKET_COLUMN, self.buckets_of(keys))
+        return self._lookup(self.open(store, job_prefix, as_of_epoch), keys, columns or self.schema.names)
+
+    def _lookup(self, dt, keys: pa.Table, columns: list[str]) -> pa.Table:
+        ds = dt.to_pyarrow_dataset()
+        filt = pc.field(BUCKET_COLUMN).isin(pc.unique(keys.column(BUCKET_COLUMN)))
+        for c in self.primary_key:
+            filt = filt & pc.field(c).isin(pc.unique(keys.column(c)))
+        found = ds.to_table(columns=list(dict.fromkeys([*self.primary_key, *columns])), filter=filt)
+        # isin per column over-selects for composite keys: keep exact tuples only.
+        if len(self.primary_key) > 1:
+            found = found.join(keys.select(self.primary_key).group_by(self.primary_key).aggregate([]),
+                               self.primary_key, join_type="inner")
+        return found.select(columns)
+
+    def read(self, store: ObjectStore, job_prefix: str) -> pa.Table:
+        from deltalake import DeltaTable
+
+        uri = self.table_uri(store, job_prefix)
+        if not DeltaTable.is_deltatable(uri):
+            return self.schema.empty_table()
+        return DeltaTable(uri).to_pyarrow_dataset().to_table(columns=self.schema.names)
+
+
+def _key_bytes(v) -> bytes:
+    if isinstance(v, bytes):
+        return v
+    return str(v).encode()
