@@ -1,0 +1,49 @@
+"""The aircraft rotations job (operators/examples/aircraft_rotations.py) against its pandas
+oracle, in-process: the Delta table after the run and as of a middle epoch (time
+travel), and the carrier daily totals."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from operators.examples import aircraft_oracle
+from operators.examples.aircraft_rotations import aircraft_job
+from operators.runtime import JobRunner
+
+DAYS = 4
+ROLLING = 3  # a short window so that 4 days of data overflow it
+
+
+def assert_frames_equal(got: pd.DataFrame, exp: pd.DataFrame, keys: list[str], floats: list[str]) -> None:
+    got = got.sort_values(keys).reset_index(drop=True)
+    exp = exp.sort_values(keys).reset_index(drop=True)
+    assert len(got) == len(exp), f"{len(got)} rows, oracle has {len(exp)}"
+    for c in exp.columns:
+        g, e = got[c].to_numpy(), exp[c].to_numpy()
+        if c in floats:
+            g, e = g.astype(float), e.astype(float)
+            ok = (np.isnan(g) & np.isnan(e)) | np.isclose(g, e, rtol=1e-9, atol=1e-12)
+        else:
+            ok = g == e
+        assert ok.all(), f"column {c} differs in {int((~ok).sum())} rows, first: " \
+            f"{got[~ok].head(1).to_dict('records')} vs {exp[~ok].head(1).to_dict('records')}"
+
+
+def test_aircraft_table_and_carrier_totals_equal_the_oracle(tmp_path) -> None:
+    job = aircraft_job(days=DAYS, events_per_epoch=700, rolling=ROLLING)
+    runner = JobRunner(job, None, str(tmp_path))
+    results = runner.run_to_end()
+    epochs = len(results)
+    assert epochs >= 4
+    flights = aircraft_oracle.with_epochs(aircraft_oracle.replay(DAYS), [r.source_offsets for r in results])
+    assert (flights["epoch"] > 0).all()
+    table = job.sinks["aircraft"]
+    store, prefix = runner.store, job.prefix
+    floats = ["rolling_arr_delay", "arr_delay_sum"]
+    assert_frames_equal(table.read(store, prefix).to_pandas(), aircraft_oracle.aircraft_rows(flights, epochs, ROLLING),
+                        ["tailnum"], floats)
+    mid = epochs // 2
+    assert_frames_equal(table.scan(store, prefix, as_of_epoch=mid).to_pandas(),
+                        aircraft_oracle.aircraft_rows(flights, mid, ROLLING), ["tailnum"], floats)
+    daily = job.sinks["carrier_daily"].read(store, prefix).to_pandas()
+    assert_frames_equal(daily, aircraft_oracle.carrier_daily_rows(flights), ["carrier", "day"], floats)
