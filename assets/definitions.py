@@ -12,7 +12,13 @@ from assets.checkpoints import make_checkpoint_check
 from assets.job_assets import job_assets
 from assets.jobs import MAINTENANCE_JOBS
 from assets.resources import default_resources
-from assets.sensors import STREAM_JOB_TAG, make_cleanup_sensor, make_compaction_sensor, make_source_sensor
+from assets.sensors import (
+    STREAM_JOB_TAG,
+    make_cleanup_sensor,
+    make_compaction_sensor,
+    make_source_sensor,
+    make_table_compaction_sensor,
+)
 from operators.examples.flights import flights_job
 from operators.job import Job
 
@@ -27,7 +33,8 @@ def stream_job_definitions(job: Job) -> dict:
         "assets": assets,
         "asset_checks": [make_checkpoint_check(job)],
         "jobs": [epochs_job],
-        "sensors": [make_compaction_sensor(job), make_cleanup_sensor(job), make_source_sensor(job, epochs_job)],
+        "sensors": [make_compaction_sensor(job), make_cleanup_sensor(job), make_source_sensor(job, epochs_job),
+                    *filter(None, [make_table_compaction_sensor(job)])],
     }
 
 

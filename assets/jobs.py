@@ -30,6 +30,7 @@ from operators.remote_compaction import compact_job
 from storage.dkv.compaction import plan_compaction as plan_range
 from storage.dkv.manifest import load_manifest
 from storage.dkv.remote_compaction import load_result
+from operators.table_sink import compact_table, delta_tables, small_files
 
 
 class StreamJobConfig(Config):
@@ -155,6 +156,39 @@ def cleanup(context: OpExecutionContext, config: StreamJobConfig, object_store: 
                   })
 
 
+class TableCompactionConfig(StreamJobConfig):
+    """Config of ``compact_tables``.
+
+    Attributes:
+        target_bytes: files below this size are small; OPTIMIZE writes files of about it.
+        min_small_files: compact a table only when it has at least this many small files.
+    """
+
+    target_bytes: int = 32 << 20
+    min_small_files: int = 16
+
+
+@op(description="Compact the small files of a stream job's Delta table sinks (delta-rs OPTIMIZE)")
+def compact_tables(context: OpExecutionContext, config: TableCompactionConfig,
+                   object_store: ObjectStoreResource) -> Output[list]:
+    store = object_store.open()
+    done = []
+    for uri in delta_tables(store, job_prefix(config.job)):
+        small = small_files(uri, config.target_bytes)
+        if small < config.min_small_files:
+            context.log.info(f"{uri}: {small} small files, below {config.min_small_files}")
+            continue
+        metrics = compact_table(uri, config.target_bytes)
+        done.append({"table": uri, "small_files": small, "files_added": metrics.get("numFilesAdded", 0),
+                     "files_removed": metrics.get("numFilesRemoved", 0), "version": metrics["version"]})
+    return Output(done, metadata={
+        "tables_compacted": MetadataValue.int(len(done)),
+        "files_removed": MetadataValue.int(sum(d["files_removed"] for d in done)),
+        "files_added": MetadataValue.int(sum(d["files_added"] for d in done)),
+        "tables": MetadataValue.json(done),
+    })
+
+
 @job(description="Plan and run remote compaction of a stream job's newest checkpoint")
 def compaction():
     compact(plan_compaction())
@@ -175,4 +209,9 @@ def op_config(op_name: str, stream_job: str, **extra) -> dict:
     return {"ops": {op_name: {"config": {"job": stream_job, **extra}}}}
 
 
-MAINTENANCE_JOBS = [compaction, flush_job, cleanup_job_def]
+@job(name="table_compaction", description="Compact the small files of a stream job's Delta table sinks")
+def table_compaction_job():
+    compact_tables()
+
+
+MAINTENANCE_JOBS = [compaction, flush_job, cleanup_job_def, table_compaction_job]

@@ -11,6 +11,10 @@
   whenever retention has something to delete (more than ``retain_checkpoints``
   committed) for a newest epoch or retention setting it has not cleaned up for (cursor
   ``<newest epoch>:<retain>``).
+* ``<job>_table_compaction_sensor`` (jobs with a ``TableSink``) counts the small files
+  of each Delta table sink's current version and requests a ``table_compaction`` run
+  when one has at least ``min_small_files`` (``TableCompactionConfig``); cursor: the
+  table versions it last requested a run for.
 * ``<job>_source_sensor`` compares the source's end offsets with the newest checkpoint's
   and starts a run of the job's asset job when new input arrived (cursor: the end
   offsets it last started a run for). Off by default: the bundled flights source is a
@@ -34,10 +38,11 @@ from dagster import (
 )
 
 from assets.checkpoints import L0_TABLES_MAX, SIZE_AMP_MAX, checkpoint_asset_key
-from assets.jobs import cleanup_job_def, compaction, op_config
+from assets.jobs import TableCompactionConfig, cleanup_job_def, compaction, op_config, table_compaction_job
 from assets.resources import DKVSettingsResource, ObjectStoreResource
 from operators.checkpoints import latest_checkpoint, list_epochs
 from operators.job import Job
+from operators.table_sink import TableSink, small_files
 
 IN_PROGRESS = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
                DagsterRunStatus.STARTED]
@@ -149,3 +154,50 @@ def make_source_sensor(job: Job, asset_job):
             cursor=state)
 
     return source_sensor
+
+
+def make_table_compaction_sensor(job: Job, min_small_files: int | None = None, target_bytes: int | None = None):
+    """The Delta table compaction sensor of ``job`` (see module docstring), or None if
+    the job has no ``TableSink``. ``min_small_files`` and ``target_bytes`` default to
+    ``TableCompactionConfig``'s and go into the runs it requests."""
+    sinks = [s for s in job.sinks.values() if isinstance(s, TableSink)]
+    if not sinks:
+        return None
+    defaults = TableCompactionConfig(job=job.name)
+    if min_small_files is not None:
+        defaults = defaults.model_copy(update={"min_small_files": min_small_files})
+    if target_bytes is not None:
+        defaults = defaults.model_copy(update={"target_bytes": target_bytes})
+
+    @sensor(name=f"{job.name}_table_compaction_sensor", job=table_compaction_job,
+            minimum_interval_seconds=sensor_interval_s(), default_status=DefaultSensorStatus.RUNNING,
+            description=f"Compact the small files of {job.name}'s Delta tables")
+    def table_compaction_sensor(context: SensorEvaluationContext, object_store: ObjectStoreResource):
+        from deltalake import DeltaTable
+
+        store = object_store.open()
+        versions, crowded = {}, []
+        for sink in sinks:
+            uri = sink.table_uri(store, job.prefix)
+            if not DeltaTable.is_deltatable(uri):
+                continue
+            versions[sink.name] = DeltaTable(uri).version()
+            n = small_files(uri, defaults.target_bytes)
+            if n >= defaults.min_small_files:
+                crowded.append(f"{sink.name}: {n} small files")
+        if not crowded:
+            return SkipReason(f"no table has {defaults.min_small_files} small files")
+        state = json.dumps(versions, sort_keys=True)
+        if context.cursor == state:
+            return SkipReason(f"a compaction was already requested at versions {state}")
+        if _in_progress(context, table_compaction_job.name, job.name):
+            return SkipReason("a table compaction is already running")
+        return SensorResult(
+            run_requests=[RunRequest(run_key=f"{job.name}-tables-{state}",
+                                     run_config=op_config("compact_tables", job.name,
+                                                          min_small_files=defaults.min_small_files,
+                                                          target_bytes=defaults.target_bytes),
+                                     tags={STREAM_JOB_TAG: job.name, "dkvstream/trigger": "; ".join(crowded)})],
+            cursor=state)
+
+    return table_compaction_sensor

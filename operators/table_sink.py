@@ -57,6 +57,7 @@ BUCKET_COLUMN = "_bucket"
 INSERT, UPSERT, DELETE = "insert", "upsert", "delete"
 _OPS = (INSERT, UPSERT, DELETE)
 EPOCH_METADATA = "dkvstream.epoch"
+_MERGE_ATTEMPTS = 5
 
 
 class InsertConflictError(RuntimeError):
@@ -212,20 +213,34 @@ class TableSink(Sink):
         self.net_changes(changes, self._existing(uri, inserts), epoch, f"the table {uri}")
 
     def publish(self, store: ObjectStore, job_prefix: str, epoch: int, staged: list[str]) -> list[str]:
-        from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+        from deltalake import DeltaTable, write_deltalake
+        from deltalake.exceptions import CommitFailedError
 
         uri = self.table_uri(store, job_prefix)
         if not DeltaTable.is_deltatable(uri):
             write_deltalake(uri, self._stored_schema().empty_table(), partition_by=self.partition_columns,
                             mode="ignore")
-        dt = DeltaTable(uri)
         app = self.app_id(job_prefix)
-        applied = dt.transaction_version(app)
-        if applied is not None and applied >= epoch:
-            return []  # redone after a crash: this epoch is in the table already
         changes = self._read_staged(store, staged)
         inserts = changes.filter(pc.equal(changes.column(OP_COLUMN), INSERT))
-        net = self.net_changes(changes, self._existing(uri, inserts), epoch, f"the table {uri}")
+        for attempt in range(_MERGE_ATTEMPTS):
+            dt = DeltaTable(uri)
+            applied = dt.transaction_version(app)
+            if applied is not None and applied >= epoch:
+                return []  # redone after a crash: this epoch is in the table already
+            net = self.net_changes(changes, self._existing(uri, inserts), epoch, f"the table {uri}")
+            try:
+                return self._merge(dt, uri, net, app, epoch)
+            except CommitFailedError:
+                # A compaction (table_compaction op) rewrote files this MERGE read:
+                # re-read the table and merge again; the txn check above stays exact.
+                if attempt == _MERGE_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _merge(self, dt, uri: str, net: pa.Table, app: str, epoch: int) -> list[str]:
+        from deltalake import CommitProperties, DeltaTable, Transaction
+
         # Partition columns first so delta-rs prunes the target to the touched buckets.
         on = " AND ".join(f"t.{c} = s.{c}" for c in dict.fromkeys([*self.partition_columns, *self.primary_key]))
         values = {c: f"s.{c}" for c in [*self.schema.names, BUCKET_COLUMN]}
@@ -329,3 +344,36 @@ def _key_bytes(v) -> bytes:
     if isinstance(v, bytes):
         return v
     return str(v).encode()
+
+
+def delta_tables(store: ObjectStore, job_prefix: str) -> list[str]:
+    """URIs of the Delta tables among a job's sinks (``<job>/sinks/<name>/_delta_log/``)."""
+    from deltalake import DeltaTable
+
+    root = getattr(store, "root_uri", "").rstrip("/")
+    names = sorted({k.split("/")[len(job_prefix.split("/")) + 1] for k in store.list(f"{job_prefix}/sinks/")
+                    if "/_delta_log/" in k})
+    uris = [f"{root}/{job_prefix}/sinks/{n}" for n in names]
+    return [u for u in uris if DeltaTable.is_deltatable(u)]
+
+
+def small_files(uri: str, target_bytes: int) -> int:
+    """Data files of the table's current version smaller than ``target_bytes``."""
+    from deltalake import DeltaTable
+
+    # deltalake 1.x returns an arro3 table; pa.table converts it through the Arrow C interface.
+    sizes = pa.table(DeltaTable(uri).get_add_actions(flatten=True)).column("size_bytes").to_pylist()
+    return sum(1 for s in sizes if s < target_bytes)
+
+
+def compact_table(uri: str, target_bytes: int) -> dict:
+    """Rewrites the table's small files into files of about ``target_bytes``
+    (delta-rs OPTIMIZE, bin-packing per partition; a ``dataChange=false`` commit, so
+    readers and the job's next MERGE see the same rows). Old files stay for time
+    travel until a vacuum. Returns delta-rs's metrics (``numFilesAdded``,
+    ``numFilesRemoved``, ...) plus ``version``."""
+    from deltalake import DeltaTable
+
+    dt = DeltaTable(uri)
+    metrics = dt.optimize.compact(target_size=target_bytes)
+    return {**metrics, "version": DeltaTable(uri).version()}

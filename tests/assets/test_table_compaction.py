@@ -1,0 +1,54 @@
+"""Delta table compaction: the sensor fires on small files, once per table version; the
+``table_compaction`` job rewrites them without changing the table or its history, and
+the stream job keeps merging into the compacted table."""
+from __future__ import annotations
+
+from dagster import DagsterInstance
+
+from assets.jobs import TableCompactionConfig, op_config, table_compaction_job
+from assets.resources import ObjectStoreResource
+from assets.sensors import make_table_compaction_sensor
+from operators.runtime import JobRunner
+from operators.table_sink import small_files
+from tests.assets.test_sensors import Ticker
+from tests.operators.test_table_sink import as_model, make_job, model_after, random_changes
+
+
+def test_sensor_and_compaction_of_a_table_sink(tmp_path) -> None:
+    rows = random_changes(400, keys=3000, seed=21)  # mostly new keys: each MERGE adds files
+    job, sink = make_job(rows)
+    runner = JobRunner(job, None, str(tmp_path))
+    resources = {"object_store": ObjectStoreResource(root_uri=str(tmp_path))}
+    threshold = 24
+    ticker = Ticker(make_table_compaction_sensor(job, min_small_files=threshold), DagsterInstance.ephemeral(),
+                    resources)
+    store, prefix = runner.store, job.prefix
+    uri = sink.table_uri(store, prefix)
+    target = TableCompactionConfig(job=job.name).target_bytes
+
+    fired_at = None
+    for result in runner.run(max_epochs=8):
+        n = small_files(uri, target)
+        requests = ticker.tick()
+        assert bool(requests) == (n >= threshold), f"epoch {result.epoch}: {n} small files"
+        if requests:
+            fired_at = result.epoch
+            assert ticker.tick() == []  # same table version: not twice
+            break
+    assert fired_at is not None, "the table never reached the small-file threshold"
+
+    before = sink.open(store, prefix).version()
+    run = table_compaction_job.execute_in_process(run_config=requests[0].run_config,
+                                                  resources=resources, instance=DagsterInstance.ephemeral())
+    assert run.success
+    done = run.output_for_node("compact_tables")
+    assert len(done) == 1 and done[0]["files_removed"] > done[0]["files_added"] > 0
+    assert small_files(uri, target) < threshold
+    assert sink.open(store, prefix).version() == before + 1
+    assert as_model(sink.read(store, prefix)) == model_after(rows[:40 * fired_at])
+    assert as_model(sink.scan(store, prefix, as_of_epoch=fired_at - 1)) == model_after(rows[:40 * (fired_at - 1)])
+    assert ticker.tick() == []
+
+    JobRunner(job, None, str(tmp_path)).run_to_end()  # merges into the compacted table
+    assert as_model(sink.read(store, prefix)) == model_after(rows)
+    assert as_model(sink.scan(store, prefix, as_of_epoch=fired_at)) == model_after(rows[:40 * fired_at])
