@@ -94,6 +94,7 @@ def run_delta(root: str, epochs: int, keys: int, rows: int, lookups: int) -> dic
         versions.append(DeltaTable(uri).version())
     dt = DeltaTable(uri)
     files = files_under(uri)
+    live = len(dt.file_uris())
     rng = np.random.default_rng(1)
     probe = rng.integers(0, keys, lookups)
     t0 = time.perf_counter()
@@ -113,7 +114,7 @@ def run_delta(root: str, epochs: int, keys: int, rows: int, lookups: int) -> dic
     dt.optimize.compact()
     compact_s = time.perf_counter() - t0
     return {"commit_s": commit_s, "lookup_s": lookup_s, "scan_s": scan_s, "scan_rows": scan.num_rows,
-            "travel_s": travel_s, "files": files, "final": as_model(full), "mid": as_model(old),
+            "travel_s": travel_s, "files": files, "live": live, "final": as_model(full), "mid": as_model(old),
             "compact_s": compact_s, "files_after_compact": len(DeltaTable(uri).file_uris())}
 
 
@@ -151,6 +152,7 @@ def run_iceberg(root: str, epochs: int, keys: int, rows: int, lookups: int) -> d
         snapshots.append(cat.load_table("ns.t").current_snapshot().snapshot_id)
     tbl = cat.load_table("ns.t")
     files = files_under(wh)
+    live = len(tbl.inspect.files())
     rng = np.random.default_rng(1)
     probe = rng.integers(0, keys, lookups)
     t0 = time.perf_counter()
@@ -167,7 +169,7 @@ def run_iceberg(root: str, epochs: int, keys: int, rows: int, lookups: int) -> d
     travel_s = time.perf_counter() - t0
     del And
     return {"commit_s": commit_s, "lookup_s": lookup_s, "scan_s": scan_s, "scan_rows": scan.num_rows,
-            "travel_s": travel_s, "files": files, "final": as_model(full), "mid": as_model(old),
+            "travel_s": travel_s, "files": files, "live": live, "final": as_model(full), "mid": as_model(old),
             "compact_s": None, "files_after_compact": None}
 
 
@@ -197,13 +199,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.epochs} epochs x {args.rows:,} upserts (+1 % deletes) into {args.keys:,} keys, "
           f"{BUCKETS} hash buckets; checked against a dict model (final and as of epoch {args.epochs // 2})\n")
     print("| format | commit s/epoch (median) | commit s (first / last) | point lookup ms | scan ms "
-          "(projection + predicate) | time travel ms | data files | compact s | files after compact |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "(projection + predicate) | time travel ms | Parquet files on disk | live files | compact s "
+          "| live files after compact |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for fmt, r in results.items():
         c = r["commit_s"]
         print(f"| {fmt} | {statistics.median(c):.3f} | {c[0]:.3f} / {c[-1]:.3f} | {r['lookup_s'] * 1e3:.1f} | "
-              f"{r['scan_s'] * 1e3:.1f} | {r['travel_s'] * 1e3:.1f} | {r['files']} | "
-              f"{_opt(r['compact_s'], '.2f')} | {_opt(r['files_after_compact'], 'd')} |")
+              f"{r['scan_s'] * 1e3:.1f} | {r['travel_s'] * 1e3:.1f} | {r['files']} | {r['live']} | "
+              f"{_opt(r['compact_s'], '.3f')} | {_opt(r['files_after_compact'], 'd')} |")
     if len(results) == 2:
         d, i = results["delta"], results["iceberg"]
         print(f"\nIceberg / Delta: commit {statistics.median(i['commit_s']) / statistics.median(d['commit_s']):.2f}x, "

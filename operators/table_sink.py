@@ -312,6 +312,26 @@ class TableSink(Sink):
         return self.dataset(store, job_prefix, as_of_epoch).to_table(
             columns=columns or self.schema.names, filter=filter)
 
+    def to_spark(self, spark, store: ObjectStore, job_prefix: str, as_of_epoch: int | None = None):
+        """A Spark DataFrame of the table (current or as of an epoch) without the
+        delta-spark jars (they come from Maven, which this platform does not reach):
+        the snapshot's Parquet files as the Delta log lists them, read with
+        ``spark.read.parquet``. Exact because delta-rs writes neither deletion vectors
+        nor column mapping. Partition columns are not inside the files: Spark restores
+        them from the ``col=value`` directories (``basePath``); they are cast back to
+        the schema's types."""
+        from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import from_arrow_type
+
+        dt = self.open(store, job_prefix, as_of_epoch)
+        files = dt.file_uris()
+        if not files:
+            from pyspark.sql.pandas.types import from_arrow_schema
+
+            return spark.createDataFrame([], from_arrow_schema(self.schema))
+        df = spark.read.option("basePath", dt.table_uri).parquet(*files)
+        return df.select(*[F.col(f.name).cast(from_arrow_type(f.type)).alias(f.name) for f in self.schema])
+
     def lookup(self, store: ObjectStore, job_prefix: str, keys: pa.Table, columns: list[str] | None = None,
                as_of_epoch: int | None = None) -> pa.Table:
         """Rows for the given primary keys (a table of the key columns), reading only

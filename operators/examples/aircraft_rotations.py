@@ -217,5 +217,6 @@ def aircraft_job(scale: int = 1, days: int | None = None, events_per_epoch: int 
     make the rolling mean."""
     return Job(name="aircraft_rotations", source=AircraftSource(scale, days),
                operators=[AircraftRotations(rolling), CarrierDaily()],
-               sinks={"aircraft": aircraft_table(), "carrier_daily": ParquetSink("carrier_daily", CARRIER_DAILY_SCHEMA)},
+               sinks={"aircraft": aircraft_table(),
+                      "carrier_daily": ParquetSink("carrier_daily", CARRIER_DAILY_SCHEMA)},
                parallelism=parallelism, events_per_epoch=events_per_epoch, max_out_of_orderness_ms=3_600_000)
