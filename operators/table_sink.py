@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
+from datetime import datetime
 
 import numpy as np
 import pyarrow as pa
@@ -263,17 +264,24 @@ class TableSink(Sink):
         return [f"Delta table {uri}: epoch {applied} applied"] if applied is not None and applied > epoch else []
 
     # ------------------------------------------------------------------- reads
-    def open(self, store: ObjectStore, job_prefix: str, as_of_epoch: int | None = None):
-        """The ``deltalake.DeltaTable``, current or as of a committed epoch.
+    def open(self, store: ObjectStore, job_prefix: str, as_of_epoch: int | None = None,
+             as_of_time: datetime | None = None):
+        """The ``deltalake.DeltaTable``: current, as of a committed epoch, or as of a
+        wall-clock time (the newest version committed at or before it; tz-aware).
 
         Raises:
             LookupError: no table version holds an epoch <= ``as_of_epoch``.
+            ValueError: both ``as_of_epoch`` and ``as_of_time`` given.
         """
         from deltalake import DeltaTable
 
+        if as_of_epoch is not None and as_of_time is not None:
+            raise ValueError(f"table sink {self.name}: give as_of_epoch or as_of_time, not both")
         dt = DeltaTable(self.table_uri(store, job_prefix))
         if as_of_epoch is not None:
             dt.load_as_version(self.version_as_of_epoch(dt, as_of_epoch))
+        elif as_of_time is not None:
+            dt.load_as_version(as_of_time)
         return dt
 
     def version_as_of_epoch(self, dt, epoch: int) -> int:
@@ -295,21 +303,25 @@ class TableSink(Sink):
             raise LookupError(f"table sink {self.name}: no version of {dt.table_uri} as of epoch {epoch}")
         return best
 
-    def dataset(self, store: ObjectStore, job_prefix: str, as_of_epoch: int | None = None) -> pads.Dataset:
-        """A ``pyarrow.dataset.Dataset`` of the table (current or as of an epoch); it
-        still has the ``_bucket`` column, DuckDB reads it with ``duckdb.arrow(ds)``."""
-        return self.open(store, job_prefix, as_of_epoch).to_pyarrow_dataset()
+    def dataset(self, store: ObjectStore, job_prefix: str, as_of_epoch: int | None = None,
+                as_of_time: datetime | None = None) -> pads.Dataset:
+        """A ``pyarrow.dataset.Dataset`` of the table (current, as of an epoch or a
+        time); it still has the ``_bucket`` column. DuckDB reads it after
+        ``con.register(name, ds)``."""
+        return self.open(store, job_prefix, as_of_epoch, as_of_time).to_pyarrow_dataset()
 
     def scan(self, store: ObjectStore, job_prefix: str, columns: list[str] | None = None,
-             filter: pc.Expression | None = None, as_of_epoch: int | None = None) -> pa.Table:
+             filter: pc.Expression | None = None, as_of_epoch: int | None = None,  # noqa: A002
+             as_of_time: datetime | None = None) -> pa.Table:
         """Rows of the table with projection and a predicate, current or as of an epoch.
 
         Args:
             columns: columns to read (default: the schema's).
             filter: a ``pyarrow.compute`` expression, pushed down to file statistics.
             as_of_epoch: read the snapshot of this committed epoch (time travel).
+            as_of_time: or the snapshot current at this time (tz-aware datetime).
         """
-        return self.dataset(store, job_prefix, as_of_epoch).to_table(
+        return self.dataset(store, job_prefix, as_of_epoch, as_of_time).to_table(
             columns=columns or self.schema.names, filter=filter)
 
     def to_spark(self, spark, store: ObjectStore, job_prefix: str, as_of_epoch: int | None = None):
