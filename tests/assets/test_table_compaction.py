@@ -52,3 +52,20 @@ def test_sensor_and_compaction_of_a_table_sink(tmp_path) -> None:
     JobRunner(job, None, str(tmp_path)).run_to_end()  # merges into the compacted table
     assert as_model(sink.read(store, prefix)) == model_after(rows)
     assert as_model(sink.scan(store, prefix, as_of_epoch=fired_at)) == model_after(rows[:40 * fired_at])
+
+
+def test_definitions_of_a_job_with_a_table_sink_load() -> None:
+    from dagster import Definitions
+
+    from assets.definitions import dkvstream_definitions
+    from operators.examples.aircraft_rotations import aircraft_job
+    from operators.examples.flights import flights_job
+
+    defs = dkvstream_definitions(flights_job(), aircraft_job())
+    Definitions.validate_loadable(defs)
+    sensors = {s.name for s in defs.sensors}
+    assert "aircraft_rotations_table_compaction_sensor" in sensors
+    assert "flights_table_compaction_sensor" not in sensors  # no TableSink in the flights job
+    keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
+    assert {"aircraft", "carrier_daily", "aircraft_rotations_checkpoint"} <= keys
+    assert "table_compaction" in {j.name for j in defs.jobs}

@@ -127,6 +127,9 @@ def test_table_equals_model_now_and_as_of_every_epoch(tmp_path) -> None:
     # One MERGE per epoch, each carrying its epoch as the app transaction version.
     assert dt.transaction_version(sink.app_id(prefix)) == 6
     assert dt.version() == 6  # version 0 = table creation
+    # What a restart's fallback asks: is output of epochs after e visible?
+    assert sink.published_after(store, prefix, 6) == []
+    assert "epoch 6 applied" in sink.published_after(store, prefix, 3)[0]
 
 
 def test_point_lookup_and_scan_with_pyarrow_and_duckdb(tmp_path) -> None:
