@@ -30,7 +30,7 @@ from operators.remote_compaction import compact_job
 from storage.dkv.compaction import plan_compaction as plan_range
 from storage.dkv.manifest import load_manifest
 from storage.dkv.remote_compaction import load_result
-from operators.table_sink import compact_table, delta_tables, small_files
+from operators.table_sink import compact_table, delta_tables, small_files, storage_options
 
 
 class StreamJobConfig(Config):
@@ -172,13 +172,13 @@ class TableCompactionConfig(StreamJobConfig):
 def compact_tables(context: OpExecutionContext, config: TableCompactionConfig,
                    object_store: ObjectStoreResource) -> Output[list]:
     store = object_store.open()
-    done = []
+    done, opts = [], storage_options(store)
     for uri in delta_tables(store, job_prefix(config.job)):
-        small = small_files(uri, config.target_bytes)
+        small = small_files(uri, config.target_bytes, opts)
         if small < config.min_small_files:
             context.log.info(f"{uri}: {small} small files, below {config.min_small_files}")
             continue
-        metrics = compact_table(uri, config.target_bytes)
+        metrics = compact_table(uri, config.target_bytes, opts)
         done.append({"table": uri, "small_files": small, "files_added": metrics.get("numFilesAdded", 0),
                      "files_removed": metrics.get("numFilesRemoved", 0), "version": metrics["version"]})
     return Output(done, metadata={

@@ -42,7 +42,7 @@ from assets.jobs import TableCompactionConfig, cleanup_job_def, compaction, op_c
 from assets.resources import DKVSettingsResource, ObjectStoreResource
 from operators.checkpoints import latest_checkpoint, list_epochs
 from operators.job import Job
-from operators.table_sink import TableSink, small_files
+from operators.table_sink import TableSink, small_files, storage_options
 
 IN_PROGRESS = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
                DagsterRunStatus.STARTED]
@@ -176,13 +176,14 @@ def make_table_compaction_sensor(job: Job, min_small_files: int | None = None, t
         from deltalake import DeltaTable
 
         store = object_store.open()
+        opts = storage_options(store)
         versions, crowded = {}, []
         for sink in sinks:
             uri = sink.table_uri(store, job.prefix)
-            if not DeltaTable.is_deltatable(uri):
+            if not DeltaTable.is_deltatable(uri, storage_options=opts):
                 continue
-            versions[sink.name] = DeltaTable(uri).version()
-            n = small_files(uri, defaults.target_bytes)
+            versions[sink.name] = DeltaTable(uri, storage_options=opts).version()
+            n = small_files(uri, defaults.target_bytes, opts)
             if n >= defaults.min_small_files:
                 crowded.append(f"{sink.name}: {n} small files")
         if not crowded:

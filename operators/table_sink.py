@@ -34,8 +34,8 @@ An epoch with no change rows writes no commit.
 Snapshot reads: ``version_as_of_epoch(e)`` is the newest table version whose epoch is
 at most e; ``scan(..., as_of_epoch=e)`` reads it (Delta time travel).
 
-Limits: local-directory stores only for now (``S3ObjectStore`` raises: the S3 storage
-options are not wired yet); the table is written by the driver, one MERGE per epoch.
+Stores: a local directory or S3 (``storage_options`` passes the store's endpoint and
+credentials to delta-rs). The table is written by the driver, one MERGE per epoch.
 """
 from __future__ import annotations
 
@@ -103,16 +103,8 @@ class TableSink(Sink):
         return f"{job_prefix}/sinks/{self.name}"
 
     def table_uri(self, store: ObjectStore, job_prefix: str) -> str:
-        """The table's location for Delta readers.
-
-        Raises:
-            NotImplementedError: the store is not a local directory.
-        """
-        root = getattr(store, "root_uri", None)
-        if root is None or not root.startswith("file://"):
-            raise NotImplementedError(f"table sink {self.name}: only local-directory stores are supported, "
-                                      f"got {store!r}")
-        return f"{root.rstrip('/')}/{self.table_prefix(job_prefix)}"
+        """The table's location for Delta readers: ``file:///...`` or ``s3://bucket/...``."""
+        return delta_uri(store, self.table_prefix(job_prefix))
 
     def app_id(self, job_prefix: str) -> str:
         """The Delta application-transaction id of this sink in a job."""
@@ -169,13 +161,13 @@ class TableSink(Sink):
         tables = [pq.read_table(io.BytesIO(store.get(k))) for k in staged]
         return pa.concat_tables(tables) if tables else self.changes_of(self.schema.empty_table())
 
-    def _existing(self, uri: str, changes: pa.Table) -> set[tuple]:
+    def _existing(self, uri: str, opts: dict | None, changes: pa.Table) -> set[tuple]:
         """Keys among ``changes`` that the table holds now."""
         from deltalake import DeltaTable
 
-        if not DeltaTable.is_deltatable(uri) or changes.num_rows == 0:
+        if changes.num_rows == 0 or not DeltaTable.is_deltatable(uri, storage_options=opts):
             return set()
-        found = self._lookup(DeltaTable(uri), changes.select(self.primary_key + [BUCKET_COLUMN]), self.primary_key)
+        found = self._lookup(DeltaTable(uri, storage_options=opts), changes.select(self.primary_key + [BUCKET_COLUMN]), self.primary_key)
         return set(zip(*(found.column(c).to_pylist() for c in self.primary_key)))
 
     def net_changes(self, changes: pa.Table, existing: set[tuple], epoch: int, where: str) -> pa.Table:
@@ -208,28 +200,28 @@ class TableSink(Sink):
             InsertConflictError: an insert names a key that exists (the epoch fails,
                 nothing is committed).
         """
-        uri = self.table_uri(store, job_prefix)
+        uri, opts = self.table_uri(store, job_prefix), storage_options(store)
         changes = self._read_staged(store, staged)
         inserts = changes.filter(pc.equal(changes.column(OP_COLUMN), INSERT))
-        self.net_changes(changes, self._existing(uri, inserts), epoch, f"the table {uri}")
+        self.net_changes(changes, self._existing(uri, opts, inserts), epoch, f"the table {uri}")
 
     def publish(self, store: ObjectStore, job_prefix: str, epoch: int, staged: list[str]) -> list[str]:
         from deltalake import DeltaTable, write_deltalake
         from deltalake.exceptions import CommitFailedError
 
-        uri = self.table_uri(store, job_prefix)
-        if not DeltaTable.is_deltatable(uri):
+        uri, opts = self.table_uri(store, job_prefix), storage_options(store)
+        if not DeltaTable.is_deltatable(uri, storage_options=opts):
             write_deltalake(uri, self._stored_schema().empty_table(), partition_by=self.partition_columns,
-                            mode="ignore")
+                            mode="ignore", storage_options=opts)
         app = self.app_id(job_prefix)
         changes = self._read_staged(store, staged)
         inserts = changes.filter(pc.equal(changes.column(OP_COLUMN), INSERT))
         for attempt in range(_MERGE_ATTEMPTS):
-            dt = DeltaTable(uri)
+            dt = DeltaTable(uri, storage_options=opts)
             applied = dt.transaction_version(app)
             if applied is not None and applied >= epoch:
                 return []  # redone after a crash: this epoch is in the table already
-            net = self.net_changes(changes, self._existing(uri, inserts), epoch, f"the table {uri}")
+            net = self.net_changes(changes, self._existing(uri, opts, inserts), epoch, f"the table {uri}")
             try:
                 return self._merge(dt, uri, net, app, epoch)
             except CommitFailedError:
@@ -240,7 +232,7 @@ class TableSink(Sink):
         raise AssertionError("unreachable")
 
     def _merge(self, dt, uri: str, net: pa.Table, app: str, epoch: int) -> list[str]:
-        from deltalake import CommitProperties, DeltaTable, Transaction
+        from deltalake import CommitProperties, Transaction
 
         # Partition columns first so delta-rs prunes the target to the touched buckets.
         on = " AND ".join(f"t.{c} = s.{c}" for c in dict.fromkeys([*self.partition_columns, *self.primary_key]))
@@ -252,15 +244,16 @@ class TableSink(Sink):
            .when_matched_update(updates=values, predicate=f"s.{OP_COLUMN} = '{UPSERT}'")
            .when_not_matched_insert(updates=values, predicate=f"s.{OP_COLUMN} = '{UPSERT}'")
            .execute())
-        return [f"{uri}@v{DeltaTable(uri).version()}"]
+        dt.update_incremental()
+        return [f"{uri}@v{dt.version()}"]
 
     def published_after(self, store: ObjectStore, job_prefix: str, epoch: int) -> list[str]:
         from deltalake import DeltaTable
 
-        uri = self.table_uri(store, job_prefix)
-        if not DeltaTable.is_deltatable(uri):
+        uri, opts = self.table_uri(store, job_prefix), storage_options(store)
+        if not DeltaTable.is_deltatable(uri, storage_options=opts):
             return []
-        applied = DeltaTable(uri).transaction_version(self.app_id(job_prefix))
+        applied = DeltaTable(uri, storage_options=opts).transaction_version(self.app_id(job_prefix))
         return [f"Delta table {uri}: epoch {applied} applied"] if applied is not None and applied > epoch else []
 
     # ------------------------------------------------------------------- reads
@@ -277,7 +270,7 @@ class TableSink(Sink):
 
         if as_of_epoch is not None and as_of_time is not None:
             raise ValueError(f"table sink {self.name}: give as_of_epoch or as_of_time, not both")
-        dt = DeltaTable(self.table_uri(store, job_prefix))
+        dt = DeltaTable(self.table_uri(store, job_prefix), storage_options=storage_options(store))
         if as_of_epoch is not None:
             dt.load_as_version(self.version_as_of_epoch(dt, as_of_epoch))
         elif as_of_time is not None:
@@ -366,10 +359,10 @@ class TableSink(Sink):
     def read(self, store: ObjectStore, job_prefix: str) -> pa.Table:
         from deltalake import DeltaTable
 
-        uri = self.table_uri(store, job_prefix)
-        if not DeltaTable.is_deltatable(uri):
+        uri, opts = self.table_uri(store, job_prefix), storage_options(store)
+        if not DeltaTable.is_deltatable(uri, storage_options=opts):
             return self.schema.empty_table()
-        return DeltaTable(uri).to_pyarrow_dataset().to_table(columns=self.schema.names)
+        return DeltaTable(uri, storage_options=opts).to_pyarrow_dataset().to_table(columns=self.schema.names)
 
 
 def _key_bytes(v) -> bytes:
@@ -378,34 +371,73 @@ def _key_bytes(v) -> bytes:
     return str(v).encode()
 
 
+def delta_uri(store: ObjectStore, key_prefix: str) -> str:
+    """The Delta table URI of an object-store prefix.
+
+    Raises:
+        NotImplementedError: the store is neither a local directory nor S3.
+    """
+    from storage.objectstore.s3 import S3ObjectStore
+
+    if isinstance(store, S3ObjectStore):
+        base = f"{store.prefix}/{key_prefix}" if store.prefix else key_prefix
+        return f"s3://{store.bucket}/{base}"
+    root = getattr(store, "root_uri", None)
+    if root is None or not root.startswith("file://"):
+        raise NotImplementedError(f"Delta tables need a local-directory or S3 store, got {store!r}")
+    return f"{root.rstrip('/')}/{key_prefix}"
+
+
+def storage_options(store: ObjectStore) -> dict[str, str] | None:
+    """delta-rs ``storage_options`` reaching the same bucket as ``store`` (None for a
+    local directory). Commits to ``_delta_log`` use S3 conditional puts
+    (``If-None-Match``), which delta-rs 1.x does by default and SeaweedFS supports."""
+    from storage.objectstore.s3 import S3ObjectStore
+
+    if not isinstance(store, S3ObjectStore):
+        return None
+    cfg = store._config  # what the store was built with (endpoint, region, credentials)
+    opts = {"AWS_REGION": store.region, "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false"}
+    if store.endpoint_url:
+        opts["AWS_ENDPOINT_URL"] = store.endpoint_url
+        if store.endpoint_url.startswith("http://"):
+            opts["AWS_ALLOW_HTTP"] = "true"
+    for key, name in (("access_key_id", "AWS_ACCESS_KEY_ID"), ("secret_access_key", "AWS_SECRET_ACCESS_KEY"),
+                      ("session_token", "AWS_SESSION_TOKEN")):
+        if cfg.get(key):
+            opts[name] = cfg[key]
+    return opts
+
+
 def delta_tables(store: ObjectStore, job_prefix: str) -> list[str]:
     """URIs of the Delta tables among a job's sinks (``<job>/sinks/<name>/_delta_log/``)."""
     from deltalake import DeltaTable
 
-    root = getattr(store, "root_uri", "").rstrip("/")
-    names = sorted({k.split("/")[len(job_prefix.split("/")) + 1] for k in store.list(f"{job_prefix}/sinks/")
-                    if "/_delta_log/" in k})
-    uris = [f"{root}/{job_prefix}/sinks/{n}" for n in names]
-    return [u for u in uris if DeltaTable.is_deltatable(u)]
+    depth = len(job_prefix.split("/")) + 1
+    names = sorted({k.split("/")[depth] for k in store.list(f"{job_prefix}/sinks/") if "/_delta_log/" in k})
+    uris = [delta_uri(store, f"{job_prefix}/sinks/{n}") for n in names]
+    return [u for u in uris if DeltaTable.is_deltatable(u, storage_options=storage_options(store))]
 
 
-def small_files(uri: str, target_bytes: int) -> int:
+def small_files(uri: str, target_bytes: int, opts: dict | None = None) -> int:
     """Data files of the table's current version smaller than ``target_bytes``."""
     from deltalake import DeltaTable
 
     # deltalake 1.x returns an arro3 table; pa.table converts it through the Arrow C interface.
-    sizes = pa.table(DeltaTable(uri).get_add_actions(flatten=True)).column("size_bytes").to_pylist()
-    return sum(1 for s in sizes if s < target_bytes)
+    actions = DeltaTable(uri, storage_options=opts).get_add_actions(flatten=True)
+    return sum(1 for s in pa.table(actions).column("size_bytes").to_pylist() if s < target_bytes)
 
 
-def compact_table(uri: str, target_bytes: int) -> dict:
+def compact_table(uri: str, target_bytes: int, opts: dict | None = None) -> dict:
     """Rewrites the table's small files into files of about ``target_bytes``
     (delta-rs OPTIMIZE, bin-packing per partition; a ``dataChange=false`` commit, so
-    readers and the job's next MERGE see the same rows). Old files stay for time
-    travel until a vacuum. Returns delta-rs's metrics (``numFilesAdded``,
+    readers and the job's next MERGE see the same rows; a MERGE that read a rewritten
+    file fails its commit and ``TableSink.publish`` retries it). Old files stay for
+    time travel until a vacuum. Returns delta-rs's metrics (``numFilesAdded``,
     ``numFilesRemoved``, ...) plus ``version``."""
     from deltalake import DeltaTable
 
-    dt = DeltaTable(uri)
+    dt = DeltaTable(uri, storage_options=opts)
     metrics = dt.optimize.compact(target_size=target_bytes)
-    return {**metrics, "version": DeltaTable(uri).version()}
+    dt.update_incremental()
+    return {**metrics, "version": dt.version()}
