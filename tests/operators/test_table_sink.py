@@ -171,8 +171,8 @@ def test_crash_between_commit_and_publish_then_redone_publish(tmp_path) -> None:
     rows = random_changes(240, keys=30, seed=11)
     job, sink = make_job(rows)
     with pytest.raises(RuntimeError, match="injected crash"):
-        JobRunner(job, None, str(tmp_path), failpoint=crash_at("after_commit", 3)).run_to_end()
-    runner = JobRunner(job, None, str(tmp_path))
+        JobRunner(job, None, str(tmp_path), failpoint=crash_at("after_commit", 3), retain_checkpoints=2).run_to_end()
+    runner = JobRunner(job, None, str(tmp_path), retain_checkpoints=2)  # retention collects staged files
     assert runner.latest().epoch == 3
     assert sink.open(runner.store, job.prefix).transaction_version(sink.app_id(job.prefix)) == 2
     runner.run_to_end()  # publishes epoch 3 on restart, then runs 4..6
