@@ -4,14 +4,17 @@ What Kudu gives at the end of a stream (``shared/seeds/kudu-architecture.txt``):
 table with a primary key that takes inserts, updates and deletes from a job, answers
 point lookups, scans columns with projection and predicates, and reads a snapshot as
 of a past commit. The table is a Delta Lake table under ``<job>/sinks/<name>/`` that
-any Delta reader (pyarrow through ``deltalake``, DuckDB, Spark with delta-spark) opens.
+any Delta reader opens (pyarrow through ``deltalake``, DuckDB through that dataset,
+Spark through ``to_spark`` or delta-spark).
 
 Change rows. The operator output feeding the sink carries the table's columns plus an
 optional ``_op`` column: ``"insert"`` (fails when the key exists, as Kudu's INSERT does),
 ``"upsert"`` (insert or replace the whole row) or ``"delete"`` (remove the key; a
 missing key is a no-op, Kudu's DELETE_IGNORE). Without ``_op`` every row is an upsert.
 Within one epoch a key's changes apply in emission order; only its net effect is
-written.
+written. Emission order is only defined inside one key-group range: emit a table key's
+rows from one range (key the emitting operator by the table's key); rows of one key from
+several ranges apply in range order.
 
 Partitioning like Kudu's: a hidden column ``_bucket`` = xxh3_64 of the primary key
 columns mod ``hash_buckets``, plus an optional ``range_column`` (one of the key columns,
