@@ -272,3 +272,17 @@ def test_spark_reads_the_table_now_and_as_of_an_epoch(spark, tmp_path) -> None:
     assert as_model(now) == model_after(rows)
     old = sink.to_spark(spark, store, prefix, as_of_epoch=3).filter("value >= 0").toArrow()
     assert as_model(old) == model_after(rows[:120])
+
+
+def test_hash_buckets_are_stable() -> None:
+    """The bucket of a key is part of the table's layout: it must never change across
+    versions (xxh3_64 of the key columns' text joined by 0x1f, mod buckets)."""
+    import xxhash
+
+    sink = TableSink("t", TABLE_SCHEMA, primary_key=["id", "day"], hash_buckets=16)
+    keys = pa.table({"id": [1, 2, 3, 12345], "day": [0, 0, 1, 7]})
+    assert sink.buckets_of(keys).to_pylist() == [7, 1, 15, 11]
+    assert sink.buckets_of(keys).to_pylist() == [
+        xxhash.xxh3_64_intdigest(f"{i}\x1f{d}".encode()) % 16 for i, d in zip([1, 2, 3, 12345], [0, 0, 1, 7])]
+    tails = TableSink("a", pa.schema([("tailnum", pa.string())]), primary_key=["tailnum"], hash_buckets=8)
+    assert tails.buckets_of(pa.table({"tailnum": ["N14228", "N24211", "a"]})).to_pylist() == [6, 5, 7]
