@@ -30,7 +30,7 @@ from operators.remote_compaction import compact_job
 from storage.dkv.compaction import plan_compaction as plan_range
 from storage.dkv.manifest import load_manifest
 from storage.dkv.remote_compaction import load_result
-from operators.table_sink import compact_table, delta_tables, small_files, storage_options
+from operators.table_sink import compact_table, delta_tables, small_files, storage_options, vacuum_table
 
 
 class StreamJobConfig(Config):
@@ -162,10 +162,14 @@ class TableCompactionConfig(StreamJobConfig):
     Attributes:
         target_bytes: files below this size are small; OPTIMIZE writes files of about it.
         min_small_files: compact a table only when it has at least this many small files.
+        retention_hours: after compacting, delete files no version of the last this many
+            hours needs (VACUUM); time travel then reaches back only that far. None: keep
+            every file (time travel to any epoch).
     """
 
     target_bytes: int = 32 << 20
     min_small_files: int = 16
+    retention_hours: int | None = None
 
 
 @op(description="Compact the small files of a stream job's Delta table sinks (delta-rs OPTIMIZE)")
@@ -179,12 +183,15 @@ def compact_tables(context: OpExecutionContext, config: TableCompactionConfig,
             context.log.info(f"{uri}: {small} small files, below {config.min_small_files}")
             continue
         metrics = compact_table(uri, config.target_bytes, opts)
+        vacuumed = [] if config.retention_hours is None else vacuum_table(uri, config.retention_hours, opts)
         done.append({"table": uri, "small_files": small, "files_added": metrics.get("numFilesAdded", 0),
-                     "files_removed": metrics.get("numFilesRemoved", 0), "version": metrics["version"]})
+                     "files_removed": metrics.get("numFilesRemoved", 0), "version": metrics["version"],
+                     "files_vacuumed": len(vacuumed)})
     return Output(done, metadata={
         "tables_compacted": MetadataValue.int(len(done)),
         "files_removed": MetadataValue.int(sum(d["files_removed"] for d in done)),
         "files_added": MetadataValue.int(sum(d["files_added"] for d in done)),
+        "files_vacuumed": MetadataValue.int(sum(d["files_vacuumed"] for d in done)),
         "tables": MetadataValue.json(done),
     })
 

@@ -444,3 +444,17 @@ def compact_table(uri: str, target_bytes: int, opts: dict | None = None) -> dict
     metrics = dt.optimize.compact(target_size=target_bytes)
     dt.update_incremental()
     return {**metrics, "version": dt.version()}
+
+
+def vacuum_table(uri: str, retention_hours: int, opts: dict | None = None) -> list[str]:
+    """Deletes data files that no table version of the last ``retention_hours`` needs
+    (delta-rs VACUUM). Time travel (``as_of_epoch`` / ``as_of_time``) then reaches only
+    versions younger than that; an older one fails reading a deleted file.
+
+    Returns:
+        URIs (or paths) of the deleted files.
+    """
+    from deltalake import DeltaTable
+
+    return DeltaTable(uri, storage_options=opts).vacuum(
+        retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False)

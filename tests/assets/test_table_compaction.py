@@ -69,3 +69,31 @@ def test_definitions_of_a_job_with_a_table_sink_load() -> None:
     keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
     assert {"aircraft", "carrier_daily", "aircraft_rotations_checkpoint"} <= keys
     assert "table_compaction" in {j.name for j in defs.jobs}
+
+
+def test_compaction_with_vacuum_deletes_superseded_files(tmp_path) -> None:
+    import os
+
+    from deltalake import DeltaTable
+
+    rows = random_changes(240, keys=3000, seed=23)
+    job, sink = make_job(rows)
+    runner = JobRunner(job, None, str(tmp_path))
+    runner.run_to_end()
+    store, prefix = runner.store, job.prefix
+    uri = sink.table_uri(store, prefix)
+    path = uri.removeprefix("file://")
+
+    def on_disk() -> int:
+        return sum(1 for d, _, fs in os.walk(path) for f in fs if f.endswith(".parquet") and "_delta_log" not in d)
+
+    before = on_disk()
+    run = table_compaction_job.execute_in_process(
+        run_config=op_config("compact_tables", job.name, min_small_files=1, retention_hours=0),
+        resources={"object_store": ObjectStoreResource(root_uri=str(tmp_path))}, instance=DagsterInstance.ephemeral())
+    assert run.success
+    done = run.output_for_node("compact_tables")[0]
+    live = len(DeltaTable(uri).file_uris())
+    assert done["files_vacuumed"] == before + done["files_added"] - live > 0
+    assert on_disk() == live
+    assert as_model(sink.read(store, prefix)) == model_after(rows)
