@@ -33,10 +33,10 @@ BUCKETS = 8
 
 def epoch_batches(epochs: int, keys: int, rows: int, seed: int = 7):
     """Yields ``(upserts, delete_ids)`` per epoch: ``rows`` distinct random keys
-    upserted, and 1 % of ``rows`` other keys deleted."""
+    upserted, and 1 % of ``rows`` (at least one) other keys deleted."""
     rng = np.random.default_rng(seed)
     for e in range(epochs):
-        ids = rng.choice(keys, size=rows + rows // 100, replace=False)
+        ids = rng.choice(keys, size=rows + max(1, rows // 100), replace=False)
         up, dels = np.sort(ids[:rows]), np.sort(ids[rows:])
         yield pa.table({"id": up, "bucket": (up % BUCKETS).astype(np.int32),
                         "value": rng.random(rows), "epoch": np.full(rows, e, np.int64),
