@@ -170,7 +170,8 @@ class TableSink(Sink):
 
         if changes.num_rows == 0 or not DeltaTable.is_deltatable(uri, storage_options=opts):
             return set()
-        found = self._lookup(DeltaTable(uri, storage_options=opts), changes.select(self.primary_key + [BUCKET_COLUMN]), self.primary_key)
+        keys = changes.select([*self.primary_key, BUCKET_COLUMN])
+        found = self._lookup(DeltaTable(uri, storage_options=opts), keys, self.primary_key)
         return set(zip(*(found.column(c).to_pylist() for c in self.primary_key)))
 
     def net_changes(self, changes: pa.Table, existing: set[tuple], epoch: int, where: str) -> pa.Table:
