@@ -59,6 +59,8 @@ class PassThrough(Operator):
 
     def on_event(self, subject: Subject, event: KeyedEvent) -> None:
         v = event.value
+        if v["op"] == "skip":  # an event that changes nothing in the table
+            return
         subject.emit({"id": v["id"], "day": v["day"], "value": v["value"], "note": v["note"], OP_COLUMN: v["op"]})
 
     def on_timer_expired(self, subject: Subject, timestamp: int) -> None:
@@ -82,6 +84,8 @@ def random_changes(n: int, keys: int, seed: int) -> list[dict]:
 def model_after(rows: list[dict]) -> dict[int, tuple]:
     state: dict[int, tuple] = {}
     for r in rows:
+        if r["op"] == "skip":
+            continue
         if r["op"] == DELETE:
             state.pop(r["id"], None)
         else:
@@ -286,3 +290,16 @@ def test_hash_buckets_are_stable() -> None:
         xxhash.xxh3_64_intdigest(f"{i}\x1f{d}".encode()) % 16 for i, d in zip([1, 2, 3, 12345], [0, 0, 1, 7])]
     tails = TableSink("a", pa.schema([("tailnum", pa.string())]), primary_key=["tailnum"], hash_buckets=8)
     assert tails.buckets_of(pa.table({"tailnum": ["N14228", "N24211", "a"]})).to_pylist() == [6, 5, 7]
+
+
+def test_epoch_without_changes_reads_as_the_previous_one(tmp_path) -> None:
+    rows = random_changes(120, keys=30, seed=29)
+    rows[40:80] = [{**r, "op": "skip"} for r in rows[40:80]]  # epoch 2 changes nothing
+    rows[80:] = [{**r, "op": UPSERT if r["op"] == INSERT else r["op"]} for r in rows[80:]]  # skipped deletes
+    job, sink = make_job(rows)
+    runner = JobRunner(job, None, str(tmp_path))
+    runner.run_to_end()
+    store, prefix = runner.store, job.prefix
+    assert sink.open(store, prefix).version() == 2  # creation, epoch 1, epoch 3: no commit for epoch 2
+    assert as_model(sink.scan(store, prefix, as_of_epoch=2)) == model_after(rows[:40])
+    assert as_model(sink.scan(store, prefix, as_of_epoch=3)) == model_after(rows)
