@@ -19,6 +19,7 @@ from assets.sensors import (
     make_source_sensor,
     make_table_compaction_sensor,
 )
+from operators.examples.aircraft_rotations import aircraft_job
 from operators.examples.flights import flights_job
 from operators.job import Job
 
@@ -59,4 +60,8 @@ flights = flights_job(
     scale=int(os.environ.get("DKVSTREAM_FLIGHTS_SCALE", "1")),
     events_per_epoch=int(os.environ.get("DKVSTREAM_EVENTS_PER_EPOCH", "50000")),
 )
-defs = dkvstream_definitions(flights)
+aircraft = aircraft_job(
+    scale=int(os.environ.get("DKVSTREAM_FLIGHTS_SCALE", "1")),
+    events_per_epoch=int(os.environ.get("DKVSTREAM_EVENTS_PER_EPOCH", "50000")),
+)
+defs = dkvstream_definitions(flights, aircraft)

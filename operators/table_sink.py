@@ -68,6 +68,11 @@ class InsertConflictError(RuntimeError):
     """Raised when an insert names a primary key the table (or the same epoch) already holds."""
 
 
+class SnapshotVacuumedError(LookupError):
+    """Raised when time travel asks for a table version whose data files a VACUUM may
+    have deleted (superseded before the vacuum's retention window)."""
+
+
 class TableSink(Sink):
     """Writes an operator output into a Delta Lake table with a primary key.
 
@@ -268,6 +273,8 @@ class TableSink(Sink):
 
         Raises:
             LookupError: no table version holds an epoch <= ``as_of_epoch``.
+            SnapshotVacuumedError: (a ``LookupError``) a VACUUM may have deleted files
+                of the version asked for.
             ValueError: both ``as_of_epoch`` and ``as_of_time`` given.
         """
         from deltalake import DeltaTable
@@ -275,21 +282,56 @@ class TableSink(Sink):
         if as_of_epoch is not None and as_of_time is not None:
             raise ValueError(f"table sink {self.name}: give as_of_epoch or as_of_time, not both")
         dt = DeltaTable(self.table_uri(store, job_prefix), storage_options=storage_options(store))
+        if as_of_epoch is None and as_of_time is None:
+            return dt
+        history = dt.history()
         if as_of_epoch is not None:
-            dt.load_as_version(self.version_as_of_epoch(dt, as_of_epoch))
-        elif as_of_time is not None:
+            version, asked = self.version_as_of_epoch(dt, as_of_epoch, history), f"epoch {as_of_epoch}"
+            dt.load_as_version(version)
+        else:
             dt.load_as_version(as_of_time)
+            version, asked = dt.version(), f"time {as_of_time.isoformat()}"
+        self._check_not_vacuumed(dt.table_uri, history, version, asked)
         return dt
 
-    def version_as_of_epoch(self, dt, epoch: int) -> int:
+    def _check_not_vacuumed(self, uri: str, history: list[dict], version: int, asked: str) -> None:
+        """Raises ``SnapshotVacuumedError`` if a VACUUM may have deleted files of ``version``.
+
+        A VACUUM started at time T with retention R deletes the files that commits older
+        than T - R removed. A file of ``version`` is removed, if ever, by a later commit,
+        so the version is intact when the commit right after it is younger than T - R
+        (or there is no later commit). Decided from the log's ``VACUUM START`` entries,
+        without listing files."""
+        following = next((h for h in history if h["version"] == version + 1), None)
+        if following is None:
+            return
+        for h in history:
+            if h.get("operation") != "VACUUM START" or h["version"] <= version:
+                continue
+            params = h.get("operationParameters") or {}
+            retention_ms = int(params.get("specifiedRetentionMillis") or params.get("defaultRetentionMillis") or 0)
+            horizon_ms = h["timestamp"] - retention_ms
+            if following["timestamp"] < horizon_ms:
+                raise SnapshotVacuumedError(
+                    f"table sink {self.name}: {asked} reads version {version} of {uri}, whose files the "
+                    f"VACUUM at version {h['version']} (retention {retention_ms / 3_600_000:g} h) may have "
+                    f"deleted; time travel reaches only versions superseded after "
+                    f"{datetime.fromtimestamp(horizon_ms / 1000).astimezone().isoformat()}")
+
+    def version_as_of_epoch(self, dt, epoch: int, history: list[dict] | None = None) -> int:
         """The newest table version whose commit holds an epoch <= ``epoch`` (version 0,
         the empty table, when the first epochs wrote no rows).
+
+        Args:
+            dt: the ``DeltaTable``.
+            epoch: a committed epoch.
+            history: ``dt.history()``, if the caller has read it already.
 
         Raises:
             LookupError: the table's history no longer reaches back that far.
         """
         best = None
-        for entry in dt.history():
+        for entry in dt.history() if history is None else history:
             e = entry.get(EPOCH_METADATA)
             v = entry["version"]
             if e is not None and int(e) <= epoch and (best is None or v > best):
