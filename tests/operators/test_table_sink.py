@@ -303,3 +303,30 @@ def test_epoch_without_changes_reads_as_the_previous_one(tmp_path) -> None:
     assert sink.open(store, prefix).version() == 2  # creation, epoch 1, epoch 3: no commit for epoch 2
     assert as_model(sink.scan(store, prefix, as_of_epoch=2)) == model_after(rows[:40])
     assert as_model(sink.scan(store, prefix, as_of_epoch=3)) == model_after(rows)
+
+
+def test_restart_fallback_with_a_table_sink(tmp_path) -> None:
+    """Epoch 3 is committed but not applied to the table (crash), then its checkpoint is
+    truncated: the restart falls back to epoch 2 and the table, now and as of every
+    epoch, equals the model. Once the table holds epoch 6, a truncated epoch-6
+    checkpoint is refused: the table already shows it."""
+    from operators.checkpoints import checkpoint_key
+    from operators.recovery import RecoveryRefusedError
+
+    rows = random_changes(240, keys=30, seed=5)
+    job, sink = make_job(rows)
+    with pytest.raises(RuntimeError, match="injected crash"):
+        JobRunner(job, None, str(tmp_path), failpoint=crash_at("after_commit", 3)).run_to_end()
+    runner = JobRunner(job, None, str(tmp_path))
+    store, prefix = runner.store, job.prefix
+    key = checkpoint_key(prefix, 3)
+    store.put(key, store.get(key)[:50])
+    assert [r.epoch for r in runner.run_to_end()] == [3, 4, 5, 6]
+    assert as_model(sink.read(store, prefix)) == model_after(rows)
+    for epoch in range(1, 7):
+        assert as_model(sink.scan(store, prefix, as_of_epoch=epoch)) == model_after(rows[:40 * epoch])
+
+    key = checkpoint_key(prefix, 6)
+    store.put(key, store.get(key)[:50])
+    with pytest.raises(RecoveryRefusedError, match=r"already visible.*Delta table .*epoch 6 applied"):
+        JobRunner(job, None, str(tmp_path)).run_to_end()
