@@ -76,3 +76,68 @@ def carrier_daily_rows(flights: pd.DataFrame) -> pd.DataFrame:
                         "arr_delay_sum": g["arr_delay"].sum(), "arr_delay_count": g["arr_delay"].count()})
     out = out.reset_index().rename(columns={"day_ms": "day"})
     return out.astype({"flights": "int64", "aircraft": "int64", "arr_delay_count": "int64", "day": "int64"})
+
+
+def frame_differences(got: pd.DataFrame, exp: pd.DataFrame, keys: list[str], floats: list[str]) -> str | None:
+    """None if the frames hold the same rows (any order; ``floats`` columns to 1e-9
+    relative, NaN equal to NaN), else a description of the first difference."""
+    got = got.sort_values(keys).reset_index(drop=True)
+    exp = exp.sort_values(keys).reset_index(drop=True)
+    if len(got) != len(exp):
+        return f"{len(got)} rows, oracle has {len(exp)}"
+    for c in exp.columns:
+        g, e = got[c].to_numpy(), exp[c].to_numpy()
+        if c in floats:
+            g, e = g.astype(float), e.astype(float)
+            ok = (np.isnan(g) & np.isnan(e)) | np.isclose(g, e, rtol=1e-9, atol=1e-12)
+        else:
+            ok = g == e
+        if not ok.all():
+            return (f"column {c} differs in {int((~ok).sum())} rows, first: "
+                    f"{got[~ok].head(1).to_dict('records')} vs {exp[~ok].head(1).to_dict('records')}")
+    return None
+
+
+def check_run(root: str) -> str:
+    """Compares a drained full-data run of ``aircraft_job()`` stored under ``root`` (run
+    with every checkpoint retained) with the oracle: the table now and as of the middle
+    epoch, and the carrier daily totals.
+
+    Returns:
+        a one-line summary.
+
+    Raises:
+        AssertionError: naming the table and the first difference.
+    """
+    from operators.checkpoints import list_epochs, read_checkpoint
+    from operators.examples.aircraft_rotations import aircraft_job
+    from operators.runtime import JobRunner
+
+    job = aircraft_job()
+    store = JobRunner(job, None, root).store
+    epochs = list_epochs(store, job.prefix)
+    if not epochs or epochs[0] != 1:
+        raise AssertionError(f"{root}: checkpoints {epochs[:3]}...: run with --retain-checkpoints 0")
+    flights = with_epochs(replay(), [read_checkpoint(store, job.prefix, e).source_offsets for e in epochs])
+    table, floats, mid = job.sinks["aircraft"], ["rolling_arr_delay", "arr_delay_sum"], len(epochs) // 2
+    checks = {
+        "aircraft": (table.read(store, job.prefix), aircraft_rows(flights, len(epochs)), ["tailnum"]),
+        f"aircraft as of epoch {mid}": (table.scan(store, job.prefix, as_of_epoch=mid), aircraft_rows(flights, mid),
+                                        ["tailnum"]),
+        "carrier_daily": (job.sinks["carrier_daily"].read(store, job.prefix), carrier_daily_rows(flights),
+                          ["carrier", "day"]),
+    }
+    for name, (got, exp, keys) in checks.items():
+        diff = frame_differences(got.to_pandas(), exp, keys, floats)
+        if diff:
+            raise AssertionError(f"{name} under {root}: {diff}")
+    return (f"{len(epochs)} epochs: aircraft ({len(checks['aircraft'][1]):,} rows), the aircraft table as of epoch "
+            f"{mid} and carrier_daily ({len(checks['carrier_daily'][1]):,} rows) equal the pandas oracle")
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Check a drained aircraft_job() run against the pandas oracle.")
+    parser.add_argument("--store", default=".dkvstream", help="object-store root of the run")
+    print(check_run(parser.parse_args().store))

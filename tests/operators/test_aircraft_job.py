@@ -3,7 +3,6 @@ oracle, in-process: the Delta table after the run and as of a middle epoch (time
 travel), and the carrier daily totals."""
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
 from operators.examples import aircraft_oracle
@@ -15,18 +14,8 @@ ROLLING = 3  # a short window so that 4 days of data overflow it
 
 
 def assert_frames_equal(got: pd.DataFrame, exp: pd.DataFrame, keys: list[str], floats: list[str]) -> None:
-    got = got.sort_values(keys).reset_index(drop=True)
-    exp = exp.sort_values(keys).reset_index(drop=True)
-    assert len(got) == len(exp), f"{len(got)} rows, oracle has {len(exp)}"
-    for c in exp.columns:
-        g, e = got[c].to_numpy(), exp[c].to_numpy()
-        if c in floats:
-            g, e = g.astype(float), e.astype(float)
-            ok = (np.isnan(g) & np.isnan(e)) | np.isclose(g, e, rtol=1e-9, atol=1e-12)
-        else:
-            ok = g == e
-        assert ok.all(), f"column {c} differs in {int((~ok).sum())} rows, first: " \
-            f"{got[~ok].head(1).to_dict('records')} vs {exp[~ok].head(1).to_dict('records')}"
+    diff = aircraft_oracle.frame_differences(got, exp, keys, floats)
+    assert diff is None, diff
 
 
 def test_aircraft_table_and_carrier_totals_equal_the_oracle(tmp_path) -> None:
