@@ -13,7 +13,7 @@ from assets.sensors import make_table_compaction_sensor
 from operators.runtime import JobRunner
 from operators.table_sink import SnapshotVacuumedError, small_files
 from tests.assets.test_sensors import Ticker
-from tests.operators.test_table_sink import as_model, make_job, model_after, random_changes
+from tests.operators.test_table_sink import as_model, make_job, model_after, random_changes, run_drained
 
 
 def test_sensor_and_compaction_of_a_table_sink(tmp_path) -> None:
@@ -79,9 +79,7 @@ def test_compaction_with_vacuum_deletes_superseded_files(tmp_path) -> None:
     from deltalake import DeltaTable
 
     rows = random_changes(240, keys=3000, seed=23)
-    job, sink = make_job(rows)
-    runner = JobRunner(job, None, str(tmp_path))
-    runner.run_to_end()
+    job, sink, runner = run_drained(rows, tmp_path)
     store, prefix = runner.store, job.prefix
     uri = sink.table_uri(store, prefix)
     path = uri.removeprefix("file://")

@@ -107,6 +107,14 @@ def make_job(rows: list[dict], **sink_kw) -> tuple[Job, TableSink]:
     return job, sink
 
 
+def run_drained(rows: list[dict], root) -> tuple[Job, TableSink, JobRunner]:
+    """``make_job(rows)`` run to the end in process under ``root``."""
+    job, sink = make_job(rows)
+    runner = JobRunner(job, None, str(root))
+    runner.run_to_end()
+    return job, sink, runner
+
+
 def test_table_equals_model_now_and_as_of_every_epoch(tmp_path) -> None:
     rows = random_changes(240, keys=30, seed=3)
     job, sink = make_job(rows)
@@ -138,9 +146,7 @@ def test_table_equals_model_now_and_as_of_every_epoch(tmp_path) -> None:
 
 def test_point_lookup_and_scan_with_pyarrow_and_duckdb(tmp_path) -> None:
     rows = random_changes(240, keys=30, seed=5)
-    job, sink = make_job(rows)
-    runner = JobRunner(job, None, str(tmp_path))
-    runner.run_to_end()
+    job, sink, runner = run_drained(rows, tmp_path)
     store, prefix = runner.store, job.prefix
     model = model_after(rows)
     probe = [(k, k % 3) for k in range(0, 40, 3)]  # some present, some not
@@ -267,9 +273,7 @@ def test_table_on_s3_equals_model_with_time_travel(s3_server) -> None:
 
 def test_spark_reads_the_table_now_and_as_of_an_epoch(spark, tmp_path) -> None:
     rows = random_changes(240, keys=30, seed=19)
-    job, sink = make_job(rows)
-    runner = JobRunner(job, None, str(tmp_path))
-    runner.run_to_end()
+    job, sink, runner = run_drained(rows, tmp_path)
     store, prefix = runner.store, job.prefix
     now = sink.to_spark(spark, store, prefix).toArrow()
     assert now.schema.names == TABLE_SCHEMA.names
@@ -296,9 +300,7 @@ def test_epoch_without_changes_reads_as_the_previous_one(tmp_path) -> None:
     rows = random_changes(120, keys=30, seed=29)
     rows[40:80] = [{**r, "op": "skip"} for r in rows[40:80]]  # epoch 2 changes nothing
     rows[80:] = [{**r, "op": UPSERT if r["op"] == INSERT else r["op"]} for r in rows[80:]]  # skipped deletes
-    job, sink = make_job(rows)
-    runner = JobRunner(job, None, str(tmp_path))
-    runner.run_to_end()
+    job, sink, runner = run_drained(rows, tmp_path)
     store, prefix = runner.store, job.prefix
     assert sink.open(store, prefix).version() == 2  # creation, epoch 1, epoch 3: no commit for epoch 2
     assert as_model(sink.scan(store, prefix, as_of_epoch=2)) == model_after(rows[:40])
