@@ -269,10 +269,12 @@ class TableSink(Sink):
     def open(self, store: ObjectStore, job_prefix: str, as_of_epoch: int | None = None,
              as_of_time: datetime | None = None):
         """The ``deltalake.DeltaTable``: current, as of a committed epoch, or as of a
-        wall-clock time (the newest version committed at or before it; tz-aware).
+        wall-clock time (the newest version whose commit timestamp is at or before it;
+        a tz-aware datetime).
 
         Raises:
-            LookupError: no table version holds an epoch <= ``as_of_epoch``.
+            LookupError: no table version holds an epoch <= ``as_of_epoch``, or none
+                was committed by ``as_of_time``.
             SnapshotVacuumedError: (a ``LookupError``) a VACUUM may have deleted files
                 of the version asked for.
             ValueError: both ``as_of_epoch`` and ``as_of_time`` given.
@@ -289,8 +291,16 @@ class TableSink(Sink):
             version, asked = self.version_as_of_epoch(dt, as_of_epoch, history), f"epoch {as_of_epoch}"
             dt.load_as_version(version)
         else:
-            dt.load_as_version(as_of_time)
-            version, asked = dt.version(), f"time {as_of_time.isoformat()}"
+            # By the commits' own timestamps (what history() shows), not the log files'
+            # modification times that delta-rs's datetime time travel uses: those trail
+            # the commit by the write's duration, so a commit's own instant could resolve
+            # to the version before it.
+            at_ms = as_of_time.timestamp() * 1000
+            asked = f"time {as_of_time.isoformat()}"
+            version = max((h["version"] for h in history if h["timestamp"] <= at_ms), default=None)
+            if version is None:
+                raise LookupError(f"table sink {self.name}: no version of {dt.table_uri} as of {asked}")
+            dt.load_as_version(version)
         self._check_not_vacuumed(dt.table_uri, history, version, asked)
         return dt
 
