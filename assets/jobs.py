@@ -146,11 +146,13 @@ def cleanup(context: OpExecutionContext, config: StreamJobConfig, object_store: 
     if report.deferred:
         context.log.warning(f"job {config.job}: files not collected: {report.deferred}")
     return Output({"bytes_freed": report.bytes_freed, "files_deleted": report.files_deleted,
-                   "checkpoints_deleted": report.checkpoints_deleted, "deferred": report.deferred},
+                   "checkpoints_deleted": report.checkpoints_deleted, "deferred": report.deferred,
+                   "abandoned_writes_removed": report.abandoned_writes_removed},
                   metadata={
                       "bytes_freed": MetadataValue.int(report.bytes_freed),
                       "files_deleted": MetadataValue.int(report.files_deleted),
                       "checkpoints_deleted": MetadataValue.int(report.checkpoints_deleted),
+                      "abandoned_writes_removed": MetadataValue.int(report.abandoned_writes_removed),
                       "retained_epochs": MetadataValue.json(report.retained_epochs),
                       "deferred": MetadataValue.text(report.deferred or "no"),
                   })

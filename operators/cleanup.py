@@ -23,6 +23,10 @@ concurrent mode therefore:
    everything it reads is named by the newest checkpoint, which is retained.
 
 Staged files of epochs after the newest checkpoint are in flight and left alone.
+
+Last, writes abandoned by killed writers (a local ``.tmp-`` file, an S3 multipart upload
+never completed) under the job's prefix are removed once ``ABANDONED_WRITE_AGE_S`` old:
+no write of a live writer takes that long (an epoch's lease lasts at most 30 minutes).
 """
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ from storage.faults import fault_point
 from storage.objectstore import ObjectStore
 
 _STAGED_EPOCH = re.compile(r"/staging/epoch=(\d+)/")
+ABANDONED_WRITE_AGE_S = 3600.0
 
 
 @dataclass
@@ -49,6 +54,7 @@ class CleanupReport:
         bytes_freed: their total size, bytes.
         deferred: why no file was deleted (an epoch in flight), or "" if files were
             collected.
+        abandoned_writes_removed: partial writes of killed writers removed.
     """
 
     retained_epochs: list[int]
@@ -56,6 +62,7 @@ class CleanupReport:
     files_deleted: int = 0
     bytes_freed: int = 0
     deferred: str = ""
+    abandoned_writes_removed: int = 0
 
 
 def cleanup_job(store: ObjectStore, job_prefix: str, retain: int, *, concurrent: bool = False) -> CleanupReport:
@@ -116,6 +123,7 @@ def cleanup_job(store: ObjectStore, job_prefix: str, retain: int, *, concurrent:
         store.delete(key)
         fault_point("cleanup_staged")
         report.files_deleted += 1
+    report.abandoned_writes_removed = store.remove_abandoned_writes(f"{job_prefix}/", ABANDONED_WRITE_AGE_S)
     return report
 
 
@@ -171,3 +179,7 @@ class _ListedOnly(ObjectStore):
 
     def delete(self, key: str) -> None:
         self._inner.delete(key)
+
+    def remove_abandoned_writes(self, prefix: str, older_than_s: float) -> int:
+        # Age, not the listing, keeps writes in progress safe here.
+        return self._inner.remove_abandoned_writes(prefix, older_than_s)

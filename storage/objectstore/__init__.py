@@ -217,6 +217,16 @@ class ObjectStore(ABC):
     def delete(self, key: str) -> None:
         """Deletes ``key``; deleting a missing key is not an error."""
 
+    def remove_abandoned_writes(self, prefix: str, older_than_s: float) -> int:
+        """Removes what writers killed mid-write left under ``prefix``: pieces no reader
+        ever sees (``list`` hides them) but that take space, started more than
+        ``older_than_s`` seconds ago (younger ones may be writes in progress).
+
+        Returns:
+            the number of abandoned writes removed. This default has none to remove.
+        """
+        return 0
+
 
 def open_object_store(uri: str) -> ObjectStore:
     """Opens the object store for ``uri``, choosing the implementation by scheme.

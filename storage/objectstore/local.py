@@ -12,7 +12,9 @@ Atomicity:
   wins, and the winner's file is complete the instant it becomes visible. The temp file is
   unlinked afterwards in every case.
 
-Temp files start with ``.tmp-`` and are never returned by ``list``.
+Temp files start with ``.tmp-`` and are never returned by ``list``; a writer killed
+between the write and the rename leaves one, which ``remove_abandoned_writes`` (called by
+the job's cleanup) deletes once it is old.
 
 ``get_range_immutable`` keeps up to ``MAX_OPEN_FILES`` files open per store (LRU) and
 reads them with ``pread``; this store's own ``put`` and ``delete`` of a key close its file
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from pathlib import Path
@@ -206,17 +209,21 @@ class LocalObjectStore(ObjectStore):
         self.stats.record("HEAD")
         return self._path(key).is_file()
 
-    def list(self, prefix: str) -> list[str]:
-        self.stats.record("LIST")
-        # Walk only the deepest directory the prefix names completely.
+    def _walk(self, prefix: str):
+        """Yields ``(directory path, its key prefix ending in "/" or "", file names)``
+        below the deepest directory ``prefix`` names completely."""
         base_rel = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         base = self._path(base_rel) if base_rel else self._root
-        out: list[str] = []
         if not base.is_dir():
-            return out
+            return
         for dirpath, _dirnames, filenames in os.walk(base):
             rel_dir = os.path.relpath(dirpath, self._root)
-            rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"
+            yield dirpath, "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/", filenames
+
+    def list(self, prefix: str) -> list[str]:
+        self.stats.record("LIST")
+        out: list[str] = []
+        for _dirpath, rel_dir, filenames in self._walk(prefix):
             for name in filenames:
                 if name.startswith(TMP_PREFIX):
                     continue
@@ -225,6 +232,26 @@ class LocalObjectStore(ObjectStore):
                     out.append(key)
         out.sort()
         return out
+
+    def remove_abandoned_writes(self, prefix: str, older_than_s: float) -> int:
+        """Deletes ``.tmp-`` files under ``prefix`` last written more than
+        ``older_than_s`` seconds ago: a ``put`` killed before its rename or link leaves
+        one. Returns how many were deleted."""
+        cutoff = time.time() - older_than_s
+        removed = 0
+        for dirpath, rel_dir, filenames in self._walk(prefix):
+            for name in filenames:
+                # ".tmp-<32 hex digits>-<name>" becomes the key rel_dir + name.
+                if not name.startswith(TMP_PREFIX) or not (rel_dir + name[len(TMP_PREFIX) + 33:]).startswith(prefix):
+                    continue
+                path = os.path.join(dirpath, name)
+                try:
+                    if os.stat(path).st_mtime < cutoff:
+                        os.unlink(path)
+                        removed += 1
+                except FileNotFoundError:
+                    pass  # its writer finished or cleaned up meanwhile
+        return removed
 
     def delete(self, key: str) -> None:
         self.stats.record("DELETE")

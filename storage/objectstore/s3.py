@@ -20,6 +20,9 @@ operation           S3 request                                                  
 ``delete``          ``DeleteObject`` (idempotent)                                DELETE
 ==================  ==========================================================  =========
 
+``remove_abandoned_writes`` lists multipart uploads (LIST per page) and aborts the old
+ones (DELETE each).
+
 Configuration (explicit arguments win over the environment): endpoint from
 ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` (unset: AWS S3), region from
 ``AWS_REGION`` or ``AWS_DEFAULT_REGION`` (default ``us-east-1``), credentials by
@@ -404,6 +407,29 @@ class S3ObjectStore(ObjectStore):
                 break
         keys.sort()  # S3 lists in UTF-8 byte order already; servers that do not are fixed here
         return keys
+
+    def remove_abandoned_writes(self, prefix: str, older_than_s: float) -> int:
+        """Aborts multipart uploads under ``prefix`` initiated more than ``older_than_s``
+        seconds ago: a ``put`` killed between create and complete leaves one, whose
+        parts the bucket stores (and bills) until aborted. Counted as LIST per page of
+        ``ListMultipartUploads`` and DELETE per abort. Returns how many were aborted."""
+        full = self._key_prefix + prefix
+        cutoff = time.time() - older_than_s
+        aborted = 0
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full}
+        while True:
+            self.stats.record("LIST")
+            page = self._call("ListMultipartUploads", prefix, self._client.list_multipart_uploads, **kwargs)
+            for upload in page.get("Uploads", ()):
+                if upload["Initiated"].timestamp() < cutoff:
+                    self.stats.record("DELETE")
+                    self._call("AbortMultipartUpload", upload["Key"][len(self._key_prefix):],
+                               self._client.abort_multipart_upload, Bucket=self.bucket, Key=upload["Key"],
+                               UploadId=upload["UploadId"])
+                    aborted += 1
+            if not page.get("IsTruncated"):
+                return aborted
+            kwargs.update(KeyMarker=page.get("NextKeyMarker", ""), UploadIdMarker=page.get("NextUploadIdMarker", ""))
 
     def delete(self, key: str) -> None:
         object_key = self._object_key(key)

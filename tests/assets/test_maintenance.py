@@ -3,6 +3,8 @@ written by a real (in-process) job run. Oracles: the state and output of a run t
 no maintenance, and the set of files the retained checkpoints name."""
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -95,6 +97,10 @@ def test_cleanup_job_frees_expired_checkpoints_and_unreferenced_files(tmp_path, 
     runner.run_to_end(max_epochs=4)
     store = runner.store
     sizes = {k: store.size(k) for k in store.list(PREFIX + "/")}
+    # What two puts killed before their rename left: one hours ago, one just now.
+    table_dir = store._path(next(iter(_named_by_retained(store)))).parent
+    abandoned, recent = store._write_temp(table_dir / "a.sst", b"x"), store._write_temp(table_dir / "b.sst", b"x")
+    os.utime(abandoned, (time.time() - 7200, time.time() - 7200))
 
     result = cleanup_job_def.execute_in_process(run_config=op_config("cleanup", NAME), resources=_resources(tmp_path),
                                                 instance=DagsterInstance.ephemeral())
@@ -103,6 +109,7 @@ def test_cleanup_job_frees_expired_checkpoints_and_unreferenced_files(tmp_path, 
     gone = set(sizes) - set(store.list(PREFIX + "/"))
     assert list_epochs(store, PREFIX) == [3, 4] and md["checkpoints_deleted"] == 2
     assert md["deferred"] == "no"
+    assert md["abandoned_writes_removed"] == 1 and not abandoned.exists() and recent.exists()
     assert md["bytes_freed"] > 0
     assert md["bytes_freed"] == sum(sizes[k] for k in gone if "/checkpoints/" not in k)
     assert set(store.list(f"{PREFIX}/state/")) == _named_by_retained(store)

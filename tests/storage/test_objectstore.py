@@ -141,6 +141,46 @@ def test_list_hides_temp_files(tmp_path: Path) -> None:
     assert store.list("d/") == ["d/k"]
 
 
+def test_local_abandoned_writes_removed_only_when_old(tmp_path: Path) -> None:
+    """What a ``put`` killed between its write and its rename leaves (``_write_temp`` is
+    that first step) is removed once older than the limit; a young one may be a write
+    in progress and stays, and so do files outside the prefix and finished objects."""
+    import time
+
+    store = LocalObjectStore(tmp_path)
+    store.put("job/a/k", b"done")
+    old = store._write_temp(tmp_path / "job" / "a" / "t1", b"partial")
+    other = store._write_temp(tmp_path / "other" / "t2", b"partial")
+    young = store._write_temp(tmp_path / "job" / "a" / "t3", b"partial")
+    hours_ago = time.time() - 7200
+    for path in (old, other):
+        os.utime(path, (hours_ago, hours_ago))
+    assert store.remove_abandoned_writes("job/", older_than_s=3600) == 1
+    assert not old.exists() and other.exists() and young.exists()
+    assert store.get("job/a/k") == b"done"
+    assert store.remove_abandoned_writes("", older_than_s=0) == 2  # the rest, once old enough
+
+
+def test_s3_abandoned_multipart_uploads_aborted_only_when_old(s3_server, s3_store) -> None:
+    """A multipart upload never completed (its writer killed) is aborted: its parts
+    disappear from ListMultipartUploads; completed objects stay."""
+    client, bucket = s3_store.client, s3_store.bucket
+    s3_store.put("job/done", b"x")
+    key = f"{s3_store.prefix}/job/partial"
+    upload = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    client.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=1, Body=b"p" * 1024)
+
+    def pending() -> list[str]:
+        return [u["UploadId"] for u in client.list_multipart_uploads(
+            Bucket=bucket, Prefix=f"{s3_store.prefix}/").get("Uploads", ())]
+
+    assert pending() == [upload]
+    assert s3_store.remove_abandoned_writes("job/", older_than_s=3600) == 0  # young: maybe in progress
+    assert pending() == [upload]
+    assert s3_store.remove_abandoned_writes("job/", older_than_s=0) == 1
+    assert pending() == [] and s3_store.list("job/") == ["job/done"]
+
+
 def test_delete_and_delete_missing(store: ObjectStore) -> None:
     store.put("k", b"v")
     store.delete("k")
