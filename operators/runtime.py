@@ -6,10 +6,10 @@ Per epoch (DESIGN.md, "Epochs and checkpoints"):
    share of ``events_per_epoch`` per unfinished partition) and the watermark the epoch
    reaches (bounded out-of-orderness: min over unfinished partitions of the max event
    time seen, minus the bound; +infinity once a bounded source is fully read).
-2. Run: the events, tagged with key group and range, become one Arrow-backed
-   DataFrame; ``groupBy(route).applyInArrow`` runs ``operators.task.run_task`` once per
-   key-group range (every range gets a heartbeat row, so ranges without events still
-   fire timers). An operator's ``main`` output is re-keyed and fed to the next
+2. Run: the events, tagged with key group and range, are cut into one Arrow payload
+   per key-group range and one Spark stage runs ``operators.task.run_task`` once per
+   range (``operators.spark_stage``; a range without events still runs, so it fires
+   its timers). An operator's ``main`` output is re-keyed and fed to the next
    operator's stage.
 3. Commit: one job checkpoint manifest, written with put-if-absent, names the source
    offsets, the watermark, every DKV range manifest and every staged output file.
@@ -25,17 +25,16 @@ from __future__ import annotations
 
 import contextlib
 
-import json
 import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 
-from operators import dead_letter
+from operators import dead_letter, spark_stage
 from operators.api import WATERMARK_MAX, WATERMARK_MIN
 from operators.checkpoints import JobCheckpoint, checkpoint_key, commit_checkpoint, latest_checkpoint
 from operators.cleanup import CleanupReport, cleanup_job
@@ -64,9 +63,6 @@ from storage.faults import fault_point
 from storage.objectstore import ObjectStore, open_object_store, subtract_requests, sum_requests
 
 log = logging.getLogger(__name__)
-
-ROUTE_COLUMN = "_route"
-RESULT_COLUMN = "_result"
 
 # Fault injection for crash tests: called with (point, epoch); points are
 # "after_tasks" (tasks done, nothing committed) and "after_commit" (committed, not
@@ -168,7 +164,6 @@ class JobRunner:
         self.verify_restart = verify_restart
         self._recovery: dict | None = None  # a fallback, recorded in the next checkpoint
         self.last_cleanup: CleanupReport | None = None
-        self._routes: dict[int, list[int]] = {}
 
     # ----------------------------------------------------------------- planning
     def latest(self) -> JobCheckpoint | None:
@@ -412,71 +407,11 @@ class JobRunner:
         return {"driver": driver, "tasks": tasks}
 
     # -------------------------------------------------------------------- Spark
-    def _route_values(self, parallelism: int) -> list[int]:
-        """Values of the grouping column that Spark's hash partitioning sends to
-        shuffle partitions 0..P-1, one each, so every range gets its own task."""
-        if parallelism not in self._routes:
-            from pyspark.sql import functions as F
-
-            probe = (self.spark.range(0, 64 * parallelism + 64)
-                     .select(F.col("id").cast("int").alias("v"))
-                     .select("v", F.pmod(F.hash("v"), F.lit(parallelism)).alias("p"))
-                     .collect())
-            chosen: dict[int, int] = {}
-            for row in probe:
-                chosen.setdefault(row["p"], row["v"])
-            if len(chosen) < parallelism:
-                raise RuntimeError(f"could not find routing values for {parallelism} partitions")
-            self._routes[parallelism] = [chosen[p] for p in range(parallelism)]
-        return self._routes[parallelism]
-
     def _run_stage(self, op_index: int, specs: list[TaskSpec], events: pa.Table, last: bool):
         if self.spark is None:
             return self._run_stage_in_process(op_index, specs, events, last)
-        parallelism = len(specs)
-        routes = self._route_values(parallelism)
-        heartbeat = _heartbeats(events.schema, parallelism)
-        table = pa.concat_tables([events, heartbeat])
-        route = pa.array(np.asarray(routes, dtype=np.int32)[table.column(RANGE_COLUMN).to_numpy()], pa.int32())
-        table = table.append_column(ROUTE_COLUMN, route)
-
-        job, store_uri, dkv_options = self.job, self.store_uri, self.dkv_options
-        operator = job.operators[op_index]
-        sinks = job.sinks if last else None
-        by_range = {s.range_index: s for s in specs}
-        next_schema = None if last else _forward_schema(operator.outputs["main"])
-        out_schema = _result_schema(next_schema)
-
-        def task(batch: pa.Table) -> pa.Table:
-            from storage.objectstore import open_object_store as _open
-
-            spec = by_range[batch.column(RANGE_COLUMN)[0].as_py()]
-            store = _open(store_uri)
-            res = run_task(operator, spec, batch.drop_columns([ROUTE_COLUMN]), store,
-                           sinks=sinks, dkv_options=dkv_options)
-            res.metrics["requests"] = store.stats.snapshot()
-            return _result_table(res, out_schema)
-
-        self.spark.conf.set("spark.sql.shuffle.partitions", str(parallelism))
-        from pyspark.sql.pandas.types import from_arrow_schema
-
-        df = self.spark.createDataFrame(table)
-        out = df.groupBy(ROUTE_COLUMN).applyInArrow(task, schema=from_arrow_schema(out_schema))
-        if last:
-            rows = out.collect()
-            return [_decode_result(r[RESULT_COLUMN]) for r in rows], None
-        # Persist so the stage runs once: its DKV checkpoints and forwarded events must
-        # come from the same attempt.
-        out = out.persist()
-        try:
-            arrow = out.toArrow()
-        finally:
-            out.unpersist()
-        is_result = pa.compute.is_valid(arrow.column(RESULT_COLUMN))
-        results = [_decode_result(v) for v in arrow.filter(is_result).column(RESULT_COLUMN).to_pylist()]
-        forwarded = arrow.filter(pa.compute.invert(is_result)).drop_columns([RESULT_COLUMN])
-        return results, forwarded
-
+        return spark_stage.run_stage(self.spark, self.job.operators[op_index], specs, events, self.store_uri,
+                                     self.job.sinks if last else None, self.dkv_options)
 
     def _run_stage_in_process(self, op_index: int, specs: list[TaskSpec], events: pa.Table, last: bool):
         """The same stage without Spark: ranges one after another in this process."""
@@ -513,42 +448,4 @@ def _empty_events(value_schema: pa.Schema) -> pa.Table:
     fields = [pa.field(KEY_COLUMN, pa.binary()), pa.field(TIMESTAMP_COLUMN, pa.int64()), *value_schema,
               pa.field(PART_COLUMN, pa.int32()), pa.field(OFFSET_COLUMN, pa.int64())]
     return pa.schema(fields).empty_table()
-
-
-def _heartbeats(schema: pa.Schema, parallelism: int) -> pa.Table:
-    cols = {}
-    for f in schema:
-        if f.name == RANGE_COLUMN:
-            cols[f.name] = pa.array(np.arange(parallelism, dtype=np.int32))
-        else:
-            cols[f.name] = pa.nulls(parallelism, f.type)
-    return pa.table(cols, schema=schema)
-
-
-def _forward_schema(main: pa.Schema) -> pa.Schema:
-    return pa.schema([*main, pa.field(KEY_COLUMN, pa.binary()), pa.field(TIMESTAMP_COLUMN, pa.int64()),
-                      pa.field(PART_COLUMN, pa.int32()), pa.field(OFFSET_COLUMN, pa.int64()),
-                      pa.field(KEY_GROUP_COLUMN, pa.int32()), pa.field(RANGE_COLUMN, pa.int32())])
-
-
-def _result_schema(forward: pa.Schema | None) -> pa.Schema:
-    fields = [] if forward is None else list(forward)
-    return pa.schema([*fields, pa.field(RESULT_COLUMN, pa.string())])
-
-
-def _result_table(res: TaskResult, schema: pa.Schema) -> pa.Table:
-    payload = json.dumps({k: v for k, v in asdict(res).items() if k != "forwarded"}, default=str)
-    row = {f.name: pa.nulls(1, f.type) for f in schema}
-    row[RESULT_COLUMN] = pa.array([payload])
-    result_row = pa.table(row, schema=schema)
-    if res.forwarded is None:
-        return result_row
-    fwd = res.forwarded.append_column(RESULT_COLUMN, pa.nulls(res.forwarded.num_rows, pa.string()))
-    return pa.concat_tables([fwd.select(schema.names).cast(schema), result_row])
-
-
-def _decode_result(payload: str) -> TaskResult:
-    d = json.loads(payload)
-    d["forwarded"] = None
-    return TaskResult(**d)
 
