@@ -25,9 +25,11 @@ import numpy as np
 import pyarrow as pa
 
 from operators.api import Operator
+from operators.open_state import OpenState
 from operators.sinks import Sink
 from operators.task import RANGE_COLUMN, TaskResult, TaskSpec, run_task
 from storage.dkv import DKVOptions
+from storage.objectstore import ObjectStore, open_object_store, subtract_requests
 
 
 def to_ipc(table: pa.Table) -> bytes:
@@ -97,15 +99,23 @@ def run_stage(spark, operator: Operator, specs: list[TaskSpec], events: pa.Table
     return results, (pa.concat_tables(forwarded) if forwarded else None)
 
 
+# Per Spark Python worker process (workers are reused, spark.python.worker.reuse): the
+# object stores tasks opened, by root URI, and the ranges' open DKV instances.
+_STORES: dict[str, ObjectStore] = {}
+_OPEN_STATE = OpenState()
+
+
 def _run_partition(operator: Operator, store_uri: str, sinks: dict[str, Sink] | None,
                    dkv_options: DKVOptions | None,
                    payloads: Iterable[tuple[TaskSpec, bytes]]) -> Iterator[tuple[TaskResult, bytes | None]]:
     """The body of one Spark task: each of its ranges (exactly one with ``parallelize``)."""
-    from storage.objectstore import open_object_store
-
+    store = _STORES.get(store_uri)
+    if store is None:
+        store = _STORES[store_uri] = open_object_store(store_uri)
     for spec, data in payloads:
-        store = open_object_store(store_uri)
-        res = run_task(operator, spec, from_ipc(data), store, sinks=sinks, dkv_options=dkv_options)
-        res.metrics["requests"] = store.stats.snapshot()
+        before = store.stats.snapshot()
+        res = run_task(operator, spec, from_ipc(data), store, sinks=sinks, dkv_options=dkv_options,
+                       open_state=_OPEN_STATE)
+        res.metrics["requests"] = subtract_requests(store.stats.snapshot(), before)
         fwd, res.forwarded = res.forwarded, None
         yield res, (None if fwd is None else to_ipc(fwd))

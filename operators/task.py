@@ -21,6 +21,7 @@ from operators import batch as batch_api
 from operators.api import MAIN_OUTPUT, KeyedEvent, Operator, Subject
 from operators.batch import BatchContext, BatchOperator
 from operators.keygroups import KeyGroupRange, key_groups_of, range_indexes_of
+from operators.open_state import OpenState
 from operators.sinks import Sink
 from operators.sources import KEY_COLUMN, TIMESTAMP_COLUMN
 from operators.staging import staging_prefix
@@ -132,7 +133,8 @@ def _sorted_events(events: pa.Table) -> pa.Table:
 
 
 def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: ObjectStore,
-             sinks: dict[str, Sink] | None = None, dkv_options: DKVOptions | None = None) -> TaskResult:
+             sinks: dict[str, Sink] | None = None, dkv_options: DKVOptions | None = None,
+             open_state: OpenState | None = None) -> TaskResult:
     """Run ``operator`` for one range and epoch.
 
     Args:
@@ -144,6 +146,8 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
         store: the job's object store.
         sinks: output name -> sink, for the last operator (staged files are written).
         dkv_options: DKV tuning.
+        open_state: where a Spark worker keeps the range's DKV open between epochs
+            (``operators.open_state``); None opens it from the manifest and closes it.
 
     Returns:
         A ``TaskResult`` naming the DKV manifest and staged files written.
@@ -156,10 +160,14 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
     attempt = uuid.uuid4().hex[:12]
     krange = spec.key_group_range
     state_prefix = f"{spec.job_prefix}/state/{operator.name}/{krange.label}"
-    if spec.parent_manifests:
+    db = None
+    if open_state is not None and not spec.parent_manifests:
+        db = open_state.take(store.root_uri, state_prefix, spec.manifest_key, dkv_options)
+    reused = db is not None
+    if db is None and spec.parent_manifests:
         db = DKV.open_from_parents(store, state_prefix, list(spec.parent_manifests), krange.key_interval,
                                    dkv_options)
-    else:
+    elif db is None:
         db = DKV.open(store, state_prefix, spec.manifest_key, dkv_options)
     # Results of compactions run outside the job (e.g. a Dagster op) are installed here,
     # at the start of an epoch, if all their inputs are still live.
@@ -188,7 +196,10 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
     manifest_key = db.checkpoint(f"e{spec.epoch:010d}-{attempt}")
     fault_point("task_after_checkpoint")
     dkv_stats = db.stats()
-    db.close()
+    if open_state is not None:
+        open_state.keep(store.root_uri, state_prefix, manifest_key, dkv_options, db)
+    else:
+        db.close()
     return TaskResult(
         range_index=spec.range_index,
         range_label=krange.label,
@@ -201,6 +212,7 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
             "seconds": time.perf_counter() - started,
             "dkv": dkv_stats,
             "remote_compactions": compactions,
+            "dkv_reused": reused,
         },
         forwarded=forwarded,
     )

@@ -1,0 +1,120 @@
+"""DKV instances a Spark Python worker keeps open from one epoch to the next.
+
+Opening a range's DKV at a manifest replays the WAL objects the manifest lists into a
+memtable and reopens its tables: for a job whose state stays in the memtable this costs
+more than the epoch's own work, and grows with every epoch until the WAL is flushed. A
+task that checkpointed DKV at manifest ``m`` therefore hands the open instance to this
+cache instead of closing it; the next task of the same range in the same worker
+process whose ``TaskSpec.manifest_key`` is ``m`` (the driver committed that attempt)
+takes it instead of reopening. The instance is then exactly the state ``DKV.open(m)``
+restores: a checkpoint makes everything written before it durable and leaves the
+memtable as the manifest describes it.
+
+Spark does not keep a range on one worker: in ``local[2]`` the two ranges swap workers
+about every other epoch, so a worker's instance is often one epoch behind. When the
+wanted manifest only appends WAL objects to the instance's one (same tables, same key
+range: no flush or compaction happened in between), the instance catches up by
+replaying just those WAL objects, as ``DKV.open`` would have replayed them after the
+ones it already holds. Anything else reopens from the object store, as without the
+cache: tables changed, a rescale, other DKV options, or a task that failed after taking
+the instance (it is never put back).
+Like Flink's task-local state, the cache is an optimisation only; it is never read on
+the driver and holds nothing a checkpoint does not.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from storage.dkv import DKV, DKVOptions
+from storage.dkv.invariants import check_manifest
+from storage.dkv.manifest import load_manifest
+
+# Open ranges kept per worker process; older ones are closed. A worker usually runs the
+# same few ranges epoch after epoch (local[2]: two workers, P ranges between them).
+DEFAULT_CAPACITY = 8
+
+
+class OpenState:
+    """A small LRU map (store root, state prefix) -> (manifest key, DKV options, DKV).
+
+    Args:
+        capacity: open instances kept; the least recently kept one is closed beyond it.
+    """
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        self.capacity = capacity
+        self._entries: OrderedDict[tuple[str, str], tuple[str, DKVOptions | None, DKV]] = OrderedDict()
+        self.hits = self.caught_up = self.misses = 0
+
+    def take(self, store_root: str, state_prefix: str, manifest_key: str | None,
+             options: DKVOptions | None) -> DKV | None:
+        """The open DKV of this range at ``manifest_key`` with ``options`` (kept there, or
+        caught up to it), removed from the cache (the caller owns it); else None (a stale
+        entry is closed).
+
+        Raises:
+            ObjectNotFoundError, CorruptionError: reading the manifest or a WAL object.
+        """
+        entry = self._entries.pop((store_root, state_prefix), None)
+        if entry is not None and manifest_key is not None and entry[1] == options:
+            if entry[0] == manifest_key:
+                self.hits += 1
+                return entry[2]
+            if catch_up(entry[2], manifest_key):
+                self.caught_up += 1
+                return entry[2]
+        if entry is not None:
+            entry[2].close()
+        self.misses += 1
+        return None
+
+    def keep(self, store_root: str, state_prefix: str, manifest_key: str, options: DKVOptions | None,
+             db: DKV) -> None:
+        """Keep ``db``, just checkpointed at ``manifest_key``, for the range's next task."""
+        old = self._entries.pop((store_root, state_prefix), None)
+        if old is not None and old[2] is not db:
+            old[2].close()
+        self._entries[(store_root, state_prefix)] = (manifest_key, options, db)
+        while len(self._entries) > self.capacity:
+            _, (_, _, evicted) = self._entries.popitem(last=False)
+            evicted.close()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def catch_up(db: DKV, manifest_key: str) -> bool:
+    """Advance ``db``, open at a checkpoint with nothing written since, to the later
+    checkpoint ``manifest_key`` of the same instance if that one only lists more WAL
+    objects: replays those into the memtable, as ``DKV.open(manifest_key)`` would.
+
+    Returns:
+        True if ``db`` now holds exactly the state of ``manifest_key``; False (``db``
+        unchanged) if the manifest changed tables, key range or flushed sequence number,
+        or does not extend ``db``'s WAL list.
+
+    Raises:
+        ObjectNotFoundError, CorruptionError: the manifest or a WAL object it names.
+    """
+    # DKV has no public "advance" (an instance is opened once, then only written), so this
+    # reads its private fields; tests/operators/test_open_state.py pins the behaviour
+    # against DKV.open of the same manifest.
+    if db._wal_buf or db._sealed or db._closed:
+        return False
+    m = load_manifest(db._store, manifest_key)
+    check_manifest(m, db._store.uri(manifest_key))
+    held = tuple(db._wal_refs)
+    if (m.prefix != db._paths.prefix or m.levels != db._levels or m.key_range != db._key_range
+            or m.flushed_seq != db._flushed_seq or m.last_seq < db._seq or tuple(m.wal[:len(held)]) != held):
+        return False
+    new = m.wal[len(held):]
+    if new and new[0].first_seq != db._seq + 1:
+        return False
+    mem = db._mem
+    for ref in new:
+        for seq, key, value in db._tables.read_wal(ref):
+            mem.put(key, seq, value)
+    db._wal_refs = list(m.wal)
+    db._seq = m.last_seq
+    db._handled = set(m.handled_compactions)
+    return True

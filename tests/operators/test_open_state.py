@@ -1,0 +1,94 @@
+"""The DKV instances a Spark worker keeps open between epochs (``operators.open_state``):
+a kept or caught-up instance holds exactly what ``DKV.open`` of the same manifest holds
+(oracle: a dict of every write, and a fresh open), anything else is reopened."""
+from __future__ import annotations
+
+import random
+
+from operators.open_state import OpenState
+from storage.dkv import DKV, DKVOptions
+from storage.objectstore.local import LocalObjectStore
+
+PREFIX = "jobs/j/state/op/kg-0000-0127"
+
+
+def _write(db: DKV, model: dict, rng: random.Random, n: int) -> None:
+    for _ in range(n):
+        key = f"k{rng.randrange(300):04d}".encode()
+        if rng.random() < 0.2:
+            db.delete(key)
+            model.pop(key, None)
+        else:
+            value = rng.randbytes(rng.randrange(1, 40))
+            db.put(key, value)
+            model[key] = value
+
+
+def _assert_state(db: DKV, model: dict) -> None:
+    assert dict(db.scan_prefix(b"k")) == model
+    for i in range(0, 300, 7):
+        key = f"k{i:04d}".encode()
+        assert db.get(key) == model.get(key)
+
+
+def test_kept_instance_catches_up_with_epochs_another_worker_ran(tmp_path) -> None:
+    store, rng, model = LocalObjectStore(str(tmp_path)), random.Random(7), {}
+    cache = OpenState()
+    worker_a = DKV.open(store, PREFIX)
+    _write(worker_a, model, rng, 500)
+    m1 = worker_a.checkpoint("e1-a")
+    cache.keep(store.root_uri, PREFIX, m1, None, worker_a)
+    # Epochs 2 and 3 run on another worker, which opens m1 from the store.
+    manifest = m1
+    for epoch in (2, 3):
+        worker_b = DKV.open(store, PREFIX, manifest)
+        _write(worker_b, model, rng, 400)
+        manifest = worker_b.checkpoint(f"e{epoch}-b")
+        worker_b.close()
+    db = cache.take(store.root_uri, PREFIX, manifest, None)
+    assert db is worker_a and cache.caught_up == 1
+    _assert_state(db, model)
+    _assert_state(DKV.open(store, PREFIX, manifest), model)
+    # It goes on from there like a fresh open: its next checkpoint restores the same state.
+    _write(db, model, rng, 300)
+    m4 = db.checkpoint("e4-a")
+    cache.keep(store.root_uri, PREFIX, m4, None, db)
+    assert cache.take(store.root_uri, PREFIX, m4, None) is db and cache.hits == 1
+    _assert_state(DKV.open(store, PREFIX, m4), model)
+
+
+def test_changed_tables_other_options_or_range_reopen(tmp_path) -> None:
+    store, rng, model = LocalObjectStore(str(tmp_path)), random.Random(8), {}
+    cache = OpenState()
+    db = DKV.open(store, PREFIX)
+    _write(db, model, rng, 200)
+    m1 = db.checkpoint("e1-a")
+    cache.keep(store.root_uri, PREFIX, m1, None, db)
+    other = DKV.open(store, PREFIX, m1)
+    _write(other, model, rng, 200)
+    other.flush()  # tables changed: no catch-up
+    m2 = other.checkpoint("e2-b")
+    assert cache.take(store.root_uri, PREFIX, m2, None) is None
+    assert cache.misses == 1 and len(cache) == 0
+    _assert_state(DKV.open(store, PREFIX, m2), model)
+
+    cache.keep(store.root_uri, PREFIX, m2, None, other)
+    assert cache.take(store.root_uri, PREFIX, m2, DKVOptions(memtable_bytes=1 << 20)) is None
+    fresh = DKV.open(store, PREFIX, m2)
+    cache.keep(store.root_uri, PREFIX, m2, None, fresh)
+    assert cache.take(store.root_uri, "jobs/j/state/op/kg-0128-0255", m2, None) is None
+    assert cache.take(store.root_uri, PREFIX, None, None) is None  # an empty start never reuses
+
+
+def test_capacity_closes_the_oldest(tmp_path) -> None:
+    store = LocalObjectStore(str(tmp_path))
+    cache = OpenState(capacity=2)
+    kept = []
+    for i in range(3):
+        db = DKV.open(store, f"{PREFIX}-{i}")
+        db.put(b"k", b"v")
+        kept.append((db.checkpoint("e1-a"), db))
+        cache.keep(store.root_uri, f"{PREFIX}-{i}", kept[-1][0], None, db)
+    assert len(cache) == 2
+    assert cache.take(store.root_uri, f"{PREFIX}-0", kept[0][0], None) is None
+    assert cache.take(store.root_uri, f"{PREFIX}-2", kept[2][0], None) is kept[2][1]
