@@ -15,7 +15,9 @@ the child Python process plus its JVM, "workers" the Python processes the JVM st
 (``prefix_oracle``: the spec's pandas oracle for a full run) before its time counts; an
 engine whose check fails is reported as FAILED, not timed.
 
-Engines: ``dkvstream`` (``operators/examples/flights.py`` on ``JobRunner``, local[2]),
+Engines: ``dkvstream`` (``operators/examples/flights.py``, the vectorised form
+``flights_job(batch=True)``, on ``JobRunner``, local[2]; the reference row),
+``dkvstream-on-event`` (the same job in the ``on_event`` form),
 ``spark-tws-textbook`` and ``spark-tws-batched`` (``bench/baselines/spark_tws_flights.py``:
 RocksDB state store, local[2], event-time timers), ``bytewax`` (``bench/baselines/
 bytewax_flights.py``: one worker, SQLite recovery snapshots each second).
@@ -61,13 +63,13 @@ from bench.baselines.flights_input import (
 )
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-ENGINES = ("dkvstream", "spark-tws-textbook", "spark-tws-batched", "bytewax")
+ENGINES = ("dkvstream", "dkvstream-on-event", "spark-tws-textbook", "spark-tws-batched", "bytewax")
 OVERHEAD_ENGINES = ("dkvstream", "spark-tws-textbook")
 MIB = 1024 * 1024
 
 
 # ---------------------------------------------------------------- dkvstream child
-def run_dkvstream(plan: EpochPlan, work_dir: str, spark, progress=print) -> dict:
+def run_dkvstream(plan: EpochPlan, work_dir: str, spark, progress=print, batch: bool = True) -> dict:
     """The flights job on dkvstream over the plan's rows, checked against the oracle.
 
     Args:
@@ -75,6 +77,7 @@ def run_dkvstream(plan: EpochPlan, work_dir: str, spark, progress=print) -> dict
         work_dir: object-store root (a local directory), emptied first.
         spark: the SparkSession (None: stages run in this process, for tests).
         progress: called with a progress line every ~10 s.
+        batch: the vectorised operator (``RouteDailyDelaysBatch``); False: ``on_event``.
 
     Returns:
         ``{"events", "seconds", "epochs", "epoch_seconds", "first_output_s", "late",
@@ -93,8 +96,9 @@ def run_dkvstream(plan: EpochPlan, work_dir: str, spark, progress=print) -> dict
             return dict(plan.ends)
 
     shutil.rmtree(work_dir, ignore_errors=True)
+    engine = "dkvstream" if batch else "dkvstream-on-event"
     job = flights_job(scale=plan.scale, events_per_epoch=plan.events_per_epoch, parallelism=2,
-                      name="flights_bench")
+                      name="flights_bench", batch=batch)
     job.source = PrefixFlightsSource(plan.scale)
     job.source.read(job.source.partitions()[0], 0, 0)  # build the replay tables before timing
     runner = JobRunner(job, spark, work_dir)
@@ -107,30 +111,34 @@ def run_dkvstream(plan: EpochPlan, work_dir: str, spark, progress=print) -> dict
             first_output_s = time.perf_counter() - started
         if time.perf_counter() - last_report >= 10:
             last_report = time.perf_counter()
-            progress(f"dkvstream: epoch {r.epoch}/{len(plan.epochs)}, {events:,} events, "
+            progress(f"{engine}: epoch {r.epoch}/{len(plan.epochs)}, {events:,} events, "
                      f"{last_report - started:.0f} s")
     seconds = time.perf_counter() - started
-    assert events == plan.events, f"dkvstream read {events:,} events, the plan has {plan.events:,}"
+    assert events == plan.events, f"{engine} read {events:,} events, the plan has {plan.events:,}"
     assert len(epoch_seconds) == len(plan.epochs), \
-        f"dkvstream ran {len(epoch_seconds)} epochs, the plan has {len(plan.epochs)}"
+        f"{engine} ran {len(epoch_seconds)} epochs, the plan has {len(plan.epochs)}"
     check_output(job.sinks["main"].read(runner.store, job.prefix), plan)
     late = job.sinks["late"].read(runner.store, job.prefix).num_rows
-    assert late == 0, f"dkvstream: {late} late events (expected none)"
-    return {"engine": "dkvstream", "events": events, "seconds": seconds, "epochs": len(epoch_seconds),
+    assert late == 0, f"{engine}: {late} late events (expected none)"
+    return {"engine": engine, "events": events, "seconds": seconds, "epochs": len(epoch_seconds),
             "epoch_seconds": epoch_seconds, "first_output_s": first_output_s, "late": late, "correct": True}
 
 
 def _dkvstream_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser()
     add_run_arguments(ap)
+    ap.add_argument("--form", choices=("batch", "event"), default="batch",
+                    help="operator form: vectorised (batch) or on_event")
     args = ap.parse_args(argv)
+    batch = args.form == "batch"
+
     def run_on_spark(plan: EpochPlan, _input_dir: str, work_dir: str) -> dict:
         from operators.spark import get_spark
 
         return run_dkvstream(plan, work_dir, get_spark({"spark.master": "local[2]"}),
-                             progress=lambda line: print(line, file=sys.stderr, flush=True))
+                             progress=lambda line: print(line, file=sys.stderr, flush=True), batch=batch)
 
-    return run_engine_cli(args, "dkvstream", run_on_spark)
+    return run_engine_cli(args, "dkvstream" if batch else "dkvstream-on-event", run_on_spark)
 
 
 # ------------------------------------------------------------------- the parent
@@ -180,8 +188,9 @@ def run_child(engine: str, plan_args: list[str], input_dir: str, log_prefix: str
     (``{"engine", "error"}`` when it failed)."""
     fd, json_path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
-    if engine == "dkvstream":
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", "dkvstream"]
+    if engine in ("dkvstream", "dkvstream-on-event"):
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", "dkvstream",
+               "--form", "batch" if engine == "dkvstream" else "event"]
     elif engine.startswith("spark-tws-"):
         cmd = [sys.executable, os.path.join(ROOT, "bench", "baselines", "spark_tws_flights.py"),
                "--variant", engine.removeprefix("spark-tws-")]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from operators.open_state import OpenState
 from storage.dkv import DKV, DKVOptions
 from storage.objectstore.local import LocalObjectStore
@@ -92,3 +94,45 @@ def test_capacity_closes_the_oldest(tmp_path) -> None:
     assert len(cache) == 2
     assert cache.take(store.root_uri, f"{PREFIX}-0", kept[0][0], None) is None
     assert cache.take(store.root_uri, f"{PREFIX}-2", kept[2][0], None) is kept[2][1]
+
+
+@pytest.mark.parametrize("batch", [pytest.param(False, marks=pytest.mark.slow), True], ids=["on_event", "vectorised"])
+def test_job_with_two_workers_caching_state(batch, tmp_path, monkeypatch, request, check_flights_output) -> None:
+    """The flights job, split 2 -> 3 ranges after 3 epochs, its tasks run by two
+    simulated workers picked at random (as Spark's reused Python workers are), each with
+    its own cache (DKV flushes its ~2 MB-per-epoch WAL every ~4 epochs, between
+    catch-ups): every checkpoint's state equals a run without caches, output the oracle.
+    The ``on_event`` case (~50 s) is slow."""
+    markexpr = request.config.option.markexpr or ""
+    if not batch and ("slow" not in markexpr or "not slow" in markexpr):
+        pytest.skip("long run: select it with -m slow")
+    import operators.runtime as runtime
+    from operators.examples.flights import flights_job
+    from operators.runtime import JobRunner
+    from operators.state_reader import checkpoint_entries
+    from operators.task import run_task
+
+    workers, rng = [OpenState(), OpenState()], random.Random(11)
+
+    def on_a_worker(*args, **kwargs):
+        return run_task(*args, **kwargs, open_state=workers[rng.randrange(2)])
+
+    def run(root: str, cached: bool) -> JobRunner:
+        if cached:
+            monkeypatch.setattr(runtime, "run_task", on_a_worker)
+        for parallelism, epochs in ((2, 3), (3, None)):
+            runner = JobRunner(flights_job(events_per_epoch=40_000, parallelism=parallelism, batch=batch), None,
+                               root, retain_checkpoints=None)
+            runner.run_to_end(max_epochs=epochs)
+        monkeypatch.setattr(runtime, "run_task", run_task)
+        return runner
+
+    plain = run(str(tmp_path / "plain"), cached=False)
+    cached = run(str(tmp_path / "cached"), cached=True)
+    assert sum(w.hits for w in workers) > 0 and sum(w.caught_up for w in workers) > 0
+    assert sum(w.misses for w in workers) > 0  # flushes between a worker's turns: reopened
+    for epoch in range(1, cached.latest().epoch + 1):
+        def entries(r):
+            return sorted((op, k, v) for op, _, k, v in checkpoint_entries(r.store, r.job.prefix, epoch))
+        assert entries(cached) == entries(plain), f"state of epoch {epoch} differs"
+    check_flights_output(cached.job.sinks["main"].read(cached.store, cached.job.prefix))
