@@ -115,11 +115,14 @@ def test_flights_on_s3_spark_survives_a_stopped_server(spark_with_s3_env, s3_ser
             JobRunner(faulty, spark_with_s3_env, root).run_to_end()
     finally:
         s3_server.start()
-    # The task's error, naming the object it could not read (an error raised while the
-    # driver cleans up after it may sit on top of it: look down the chain).
+    # The task's error, naming the object it could not reach (an error raised while the
+    # driver cleans up after it may sit on top of it: look down the chain): a GET of the
+    # range's state if the task opens DKV, its first LIST or PUT if its Spark worker kept
+    # the range open since epoch 1 (operators/open_state.py).
     task_error = _first_in_chain(failed.value, JobFailedError)
-    assert re.search(r"epoch 2 failed in operator route_daily_delays: .*S3RequestError: S3 GetObject "
-                     rf"{root}/jobs/flights/state/\S+ failed after 2 attempts: Could not connect",
+    assert re.search(r"epoch 2 failed in operator route_daily_delays: .*S3RequestError: S3 "
+                     r"(GetObject|ListObjectsV2|PutObject|HeadObject)\S* "
+                     rf"{root}/jobs/flights/\S+ failed after 2 attempts: Could not connect",
                      str(task_error)), str(task_error)
 
     resumed = JobRunner(job, spark_with_s3_env, root)

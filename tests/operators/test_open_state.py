@@ -97,11 +97,11 @@ def test_capacity_closes_the_oldest(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("batch", [pytest.param(False, marks=pytest.mark.slow), True], ids=["on_event", "vectorised"])
-def test_job_with_two_workers_caching_state(batch, tmp_path, monkeypatch, request, check_flights_output) -> None:
-    """The flights job, split 2 -> 3 ranges after 3 epochs, its tasks run by two
+def test_job_with_two_workers_caching_state(batch, tmp_path, monkeypatch, request) -> None:
+    """The flights job for 6 epochs, split 2 -> 3 ranges after 3, its tasks run by two
     simulated workers picked at random (as Spark's reused Python workers are), each with
-    its own cache (DKV flushes its ~2 MB-per-epoch WAL every ~4 epochs, between
-    catch-ups): every checkpoint's state equals a run without caches, output the oracle.
+    its own cache: every checkpoint's state and the output equal a run without caches
+    (itself checked against the pandas oracle by tests/operators/test_flights_job.py).
     The ``on_event`` case (~50 s) is slow."""
     markexpr = request.config.option.markexpr or ""
     if not batch and ("slow" not in markexpr or "not slow" in markexpr):
@@ -120,7 +120,7 @@ def test_job_with_two_workers_caching_state(batch, tmp_path, monkeypatch, reques
     def run(root: str, cached: bool) -> JobRunner:
         if cached:
             monkeypatch.setattr(runtime, "run_task", on_a_worker)
-        for parallelism, epochs in ((2, 3), (3, None)):
+        for parallelism, epochs in ((2, 3), (3, 3)):
             runner = JobRunner(flights_job(events_per_epoch=40_000, parallelism=parallelism, batch=batch), None,
                                root, retain_checkpoints=None)
             runner.run_to_end(max_epochs=epochs)
@@ -130,9 +130,12 @@ def test_job_with_two_workers_caching_state(batch, tmp_path, monkeypatch, reques
     plain = run(str(tmp_path / "plain"), cached=False)
     cached = run(str(tmp_path / "cached"), cached=True)
     assert sum(w.hits for w in workers) > 0 and sum(w.caught_up for w in workers) > 0
-    assert sum(w.misses for w in workers) > 0  # flushes between a worker's turns: reopened
     for epoch in range(1, cached.latest().epoch + 1):
         def entries(r):
             return sorted((op, k, v) for op, _, k, v in checkpoint_entries(r.store, r.job.prefix, epoch))
         assert entries(cached) == entries(plain), f"state of epoch {epoch} differs"
-    check_flights_output(cached.job.sinks["main"].read(cached.store, cached.job.prefix))
+    def rows(r):
+        return r.job.sinks["main"].read(r.store, r.job.prefix).to_pandas().sort_values(
+            ["origin", "dest", "window_start"]).reset_index(drop=True)
+    assert len(rows(cached)) > 0
+    assert rows(cached).equals(rows(plain))
