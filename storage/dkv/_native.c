@@ -14,6 +14,9 @@
  *       the same for only the entries in [start, end): what a scan reads of a block.
  *   merge_live(parts) -> [(key, value)]
  *       one chunk of a scan's merge: newest version per key, tombstones dropped.
+ *   merge_spans_live(parts, spans) -> [(key, value)]
+ *       merge_live plus the in-range entries of each table's decompressed blocks, read
+ *       in place: a short scan's block walk and merge in one call.
  *
  * The pure-Python functions they replace stay in bloom.py, sstable.py and merge.py: they are the
  * reference the tests compare these with, and the fallback where no C compiler was found
@@ -33,10 +36,22 @@ static inline uint64_t rd_u64(const unsigned char *p) {
     return (uint64_t)rd_u32(p) | (uint64_t)rd_u32(p + 4) << 32;
 }
 
-/* memcmp order of bytes objects, as Python's bytes comparison. */
+/* memcmp order of bytes objects, as Python's bytes comparison. Keys are short (16 bytes
+ * in the benchmarks, often sharing an 8-byte prefix), where a call to memcmp costs more
+ * than the comparison: compare 8 bytes at a time as big-endian words, inline. */
 static inline int bytes_cmp(const char *a, Py_ssize_t la, const char *b, Py_ssize_t lb) {
-    int c = memcmp(a, b, (size_t)(la < lb ? la : lb));
-    if (c) return c;
+    Py_ssize_t n = la < lb ? la : lb, i = 0;
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    for (; i + 8 <= n; i += 8) {
+        uint64_t x, y;
+        memcpy(&x, a + i, 8);
+        memcpy(&y, b + i, 8);
+        if (x != y) return __builtin_bswap64(x) < __builtin_bswap64(y) ? -1 : 1;
+    }
+#endif
+    for (; i < n; i++) {
+        if (a[i] != b[i]) return (unsigned char)a[i] < (unsigned char)b[i] ? -1 : 1;
+    }
     return (la > lb) - (la < lb);
 }
 
@@ -256,6 +271,24 @@ static void entry_offsets(const raw_block *b, uint64_t *koffs) {
 /* Blocks of fewer entries keep their offset arrays on the stack. */
 #define STACK_ENTRIES 256
 
+/* Key and value offsets of a parsed block (n + 1 each; voffs = koffs + n + 1), in `stack`
+ * (2 * (STACK_ENTRIES + 1) slots) when the block is small enough, else on the heap.
+ * Returns koffs, or NULL with MemoryError set; release with offsets_release. */
+static uint64_t *offsets_acquire(const raw_block *b, uint64_t *stack) {
+    uint64_t *koffs = b->n < STACK_ENTRIES ? stack
+        : PyMem_Malloc(sizeof(uint64_t) * 2 * (size_t)(b->n + 1));
+    if (!koffs) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    entry_offsets(b, koffs);
+    return koffs;
+}
+
+static void offsets_release(uint64_t *koffs, const uint64_t *stack) {
+    if (koffs != stack) PyMem_Free(koffs);
+}
+
 /* Lower bound of key in the block's key column: the first index whose key is >= key. */
 static Py_ssize_t key_lower_bound(const unsigned char *raw, const uint64_t *offs, Py_ssize_t n,
                                   const char *key, Py_ssize_t kl) {
@@ -285,10 +318,8 @@ static PyObject *block_get(PyObject *self, PyObject *const *args, Py_ssize_t nar
     raw_block b;
     if (parse_block(args[0], args[1], &b) < 0) return NULL;
     uint64_t stack_offs[2 * (STACK_ENTRIES + 1)];
-    uint64_t *koffs = b.n < STACK_ENTRIES ? stack_offs
-        : PyMem_Malloc(sizeof(uint64_t) * 2 * (size_t)(b.n + 1));
-    if (!koffs) return PyErr_NoMemory();
-    entry_offsets(&b, koffs);
+    uint64_t *koffs = offsets_acquire(&b, stack_offs);
+    if (!koffs) return NULL;
     const char *key = PyBytes_AS_STRING(args[2]);
     Py_ssize_t kl = PyBytes_GET_SIZE(args[2]);
     Py_ssize_t i = key_lower_bound(b.raw, koffs, b.n, key, kl);
@@ -305,7 +336,7 @@ static PyObject *block_get(PyObject *self, PyObject *const *args, Py_ssize_t nar
             : Py_BuildValue("(Ny#)", seq, (const char *)b.raw + voffs[i],
                             (Py_ssize_t)(voffs[i + 1] - voffs[i]));
     }
-    if (koffs != stack_offs) PyMem_Free(koffs);
+    offsets_release(koffs, stack_offs);
     return out;
 }
 
@@ -324,12 +355,10 @@ static PyObject *decode_block(PyObject *self, PyObject *const *args, Py_ssize_t 
     raw_block b;
     if (parse_block(args[0], args[1], &b) < 0) return NULL;
     uint64_t stack_offs[2 * (STACK_ENTRIES + 1)];
-    uint64_t *koffs = b.n < STACK_ENTRIES ? stack_offs
-        : PyMem_Malloc(sizeof(uint64_t) * 2 * (size_t)(b.n + 1));
-    if (!koffs) return PyErr_NoMemory();
-    entry_offsets(&b, koffs);
+    uint64_t *koffs = offsets_acquire(&b, stack_offs);
+    if (!koffs) return NULL;
     PyObject *out = entry_lists(&b, koffs, koffs + (b.n + 1), 0, b.n);
-    if (koffs != stack_offs) PyMem_Free(koffs);
+    offsets_release(koffs, stack_offs);
     return out;
 }
 
@@ -352,16 +381,14 @@ static PyObject *block_range(PyObject *self, PyObject *const *args, Py_ssize_t n
     raw_block b;
     if (parse_block(args[0], args[1], &b) < 0) return NULL;
     uint64_t stack_offs[2 * (STACK_ENTRIES + 1)];
-    uint64_t *koffs = b.n < STACK_ENTRIES ? stack_offs
-        : PyMem_Malloc(sizeof(uint64_t) * 2 * (size_t)(b.n + 1));
-    if (!koffs) return PyErr_NoMemory();
-    entry_offsets(&b, koffs);
+    uint64_t *koffs = offsets_acquire(&b, stack_offs);
+    if (!koffs) return NULL;
     Py_ssize_t lo = key_lower_bound(b.raw, koffs, b.n, PyBytes_AS_STRING(args[2]),
                                     PyBytes_GET_SIZE(args[2]));
     Py_ssize_t hi = args[3] == Py_None ? b.n
         : key_lower_bound(b.raw, koffs, b.n, PyBytes_AS_STRING(args[3]), PyBytes_GET_SIZE(args[3]));
     PyObject *out = entry_lists(&b, koffs, koffs + (b.n + 1), lo, hi < lo ? lo : hi);
-    if (koffs != stack_offs) PyMem_Free(koffs);
+    offsets_release(koffs, stack_offs);
     return out;
 }
 
@@ -369,81 +396,288 @@ PyDoc_STRVAR(merge_live_doc,
 "merge_live(parts) -> list[(key, value)]\n\n"
 "parts: list of (keys, seqs, values, lo, hi): three parallel lists and the slice [lo, hi)\n"
 "to merge, or (keys, seqs, values) for all of them; keys ascending and unique within a\n"
-"part; values None for tombstones. Returns\n"
+"part; seqs ints in [0, 2**64); values None for tombstones. Returns\n"
 "each key once, ascending, with the value of its highest sequence number, dropping keys\n"
 "whose newest version is a tombstone. Raises TypeError/ValueError on malformed parts.");
 
+PyDoc_STRVAR(merge_spans_live_doc,
+"merge_spans_live(parts, spans) -> list[(key, value)]\n\n"
+"merge_live over parts plus one source per span (raws, counts, start, end): consecutive\n"
+"decompressed data blocks of one table (format: sstable.py, raw_block; counts: their\n"
+"entry counts per the sparse index) of which the entries with start <= key < end (end\n"
+"None: no bound) are read in place: only the pairs returned become Python objects. A\n"
+"short scan's whole block walk and merge in one call. Raises ValueError if a block is\n"
+"malformed (as decode_block: count, lengths, flags, a tombstone with a value, keys not\n"
+"strictly ascending anywhere in the block) or a span's keys do not ascend across its\n"
+"blocks; TypeError/ValueError on malformed parts or spans.");
+
+/* The part of one data block a span reads: entries [lo, hi). */
+typedef struct {
+    const unsigned char *raw, *seqp, *flags;
+    const uint64_t *koffs, *voffs;
+    Py_ssize_t lo, hi;
+} block_view;
+
+/* One sorted source of a merge: a slice of a column batch (keys != NULL), or a span of
+ * raw blocks (blk[cur .. nblk)), read in place. */
 typedef struct {
     PyObject **keys, **seqs, **values;
-    Py_ssize_t pos, hi;
-} merge_part;
+    block_view *blk;
+    Py_ssize_t nblk, cur;
+    Py_ssize_t pos, hi;  /* in the column batch, or in blk[cur] */
+} merge_src;
 
-static PyObject *merge_live(PyObject *self, PyObject *parts) {
-    if (!PyList_Check(parts)) {
-        PyErr_SetString(PyExc_TypeError, "merge_live: parts must be a list");
-        return NULL;
+static inline void src_key(const merge_src *s, const char **p, Py_ssize_t *len) {
+    if (s->blk) {
+        const block_view *b = &s->blk[s->cur];
+        *p = (const char *)b->raw + b->koffs[s->pos];
+        *len = (Py_ssize_t)(b->koffs[s->pos + 1] - b->koffs[s->pos]);
+    } else {
+        PyObject *k = s->keys[s->pos];
+        *p = PyBytes_AS_STRING(k);
+        *len = PyBytes_GET_SIZE(k);
     }
-    Py_ssize_t np = PyList_GET_SIZE(parts);
-    merge_part *p = PyMem_Calloc(np ? (size_t)np : 1, sizeof(merge_part));
-    if (!p) return PyErr_NoMemory();
-    PyObject *out = NULL;
-    for (Py_ssize_t i = 0; i < np; i++) {
-        PyObject *t = PyList_GET_ITEM(parts, i);
-        if (!PyTuple_Check(t) || (PyTuple_GET_SIZE(t) != 5 && PyTuple_GET_SIZE(t) != 3)
-            || !PyList_Check(PyTuple_GET_ITEM(t, 0))
-            || !PyList_Check(PyTuple_GET_ITEM(t, 1)) || !PyList_Check(PyTuple_GET_ITEM(t, 2))) {
-            PyErr_Format(PyExc_TypeError, "merge_live: part %zd is not (keys, seqs, values[, lo, hi])", i);
-            goto done;
+}
+
+static inline int src_seq(const merge_src *s, uint64_t *seq) {
+    if (s->blk) {
+        *seq = rd_u64(s->blk[s->cur].seqp + 8 * s->pos);
+        return 0;
+    }
+    *seq = PyLong_AsUnsignedLongLong(s->seqs[s->pos]);
+    return *seq == (uint64_t)-1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* Moves s to its next entry, into the next block of a span with entries in range. */
+static inline void src_advance(merge_src *s) {
+    if (++s->pos < s->hi || !s->blk) return;
+    while (++s->cur < s->nblk) {
+        if (s->blk[s->cur].lo < s->blk[s->cur].hi) {
+            s->pos = s->blk[s->cur].lo;
+            s->hi = s->blk[s->cur].hi;
+            return;
         }
-        PyObject *k = PyTuple_GET_ITEM(t, 0), *s = PyTuple_GET_ITEM(t, 1), *v = PyTuple_GET_ITEM(t, 2);
-        Py_ssize_t n = PyList_GET_SIZE(k), lo = 0, hi = n;
-        if (PyTuple_GET_SIZE(t) == 5) {
-            lo = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 3));
-            hi = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 4));
-            if (PyErr_Occurred()) goto done;
+    }
+    s->cur = s->nblk - 1;  /* exhausted: pos == hi */
+}
+
+/* Checks part i (a tuple (keys, seqs, values[, lo, hi])) and points s at it. */
+static int parse_part(PyObject *t, Py_ssize_t i, merge_src *s) {
+    if (!PyTuple_Check(t) || (PyTuple_GET_SIZE(t) != 5 && PyTuple_GET_SIZE(t) != 3)
+        || !PyList_Check(PyTuple_GET_ITEM(t, 0))
+        || !PyList_Check(PyTuple_GET_ITEM(t, 1)) || !PyList_Check(PyTuple_GET_ITEM(t, 2))) {
+        PyErr_Format(PyExc_TypeError, "merge_live: part %zd is not (keys, seqs, values[, lo, hi])", i);
+        return -1;
+    }
+    PyObject *k = PyTuple_GET_ITEM(t, 0), *sq = PyTuple_GET_ITEM(t, 1), *v = PyTuple_GET_ITEM(t, 2);
+    Py_ssize_t n = PyList_GET_SIZE(k), lo = 0, hi = n;
+    if (PyTuple_GET_SIZE(t) == 5) {
+        lo = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 3));
+        hi = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 4));
+        if (PyErr_Occurred()) return -1;
+    }
+    if (PyList_GET_SIZE(sq) != n || PyList_GET_SIZE(v) != n || lo < 0 || hi > n || lo > hi) {
+        PyErr_Format(PyExc_ValueError, "merge_live: part %zd: lengths or bounds disagree", i);
+        return -1;
+    }
+    for (Py_ssize_t j = lo; j < hi; j++) {
+        if (!PyBytes_Check(PyList_GET_ITEM(k, j))) {
+            PyErr_Format(PyExc_TypeError, "merge_live: part %zd: key %zd is not bytes", i, j);
+            return -1;
         }
-        if (PyList_GET_SIZE(s) != n || PyList_GET_SIZE(v) != n || lo < 0 || hi > n || lo > hi) {
-            PyErr_Format(PyExc_ValueError, "merge_live: part %zd: lengths or bounds disagree", i);
-            goto done;
+    }
+    s->keys = ((PyListObject *)k)->ob_item;
+    s->seqs = ((PyListObject *)sq)->ob_item;
+    s->values = ((PyListObject *)v)->ob_item;
+    s->pos = lo;
+    s->hi = hi;
+    return 0;
+}
+
+/* Whether t is a (raws: list, counts: list of the same length, start: bytes, end: bytes |
+ * None) span tuple. */
+static int is_span(PyObject *t) {
+    return PyTuple_Check(t) && PyTuple_GET_SIZE(t) == 4 && PyList_Check(PyTuple_GET_ITEM(t, 0))
+        && PyList_Check(PyTuple_GET_ITEM(t, 1))
+        && PyList_GET_SIZE(PyTuple_GET_ITEM(t, 0)) == PyList_GET_SIZE(PyTuple_GET_ITEM(t, 1))
+        && PyBytes_Check(PyTuple_GET_ITEM(t, 2))
+        && (PyTuple_GET_ITEM(t, 3) == Py_None || PyBytes_Check(PyTuple_GET_ITEM(t, 3)));
+}
+
+/* Checks span i's blocks as decode_block does, computes their offsets into *offs
+ * (advanced past them) and views into *views (advanced likewise), and points s at the
+ * span's first entry in range. */
+static int parse_span(PyObject *t, Py_ssize_t i, merge_src *s, uint64_t **offs,
+                      block_view **views) {
+    if (!is_span(t)) {
+        PyErr_Format(PyExc_TypeError, "merge_spans_live: span %zd is not (raws: list, counts: "
+                     "list, start: bytes, end: bytes | None) with one count per block", i);
+        return -1;
+    }
+    PyObject *raws = PyTuple_GET_ITEM(t, 0), *counts = PyTuple_GET_ITEM(t, 1);
+    PyObject *start = PyTuple_GET_ITEM(t, 2), *end = PyTuple_GET_ITEM(t, 3);
+    Py_ssize_t nblk = PyList_GET_SIZE(raws);
+    s->blk = *views;
+    s->nblk = nblk;
+    *views += nblk;
+    const char *prev = NULL;  /* the last in-range key of the span's previous blocks */
+    Py_ssize_t prev_len = 0;
+    for (Py_ssize_t j = 0; j < nblk; j++) {
+        PyObject *raw = PyList_GET_ITEM(raws, j);
+        if (!PyBytes_Check(raw)) {
+            PyErr_Format(PyExc_TypeError, "merge_spans_live: span %zd: block %zd is not bytes", i, j);
+            return -1;
         }
-        for (Py_ssize_t j = lo; j < hi; j++) {
-            if (!PyBytes_Check(PyList_GET_ITEM(k, j))) {
-                PyErr_Format(PyExc_TypeError, "merge_live: part %zd: key %zd is not bytes", i, j);
-                goto done;
+        raw_block b;
+        if (parse_block(raw, PyList_GET_ITEM(counts, j), &b) < 0) return -1;
+        uint64_t *koffs = *offs;
+        *offs += 2 * (b.n + 1);
+        entry_offsets(&b, koffs);
+        for (Py_ssize_t e = 1; e < b.n; e++) {
+            if (bytes_cmp((const char *)b.raw + koffs[e - 1], (Py_ssize_t)(koffs[e] - koffs[e - 1]),
+                          (const char *)b.raw + koffs[e], (Py_ssize_t)(koffs[e + 1] - koffs[e])) >= 0) {
+                PyErr_SetString(PyExc_ValueError, "keys out of order");
+                return -1;
             }
         }
-        p[i].keys = ((PyListObject *)k)->ob_item;
-        p[i].seqs = ((PyListObject *)s)->ob_item;
-        p[i].values = ((PyListObject *)v)->ob_item;
-        p[i].pos = lo;
-        p[i].hi = hi;
+        block_view *v = &s->blk[j];
+        v->raw = b.raw;
+        v->seqp = b.seqs;
+        v->flags = b.flags;
+        v->koffs = koffs;
+        v->voffs = koffs + (b.n + 1);
+        v->lo = key_lower_bound(b.raw, koffs, b.n, PyBytes_AS_STRING(start), PyBytes_GET_SIZE(start));
+        v->hi = end == Py_None ? b.n
+            : key_lower_bound(b.raw, koffs, b.n, PyBytes_AS_STRING(end), PyBytes_GET_SIZE(end));
+        if (v->hi < v->lo) v->hi = v->lo;
+        if (v->lo < v->hi) {
+            const char *first = (const char *)b.raw + koffs[v->lo];
+            if (prev && bytes_cmp(prev, prev_len, first,
+                                  (Py_ssize_t)(koffs[v->lo + 1] - koffs[v->lo])) >= 0) {
+                PyErr_Format(PyExc_ValueError, "span %zd: keys out of order across blocks", i);
+                return -1;
+            }
+            prev = (const char *)b.raw + koffs[v->hi - 1];
+            prev_len = (Py_ssize_t)(koffs[v->hi] - koffs[v->hi - 1]);
+        }
     }
+    s->cur = -1;
+    s->pos = s->hi = 0;
+    if (nblk) {
+        s->cur = 0;
+        s->pos = s->blk[0].lo;
+        s->hi = s->blk[0].hi;
+        if (s->pos >= s->hi) {
+            s->pos = s->hi - 1;  /* src_advance steps onto the next block in range */
+            src_advance(s);
+        }
+    }
+    return 0;
+}
+
+/* The merge of merge_live and merge_spans_live; spans may be NULL. */
+static PyObject *merge_sources(PyObject *parts, PyObject *spans) {
+    if (!PyList_Check(parts) || (spans && !PyList_Check(spans))) {
+        PyErr_SetString(PyExc_TypeError, "merge_live: parts (and spans) must be lists");
+        return NULL;
+    }
+    Py_ssize_t np = PyList_GET_SIZE(parts), nsp = spans ? PyList_GET_SIZE(spans) : 0;
+    Py_ssize_t ns = np + nsp;
+    /* One allocation for every block's offset arrays and one for the views: a block
+     * header's count bounds its entries (it is checked against the block's size before any
+     * offset is written). */
+    size_t slots = 0, nviews = 0;
+    for (Py_ssize_t i = 0; i < nsp; i++) {
+        PyObject *t = PyList_GET_ITEM(spans, i);
+        if (!is_span(t)) continue;  /* parse_span raises */
+        PyObject *raws = PyTuple_GET_ITEM(t, 0);
+        for (Py_ssize_t j = 0; j < PyList_GET_SIZE(raws); j++) {
+            PyObject *raw = PyList_GET_ITEM(raws, j);
+            nviews++;
+            if (!PyBytes_Check(raw)) continue;
+            Py_ssize_t len = PyBytes_GET_SIZE(raw);
+            size_t n = len >= 4 ? rd_u32((const unsigned char *)PyBytes_AS_STRING(raw)) : 0;
+            if ((uint64_t)4 + 17 * (uint64_t)n > (uint64_t)len) n = 0;  /* parse_block rejects it */
+            slots += 2 * (n + 1);
+        }
+    }
+    merge_src *src = PyMem_Calloc(ns ? (size_t)ns : 1, sizeof(merge_src));
+    Py_ssize_t *ties = PyMem_Malloc((ns ? (size_t)ns : 1) * sizeof(Py_ssize_t));
+    block_view *views = PyMem_Malloc((nviews ? nviews : 1) * sizeof(block_view));
+    uint64_t *offs = PyMem_Malloc((slots ? slots : 1) * sizeof(uint64_t));
+    PyObject *out = NULL;
+    if (!src || !ties || !views || !offs) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    uint64_t *next_offs = offs;
+    block_view *next_view = views;
+    for (Py_ssize_t i = 0; i < np; i++)
+        if (parse_part(PyList_GET_ITEM(parts, i), i, &src[i]) < 0) goto done;
+    for (Py_ssize_t i = 0; i < nsp; i++)
+        if (parse_span(PyList_GET_ITEM(spans, i), i, &src[np + i], &next_offs, &next_view) < 0)
+            goto done;
     out = PyList_New(0);
     if (!out) goto done;
     for (;;) {
-        Py_ssize_t best = -1;
-        PyObject *bk = NULL;
-        for (Py_ssize_t i = 0; i < np; i++) {
-            if (p[i].pos >= p[i].hi) continue;
-            PyObject *k = p[i].keys[p[i].pos];
-            int c = best < 0 ? -1 : bytes_cmp(PyBytes_AS_STRING(k), PyBytes_GET_SIZE(k),
-                                              PyBytes_AS_STRING(bk), PyBytes_GET_SIZE(bk));
-            if (c == 0) {  /* same key in two parts: the higher sequence number wins */
-                int newer = PyObject_RichCompareBool(p[i].seqs[p[i].pos],
-                                                     p[best].seqs[p[best].pos], Py_GT);
-                if (newer < 0) goto fail;
-                c = newer ? -1 : 1;
-            }
-            if (c < 0) {
+        /* best: the source with the smallest key, the newest version of it; ties: the
+         * other sources at that key, which skip it. */
+        Py_ssize_t best = -1, nties = 0;
+        const char *bk = NULL;
+        Py_ssize_t bkl = 0;
+        for (Py_ssize_t i = 0; i < ns; i++) {
+            if (src[i].pos >= src[i].hi) continue;
+            const char *k;
+            Py_ssize_t kl;
+            src_key(&src[i], &k, &kl);
+            int c = best < 0 ? -1 : bytes_cmp(k, kl, bk, bkl);
+            if (c == 0) {  /* same key in two sources: the higher sequence number wins */
+                uint64_t a, b;
+                if (src_seq(&src[i], &a) < 0 || src_seq(&src[best], &b) < 0) goto fail;
+                if (a > b) {
+                    ties[nties++] = best;
+                    best = i;
+                    bk = k;
+                } else {
+                    ties[nties++] = i;
+                }
+            } else if (c < 0) {
                 best = i;
                 bk = k;
+                bkl = kl;
+                nties = 0;
             }
         }
         if (best < 0) break;
-        PyObject *v = p[best].values[p[best].pos];
-        if (v != Py_None) {
-            PyObject *pair = PyTuple_Pack(2, bk, v);
-            if (!pair) goto fail;
+        merge_src *s = &src[best];
+        PyObject *key = NULL, *v = NULL;
+        if (s->blk) {
+            const block_view *b = &s->blk[s->cur];
+            if (!b->flags[s->pos]) {
+                key = PyBytes_FromStringAndSize(bk, bkl);
+                v = PyBytes_FromStringAndSize((const char *)b->raw + b->voffs[s->pos],
+                                              (Py_ssize_t)(b->voffs[s->pos + 1] - b->voffs[s->pos]));
+                if (!key || !v) {
+                    Py_XDECREF(key);
+                    Py_XDECREF(v);
+                    goto fail;
+                }
+            }
+        } else if (s->values[s->pos] != Py_None) {
+            key = s->keys[s->pos];
+            v = s->values[s->pos];
+            Py_INCREF(key);
+            Py_INCREF(v);
+        }
+        if (key) {
+            PyObject *pair = PyTuple_New(2);
+            if (!pair) {
+                Py_DECREF(key);
+                Py_DECREF(v);
+                goto fail;
+            }
+            PyTuple_SET_ITEM(pair, 0, key);
+            PyTuple_SET_ITEM(pair, 1, v);
             /* Two bytes objects cannot form a cycle: untrack the pair now, as CPython's
              * collector would at its first pass, so results a caller keeps never make
              * full collections (which traverse the whole heap) more frequent. */
@@ -452,23 +686,31 @@ static PyObject *merge_live(PyObject *self, PyObject *parts) {
             Py_DECREF(pair);
             if (rc < 0) goto fail;
         }
-        /* Skip every older version of bk (after reading it: bk is borrowed from its part). */
-        for (Py_ssize_t i = 0; i < np; i++) {
-            if (i == best || p[i].pos >= p[i].hi) continue;
-            PyObject *k = p[i].keys[p[i].pos];
-            if (bytes_cmp(PyBytes_AS_STRING(k), PyBytes_GET_SIZE(k), PyBytes_AS_STRING(bk),
-                          PyBytes_GET_SIZE(bk)) == 0)
-                p[i].pos++;
-        }
-        p[best].pos++;
+        for (Py_ssize_t t = 0; t < nties; t++) src_advance(&src[ties[t]]);
+        src_advance(s);
     }
     PyObject_GC_UnTrack(out);  /* holds untracked pairs only; see above */
     goto done;
 fail:
     Py_CLEAR(out);
 done:
-    PyMem_Free(p);
+    PyMem_Free(src);
+    PyMem_Free(ties);
+    PyMem_Free(views);
+    PyMem_Free(offs);
     return out;
+}
+
+static PyObject *merge_live(PyObject *self, PyObject *parts) {
+    return merge_sources(parts, NULL);
+}
+
+static PyObject *merge_spans_live(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "merge_spans_live(parts, spans) takes 2 arguments");
+        return NULL;
+    }
+    return merge_sources(args[0], args[1]);
 }
 
 static PyMethodDef methods[] = {
@@ -479,6 +721,8 @@ static PyMethodDef methods[] = {
     {"block_get", (PyCFunction)(void (*)(void))block_get, METH_FASTCALL, block_get_doc},
     {"block_range", (PyCFunction)(void (*)(void))block_range, METH_FASTCALL, block_range_doc},
     {"merge_live", (PyCFunction)merge_live, METH_O, merge_live_doc},
+    {"merge_spans_live", (PyCFunction)(void (*)(void))merge_spans_live, METH_FASTCALL,
+     merge_spans_live_doc},
     {NULL, NULL, 0, NULL},
 };
 

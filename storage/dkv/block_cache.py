@@ -38,6 +38,23 @@ class BlockCache:
         self.hits += 1
         return hit[0]
 
+    def get_run(self, table_key: str, blocks: range) -> list[Any | None]:
+        """``[get((table_key, i)) for i in blocks]`` in one call (a scan's blocks of one
+        table)."""
+        d = self._d
+        out = []
+        for i in blocks:
+            k = (table_key, i)
+            hit = d.get(k)
+            if hit is None:
+                self.misses += 1
+                out.append(None)
+            else:
+                d.move_to_end(k)
+                self.hits += 1
+                out.append(hit[0])
+        return out
+
     def put(self, key: Any, value: Any, charge: int) -> None:
         """Inserts ``value`` with ``charge`` bytes, evicting least recently used entries."""
         if charge > self.capacity_bytes:

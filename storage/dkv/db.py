@@ -38,7 +38,14 @@ from storage.dkv.invariants import check_manifest
 from storage.dkv.levels import LevelList
 from storage.dkv.manifest import Manifest, WalRef, load_manifest, publish_manifest
 from storage.dkv.memtable import Memtable
-from storage.dkv.merge import ColumnBatch, Entry, merge_batches_live, merge_live
+from storage.dkv.merge import (
+    BlockSpan,
+    ColumnBatch,
+    Entry,
+    merge_batches_live,
+    merge_spans_live,
+    merge_live,
+)
 from storage.dkv.options import DKVOptions
 from storage.dkv.paths import PathResolver, compactions_dir, parse_result_key, validate_name
 from storage.dkv.remote_compaction import can_install, load_result
@@ -439,36 +446,48 @@ class DKV:
             run = levels.sorted_run_overlapping(lvl, start, end)
             if run:
                 runs.append(run)
-        # The data blocks each table would read (sparse index; no I/O): a short scan
-        # (operator state of one subject, a prefix of ~100 keys) reads them all now and
-        # merges in one C call; generators and the chunked merge cost more than the
-        # scan itself at that size.
-        reader = self._tables.reader
-        spans = []
-        nblocks = 0
-        for run in runs:
-            for t in run:
-                bounds = _table_bounds(t, start, end)
-                if bounds is not None:
-                    r = reader(t)
-                    span = r.block_span(*bounds)
-                    nblocks += len(span)
-                    if nblocks > SMALL_SCAN_BLOCKS:
-                        break
-                    spans.append((r, span, bounds))
-            if nblocks > SMALL_SCAN_BLOCKS:
-                break
-        else:
-            parts = mem_parts
-            for r, span, (s, e) in spans:
-                parts += r.read_span(span, s, e)
-            return iter(merge_live(parts))
+        # A short scan (operator state of one subject, a prefix of ~100 keys) reads every
+        # table's blocks now and merges them in place in one C call; generators, per-block
+        # lists and the chunked merge cost more than the scan itself at that size.
+        spans = self._short_scan_spans(runs, start, end)
+        if spans is not None:
+            try:
+                return iter(merge_spans_live(mem_parts, [span for _r, span in spans]))
+            except ValueError:
+                for r, (_raws, _counts, s, e) in spans:
+                    r.check_blocks(r.block_span(s, e))  # raises CorruptionError naming the block
+                raise
         if not mem_parts and len(runs) == 1:
             # One sorted source: nothing to merge; a block at a time, tombstones dropped.
             return self._scan_run(runs[0], start, end)
         sources = [[p] for p in mem_parts]
         sources += [self._run_batches(run, start, end) for run in runs]
         return merge_batches_live(sources)
+
+    def _short_scan_spans(
+        self, runs: list[tuple[TableInfo, ...]], start: bytes, end: bytes | None
+    ) -> list[tuple[SSTableReader, BlockSpan]] | None:
+        """Each table's blocks for ``[start, end)`` (``SSTableReader.read_span``), or None if
+        they are more than ``SMALL_SCAN_BLOCKS`` in all."""
+        reader = self._tables.reader
+        spans = []
+        budget = SMALL_SCAN_BLOCKS
+        for run in runs:
+            for t in run:
+                if t.clip is None:
+                    s, e = start, end
+                else:
+                    bounds = _table_bounds(t, start, end)
+                    if bounds is None:
+                        continue
+                    s, e = bounds
+                r = reader(t)
+                span = r.read_span(s, e, budget)
+                if span is None:
+                    return None
+                budget -= len(span[0])
+                spans.append((r, span))
+        return spans
 
     def _scan_run(
         self, run: tuple[TableInfo, ...], start: bytes, end: bytes | None

@@ -13,6 +13,7 @@ from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 
 from storage.dkv.native import NATIVE
+from storage.dkv.sstable import block_range_py
 
 Entry = tuple[bytes, int, "bytes | None"]
 
@@ -86,6 +87,46 @@ def merge_live_py(parts: list[tuple]) -> list[tuple[bytes, bytes]]:
 
 
 merge_live = NATIVE.merge_live if NATIVE is not None else merge_live_py
+
+# The consecutive data blocks of one table a short scan reads in place: decompressed
+# bytes (``sstable.py``, ``raw_block``), their entry counts per the sparse index, and the
+# ``[start, end)`` to read of them (``end`` None: no bound).
+BlockSpan = tuple[list[bytes], list[int], bytes, "bytes | None"]
+
+
+def merge_spans_live_py(parts: list[tuple], spans: list[BlockSpan]) -> list[tuple[bytes, bytes]]:
+    """``merge_live_py`` over ``parts`` plus one source per span: the in-range entries of
+    its blocks, in order. Pure-Python reference of ``_native.merge_spans_live``, which
+    reads the blocks in place and builds objects only for the pairs it returns.
+
+    Args:
+        parts: As ``merge_live_py`` (e.g. memtable ranges).
+        spans: ``(raws, counts, start, end)`` per table.
+
+    Returns:
+        ``(key, value)`` pairs, ascending, newest version per key, tombstones dropped.
+
+    Raises:
+        ValueError: A block is malformed (as ``sstable.decode_block_py``), or a span's
+            keys do not ascend across its blocks.
+    """
+    sources = list(parts)
+    for i, (raws, counts, start, end) in enumerate(spans):
+        keys: list[bytes] = []
+        seqs: list[int] = []
+        values: list[bytes | None] = []
+        for raw, n in zip(raws, counts, strict=True):
+            k, s, v = block_range_py(raw, n, start, end)
+            if k and keys and keys[-1] >= k[0]:
+                raise ValueError(f"span {i}: keys out of order across blocks")
+            keys += k
+            seqs += s
+            values += v
+        sources.append((keys, seqs, values))
+    return merge_live_py(sources)
+
+
+merge_spans_live = NATIVE.merge_spans_live if NATIVE is not None else merge_spans_live_py
 
 
 def merge_batches_live(sources: list[Iterator[ColumnBatch]]) -> Iterator[tuple[bytes, bytes]]:

@@ -444,6 +444,7 @@ class SSTableReader:
         ]
         self._first_keys = [bytes(b[0]) for b in blocks]
         self._blocks = [(int(b[1]), int(b[2]), int(b[4])) for b in blocks]
+        self._counts = [b[2] for b in self._blocks]  # entries per block
         # Structural checks on the index: blocks tile [0, meta_off) in order.
         pos = 0
         for i, (off, ln, _n) in enumerate(self._blocks):
@@ -472,6 +473,12 @@ class SSTableReader:
             hit = cache.get((self.key, i))
             if hit is not None:
                 return hit
+        return self._load_block(i)
+
+    def _load_block(self, i: int) -> bytes:
+        """Reads, verifies and decompresses data block ``i`` (a block cache miss) and
+        caches it."""
+        cache = self._cache
         off, ln, _n = self._blocks[i]
         view = self._whole_view
         if view is not None:
@@ -596,16 +603,46 @@ class SSTableReader:
             if batch[0]:
                 yield batch
 
-    def read_span(self, span: range, start: bytes, end: bytes | None) -> list[DecodedBlock]:
-        """``list(scan_column_batches(start, end))`` without the generator, over the
-        ``block_span(start, end)`` the caller already computed: for short scans, where
-        per-block overhead shows."""
-        out = []
+    def read_span(
+        self, start: bytes, end: bytes | None, max_blocks: int
+    ) -> tuple[list[bytes], list[int], bytes, bytes | None] | None:
+        """The data blocks that may hold keys in ``[start, end)``, decompressed through the
+        block cache, as ``(raws, counts, start, end)`` (``counts``: entries per block per
+        the sparse index): a short scan's input to ``merge.merge_spans_live``, which reads
+        the blocks in place and checks their structure (``check_blocks`` then names a bad
+        one). Returns None, without reading, if more than ``max_blocks`` blocks would be
+        needed.
+
+        Raises:
+            CorruptionError: A block fails its checksum or cannot be decompressed.
+        """
+        if (end is not None and end <= self.min_key) or start > self.max_key:
+            return [], [], start, end
+        first_keys = self._first_keys
+        i = bisect_right(first_keys, start) - 1
+        if i < 0:
+            i = 0
+        j = len(first_keys) if end is None else bisect_left(first_keys, end, i)
+        if j - i > max_blocks:
+            return None
+        span = range(i, j)
+        cache = self._cache
+        if cache is None:
+            raws = [self._load_block(b) for b in span]
+        else:
+            raws = cache.get_run(self.key, span)
+            if None in raws:
+                raws = [raw if raw is not None else self._load_block(b) for b, raw in zip(span, raws)]
+        return raws, self._counts[i:j], start, end
+
+    def check_blocks(self, span: range) -> None:
+        """Decodes every block of ``span`` in full.
+
+        Raises:
+            CorruptionError: Naming the first malformed block, its number and offset.
+        """
         for i in span:
-            batch = self._block_range(i, start, end)
-            if batch[0]:
-                out.append(batch)
-        return out
+            self._block(i)
 
     def last_key_before(self, end: bytes | None) -> bytes | None:
         """Returns the largest key ``< end`` (the last key if ``end`` is None), or None."""
