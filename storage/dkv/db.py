@@ -437,11 +437,18 @@ class DKV:
         """
         if self._closed:
             raise ClosedError("DKV is closed")
-        mem_parts = [r for m in (self._mem, *self._sealed) if (r := m.range_columns(start, end))[0]]
+        # Plain loops, not comprehensions: each of those costs a function object per scan.
+        mem_parts = []
+        for m in (self._mem, *self._sealed):
+            if m._d:  # an empty memtable (just flushed) has nothing to slice
+                part = m.range_columns(start, end)
+                if part[0]:
+                    mem_parts.append(part)
         levels = self._levels
-        runs: list[tuple[TableInfo, ...]] = [
-            (t,) for t in levels.l0 if t.max_key >= start and (end is None or t.min_key < end)
-        ]
+        runs: list[tuple[TableInfo, ...]] = []
+        for t in levels.l0:
+            if t.max_key >= start and (end is None or t.min_key < end):
+                runs.append((t,))
         for lvl in range(1, len(levels.levels)):
             run = levels.sorted_run_overlapping(lvl, start, end)
             if run:
@@ -449,12 +456,13 @@ class DKV:
         # A short scan (operator state of one subject, a prefix of ~100 keys) reads every
         # table's blocks now and merges them in place in one C call; generators, per-block
         # lists and the chunked merge cost more than the scan itself at that size.
-        spans = self._short_scan_spans(runs, start, end)
-        if spans is not None:
+        short = self._short_scan_spans(runs, start, end)
+        if short is not None:
+            readers, spans = short
             try:
-                return iter(merge_spans_live(mem_parts, [span for _r, span in spans]))
+                return iter(merge_spans_live(mem_parts, spans))
             except ValueError:
-                for r, (_raws, _counts, s, e) in spans:
+                for r, (_raws, _counts, s, e) in zip(readers, spans):
                     r.check_blocks(r.block_span(s, e))  # raises CorruptionError naming the block
                 raise
         if not mem_parts and len(runs) == 1:
@@ -466,10 +474,12 @@ class DKV:
 
     def _short_scan_spans(
         self, runs: list[tuple[TableInfo, ...]], start: bytes, end: bytes | None
-    ) -> list[tuple[SSTableReader, BlockSpan]] | None:
-        """Each table's blocks for ``[start, end)`` (``SSTableReader.read_span``), or None if
-        they are more than ``SMALL_SCAN_BLOCKS`` in all."""
-        reader = self._tables.reader
+    ) -> tuple[list[SSTableReader], list[BlockSpan]] | None:
+        """Each table's reader and blocks for ``[start, end)`` (``SSTableReader.read_span``),
+        or None if the blocks are more than ``SMALL_SCAN_BLOCKS`` in all."""
+        tables = self._tables
+        readers = tables._readers  # the cached reader, without a method call per table
+        readers_used = []
         spans = []
         budget = SMALL_SCAN_BLOCKS
         for run in runs:
@@ -481,13 +491,14 @@ class DKV:
                     if bounds is None:
                         continue
                     s, e = bounds
-                r = reader(t)
+                r = readers.get(t.key) or tables.reader(t)
                 span = r.read_span(s, e, budget)
                 if span is None:
                     return None
                 budget -= len(span[0])
-                spans.append((r, span))
-        return spans
+                readers_used.append(r)
+                spans.append(span)
+        return readers_used, spans
 
     def _scan_run(
         self, run: tuple[TableInfo, ...], start: bytes, end: bytes | None

@@ -483,7 +483,7 @@ class SSTableReader:
         view = self._whole_view
         if view is not None:
             frame = view[off : off + ln - 4]  # no copy
-            crc = int.from_bytes(view[off + ln - 4 : off + ln], "little")
+            (crc,) = _U32.unpack_from(view, off + ln - 4)
         else:
             disk = self._store.get_range_immutable(self.key, off, ln)
             if len(disk) != ln:

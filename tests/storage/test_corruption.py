@@ -126,3 +126,23 @@ def test_dkv_manifest_flip_detected_on_open(tmp_path: Path) -> None:
     store.put(mkey, data)
     db = DKV.open(store, "p/r", mkey, OPTS)  # intact again: opens and reads fine
     assert db.get(b"k0250") == b"late" and db.get(b"k0001") is None
+
+
+def test_dkv_short_scan_names_a_malformed_block(tmp_path: Path) -> None:
+    """A block whose crc32c holds but whose structure does not (here: planted in the block
+    cache, as a decompressor bug would leave it) fails the short-scan merge; the error names
+    the table and block instead of a bare ValueError."""
+    store, mkey = make_db(tmp_path)
+    db = DKV.open(store, "p/r", mkey, OPTS)
+    want = [(k, v or b"") for k, _s, v in ENTRIES[:10] if k != b"k0001"]
+    assert list(db.scan_prefix(b"k000")) == want  # a short scan: its blocks are cached now
+    (t,) = db.levels.l0
+    span = db._tables.reader(t).block_span(b"k000", b"k001")
+    assert 1 < len(span) <= 16
+    cache = db._tables.cache
+    i = span[-1]
+    raw = cache.get((t.key, i))
+    cache.put((t.key, i), raw[:-1], len(raw))  # lengths no longer add up
+    name = t.key.rsplit("/", 1)[1]
+    with pytest.raises(CorruptionError, match=rf"{name}: malformed data block {i} at offset"):
+        list(db.scan_prefix(b"k000"))
