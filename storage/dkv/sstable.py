@@ -372,6 +372,7 @@ class SSTableReader:
         self.key = key
         self.uri = store.uri(key)
         self._cache = cache
+        self._cache_base = cache.table_base(key) if cache is not None else 0
         self._dctx = zstandard.ZstdDecompressor()
         if whole is not None:
             if size is not None and size != len(whole):
@@ -470,7 +471,7 @@ class SSTableReader:
         its crc32c on a miss."""
         cache = self._cache
         if cache is not None:
-            hit = cache.get((self.key, i))
+            hit = cache.get(self._cache_base + i)
             if hit is not None:
                 return hit
         return self._load_block(i)
@@ -497,7 +498,7 @@ class SSTableReader:
         except zstandard.ZstdError as e:
             raise CorruptionError(f"{self.uri}: data block {i} at offset {off}: {e}") from None
         if cache is not None:
-            cache.put((self.key, i), raw, len(raw))
+            cache.put(self._cache_base + i, raw, len(raw))
         return raw
 
     def _block(self, i: int) -> DecodedBlock:
@@ -630,7 +631,7 @@ class SSTableReader:
         if cache is None:
             raws = [self._load_block(b) for b in span]
         else:
-            raws = cache.get_run(self.key, span)
+            raws = cache.get_run(self._cache_base, span)
             if None in raws:
                 raws = [raw if raw is not None else self._load_block(b) for b, raw in zip(span, raws)]
         return raws, self._counts[i:j], start, end
