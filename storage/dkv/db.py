@@ -43,8 +43,8 @@ from storage.dkv.merge import (
     ColumnBatch,
     Entry,
     merge_batches_live,
-    merge_spans_live,
     merge_live,
+    merge_spans_live,
 )
 from storage.dkv.options import DKVOptions
 from storage.dkv.paths import PathResolver, compactions_dir, parse_result_key, validate_name

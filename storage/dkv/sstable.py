@@ -633,7 +633,8 @@ class SSTableReader:
         else:
             raws = cache.get_run(self._cache_base, span)
             if None in raws:
-                raws = [raw if raw is not None else self._load_block(b) for b, raw in zip(span, raws)]
+                load = self._load_block
+                raws = [raw if raw is not None else load(b) for b, raw in zip(span, raws)]
         return raws, self._counts[i:j], start, end
 
     def check_blocks(self, span: range) -> None:
