@@ -10,14 +10,14 @@ Single-threaded, like its owning ``DKV``.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from storage.dkv.block_cache import BlockCache
 from storage.dkv.manifest import WalRef
 from storage.dkv.options import DKVOptions
 from storage.dkv.paths import PathResolver
 from storage.dkv.sstable import SSTableBuilder, SSTableReader, TableInfo
-from storage.dkv.wal import WalRecord, decode_wal, encode_wal
+from storage.dkv.wal import WalRecord, decode_wal_columns, encode_wal_batches
 from storage.errors import CorruptionError, ObjectNotFoundError
 from storage.objectstore import ObjectStore
 
@@ -68,6 +68,19 @@ class TableStore:
         for k, seq, v in entries:
             b.add(k, seq, v)
         return self._write(b) if len(b) else None
+
+    def write_table_columns(self, keys: Sequence[bytes], seqs: Sequence[int],
+                            values: Sequence[bytes | None]) -> TableInfo | None:
+        """Like ``write_table`` for entries given as parallel lists (a memtable flush).
+
+        Returns:
+            The table's description, or None if ``keys`` is empty (nothing written).
+        """
+        if not keys:
+            return None
+        b = self._builder()
+        b.add_columns(keys, seqs, values)
+        return self._write(b)
 
     def write_run(self, entries: Iterable[Entry], target_bytes: int) -> list[TableInfo]:
         """Writes ``entries`` as a sorted run split at ~``target_bytes`` uncompressed bytes.
@@ -143,21 +156,32 @@ class TableStore:
                 self._whole_bytes -= n
 
     @staticmethod
-    def encode_wal(records: list[WalRecord]) -> bytes:
-        """Encodes ``records`` as WAL object bytes (see ``wal.py``)."""
-        return encode_wal(records)
+    def encode_wal(first_seq: int, keys: list[bytes], values: list[bytes | None]) -> bytes:
+        """Encodes consecutive writes as WAL object bytes of batch records (see ``wal.py``)."""
+        return encode_wal_batches(first_seq, keys, values)
 
-    def write_wal(self, checkpoint: str, data: bytes, records: list[WalRecord]) -> WalRef:
-        """Writes ``data`` (``encode_wal(records)``) as this checkpoint's WAL object.
+    def write_wal(self, checkpoint: str, data: bytes, first_seq: int, last_seq: int, records: int) -> WalRef:
+        """Writes ``data`` (an encoded WAL object holding ``records`` writes with sequence
+        numbers ``first_seq..last_seq``) as this checkpoint's WAL object.
 
-        REQUIRES: ``records`` is non-empty, in increasing seq order.
+        REQUIRES: ``records >= 1``.
         """
         key = self.paths.wal_key(checkpoint)
         self.store.put(key, data)
-        return WalRef(key, records[0][0], records[-1][0], len(data), len(records))
+        return WalRef(key, first_seq, last_seq, len(data), records)
 
     def read_wal(self, ref: WalRef) -> list[WalRecord]:
-        """Reads and verifies a WAL object against its manifest entry."""
+        """Reads and verifies a WAL object against its manifest entry: ``(seq, key, value)``
+        per write."""
+        return list(zip(*self.read_wal_columns(ref)))
+
+    def read_wal_columns(self, ref: WalRef) -> tuple[list[int], list[bytes], list[bytes | None]]:
+        """Like ``read_wal`` but as parallel lists ``(seqs, keys, values)``.
+
+        Raises:
+            ObjectNotFoundError: The object is missing.
+            CorruptionError: It fails verification or disagrees with ``ref``.
+        """
         uri = self.store.uri(ref.key)
         try:
             data = self.store.get(ref.key)
@@ -167,9 +191,9 @@ class TableStore:
         if len(data) != ref.size:  # a torn tail cut at a record boundary shows here first
             raise CorruptionError(f"{uri}: WAL object has {len(data)} bytes, manifest says {ref.size}"
                                   f" (torn or extended at offset {min(len(data), ref.size)})")
-        recs = decode_wal(data, uri, ref.first_seq, ref.last_seq)
-        if len(recs) != ref.records:
+        cols = decode_wal_columns(data, uri, ref.first_seq, ref.last_seq)
+        if len(cols[0]) != ref.records:
             raise CorruptionError(
-                f"{uri}: WAL has {len(recs)} records, manifest says {ref.records}"
+                f"{uri}: WAL has {len(cols[0])} records, manifest says {ref.records}"
             )
-        return recs
+        return cols

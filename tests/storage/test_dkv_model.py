@@ -1,5 +1,5 @@
-"""DKV against a dict model: a hypothesis state machine over put/delete/get/scan/flush/
-checkpoint/reopen, with tiny sizes so flushes, multi-block tables and compaction happen."""
+"""DKV against a dict model: a hypothesis state machine over put/delete/write_batch/get/
+scan/flush/checkpoint/reopen, with tiny sizes so flushes, multi-block tables and compaction happen."""
 
 from __future__ import annotations
 
@@ -73,6 +73,17 @@ class DKVMachine(RuleBasedStateMachine):
     def delete(self, k: bytes) -> None:
         self.db.delete(k)
         self.model.pop(k, None)
+
+    @rule(rows=st.lists(st.tuples(keys, values | st.none()), max_size=40))
+    def write_batch(self, rows: list[tuple[bytes, bytes | None]]) -> None:
+        # One batch = the same writes one by one (later rows win); sizes make the
+        # memtable flush inside a batch.
+        self.db.write_batch([k for k, _ in rows], [v for _, v in rows])
+        for k, v in rows:
+            if v is None:
+                self.model.pop(k, None)
+            else:
+                self.model[k] = v
 
     @rule(k=keys)
     def get(self, k: bytes) -> None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import random
 
+import hypothesis.strategies as st
+from hypothesis import given, settings
+
 from storage.dkv.memtable import Memtable
 
 
@@ -52,3 +55,23 @@ def test_size_accounting_tracks_overwrites() -> None:
     m.put(b"k", 3, None)
     assert m.approx_bytes == first - 100
     assert (m.min_seq, m.max_seq) == (1, 3)
+
+
+@settings(max_examples=150, deadline=None)
+@given(before=st.lists(st.tuples(st.binary(max_size=3), st.binary(max_size=9) | st.none()), max_size=20),
+       rows=st.lists(st.tuples(st.binary(max_size=3), st.binary(max_size=9) | st.none()), max_size=40))
+def test_put_batch_equals_put_per_row(before, rows) -> None:
+    """Reference: ``put`` per row; ``put_batch`` must leave the same entries (duplicates
+    in a batch included), the same sorted order and seq bounds."""
+    ref, got = Memtable(), Memtable()
+    for seq, (k, v) in enumerate(before, 1):
+        ref.put(k, seq, v)
+        got.put(k, seq, v)
+    first = len(before) + 1
+    for seq, (k, v) in enumerate(rows, first):
+        ref.put(k, seq, v)
+    got.put_batch([k for k, _ in rows], range(first, first + len(rows)), [v for _, v in rows])
+    assert list(got.entries()) == list(ref.entries())
+    assert got.columns() == tuple(map(list, zip(*ref.entries()))) or not len(ref)
+    assert len(got) == len(ref)
+    assert (got.min_seq, got.max_seq) == (ref.min_seq, ref.max_seq)
