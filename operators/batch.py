@@ -29,7 +29,7 @@ from typing import Any, Generic, TypeVar
 import pyarrow as pa
 
 from operators.api import MAIN_OUTPUT, KeyedEvent, Operator, Subject
-from operators.state import ListSpec, MapSpec, StateStore, ValueSpec, list_payload, subject_prefix
+from operators.state import ListSpec, MapSpec, StateStore, ValueSpec, list_payload, state_keys, subject_prefix
 from operators.timers import TimerService
 
 K = TypeVar("K")
@@ -82,15 +82,11 @@ class BatchContext:
             key_groups: their key groups (the ``key_group`` column of the events).
             timestamps: timer times (ms).
         """
-        set_timer = self._timers.set
-        for key, kg, ts in zip(keys, key_groups, timestamps):
-            set_timer(kg, ts, key)
+        self._timers.set_many(key_groups, timestamps, keys)
 
     def delete_timers(self, keys: Sequence[bytes], key_groups: Sequence[int], timestamps: Sequence[int]) -> None:
         """Removes timers; no error for timers that are not set."""
-        delete = self._timers.delete
-        for key, kg, ts in zip(keys, key_groups, timestamps):
-            delete(kg, ts, key)
+        self._timers.delete_many(key_groups, timestamps, keys)
 
     def emit(self, values: pa.Table | dict[str, Any], *, output: str = MAIN_OUTPUT,
              keys: Sequence[bytes], timestamps: Sequence[int]) -> None:
@@ -124,7 +120,11 @@ class BatchContext:
 
 
 def _prefixes(keys: Sequence[bytes], key_groups: Sequence[int], id_bytes: bytes) -> list[bytes]:
-    return [subject_prefix(kg, k) + id_bytes for k, kg in zip(keys, key_groups)]
+    return state_keys(keys, key_groups, id_bytes)
+
+
+def _decode_all(raws: list[bytes | None], decode) -> list:
+    return [None if raw is None else decode(raw) for raw in raws]
 
 
 class BulkValueState(Generic[V]):
@@ -135,24 +135,18 @@ class BulkValueState(Generic[V]):
 
     def get(self, keys: Sequence[bytes], key_groups: Sequence[int]) -> list[V | None]:
         """Returns each key's value, None where unset."""
-        get, decode = self._db.get, self._codec.decode
-        out = []
-        for dk in _prefixes(keys, key_groups, self._id):
-            raw = get(dk)
-            out.append(None if raw is None else decode(raw))
-        return out
+        return _decode_all(list(map(self._db.get, _prefixes(keys, key_groups, self._id))),
+                           self._codec.decode)
 
     def set(self, keys: Sequence[bytes], key_groups: Sequence[int], values: Sequence[V]) -> None:
-        """Stores one value per key."""
-        put, encode = self._db.put, self._codec.encode
-        for dk, v in zip(_prefixes(keys, key_groups, self._id), values):
-            put(dk, encode(v))
+        """Stores one value per key (one DKV write batch; a key given twice keeps its
+        later value)."""
+        self._db.write_batch(_prefixes(keys, key_groups, self._id), list(map(self._codec.encode, values)))
 
     def drop(self, keys: Sequence[bytes], key_groups: Sequence[int]) -> None:
-        """Removes the values (tombstones)."""
-        delete = self._db.delete
-        for dk in _prefixes(keys, key_groups, self._id):
-            delete(dk)
+        """Removes the values (tombstones, one DKV write batch)."""
+        dks = _prefixes(keys, key_groups, self._id)
+        self._db.write_batch(dks, [None] * len(dks))
 
 
 class BulkListState(Generic[V]):
@@ -178,10 +172,9 @@ class BulkListState(Generic[V]):
             db.put(dk, (db.get(dk) or b"") + _U32.pack(len(enc)) + enc)
 
     def clear(self, keys: Sequence[bytes], key_groups: Sequence[int]) -> None:
-        """Removes the lists."""
-        delete = self._db.delete
-        for dk in _prefixes(keys, key_groups, self._id):
-            delete(dk)
+        """Removes the lists (one DKV write batch)."""
+        dks = _prefixes(keys, key_groups, self._id)
+        self._db.write_batch(dks, [None] * len(dks))
 
 
 class BulkMapState(Generic[K, V]):
@@ -193,30 +186,23 @@ class BulkMapState(Generic[K, V]):
         self._kc, self._vc = spec.key_codec, spec.value_codec
 
     def _dkv_keys(self, keys, key_groups, map_keys) -> list[bytes]:
-        kenc = self._kc.encode
-        return [p + kenc(mk) for p, mk in zip(_prefixes(keys, key_groups, self._id), map_keys)]
+        return list(map(bytes.__add__, _prefixes(keys, key_groups, self._id), map(self._kc.encode, map_keys)))
 
     def get(self, keys: Sequence[bytes], key_groups: Sequence[int], map_keys: Sequence[K]) -> list[V | None]:
         """Returns the value at each row's map key, None where absent."""
-        get, decode = self._db.get, self._vc.decode
-        out = []
-        for dk in self._dkv_keys(keys, key_groups, map_keys):
-            raw = get(dk)
-            out.append(None if raw is None else decode(raw))
-        return out
+        return _decode_all(list(map(self._db.get, self._dkv_keys(keys, key_groups, map_keys))),
+                           self._vc.decode)
 
     def set(self, keys: Sequence[bytes], key_groups: Sequence[int], map_keys: Sequence[K],
             values: Sequence[V]) -> None:
-        """Stores one value per row."""
-        put, encode = self._db.put, self._vc.encode
-        for dk, v in zip(self._dkv_keys(keys, key_groups, map_keys), values):
-            put(dk, encode(v))
+        """Stores one value per row (one DKV write batch; a row repeating an earlier
+        row's key and map key overrides it)."""
+        self._db.write_batch(self._dkv_keys(keys, key_groups, map_keys), list(map(self._vc.encode, values)))
 
     def delete(self, keys: Sequence[bytes], key_groups: Sequence[int], map_keys: Sequence[K]) -> None:
-        """Removes one entry per row; no error if absent."""
-        delete = self._db.delete
-        for dk in self._dkv_keys(keys, key_groups, map_keys):
-            delete(dk)
+        """Removes one entry per row (one DKV write batch); no error if absent."""
+        dks = self._dkv_keys(keys, key_groups, map_keys)
+        self._db.write_batch(dks, [None] * len(dks))
 
     def items(self, key: bytes, key_group: int) -> Iterator[tuple[K, V]]:
         """All entries of one subject key, in ascending encoded-map-key order."""

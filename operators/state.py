@@ -18,7 +18,7 @@ the state's prefix, so ``items()`` is a DKV ``scan_prefix`` in map-key byte orde
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from operators.codecs import Codec
@@ -43,11 +43,20 @@ class StateStore(Protocol):
     def put(self, key: bytes, value: bytes) -> None: ...
     def delete(self, key: bytes) -> None: ...
     def scan_prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]: ...
+    def scan_range(self, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, bytes]]: ...
+    def write_batch(self, keys: Sequence[bytes], values: Sequence[bytes | None]) -> None: ...
 
 
 def subject_prefix(key_group: int, key: bytes) -> bytes:
     """The DKV key prefix of every state entry of ``key`` (see module docstring)."""
     return _U16.pack(key_group) + b"\x00" + _U32.pack(len(key)) + key
+
+
+def state_keys(keys: Sequence[bytes], key_groups: Sequence[int], suffix: bytes) -> list[bytes]:
+    """``subject_prefix(key_groups[i], keys[i]) + suffix`` for every row (aligned
+    sequences), without a function call and two ``struct`` calls per row."""
+    heads = {kg: _U16.pack(kg) + b"\x00" for kg in set(key_groups)}
+    return [heads[kg] + len(k).to_bytes(4, "big") + k + suffix for k, kg in zip(keys, key_groups)]
 
 
 def decode_state_key(dkv_key: bytes) -> tuple[int, bytes, str, bytes]:

@@ -282,7 +282,7 @@ def _run_batch(operator: BatchOperator, spec: TaskSpec, events: pa.Table, db: DK
     ctx.watermark = spec.watermark_after
     timers_fired = 0
     while True:
-        due = list(timers.due(spec.watermark_after))  # timers the handler sets show up next round
+        due = timers.pop_due(spec.watermark_after)  # timers the handler sets show up next round
         if not due:
             break
         timers_fired += len(due)

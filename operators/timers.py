@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import heapq
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+
+import numpy as np
 
 from operators.state import SCHEMA_TIMER, StateStore
+from storage.dkv.db import prefix_successor
 
 _U16 = struct.Struct(">H")
 _TS = struct.Struct(">Q")
@@ -37,6 +40,12 @@ def decode_timer_key(dkv_key: bytes) -> tuple[int, int, bytes]:
     return _U16.unpack_from(dkv_key, 0)[0], _TS.unpack_from(dkv_key, 3)[0] - _OFFSET, dkv_key[11:]
 
 
+def timer_keys(key_groups: Sequence[int], timestamps: Sequence[int], keys: Sequence[bytes]) -> list[bytes]:
+    """``timer_key`` of every row (aligned sequences), without a call per row."""
+    heads = {kg: _U16.pack(kg) + b"\x01" for kg in set(key_groups)}
+    return [heads[kg] + (ts + _OFFSET).to_bytes(8, "big") + k for kg, ts, k in zip(key_groups, timestamps, keys)]
+
+
 class TimerService:
     """Timers of one task's key groups.
 
@@ -47,15 +56,22 @@ class TimerService:
     Timers are written to DKV on ``set`` (deduplicated in memory within an epoch, so
     an operator may set the same timer on every event at the cost of a set lookup).
     ``due`` pops timers in (timestamp, key group, key) order up to a watermark,
-    including timers set while earlier ones are being handled.
+    including timers set while earlier ones are being handled; ``pop_due`` returns the
+    due timers at once, for the vectorised form.
+
+    Order without a heap entry per timer: a due pass reads each key group's timers up
+    to the watermark (one bounded scan each; they come in (timestamp, key) order), and
+    sorts them once by (timestamp, key group, position in the scan) with numpy. Only
+    timers set *while* firing, at or below the watermark, go to a small heap that is
+    merged with that sorted list.
     """
 
     def __init__(self, db: StateStore, key_groups: Iterable[int]) -> None:
         self._db = db
         self._key_groups = list(key_groups)
         self._set_this_epoch: set[bytes] = set()
-        self._heap: list[tuple[int, int, bytes]] = []
-        self._in_heap: set[tuple[int, int, bytes]] = set()
+        self._heap: list[tuple[int, int, bytes]] = []  # timers set while firing
+        self._queued: set[tuple[int, int, bytes]] = set()  # due and not yet fired/deleted
         self._firing_until: int | None = None
 
     def set(self, key_group: int, timestamp: int, key: bytes) -> None:
@@ -68,37 +84,91 @@ class TimerService:
         if self._firing_until is not None and timestamp <= self._firing_until:
             self._push((timestamp, key_group, key))
 
+    def set_many(self, key_groups: Sequence[int], timestamps: Sequence[int], keys: Sequence[bytes]) -> None:
+        """``set`` for every row of the aligned sequences, as one DKV write batch."""
+        tks = timer_keys(key_groups, timestamps, keys)
+        seen = self._set_this_epoch
+        new = list(dict.fromkeys(tk for tk in tks if tk not in seen))
+        if not new:
+            return
+        seen.update(new)
+        self._db.write_batch(new, [b""] * len(new))
+        until = self._firing_until
+        if until is not None:
+            for kg, ts, key in zip(key_groups, timestamps, keys):
+                if ts <= until:
+                    self._push((ts, kg, key))
+
     def delete(self, key_group: int, timestamp: int, key: bytes) -> None:
         """Remove a timer; no error if absent."""
         tk = timer_key(key_group, timestamp, key)
         self._set_this_epoch.discard(tk)
         self._db.delete(tk)
-        entry = (timestamp, key_group, key)
-        if entry in self._in_heap:
-            self._in_heap.discard(entry)  # lazily skipped when popped
+        self._queued.discard((timestamp, key_group, key))  # skipped if already listed
+
+    def delete_many(self, key_groups: Sequence[int], timestamps: Sequence[int], keys: Sequence[bytes]) -> None:
+        """``delete`` for every row, as one DKV write batch."""
+        tks = timer_keys(key_groups, timestamps, keys)
+        self._set_this_epoch.difference_update(tks)
+        self._db.write_batch(tks, [None] * len(tks))
+        if self._queued:
+            self._queued.difference_update(zip(timestamps, key_groups, keys))
 
     def _push(self, entry: tuple[int, int, bytes]) -> None:
-        if entry not in self._in_heap:
-            self._in_heap.add(entry)
+        if entry not in self._queued:
+            self._queued.add(entry)
             heapq.heappush(self._heap, entry)
+
+    def _scan_due(self, watermark: int) -> tuple[list[bytes], list[tuple[int, int, bytes]]]:
+        """Every stored timer with timestamp <= ``watermark``: ``(dkv keys, entries)``,
+        both in (timestamp, key group, key) order."""
+        tks: list[bytes] = []
+        kgs: list[int] = []
+        end_ts = (watermark + 1 + _OFFSET).to_bytes(8, "big") if watermark + 1 + _OFFSET < 1 << 64 else None
+        for kg in self._key_groups:
+            head = _U16.pack(kg) + b"\x01"
+            end = head + end_ts if end_ts is not None else prefix_successor(head)
+            n = len(tks)
+            tks += [k for k, _ in self._db.scan_range(head, end)]
+            kgs += [kg] * (len(tks) - n)
+        if not tks:
+            return [], []
+        stamps = [int.from_bytes(k[3:11], "big") - _OFFSET for k in tks]
+        # Within a key group the scan is in (timestamp, key) order, so its position
+        # stands in for the key: sort by (timestamp, key group, position).
+        order = np.lexsort((np.arange(len(tks)), np.asarray(kgs, dtype=np.int64),
+                            np.asarray(stamps, dtype=np.int64))).tolist()
+        tks = [tks[i] for i in order]
+        return tks, [(stamps[i], kgs[i], tks_i[11:]) for i, tks_i in zip(order, tks)]
+
+    def pop_due(self, watermark: int) -> list[tuple[int, int, bytes]]:
+        """Removes every timer with timestamp <= ``watermark`` from DKV (one write batch)
+        and returns them as ``(timestamp, key_group, key)`` in that order."""
+        tks, entries = self._scan_due(watermark)
+        if tks:
+            self._db.write_batch(tks, [None] * len(tks))
+            self._set_this_epoch.difference_update(tks)
+        return entries
 
     def due(self, watermark: int):
         """Yield ``(timestamp, key_group, key)`` of every timer with timestamp <=
         ``watermark``, in order, deleting each from DKV before it is yielded."""
         self._firing_until = watermark
-        for kg in self._key_groups:
-            prefix = _U16.pack(kg) + b"\x01"
-            for dkv_key, _ in self._db.scan_prefix(prefix):
-                _, ts, key = decode_timer_key(dkv_key)
-                if ts > watermark:
-                    break
-                self._push((ts, kg, key))
+        _, listed = self._scan_due(watermark)
+        queued = self._queued
+        queued.update(listed)
+        heap = self._heap
+        i, n = 0, len(listed)
         try:
-            while self._heap:
-                entry = heapq.heappop(self._heap)
-                if entry not in self._in_heap:
-                    continue  # deleted while queued
-                self._in_heap.discard(entry)
+            while i < n or heap:
+                if heap and (i >= n or heap[0] < listed[i]):
+                    entry = heapq.heappop(heap)
+                else:
+                    entry = listed[i]
+                    i += 1
+                if entry not in queued:
+                    continue  # deleted while queued, or already fired
+                queued.discard(entry)
                 ts, kg, key = entry
                 tk = timer_key(kg, ts, key)
                 self._db.delete(tk)
@@ -106,3 +176,5 @@ class TimerService:
                 yield entry
         finally:
             self._firing_until = None
+            self._heap = []
+            queued.clear()
