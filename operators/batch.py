@@ -185,24 +185,36 @@ class BulkMapState(Generic[K, V]):
         self._db, self._id = db, spec._id_bytes
         self._kc, self._vc = spec.key_codec, spec.value_codec
 
-    def _dkv_keys(self, keys, key_groups, map_keys) -> list[bytes]:
+    def dkv_keys(self, keys: Sequence[bytes], key_groups: Sequence[int], map_keys: Sequence[K]) -> list[bytes]:
+        """The DKV key of each row, for ``get_at``/``set_at``/``delete_at``: an operator
+        that reads, then writes or deletes the same rows builds the keys once."""
         return list(map(bytes.__add__, _prefixes(keys, key_groups, self._id), map(self._kc.encode, map_keys)))
+
+    def get_at(self, dkv_keys: Sequence[bytes]) -> list[V | None]:
+        """``get`` by keys from ``dkv_keys``."""
+        return _decode_all(list(map(self._db.get, dkv_keys)), self._vc.decode)
+
+    def set_at(self, dkv_keys: Sequence[bytes], values: Sequence[V]) -> None:
+        """``set`` by keys from ``dkv_keys``."""
+        self._db.write_batch(dkv_keys, list(map(self._vc.encode, values)))
+
+    def delete_at(self, dkv_keys: Sequence[bytes]) -> None:
+        """``delete`` by keys from ``dkv_keys``."""
+        self._db.write_batch(dkv_keys, [None] * len(dkv_keys))
 
     def get(self, keys: Sequence[bytes], key_groups: Sequence[int], map_keys: Sequence[K]) -> list[V | None]:
         """Returns the value at each row's map key, None where absent."""
-        return _decode_all(list(map(self._db.get, self._dkv_keys(keys, key_groups, map_keys))),
-                           self._vc.decode)
+        return self.get_at(self.dkv_keys(keys, key_groups, map_keys))
 
     def set(self, keys: Sequence[bytes], key_groups: Sequence[int], map_keys: Sequence[K],
             values: Sequence[V]) -> None:
         """Stores one value per row (one DKV write batch; a row repeating an earlier
         row's key and map key overrides it)."""
-        self._db.write_batch(self._dkv_keys(keys, key_groups, map_keys), list(map(self._vc.encode, values)))
+        self.set_at(self.dkv_keys(keys, key_groups, map_keys), values)
 
     def delete(self, keys: Sequence[bytes], key_groups: Sequence[int], map_keys: Sequence[K]) -> None:
         """Removes one entry per row (one DKV write batch); no error if absent."""
-        dks = self._dkv_keys(keys, key_groups, map_keys)
-        self._db.write_batch(dks, [None] * len(dks))
+        self.delete_at(self.dkv_keys(keys, key_groups, map_keys))
 
     def items(self, key: bytes, key_group: int) -> Iterator[tuple[K, V]]:
         """All entries of one subject key, in ascending encoded-map-key order."""

@@ -90,12 +90,12 @@ class KeyedWindowCountBatch(BatchOperator):
         kgs = groups.column("kg").to_pylist()
         starts = groups.column("start").to_pylist()
         state = ctx.state(self.windows)
-        merged = []
-        for old, n, s in zip(state.get(keys, kgs, starts), groups.column("amount_count").to_pylist(),
-                             groups.column("amount_sum").to_pylist()):
-            merged.append({"count": n, "amount": s} if old is None
-                          else {"count": old["count"] + n, "amount": old["amount"] + s})
-        state.set(keys, kgs, starts, merged)
+        at = state.dkv_keys(keys, kgs, starts)  # built once for the read and the write
+        merged = [{"count": n, "amount": s} if old is None
+                  else {"count": old["count"] + n, "amount": old["amount"] + s}
+                  for old, n, s in zip(state.get_at(at), groups.column("amount_count").to_pylist(),
+                                       groups.column("amount_sum").to_pylist())]
+        state.set_at(at, merged)
         w = self.window_ms
         ctx.set_timers(keys, kgs, [s + w for s in starts])
 
@@ -106,13 +106,14 @@ class KeyedWindowCountBatch(BatchOperator):
         w = self.window_ms
         starts = [t - w for t in stamps]
         state = ctx.state(self.windows)
-        aggs = state.get(keys, kgs, starts)
+        at = state.dkv_keys(keys, kgs, starts)
+        aggs = state.get_at(at)
         hit = [i for i, a in enumerate(aggs) if a is not None]
         ctx.emit({"key": pc.cast(pa.array([keys[i] for i in hit], pa.binary()), pa.string()),
                   "window_start": [starts[i] for i in hit],
                   "count": [aggs[i]["count"] for i in hit], "amount": [aggs[i]["amount"] for i in hit]},
                  keys=[keys[i] for i in hit], timestamps=[stamps[i] for i in hit])
-        state.delete([keys[i] for i in hit], [kgs[i] for i in hit], [starts[i] for i in hit])
+        state.delete_at([at[i] for i in hit])
 
 
 def keyed_count_job(events: int, keys: int, *, batch: bool = True, zipf: float | None = None,

@@ -143,8 +143,8 @@ class Memtable:
         keys = self._sorted_keys()
         if not keys:
             return [], [], []
-        seqs, values = zip(*map(self._d.__getitem__, keys))
-        return list(keys), list(seqs), list(values)
+        entries = list(map(self._d.__getitem__, keys))
+        return list(keys), [e[0] for e in entries], [e[1] for e in entries]
 
     def entries(self) -> Iterator[Entry]:
         """Yields every entry in ascending key order (used to write an SSTable)."""

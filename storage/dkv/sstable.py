@@ -158,10 +158,16 @@ class SSTableBuilder:
         if self._block_raw >= self._block_bytes:
             self._finish_block()
 
-    def add_columns(self, keys: Sequence[bytes], seqs: Sequence[int], values: Sequence[bytes | None]) -> None:
+    def add_columns(self, keys: Sequence[bytes], seqs: Sequence[int], values: Sequence[bytes | None],
+                    *, sorted_unique: bool = False) -> None:
         """Appends many entries: the same table bytes as ``add`` per row, with the block
         boundaries found by a cumulative sum over the rows (numpy) instead of a Python
         step per row.
+
+        Args:
+            keys, seqs, values: Parallel lists; None values are tombstones.
+            sorted_unique: The caller guarantees ``keys`` strictly increasing (a
+                memtable's sorted keys): the check within ``keys`` is skipped.
 
         Raises:
             ValueError: The keys are not strictly increasing (also across calls).
@@ -169,8 +175,8 @@ class SSTableBuilder:
         n = len(keys)
         if not n:
             return
-        if (self._last_key is not None and keys[0] <= self._last_key) or not all(
-            map(bytes.__lt__, keys, islice(keys, 1, None))
+        if (self._last_key is not None and keys[0] <= self._last_key) or not (
+            sorted_unique or all(map(bytes.__lt__, keys, islice(keys, 1, None)))
         ):
             raise ValueError("SSTable keys must be added in strictly increasing order")
         if None in values:

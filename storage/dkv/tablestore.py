@@ -73,13 +73,15 @@ class TableStore:
                             values: Sequence[bytes | None]) -> TableInfo | None:
         """Like ``write_table`` for entries given as parallel lists (a memtable flush).
 
+        REQUIRES: ``keys`` strictly increasing (not checked: memtables guarantee it).
+
         Returns:
             The table's description, or None if ``keys`` is empty (nothing written).
         """
         if not keys:
             return None
         b = self._builder()
-        b.add_columns(keys, seqs, values)
+        b.add_columns(keys, seqs, values, sorted_unique=True)
         return self._write(b)
 
     def write_run(self, entries: Iterable[Entry], target_bytes: int) -> list[TableInfo]:

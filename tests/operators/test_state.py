@@ -114,3 +114,49 @@ def test_timer_set_while_firing_fires_in_same_advance(db) -> None:
     assert fired == [10, 30, 50]
     assert [decode_timer_key(k)[1] for k, _ in db.scan_prefix(b"")] == [500]
     assert timer_key(0, -1, b"k") < timer_key(0, 0, b"k"), "negative timestamps sort first"
+
+
+_timer_ops = st.lists(st.tuples(st.sampled_from(["set", "set_many", "delete", "delete_many", "checkpoint"]),
+                                # few values, so deletes often hit timers that are set
+                                st.lists(st.tuples(st.integers(0, 3), st.sampled_from([-5, 0, 7, 40]),
+                                                   st.sampled_from([b"x", b"xy", b""])), max_size=8)),
+                      max_size=12)
+
+
+@given(_timer_ops, st.integers(-5, 45), st.booleans())
+@settings(max_examples=80, deadline=None)
+def test_bulk_timers_match_a_set_model(tmp_path_factory, ops, watermark, batch_pop) -> None:
+    """Model: a Python set of (key group, timestamp, key). ``set_many``/``delete_many``
+    equal the per-row calls, timers survive checkpoint and reopen (they are in DKV), and
+    ``pop_due`` returns what ``due`` yields, in (timestamp, key group, key) order."""
+    store = LocalObjectStore(tmp_path_factory.mktemp("t"))
+    db = DKV.open(store, "timers")
+    service = TimerService(db, range(4))
+    model: set[tuple[int, int, bytes]] = set()
+    for n, (op, rows) in enumerate(ops):
+        kgs, stamps, keys = [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
+        if op == "set":
+            for kg, ts, key in rows:
+                service.set(kg, ts, key)
+            model.update(rows)
+        elif op == "set_many":
+            service.set_many(kgs, stamps, keys)
+            model.update(rows)
+        elif op == "delete":
+            for kg, ts, key in rows:
+                service.delete(kg, ts, key)
+            model.difference_update(rows)
+        elif op == "delete_many":
+            service.delete_many(kgs, stamps, keys)
+            model.difference_update(rows)
+        else:
+            key = db.checkpoint(f"c{n}")
+            db.close()
+            db = DKV.open(store, "timers", key)
+            service = TimerService(db, range(4))
+    fired = service.pop_due(watermark) if batch_pop else list(service.due(watermark))
+    expected = sorted((ts, kg, key) for kg, ts, key in model if ts <= watermark)
+    assert fired == expected
+    remaining = sorted(decode_timer_key(k) for k, _ in db.scan_prefix(b""))
+    assert remaining == sorted(t for t in model if t[1] > watermark)
+    db.close()
