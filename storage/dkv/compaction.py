@@ -29,9 +29,16 @@ computed elsewhere (``remote_compaction.py``) can be installed later or discarde
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import compress, islice
+from operator import neg
 
 from storage.dkv.levels import LevelList
 from storage.dkv.merge import merge_newest
+
+# Compactions whose inputs total at most this many bytes on the bucket are merged in
+# memory (one sort, C-level comparisons; about 10x the table bytes in Python objects);
+# larger ones stream through the heap merge in bounded memory.
+IN_MEMORY_MERGE_BYTES = 32 << 20
 from storage.dkv.options import DKVOptions
 from storage.dkv.sstable import TableInfo
 from storage.dkv.tablestore import TableStore
@@ -196,6 +203,15 @@ def run_compaction(plan: CompactionPlan, tables: TableStore, target_bytes: int) 
     for lvl in sorted(by_level):
         run = sorted(by_level[lvl], key=lambda x: x.min_key)
         sources.append(_chain(tables, run))
+    if sum(t.size for t in plan.inputs) <= IN_MEMORY_MERGE_BYTES:
+        outputs = tables.write_run_columns(
+            *_merge_in_memory(tables, plan.inputs, plan.drop_tombstones), target_bytes
+        )
+        return CompactionResult(
+            inputs=tuple(t.key for t in plan.inputs),
+            output_level=plan.output_level,
+            outputs=tuple(outputs),
+        )
     merged = merge_newest(sources)
     if plan.drop_tombstones:
         merged = (e for e in merged if e[2] is not None)
@@ -205,6 +221,31 @@ def run_compaction(plan: CompactionPlan, tables: TableStore, target_bytes: int) 
         output_level=plan.output_level,
         outputs=tuple(outputs),
     )
+
+
+def _merge_in_memory(
+    tables: TableStore, inputs: tuple[TableInfo, ...], drop_tombstones: bool
+) -> tuple[list[bytes], list[int], list[bytes | None]]:
+    """The newest entry per key of all ``inputs`` as parallel lists, ascending: every
+    visible entry as ``(key, -seq, value)``, one ``list.sort`` (timsort merges the sorted
+    inputs; ``(key, -seq)`` is unique, so values are never compared) and C-level
+    dedup. Same result as ``merge_newest`` with about a tenth of its per-entry work."""
+    rows: list[tuple[bytes, int, bytes | None]] = []
+    for t in inputs:
+        start, end = b"", None
+        if t.clip is not None:  # only the visible keys, as ``TableStore.iter_table``
+            start, end = t.min_key, t.max_key + b"\x00"
+        for keys, seqs, values in tables.reader(t).scan_column_batches(start, end):
+            rows += zip(keys, map(neg, seqs), values)
+    if not rows:
+        return [], [], []
+    rows.sort()
+    keys = [r[0] for r in rows]
+    # A key's newest version sorts first: keep rows whose key differs from the previous.
+    rows = [rows[0], *compress(islice(rows, 1, None), map(bytes.__ne__, islice(keys, 1, None), keys))]
+    if drop_tombstones:
+        rows = [r for r in rows if r[2] is not None]
+    return [r[0] for r in rows], [-r[1] for r in rows], [r[2] for r in rows]
 
 
 def _chain(tables: TableStore, run: list[TableInfo]):

@@ -67,6 +67,7 @@ _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _U32S: dict[int, struct.Struct] = {}  # "<nI" per block entry count n
 _ENTRY_FIXED = 17  # key_len + value_len + seq + flags, bytes
+ENTRY_FIXED_BYTES = _ENTRY_FIXED  # raw_bytes of an entry = this + key and value lengths
 # First ranged read at open: footer + meta usually fit (bytes).
 TAIL_READ_BYTES = 64 << 10
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 
+import numpy as np
+
 from storage.dkv.block_cache import BlockCache
 from storage.dkv.manifest import WalRef
 from storage.dkv.options import DKVOptions
 from storage.dkv.paths import PathResolver
-from storage.dkv.sstable import SSTableBuilder, SSTableReader, TableInfo
+from storage.dkv.sstable import ENTRY_FIXED_BYTES, SSTableBuilder, SSTableReader, TableInfo
 from storage.dkv.wal import WalRecord, decode_wal_columns, encode_wal_batches
 from storage.errors import CorruptionError, ObjectNotFoundError
 from storage.objectstore import ObjectStore
@@ -99,6 +101,32 @@ class TableStore:
                 b = self._builder()
         if len(b):
             out.append(self._write(b))
+        return out
+
+    def write_run_columns(self, keys: Sequence[bytes], seqs: Sequence[int], values: Sequence[bytes | None],
+                          target_bytes: int) -> list[TableInfo]:
+        """``write_run`` for entries given as parallel lists: the same tables (a table
+        ends at the entry that brings it to ``target_bytes``), built with
+        ``SSTableBuilder.add_columns``.
+
+        REQUIRES: ``keys`` strictly increasing (checked by the builder).
+        """
+        n = len(keys)
+        if not n:
+            return []
+        sizes = np.fromiter(map(len, keys), np.int64, n)
+        sizes += np.fromiter([0 if v is None else len(v) for v in values], np.int64, n)
+        sizes += ENTRY_FIXED_BYTES
+        cum = np.cumsum(sizes)
+        out: list[TableInfo] = []
+        i = base = 0
+        while i < n:
+            j = int(np.searchsorted(cum, base + target_bytes, side="left"))
+            end = min(j + 1, n)
+            b = self._builder()
+            b.add_columns(keys[i:end], seqs[i:end], values[i:end])
+            out.append(self._write(b))
+            i, base = end, int(cum[end - 1])
         return out
 
     def reader(self, t: TableInfo) -> SSTableReader:
