@@ -53,7 +53,7 @@ def build_bloom(keys: Sequence[bytes], bits_per_key: int) -> tuple[int, bytes]:
     m = (m + 7) // 8 * 8
     if not keys:
         return k, bytes(m // 8)
-    h = np.fromiter((_xxh64(key) for key in keys), dtype=np.uint64, count=len(keys))
+    h = np.fromiter(map(_xxh64, keys), dtype=np.uint64, count=len(keys))
     h1 = h & np.uint64(0xFFFFFFFF)
     h2 = (h >> np.uint64(32)) | np.uint64(1)
     i = np.arange(k, dtype=np.uint64)

@@ -53,6 +53,7 @@ from storage.dkv.paths import PathResolver, compactions_dir, parse_result_key, v
 from storage.dkv.remote_compaction import can_install, load_result
 from storage.dkv.sstable import SSTableReader, TableInfo
 from storage.dkv.tablestore import TableStore
+from storage.dkv.wal import encoded_batches_size
 from storage.errors import ClosedError, ManifestConflictError
 from storage.faults import fault_point
 from storage.objectstore import ObjectStore
@@ -712,11 +713,14 @@ class DKV:
         if self._wal_keys:
             n = len(self._wal_keys)
             first = self._seq - n + 1
-            data = self._tables.encode_wal(first, self._wal_keys, self._wal_values)
-            listed = sum(w.size for w in self._wal_refs) + len(data)
+            # Sized before encoding: when the WAL would pass its limit, the memtable is
+            # flushed instead and the buffer never needs encoding.
+            size = encoded_batches_size(self._wal_keys, self._wal_values)
+            listed = sum(w.size for w in self._wal_refs) + size
             if listed > self._options.wal_flush_bytes:
                 self.flush()
             else:
+                data = self._tables.encode_wal(first, self._wal_keys, self._wal_values)
                 self._wal_refs.append(self._tables.write_wal(name, data, first, self._seq, n))
                 self._wal_keys = []
                 self._wal_values = []

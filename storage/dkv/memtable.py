@@ -15,12 +15,14 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Iterator, Sequence
+from operator import itemgetter
 
 # Rough per-entry cost of the dict slot, tuple and int, so that many tiny entries still
 # trigger a flush (bytes).
 ENTRY_OVERHEAD = 64
 
 Entry = tuple[bytes, int, "bytes | None"]  # (key, seq, value or None for a tombstone)
+_first, _second = itemgetter(0), itemgetter(1)
 
 
 class Memtable:
@@ -144,7 +146,7 @@ class Memtable:
         if not keys:
             return [], [], []
         entries = list(map(self._d.__getitem__, keys))
-        return list(keys), [e[0] for e in entries], [e[1] for e in entries]
+        return list(keys), list(map(_first, entries)), list(map(_second, entries))
 
     def entries(self) -> Iterator[Entry]:
         """Yields every entry in ascending key order (used to write an SSTable)."""

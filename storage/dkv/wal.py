@@ -132,6 +132,15 @@ def encode_wal_batches(first_seq: int, keys: Sequence[bytes], values: Sequence[b
     return b"".join(out)
 
 
+def encoded_batches_size(keys: Sequence[bytes], values: Sequence[bytes | None],
+                         per_record: int = BATCH_RECORD_WRITES) -> int:
+    """``len(encode_wal_batches(_, keys, values, per_record))`` without encoding (bytes)."""
+    n = len(keys)
+    records = -(-n // per_record)
+    payload = sum(map(len, keys)) + sum([len(v) for v in values if v is not None])
+    return len(MAGIC) + records * (_REC_HEAD.size + _BODY_HEAD.size) + 8 * n + payload
+
+
 def _decode_batch(body: bytes, blen: int, n: int) -> tuple[list[bytes], list[bytes | None]]:
     """Keys and values of a batch body holding ``n`` writes; ValueError if malformed."""
     head = _BODY_HEAD.size

@@ -6,7 +6,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from storage.dkv.wal import MAGIC, decode_wal, encode_wal, encode_wal_batches
+from storage.dkv.wal import MAGIC, decode_wal, encode_wal, encode_wal_batches, encoded_batches_size
 from storage.errors import CorruptionError
 
 RECORDS = [(7, b"a", b"1"), (8, b"a", None), (9, b"", b""), (12, b"key\x00\xff", b"v" * 300)]
@@ -107,4 +107,6 @@ def test_batch_records_decode_like_single_records(rows, first, per_record, mixed
     data += encode_wal_batches(first + split, [k for k, _ in rows[split:]], [v for _, v in rows[split:]],
                                per_record)[8:]
     got = decode_wal(data, "mem://w", first if rows else None, first + len(rows) - 1 if rows else None)
+    keys, values = [k for k, _ in rows], [v for _, v in rows]
+    assert encoded_batches_size(keys, values, per_record) == len(encode_wal_batches(first, keys, values, per_record))
     assert got == decode_wal(encode_wal(expected), "mem://w") == expected
