@@ -35,10 +35,10 @@ from operator import neg
 from storage.dkv.levels import LevelList
 from storage.dkv.merge import merge_newest
 
-# Compactions whose inputs total at most this many bytes on the bucket are merged in
-# memory (one sort, C-level comparisons; about 10x the table bytes in Python objects);
-# larger ones stream through the heap merge in bounded memory.
-IN_MEMORY_MERGE_BYTES = 32 << 20
+# The merge reads the inputs one key range at a time, a range spanning about this many
+# data blocks of all inputs together (~4 KiB raw each: ~16 MiB of entries at most in
+# memory), and merges each range in memory with one sort.
+MERGE_RANGE_BLOCKS = 4096
 from storage.dkv.options import DKVOptions
 from storage.dkv.sstable import TableInfo
 from storage.dkv.tablestore import TableStore
@@ -182,6 +182,35 @@ def plan_compaction(levels: LevelList, options: DKVOptions) -> CompactionPlan | 
 def run_compaction(plan: CompactionPlan, tables: TableStore, target_bytes: int) -> CompactionResult:
     """Executes ``plan``: merges its inputs and writes the output run.
 
+    The inputs are merged one key range at a time (``MERGE_RANGE_BLOCKS``), each range
+    in memory: every visible entry as ``(key, -seq, value)``, one ``list.sort`` (timsort
+    merges the sorted inputs; ``(key, -seq)`` is unique, so values are never compared),
+    the newest entry per key kept by C-level comparisons, tombstones dropped if the plan
+    allows, and the run written by columns. It writes the same tables as
+    ``run_compaction_streaming`` (the per-entry heap merge, kept as the reference).
+
+    Args:
+        plan: From ``plan_compaction`` (or ``plan_full``).
+        tables: Reads inputs (clipped tables yield only their visible keys), writes outputs.
+        target_bytes: Split size of output tables (uncompressed bytes).
+
+    Returns:
+        The result to install with ``LevelList.with_compaction``.
+    """
+    chunks = (_merge_range(tables, plan.inputs, lo, hi, plan.drop_tombstones)
+              for lo, hi in _merge_ranges(tables, plan.inputs))
+    outputs = tables.write_run_chunks(chunks, target_bytes)
+    return CompactionResult(
+        inputs=tuple(t.key for t in plan.inputs),
+        output_level=plan.output_level,
+        outputs=tuple(outputs),
+    )
+
+
+def run_compaction_streaming(plan: CompactionPlan, tables: TableStore, target_bytes: int) -> CompactionResult:
+    """``run_compaction`` by a lazy heap merge of entry iterators (``merge_newest``), one
+    Python step per entry: the reference the range merge is tested against.
+
     Args:
         plan: From ``plan_compaction`` (or ``plan_full``).
         tables: Reads inputs (clipped tables yield only their visible keys), writes outputs.
@@ -203,15 +232,6 @@ def run_compaction(plan: CompactionPlan, tables: TableStore, target_bytes: int) 
     for lvl in sorted(by_level):
         run = sorted(by_level[lvl], key=lambda x: x.min_key)
         sources.append(_chain(tables, run))
-    if sum(t.size for t in plan.inputs) <= IN_MEMORY_MERGE_BYTES:
-        outputs = tables.write_run_columns(
-            *_merge_in_memory(tables, plan.inputs, plan.drop_tombstones), target_bytes
-        )
-        return CompactionResult(
-            inputs=tuple(t.key for t in plan.inputs),
-            output_level=plan.output_level,
-            outputs=tuple(outputs),
-        )
     merged = merge_newest(sources)
     if plan.drop_tombstones:
         merged = (e for e in merged if e[2] is not None)
@@ -223,18 +243,27 @@ def run_compaction(plan: CompactionPlan, tables: TableStore, target_bytes: int) 
     )
 
 
-def _merge_in_memory(
-    tables: TableStore, inputs: tuple[TableInfo, ...], drop_tombstones: bool
+def _merge_ranges(tables: TableStore, inputs: tuple[TableInfo, ...]) -> list[tuple[bytes, bytes | None]]:
+    """Splits the key space into ranges ``[lo, hi)`` of about ``MERGE_RANGE_BLOCKS``
+    data blocks of all inputs together, at block first keys (no I/O: sparse indexes)."""
+    firsts = sorted(row[0] for t in inputs for row in tables.reader(t).block_index)
+    cuts = sorted(set(firsts[MERGE_RANGE_BLOCKS::MERGE_RANGE_BLOCKS]))
+    return list(zip([b"", *cuts], [*cuts, None]))
+
+
+def _merge_range(
+    tables: TableStore, inputs: tuple[TableInfo, ...], lo: bytes, hi: bytes | None, drop_tombstones: bool
 ) -> tuple[list[bytes], list[int], list[bytes | None]]:
-    """The newest entry per key of all ``inputs`` as parallel lists, ascending: every
-    visible entry as ``(key, -seq, value)``, one ``list.sort`` (timsort merges the sorted
-    inputs; ``(key, -seq)`` is unique, so values are never compared) and C-level
-    dedup. Same result as ``merge_newest`` with about a tenth of its per-entry work."""
+    """The newest entry per key with ``lo <= key < hi`` of all ``inputs`` as parallel
+    lists, ascending (see ``run_compaction``)."""
     rows: list[tuple[bytes, int, bytes | None]] = []
     for t in inputs:
-        start, end = b"", None
+        start, end = lo, hi
         if t.clip is not None:  # only the visible keys, as ``TableStore.iter_table``
-            start, end = t.min_key, t.max_key + b"\x00"
+            vis = t.max_key + b"\x00"
+            start, end = max(lo, t.min_key), vis if hi is None else min(hi, vis)
+            if start >= end:
+                continue
         for keys, seqs, values in tables.reader(t).scan_column_batches(start, end):
             rows += zip(keys, map(neg, seqs), values)
     if not rows:

@@ -103,30 +103,38 @@ class TableStore:
             out.append(self._write(b))
         return out
 
-    def write_run_columns(self, keys: Sequence[bytes], seqs: Sequence[int], values: Sequence[bytes | None],
-                          target_bytes: int) -> list[TableInfo]:
-        """``write_run`` for entries given as parallel lists: the same tables (a table
-        ends at the entry that brings it to ``target_bytes``), built with
-        ``SSTableBuilder.add_columns``.
+    def write_run_chunks(
+        self, chunks: Iterable[tuple[Sequence[bytes], Sequence[int], Sequence[bytes | None]]], target_bytes: int
+    ) -> list[TableInfo]:
+        """``write_run`` for entries given as parallel-list chunks ``(keys, seqs, values)``
+        (ascending across chunks): the same tables (a table ends at the entry that brings
+        it to ``target_bytes``), built with ``SSTableBuilder.add_columns``.
 
-        REQUIRES: ``keys`` strictly increasing (checked by the builder).
+        Raises:
+            ValueError: Keys are not strictly increasing (checked by the builder).
         """
-        n = len(keys)
-        if not n:
-            return []
-        sizes = np.fromiter(map(len, keys), np.int64, n)
-        sizes += np.fromiter([0 if v is None else len(v) for v in values], np.int64, n)
-        sizes += ENTRY_FIXED_BYTES
-        cum = np.cumsum(sizes)
         out: list[TableInfo] = []
-        i = base = 0
-        while i < n:
-            j = int(np.searchsorted(cum, base + target_bytes, side="left"))
-            end = min(j + 1, n)
-            b = self._builder()
-            b.add_columns(keys[i:end], seqs[i:end], values[i:end])
+        b = self._builder()
+        for keys, seqs, values in chunks:
+            n = len(keys)
+            if not n:
+                continue
+            sizes = np.fromiter(map(len, keys), np.int64, n)
+            sizes += np.fromiter([0 if v is None else len(v) for v in values], np.int64, n)
+            sizes += ENTRY_FIXED_BYTES
+            cum = np.cumsum(sizes)
+            i = base = 0
+            while i < n:
+                # The first row bringing the open table to target_bytes ends it.
+                j = int(np.searchsorted(cum, base + target_bytes - b.raw_bytes, side="left"))
+                end = min(j + 1, n)
+                b.add_columns(keys[i:end], seqs[i:end], values[i:end])
+                if b.raw_bytes >= target_bytes:
+                    out.append(self._write(b))
+                    b = self._builder()
+                i, base = end, int(cum[end - 1])
+        if len(b):
             out.append(self._write(b))
-            i, base = end, int(cum[end - 1])
         return out
 
     def reader(self, t: TableInfo) -> SSTableReader:

@@ -17,6 +17,7 @@ from storage.dkv.compaction import (
     plan_compaction,
     plan_full,
     run_compaction,
+    run_compaction_streaming,
     size_amplification,
 )
 from storage.dkv.levels import LevelList
@@ -31,7 +32,7 @@ def t(key: str, lo: bytes, hi: bytes, s0: int = 1, s1: int = 1, size: int = 10) 
 
 
 NO_AMP = dict(size_amp_threshold=1e9)
-IN_MEMORY_DEFAULT = compaction.IN_MEMORY_MERGE_BYTES
+RANGE_BLOCKS_DEFAULT = compaction.MERGE_RANGE_BLOCKS
 
 
 def test_planner_l0_trigger_at_threshold_and_just_below() -> None:
@@ -237,12 +238,14 @@ def test_inline_compaction_budget_bounds_work_per_call(tmp_path: Path) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 10**6), drop=st.booleans(), target=st.integers(40, 3000))
-def test_in_memory_merge_writes_the_same_tables_as_the_streaming_merge(
-    tmp_path_factory: pytest.TempPathFactory, seed: int, drop: bool, target: int
+@given(seed=st.integers(0, 10**6), drop=st.booleans(), target=st.integers(40, 3000),
+       range_blocks=st.integers(1, 40))
+def test_range_merge_writes_the_same_tables_as_the_streaming_merge(
+    tmp_path_factory: pytest.TempPathFactory, seed: int, drop: bool, target: int, range_blocks: int
 ) -> None:
-    """Reference: the lazy heap merge (``merge_newest`` + ``write_run``). The in-memory
-    merge of small compactions must write byte-identical output tables."""
+    """Reference: the lazy heap merge (``run_compaction_streaming``: ``merge_newest`` +
+    ``write_run``). The range-by-range in-memory merge must write byte-identical output
+    tables, whatever the range size."""
     store = LocalObjectStore(tmp_path_factory.mktemp("c"))
     opts = DKVOptions(memtable_bytes=1 << 20, block_bytes=128, l0_compaction_trigger=100)
     db = DKV.open(store, "p/c", options=opts)
@@ -254,12 +257,11 @@ def test_in_memory_merge_writes_the_same_tables_as_the_streaming_merge(
     if plan is None:
         return
     plan = replace(plan, drop_tombstones=drop)
-    outputs = {}
-    for limit in (-1, 1 << 40):  # streaming, then in memory
-        compaction.IN_MEMORY_MERGE_BYTES = limit
-        try:
-            result = run_compaction(plan, db._tables, target)
-        finally:
-            compaction.IN_MEMORY_MERGE_BYTES = IN_MEMORY_DEFAULT
-        outputs[limit] = [(o.entries, o.min_key, o.max_key, store.get(o.key)) for o in result.outputs]
-    assert outputs[1 << 40] == outputs[-1]
+    expected = run_compaction_streaming(plan, db._tables, target)
+    compaction.MERGE_RANGE_BLOCKS = range_blocks
+    try:
+        got = run_compaction(plan, db._tables, target)
+    finally:
+        compaction.MERGE_RANGE_BLOCKS = RANGE_BLOCKS_DEFAULT
+    assert [(o.entries, o.min_key, o.max_key, store.get(o.key)) for o in got.outputs] == \
+        [(o.entries, o.min_key, o.max_key, store.get(o.key)) for o in expected.outputs]
