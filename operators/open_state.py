@@ -99,7 +99,7 @@ def catch_up(db: DKV, manifest_key: str) -> bool:
     # DKV has no public "advance" (an instance is opened once, then only written), so this
     # reads its private fields; tests/operators/test_open_state.py pins the behaviour
     # against DKV.open of the same manifest.
-    if db._wal_buf or db._sealed or db._closed:
+    if db._wal_keys or db._sealed or db._closed:
         return False
     m = load_manifest(db._store, manifest_key)
     check_manifest(m, db._store.uri(manifest_key))
@@ -112,8 +112,8 @@ def catch_up(db: DKV, manifest_key: str) -> bool:
         return False
     mem = db._mem
     for ref in new:
-        for seq, key, value in db._tables.read_wal(ref):
-            mem.put(key, seq, value)
+        seqs, keys, values = db._tables.read_wal_columns(ref)
+        mem.put_batch(keys, seqs, values)
     db._wal_refs = list(m.wal)
     db._seq = m.last_seq
     db._handled = set(m.handled_compactions)
