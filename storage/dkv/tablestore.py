@@ -46,6 +46,10 @@ class TableStore:
         self._whole_budget = options.table_cache_bytes
         self._whole: OrderedDict[str, int] = OrderedDict()
         self._whole_bytes = 0
+        # Tables evicted from the whole-object cache are read block by block from then on:
+        # when the live tables outgrow the budget, fetching a whole table again for each
+        # get would read megabytes per 4 KiB block (a 64 MiB-capped run read 160 GB).
+        self._demoted: set[str] = set()
 
     def _builder(self) -> SSTableBuilder:
         o = self.options
@@ -141,7 +145,8 @@ class TableStore:
         """Returns the (cached) reader for table ``t``.
 
         Opening costs one GET of the whole object if it fits the table cache (then blocks
-        are served from memory), else one ranged GET of the tail.
+        are served from memory), else one ranged GET of the tail; a table once evicted
+        from the table cache is reopened the second way (read by blocks).
         """
         r = self._readers.get(t.key)
         if r is None:
@@ -154,7 +159,7 @@ class TableStore:
         return r
 
     def _open_reader(self, t: TableInfo) -> SSTableReader:
-        if t.size * 4 > self._whole_budget:
+        if t.size * 4 > self._whole_budget or t.key in self._demoted:
             return SSTableReader(self.store, t.key, t.size, self.cache)
         r = SSTableReader(self.store, t.key, t.size, self.cache, self.store.get(t.key))
         self._whole[t.key] = t.size
@@ -163,6 +168,7 @@ class TableStore:
             old, n = self._whole.popitem(last=False)
             self._whole_bytes -= n
             self._readers.pop(old, None)
+            self._demoted.add(old)
         return r
 
     def iter_table(
@@ -192,6 +198,7 @@ class TableStore:
             n = self._whole.pop(k, None)
             if n is not None:
                 self._whole_bytes -= n
+            self._demoted.discard(k)
 
     @staticmethod
     def encode_wal(first_seq: int, keys: list[bytes], values: list[bytes | None]) -> bytes:

@@ -202,3 +202,30 @@ def test_scan_prefix_with_ff_bytes(store: LocalObjectStore) -> None:
     db.flush()
     assert [k for k, _ in db.scan_prefix(b"\xff")] == [b"\xff", b"\xff\x00", b"\xff\xff"]
     assert [k for k, _ in db.scan_prefix(b"\xfe")] == [b"\xfe\xff"]
+
+
+def test_gets_over_more_tables_than_the_table_cache_holds_read_blocks_not_tables(store: LocalObjectStore) -> None:
+    """Eight ~64 KiB tables against a 256 KiB table cache: each table is fetched whole at
+    most once; after its eviction it is read by 4 KiB blocks, so 400 random gets read a
+    few whole tables plus blocks, not a whole table per get. Values equal a dict."""
+    import random
+
+    opts = DKVOptions(memtable_bytes=80 << 10, table_cache_bytes=256 << 10, block_cache_bytes=16 << 10,
+                      l0_compaction_trigger=100)
+    model = {}
+    with DKV.open(store, "db", options=opts) as db:
+        for i in range(8 * 600):
+            key, value = f"k{i:06d}".encode(), random.Random(i).randbytes(100)
+            db.put(key, value)
+            model[key] = value
+        db.flush()
+        assert len(list(db.levels.all_tables())) >= 6
+        table_bytes = sum(t.size for t in db.levels.all_tables())
+        before = store.stats.snapshot()["bytes_read"]
+        rng = random.Random(7)
+        keys = sorted(model)
+        for _ in range(400):
+            key = rng.choice(keys)
+            assert db.get(key) == model[key]
+        read = store.stats.snapshot()["bytes_read"] - before
+    assert read < table_bytes + 400 * 8 * 1024, f"read {read:,} bytes for 400 gets over {table_bytes:,} bytes of tables"
