@@ -26,8 +26,6 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from storage.dkv import DKV, DKVOptions
-from storage.dkv.invariants import check_manifest
-from storage.dkv.manifest import load_manifest
 
 # Open ranges kept per worker process; older ones are closed. A worker usually runs the
 # same few ranges epoch after epoch (local[2]: two workers, P ranges between them).
@@ -60,7 +58,7 @@ class OpenState:
             if entry[0] == manifest_key:
                 self.hits += 1
                 return entry[2]
-            if catch_up(entry[2], manifest_key):
+            if entry[2].advance_to(manifest_key):
                 self.caught_up += 1
                 return entry[2]
         if entry is not None:
@@ -81,40 +79,3 @@ class OpenState:
 
     def __len__(self) -> int:
         return len(self._entries)
-
-
-def catch_up(db: DKV, manifest_key: str) -> bool:
-    """Advance ``db``, open at a checkpoint with nothing written since, to the later
-    checkpoint ``manifest_key`` of the same instance if that one only lists more WAL
-    objects: replays those into the memtable, as ``DKV.open(manifest_key)`` would.
-
-    Returns:
-        True if ``db`` now holds exactly the state of ``manifest_key``; False (``db``
-        unchanged) if the manifest changed tables, key range or flushed sequence number,
-        or does not extend ``db``'s WAL list.
-
-    Raises:
-        ObjectNotFoundError, CorruptionError: the manifest or a WAL object it names.
-    """
-    # DKV has no public "advance" (an instance is opened once, then only written), so this
-    # reads its private fields; tests/operators/test_open_state.py pins the behaviour
-    # against DKV.open of the same manifest.
-    if db._wal_keys or db._sealed or db._closed:
-        return False
-    m = load_manifest(db._store, manifest_key)
-    check_manifest(m, db._store.uri(manifest_key))
-    held = tuple(db._wal_refs)
-    if (m.prefix != db._paths.prefix or m.levels != db._levels or m.key_range != db._key_range
-            or m.flushed_seq != db._flushed_seq or m.last_seq < db._seq or tuple(m.wal[:len(held)]) != held):
-        return False
-    new = m.wal[len(held):]
-    if new and new[0].first_seq != db._seq + 1:
-        return False
-    mem = db._mem
-    for ref in new:
-        seqs, keys, values = db._tables.read_wal_columns(ref)
-        mem.put_batch(keys, seqs, values)
-    db._wal_refs = list(m.wal)
-    db._seq = m.last_seq
-    db._handled = set(m.handled_compactions)
-    return True

@@ -46,6 +46,7 @@ from operators.control import (
 )
 from operators.job import Job
 from operators.keygroups import key_group_ranges, key_groups_of, range_indexes_of
+from operators.open_state import OpenState
 from operators.recovery import VERIFY_MODES, restart_checkpoint
 from operators.sources import KEY_COLUMN, TIMESTAMP_COLUMN
 from operators.task import (
@@ -61,6 +62,9 @@ from storage.dkv import DKVOptions
 from storage.errors import ObjectExistsError
 from storage.faults import fault_point
 from storage.objectstore import ObjectStore, open_object_store, subtract_requests, sum_requests
+
+# Ranges whose DKV an in-process runner keeps open (every range of a job, in practice).
+IN_PROCESS_OPEN_RANGES = 4096
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +159,8 @@ class JobRunner:
         # Driver requests are counted from here to each commit (checkpoint metric "requests").
         self._requests_mark = self.store.stats.snapshot()
         self.dkv_options = dkv_options
+        # In-process tasks keep their ranges' DKV open between epochs, as Spark workers do.
+        self._open_state = OpenState(capacity=IN_PROCESS_OPEN_RANGES)
         self.failpoint = failpoint or (lambda point, epoch: None)
         if retain_checkpoints is not None and retain_checkpoints < 1:
             raise ValueError(f"retain_checkpoints must be >= 1 or None, got {retain_checkpoints}")
@@ -422,7 +428,7 @@ class JobRunner:
             part = events.filter(pa.array(ranges == spec.range_index))
             before = self.store.stats.snapshot()
             res = run_task(operator, spec, part, self.store, sinks=self.job.sinks if last else None,
-                           dkv_options=self.dkv_options)
+                           dkv_options=self.dkv_options, open_state=self._open_state)
             res.metrics["requests"] = subtract_requests(self.store.stats.snapshot(), before)
             results.append(res)
             if res.forwarded is not None:

@@ -207,10 +207,13 @@ class DKV:
             self._flushed_seq = manifest.flushed_seq
             self._levels = manifest.levels
             self._wal_refs = list(manifest.wal)
-            mem = self._mem
-            for ref in self._wal_refs:
-                seqs, keys, values = self._tables.read_wal_columns(ref)
-                mem.put_batch(keys, seqs, values)
+            self._replay(self._wal_refs)
+
+    def _replay(self, refs: Sequence[WalRef]) -> None:
+        """Writes the records of WAL objects ``refs`` (in order) into the memtable."""
+        for ref in refs:
+            seqs, keys, values = self._tables.read_wal_columns(ref)
+            self._mem.put_batch(keys, seqs, values)
 
     @classmethod
     def open(
@@ -319,6 +322,47 @@ class DKV:
                 inside = [i for i, k in enumerate(keys) if k >= lo and (hi is None or k < hi)]
                 db.write_batch([keys[i] for i in inside], [values[i] for i in inside])
         return db
+
+    def advance_to(self, manifest_key: str) -> bool:
+        """Advances this instance, open at a checkpoint with nothing written since, to a
+        later checkpoint of the same lineage that only lists more WAL objects (no flush,
+        compaction or rescale in between): replays just those objects into the memtable,
+        as ``DKV.open(manifest_key)`` would have replayed them after the ones held.
+
+        Used to keep an instance open across epochs when the next epoch's task may run
+        somewhere that missed some of them (``operators.open_state``); Flink's task-local
+        recovery plays the same role.
+
+        Args:
+            manifest_key: A key returned by ``checkpoint``.
+
+        Returns:
+            True if the instance now holds exactly the state of ``manifest_key``; False
+            (the instance unchanged) if the manifest changed tables, key range or flushed
+            sequence number, does not extend the WAL list held, or the instance has
+            unflushed memtables or writes since its last checkpoint.
+
+        Raises:
+            ObjectNotFoundError: The manifest or a WAL object it names is missing.
+            CorruptionError: The manifest or a WAL object fails verification.
+        """
+        if self._closed or self._wal_keys or self._sealed:
+            return False
+        m = load_manifest(self._store, manifest_key)
+        check_manifest(m, self._store.uri(manifest_key))
+        held = tuple(self._wal_refs)
+        if (m.prefix != self._paths.prefix or m.levels != self._levels or m.key_range != self._key_range
+                or m.flushed_seq != self._flushed_seq or m.last_seq < self._seq
+                or tuple(m.wal[:len(held)]) != held):
+            return False
+        new = m.wal[len(held):]
+        if new and new[0].first_seq != self._seq + 1:
+            return False
+        self._replay(new)
+        self._wal_refs = list(m.wal)
+        self._seq = m.last_seq
+        self._handled = set(m.handled_compactions)
+        return True
 
     @property
     def key_range(self) -> tuple[bytes, bytes | None] | None:

@@ -115,11 +115,13 @@ def test_job_with_two_workers_caching_state(batch, tmp_path, monkeypatch, reques
     workers, rng = [OpenState(), OpenState()], random.Random(11)
 
     def on_a_worker(*args, **kwargs):
-        return run_task(*args, **kwargs, open_state=workers[rng.randrange(2)])
+        return run_task(*args, **{**kwargs, "open_state": workers[rng.randrange(2)]})
+
+    def uncached(*args, **kwargs):
+        return run_task(*args, **{**kwargs, "open_state": None})
 
     def run(root: str, cached: bool) -> JobRunner:
-        if cached:
-            monkeypatch.setattr(runtime, "run_task", on_a_worker)
+        monkeypatch.setattr(runtime, "run_task", on_a_worker if cached else uncached)
         for parallelism, epochs in ((2, 3), (3, 3)):
             runner = JobRunner(flights_job(events_per_epoch=40_000, parallelism=parallelism, batch=batch), None,
                                root, retain_checkpoints=None)
@@ -139,3 +141,34 @@ def test_job_with_two_workers_caching_state(batch, tmp_path, monkeypatch, reques
             ["origin", "dest", "window_start"]).reset_index(drop=True)
     assert len(rows(cached)) > 0
     assert rows(cached).equals(rows(plain))
+
+
+def test_in_process_runner_keeps_ranges_open(tmp_path, monkeypatch) -> None:
+    """An in-process runner reuses each range's DKV from the second epoch on, as Spark
+    workers do; a new runner (a restart) opens from the store. The output equals the
+    pandas oracle."""
+    import operators.runtime as runtime
+    from operators.examples.keyed_count import keyed_count_job, keyed_count_oracle
+    from operators.runtime import JobRunner
+    from operators.task import run_task
+
+    reused: list[tuple[int, bool]] = []
+
+    def recording(operator, spec, *args, **kwargs):
+        res = run_task(operator, spec, *args, **kwargs)
+        reused.append((spec.epoch, res.metrics["dkv_reused"]))
+        return res
+
+    monkeypatch.setattr(runtime, "run_task", recording)
+    job = keyed_count_job(6_000, 500, events_per_epoch=2_000, parallelism=2, step_ms=1_000)
+    JobRunner(job, None, str(tmp_path)).run_to_end(max_epochs=3)
+    assert reused == [(1, False)] * 2 + [(2, True)] * 2 + [(3, True)] * 2
+    reused.clear()
+    runner = JobRunner(job, None, str(tmp_path))
+    runner.run_to_end()
+    assert reused[:2] == [(4, False)] * 2 and all(r for _, r in reused[2:])
+    got = job.sinks["main"].read(runner.store, job.prefix).to_pandas()
+    cols = ["key", "window_start"]
+    exp = keyed_count_oracle(job.source)
+    assert got.sort_values(cols).reset_index(drop=True)[exp.columns].equals(
+        exp.sort_values(cols).reset_index(drop=True))
