@@ -11,7 +11,10 @@ uniform or Zipf 1.1 over ``--keys`` keys, one event per ms per partition.
 Runs, each in its own process (so peak RSS is its own) and in-process (``JobRunner(job,
 spark=None)``: one core, no Spark), and prints a table:
 
-1. vectorised form (``KeyedWindowCountBatch``), uniform keys;
+1. vectorised form (``KeyedWindowCountBatch``), uniform keys, state in memory: a
+   ``--memtable-mib`` memtable (1 GiB) holds it, each epoch's checkpoint writes its
+   WAL object (the changelog), and the memtable is flushed to SSTables once the WAL
+   objects a checkpoint lists pass ``--wal-flush-mib`` (256 MiB);
 2. vectorised form, Zipf 1.1 keys;
 3. vectorised form, uniform keys, DKV memtable + block cache + table cache capped at 64
    MiB in total, so state lives mostly in SSTables (the slowdown is reported against 1);
@@ -39,18 +42,19 @@ CAP_BYTES = 64 << 20
 
 
 def _run(kind: str, events: int, keys: int, epoch: int, zipf: float | None, batch: bool, capped: bool,
-         conn) -> None:
+         memtable_mib: int, wal_flush_mib: int, conn) -> None:
     import pandas as pd
 
     from operators.examples.keyed_count import keyed_count_job, keyed_count_oracle
     from operators.runtime import JobRunner
     from storage.dkv import DKVOptions
 
-    options = None
     if capped:
         # 64 MiB in all: 24 MiB memtable, 24 MiB decoded-block cache, 16 MiB of tables
         # kept whole in memory.
         options = DKVOptions(memtable_bytes=24 << 20, block_cache_bytes=24 << 20, table_cache_bytes=16 << 20)
+    else:
+        options = DKVOptions(memtable_bytes=memtable_mib << 20, wal_flush_bytes=wal_flush_mib << 20)
     job = keyed_count_job(events // 2, keys, batch=batch, zipf=zipf, events_per_epoch=epoch, parallelism=1,
                           name="bench")
     for p in job.source.partitions():
@@ -98,8 +102,12 @@ def main() -> None:
     ap.add_argument("--epoch", type=int, default=1_000_000, help="events per epoch")
     ap.add_argument("--event-form-events", type=int, default=1_000_000)
     ap.add_argument("--skip-capped", action="store_true")
+    ap.add_argument("--memtable-mib", type=int, default=1024,
+                    help="uncapped runs: DKV memtable budget (MiB), sized so the state fits")
+    ap.add_argument("--wal-flush-mib", type=int, default=256,
+                    help="uncapped runs: WAL objects a checkpoint may list before it flushes (MiB)")
     a = ap.parse_args()
-    common = {"keys": a.keys, "epoch": a.epoch}
+    common = {"keys": a.keys, "epoch": a.epoch, "memtable_mib": a.memtable_mib, "wal_flush_mib": a.wal_flush_mib}
     results = [
         run("vectorised, uniform", events=a.events, zipf=None, batch=True, capped=False, **common),
         run("vectorised, Zipf 1.1", events=a.events, zipf=1.1, batch=True, capped=False, **common),
@@ -111,6 +119,7 @@ def main() -> None:
                        capped=False, **common))
     base = results[0]["events"] / results[0]["seconds"]
     print(f"\n{a.events:,} events, {a.keys:,} keys, {a.epoch:,} events per epoch, in-process (1 core); "
+          f"uncapped: {a.memtable_mib} MiB memtable, WAL flushed at {a.wal_flush_mib} MiB; "
           "outputs checked against pandas")
     print(f"{'run':34s} {'events':>11s} {'seconds':>8s} {'events/s/core':>14s} {'vs vectorised':>14s} "
           f"{'CPU s':>7s} {'events/CPU s':>13s} {'epochs':>6s} {'SSTables':>8s} {'peak RSS':>9s}")

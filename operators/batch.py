@@ -135,8 +135,7 @@ class BulkValueState(Generic[V]):
 
     def get(self, keys: Sequence[bytes], key_groups: Sequence[int]) -> list[V | None]:
         """Returns each key's value, None where unset."""
-        return _decode_all(list(map(self._db.get, _prefixes(keys, key_groups, self._id))),
-                           self._codec.decode)
+        return _decode_all(self._db.get_many(_prefixes(keys, key_groups, self._id)), self._codec.decode)
 
     def set(self, keys: Sequence[bytes], key_groups: Sequence[int], values: Sequence[V]) -> None:
         """Stores one value per key (one DKV write batch; a key given twice keeps its
@@ -192,7 +191,7 @@ class BulkMapState(Generic[K, V]):
 
     def get_at(self, dkv_keys: Sequence[bytes]) -> list[V | None]:
         """``get`` by keys from ``dkv_keys``."""
-        return _decode_all(list(map(self._db.get, dkv_keys)), self._vc.decode)
+        return _decode_all(self._db.get_many(dkv_keys), self._vc.decode)
 
     def set_at(self, dkv_keys: Sequence[bytes], values: Sequence[V]) -> None:
         """``set`` by keys from ``dkv_keys``."""

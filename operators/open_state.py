@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from operators.timers import TimerService
 from storage.dkv import DKV, DKVOptions
 
 # Open ranges kept per worker process; older ones are closed. A worker usually runs the
@@ -33,7 +34,8 @@ DEFAULT_CAPACITY = 8
 
 
 class OpenState:
-    """A small LRU map (store root, state prefix) -> (manifest key, DKV options, DKV).
+    """A small LRU map (store root, state prefix) -> (manifest key, DKV options, DKV,
+    timer service).
 
     Args:
         capacity: open instances kept; the least recently kept one is closed beyond it.
@@ -41,13 +43,16 @@ class OpenState:
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         self.capacity = capacity
-        self._entries: OrderedDict[tuple[str, str], tuple[str, DKVOptions | None, DKV]] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, str], tuple[str, DKVOptions | None, DKV, TimerService | None]] = \
+            OrderedDict()
         self.hits = self.caught_up = self.misses = 0
 
     def take(self, store_root: str, state_prefix: str, manifest_key: str | None,
-             options: DKVOptions | None) -> DKV | None:
+             options: DKVOptions | None) -> tuple[DKV, TimerService | None] | None:
         """The open DKV of this range at ``manifest_key`` with ``options`` (kept there, or
-        caught up to it), removed from the cache (the caller owns it); else None (a stale
+        caught up to it), removed from the cache (the caller owns it), with the range's
+        timer service if the instance is exactly as its last task left it (None after a
+        catch-up: other tasks' timers are not in its lower bound); else None (a stale
         entry is closed).
 
         Raises:
@@ -57,24 +62,25 @@ class OpenState:
         if entry is not None and manifest_key is not None and entry[1] == options:
             if entry[0] == manifest_key:
                 self.hits += 1
-                return entry[2]
+                return entry[2], entry[3]
             if entry[2].advance_to(manifest_key):
                 self.caught_up += 1
-                return entry[2]
+                return entry[2], None
         if entry is not None:
             entry[2].close()
         self.misses += 1
         return None
 
     def keep(self, store_root: str, state_prefix: str, manifest_key: str, options: DKVOptions | None,
-             db: DKV) -> None:
-        """Keep ``db``, just checkpointed at ``manifest_key``, for the range's next task."""
+             db: DKV, timers: TimerService | None = None) -> None:
+        """Keep ``db``, just checkpointed at ``manifest_key``, for the range's next task,
+        with the task's timer service (``timers``) over it."""
         old = self._entries.pop((store_root, state_prefix), None)
         if old is not None and old[2] is not db:
             old[2].close()
-        self._entries[(store_root, state_prefix)] = (manifest_key, options, db)
+        self._entries[(store_root, state_prefix)] = (manifest_key, options, db, timers)
         while len(self._entries) > self.capacity:
-            _, (_, _, evicted) = self._entries.popitem(last=False)
+            _, (_, _, evicted, _) = self._entries.popitem(last=False)
             evicted.close()
 
     def __len__(self) -> int:

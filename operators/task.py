@@ -160,9 +160,11 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
     attempt = uuid.uuid4().hex[:12]
     krange = spec.key_group_range
     state_prefix = f"{spec.job_prefix}/state/{operator.name}/{krange.label}"
-    db = None
+    db = timers = None
     if open_state is not None and not spec.parent_manifests:
-        db = open_state.take(store.root_uri, state_prefix, spec.manifest_key, dkv_options)
+        taken = open_state.take(store.root_uri, state_prefix, spec.manifest_key, dkv_options)
+        if taken is not None:
+            db, timers = taken
     reused = db is not None
     if db is None and spec.parent_manifests:
         db = DKV.open_from_parents(store, state_prefix, list(spec.parent_manifests), krange.key_interval,
@@ -172,7 +174,10 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
     # Results of compactions run outside the job (e.g. a Dagster op) are installed here,
     # at the start of an epoch, if all their inputs are still live.
     compactions = db.install_pending_compactions()
-    timers = TimerService(db, krange)
+    if timers is None:
+        timers = TimerService(db, krange)
+    else:
+        timers.begin_epoch()
     subject = _TaskSubject(db, timers, operator.outputs)
 
     if isinstance(operator, BatchOperator):
@@ -197,7 +202,7 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
     fault_point("task_after_checkpoint")
     dkv_stats = db.stats()
     if open_state is not None:
-        open_state.keep(store.root_uri, state_prefix, manifest_key, dkv_options, db)
+        open_state.keep(store.root_uri, state_prefix, manifest_key, dkv_options, db, timers)
     else:
         db.close()
     return TaskResult(

@@ -26,6 +26,7 @@ from storage.dkv.db import prefix_successor
 _U16 = struct.Struct(">H")
 _TS = struct.Struct(">Q")
 _OFFSET = 1 << 63
+_NONE_STORED = 1 << 64  # the lower bound when no timer is stored: above every timestamp
 
 
 def timer_key(key_group: int, timestamp: int, key: bytes) -> bytes:
@@ -59,6 +60,16 @@ class TimerService:
     including timers set while earlier ones are being handled; ``pop_due`` returns the
     due timers at once, for the vectorised form.
 
+    Due passes without a scan: the service keeps a lower bound of the stored timers'
+    timestamps (``low``): a due pass removes every timer at or below its watermark and
+    reads each key group's first timer past it, so afterwards the bound is the earliest
+    timer left; ``set`` lowers it. While the
+    watermark stays below the bound nothing can be due and the pass reads nothing (Flink's
+    RocksDB timer queue caches its head for the same reason). A new service does not know
+    the bound and scans once; a task that reuses its range's open DKV reuses the service
+    with it (``operators.open_state``), so a job whose timers are hours ahead of the
+    watermark scans once per restart, not once per epoch.
+
     Order without a heap entry per timer: a due pass reads each key group's timers up
     to the watermark (one bounded scan each; they come in (timestamp, key) order), and
     sorts them once by (timestamp, key group, position in the scan) with numpy. Only
@@ -73,6 +84,16 @@ class TimerService:
         self._heap: list[tuple[int, int, bytes]] = []  # timers set while firing
         self._queued: set[tuple[int, int, bytes]] = set()  # due and not yet fired/deleted
         self._firing_until: int | None = None
+        self.low: int | None = None  # every stored timer has timestamp >= low; None = unknown
+
+    def begin_epoch(self) -> None:
+        """Forgets the epoch's set-dedup memory (a reused service starts each task with it
+        empty, as a new one does); the lower bound ``low`` stays valid."""
+        self._set_this_epoch = set()
+
+    def _lower(self, timestamp: int) -> None:
+        if self.low is not None and timestamp < self.low:
+            self.low = timestamp
 
     def set(self, key_group: int, timestamp: int, key: bytes) -> None:
         """Register a timer (idempotent)."""
@@ -81,6 +102,7 @@ class TimerService:
             return
         self._set_this_epoch.add(tk)
         self._db.put(tk, b"")
+        self._lower(timestamp)
         if self._firing_until is not None and timestamp <= self._firing_until:
             self._push((timestamp, key_group, key))
 
@@ -93,6 +115,7 @@ class TimerService:
             return
         seen.update(new)
         self._db.write_batch(new, [b""] * len(new))
+        self._lower(min(timestamps))
         until = self._firing_until
         if until is not None:
             for kg, ts, key in zip(key_groups, timestamps, keys):
@@ -122,15 +145,26 @@ class TimerService:
     def _scan_due(self, watermark: int) -> tuple[list[bytes], list[tuple[int, int, bytes]]]:
         """Every stored timer with timestamp <= ``watermark``: ``(dkv keys, entries)``,
         both in (timestamp, key group, key) order."""
+        if self.low is not None and watermark < self.low:
+            return [], []
         tks: list[bytes] = []
         kgs: list[int] = []
         end_ts = (watermark + 1 + _OFFSET).to_bytes(8, "big") if watermark + 1 + _OFFSET < 1 << 64 else None
+        low = _NONE_STORED
         for kg in self._key_groups:
             head = _U16.pack(kg) + b"\x01"
-            end = head + end_ts if end_ts is not None else prefix_successor(head)
+            last = prefix_successor(head)
+            end = head + end_ts if end_ts is not None else last
             n = len(tks)
             tks += [k for k, _ in self._db.scan_range(head, end)]
             kgs += [kg] * (len(tks) - n)
+            if end != last:  # the key group's first timer past the watermark bounds the rest
+                nxt = next(iter(self._db.scan_range(end, last)), None)
+                if nxt is not None:
+                    low = min(low, int.from_bytes(nxt[0][3:11], "big") - _OFFSET)
+        # Set now: the due timers are still stored while they fire, but nothing checks
+        # the bound before the pass ends (``due`` forgets it if the pass is abandoned).
+        self.low = low
         if not tks:
             return [], []
         stamps = [int.from_bytes(k[3:11], "big") - _OFFSET for k in tks]
@@ -154,6 +188,7 @@ class TimerService:
         """Yield ``(timestamp, key_group, key)`` of every timer with timestamp <=
         ``watermark``, in order, deleting each from DKV before it is yielded."""
         self._firing_until = watermark
+        completed = False
         _, listed = self._scan_due(watermark)
         queued = self._queued
         queued.update(listed)
@@ -174,7 +209,10 @@ class TimerService:
                 self._db.delete(tk)
                 self._set_this_epoch.discard(tk)
                 yield entry
+            completed = True
         finally:
+            if not completed:  # due timers may be left stored below the bound
+                self.low = None
             self._firing_until = None
             self._heap = []
             queued.clear()

@@ -47,11 +47,13 @@ class KeyedWindowCount(Operator):
                          output="late")
             return
         windows = self.windows.state_for(subject)
-        agg = windows.get(start) or {"count": 0, "amount": 0}
+        agg = windows.get(start)
+        if agg is None:  # a new window: its timer fires at the window's end
+            agg = {"count": 0, "amount": 0}
+            subject.set_timer(start + self.window_ms)
         agg["count"] += 1
         agg["amount"] += event.value["amount"]
         windows.set(start, agg)
-        subject.set_timer(start + self.window_ms)
 
     def on_timer_expired(self, subject: Subject, timestamp: int) -> None:
         start = timestamp - self.window_ms
@@ -91,13 +93,15 @@ class KeyedWindowCountBatch(BatchOperator):
         starts = groups.column("start").to_pylist()
         state = ctx.state(self.windows)
         at = state.dkv_keys(keys, kgs, starts)  # built once for the read and the write
+        olds = state.get_at(at)
         merged = [{"count": n, "amount": s} if old is None
                   else {"count": old["count"] + n, "amount": old["amount"] + s}
-                  for old, n, s in zip(state.get_at(at), groups.column("amount_count").to_pylist(),
+                  for old, n, s in zip(olds, groups.column("amount_count").to_pylist(),
                                        groups.column("amount_sum").to_pylist())]
         state.set_at(at, merged)
+        new = [i for i, old in enumerate(olds) if old is None]  # new windows get their timer
         w = self.window_ms
-        ctx.set_timers(keys, kgs, [s + w for s in starts])
+        ctx.set_timers([keys[i] for i in new], [kgs[i] for i in new], [starts[i] + w for i in new])
 
     def on_timers(self, ctx: BatchContext, timers: pa.Table) -> None:
         keys = timers.column("key").to_pylist()

@@ -467,6 +467,28 @@ class DKV:
             raise ClosedError("DKV is closed")
         return self._get_older(key)
 
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """``get`` of every key, in order (RocksDB's ``MultiGet``): one C-level pass of
+        memtable lookups, then the older sources for the keys it did not answer.
+
+        Returns:
+            One value per key, None where absent or deleted.
+
+        Raises:
+            CorruptionError: A table block needed for the answer fails verification.
+            ClosedError: The instance is closed.
+        """
+        if self._closed:
+            raise ClosedError("DKV is closed")
+        found = list(map(self._mem._d.get, keys))
+        out = [None if e is None else e[1] for e in found]
+        if None in found:
+            older = self._get_older
+            for i, e in enumerate(found):
+                if e is None:
+                    out[i] = older(keys[i])
+        return out
+
     def _read_plan(self) -> tuple[list, dict]:
         """Per-LevelList probe data: L0 filter rows ``(min, max, bits, m, k, table)``,
         newest first (``bloom.first_candidate``'s layout), and a lazily filled

@@ -17,6 +17,8 @@ from bisect import bisect_left, insort
 from collections.abc import Iterator, Sequence
 from operator import itemgetter
 
+from storage.dkv.native import NATIVE
+
 # Rough per-entry cost of the dict slot, tuple and int, so that many tiny entries still
 # trigger a flush (bytes).
 ENTRY_OVERHEAD = 64
@@ -71,6 +73,16 @@ class Memtable:
         if not keys:
             return
         d = self._d
+        n = len(keys)
+        if NATIVE is not None and n > 1 and seqs[-1] - seqs[0] == n - 1:  # consecutive: one C loop
+            new, delta = NATIVE.memtable_put(d, list(keys), seqs[0], list(values), ENTRY_OVERHEAD)
+            if new:
+                self._pending += new
+            self.approx_bytes += delta
+            if not self.min_seq:
+                self.min_seq = seqs[0]
+            self.max_seq = seqs[-1]
+            return
         olds = list(map(d.get, keys))
         new = [k for k, o in zip(keys, olds) if o is None]
         if len(new) < len(keys):

@@ -47,15 +47,15 @@ def test_kept_instance_catches_up_with_epochs_another_worker_ran(tmp_path) -> No
         _write(worker_b, model, rng, 400)
         manifest = worker_b.checkpoint(f"e{epoch}-b")
         worker_b.close()
-    db = cache.take(store.root_uri, PREFIX, manifest, None)
-    assert db is worker_a and cache.caught_up == 1
+    db, timers = cache.take(store.root_uri, PREFIX, manifest, None)
+    assert db is worker_a and timers is None and cache.caught_up == 1
     _assert_state(db, model)
     _assert_state(DKV.open(store, PREFIX, manifest), model)
     # It goes on from there like a fresh open: its next checkpoint restores the same state.
     _write(db, model, rng, 300)
     m4 = db.checkpoint("e4-a")
     cache.keep(store.root_uri, PREFIX, m4, None, db)
-    assert cache.take(store.root_uri, PREFIX, m4, None) is db and cache.hits == 1
+    assert cache.take(store.root_uri, PREFIX, m4, None) == (db, None) and cache.hits == 1
     _assert_state(DKV.open(store, PREFIX, m4), model)
 
 
@@ -93,7 +93,7 @@ def test_capacity_closes_the_oldest(tmp_path) -> None:
         cache.keep(store.root_uri, f"{PREFIX}-{i}", kept[-1][0], None, db)
     assert len(cache) == 2
     assert cache.take(store.root_uri, f"{PREFIX}-0", kept[0][0], None) is None
-    assert cache.take(store.root_uri, f"{PREFIX}-2", kept[2][0], None) is kept[2][1]
+    assert cache.take(store.root_uri, f"{PREFIX}-2", kept[2][0], None) == (kept[2][1], None)
 
 
 @pytest.mark.parametrize("batch", [pytest.param(False, marks=pytest.mark.slow), True], ids=["on_event", "vectorised"])

@@ -160,3 +160,61 @@ def test_bulk_timers_match_a_set_model(tmp_path_factory, ops, watermark, batch_p
     remaining = sorted(decode_timer_key(k) for k, _ in db.scan_prefix(b""))
     assert remaining == sorted(t for t in model if t[1] > watermark)
     db.close()
+
+
+_pass_ops = st.lists(st.one_of(
+    st.tuples(st.sampled_from(["set", "set_many", "delete_many"]),
+              st.lists(st.tuples(st.integers(0, 3), st.integers(-5, 60), st.sampled_from([b"x", b"xy"])),
+                       max_size=6)),
+    st.tuples(st.sampled_from(["pop_due", "due"]), st.integers(-5, 60))), max_size=25)
+
+
+@given(_pass_ops)
+@settings(max_examples=120, deadline=None)
+def test_timer_lower_bound_skips_scans_and_loses_nothing(tmp_path_factory, ops) -> None:
+    """One service over many due passes (as a reused open DKV keeps it): every pass fires
+    exactly the model's timers at or below its watermark, in order, and a pass whose
+    watermark is below every stored timer reads nothing from DKV."""
+    db = DKV.open(LocalObjectStore(tmp_path_factory.mktemp("t")), "timers")
+    service = TimerService(db, range(4))
+    model: set[tuple[int, int, bytes]] = set()
+    scans = []
+    scan_range = db.scan_range
+    db.scan_range = lambda *a: (scans.append(a), scan_range(*a))[1]
+    for op, arg in ops:
+        if op == "set":
+            for kg, ts, key in arg:
+                service.set(kg, ts, key)
+            model.update(arg)
+        elif op == "set_many":
+            service.set_many([r[0] for r in arg], [r[1] for r in arg], [r[2] for r in arg])
+            model.update(arg)
+        elif op == "delete_many":
+            service.delete_many([r[0] for r in arg], [r[1] for r in arg], [r[2] for r in arg])
+            model.difference_update(arg)
+        else:
+            scans.clear()
+            low_before = service.low
+            fired = service.pop_due(arg) if op == "pop_due" else list(service.due(arg))
+            assert fired == sorted((ts, kg, key) for kg, ts, key in model if ts <= arg)
+            model = {t for t in model if t[1] > arg}
+            assert service.low is not None and all(ts >= service.low for _, ts, _ in model)
+            if low_before is not None and arg < low_before:
+                assert scans == []
+    remaining = sorted(decode_timer_key(k) for k, _ in db.scan_prefix(b""))
+    assert remaining == sorted(model)
+
+
+def test_timer_pass_below_the_lower_bound_reads_nothing(db) -> None:
+    service = TimerService(db, range(4))
+    service.set_many([0, 1], [100, 200], [b"a", b"b"])
+    scans = []
+    scan_range = db.scan_range
+    db.scan_range = lambda *a: (scans.append(a), scan_range(*a))[1]
+    assert service.pop_due(50) == [] and scans and service.low == 100  # unknown bound: scans
+    scans.clear()
+    assert service.pop_due(99) == [] and scans == []       # every timer is at 100 or later
+    assert service.pop_due(150) == [(100, 0, b"a")] and scans and service.low == 200
+    service.set(3, 120, b"c")                               # lowers the bound
+    scans.clear()
+    assert service.pop_due(130) == [(120, 3, b"c")] and scans and service.low == 200

@@ -89,6 +89,10 @@ class DKVMachine(RuleBasedStateMachine):
     def get(self, k: bytes) -> None:
         assert self.db.get(k) == self.model.get(k)
 
+    @rule(ks=st.lists(keys, max_size=12))
+    def get_many(self, ks: list[bytes]) -> None:
+        assert self.db.get_many(ks) == [self.model.get(k) for k in ks]
+
     @rule(p=prefixes)
     def scan_prefix(self, p: bytes) -> None:
         expected = sorted((k, v) for k, v in self.model.items() if k.startswith(p))
