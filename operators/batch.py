@@ -123,10 +123,6 @@ def _prefixes(keys: Sequence[bytes], key_groups: Sequence[int], id_bytes: bytes)
     return state_keys(keys, key_groups, id_bytes)
 
 
-def _decode_all(raws: list[bytes | None], decode) -> list:
-    return [None if raw is None else decode(raw) for raw in raws]
-
-
 class BulkValueState(Generic[V]):
     """``ValueState`` of many subject keys at once (rows are aligned)."""
 
@@ -135,12 +131,12 @@ class BulkValueState(Generic[V]):
 
     def get(self, keys: Sequence[bytes], key_groups: Sequence[int]) -> list[V | None]:
         """Returns each key's value, None where unset."""
-        return _decode_all(self._db.get_many(_prefixes(keys, key_groups, self._id)), self._codec.decode)
+        return self._codec.decode_many(self._db.get_many(_prefixes(keys, key_groups, self._id)))
 
     def set(self, keys: Sequence[bytes], key_groups: Sequence[int], values: Sequence[V]) -> None:
         """Stores one value per key (one DKV write batch; a key given twice keeps its
         later value)."""
-        self._db.write_batch(_prefixes(keys, key_groups, self._id), list(map(self._codec.encode, values)))
+        self._db.write_batch(_prefixes(keys, key_groups, self._id), self._codec.encode_many(values))
 
     def drop(self, keys: Sequence[bytes], key_groups: Sequence[int]) -> None:
         """Removes the values (tombstones, one DKV write batch)."""
@@ -191,11 +187,11 @@ class BulkMapState(Generic[K, V]):
 
     def get_at(self, dkv_keys: Sequence[bytes]) -> list[V | None]:
         """``get`` by keys from ``dkv_keys``."""
-        return _decode_all(self._db.get_many(dkv_keys), self._vc.decode)
+        return self._vc.decode_many(self._db.get_many(dkv_keys))
 
     def set_at(self, dkv_keys: Sequence[bytes], values: Sequence[V]) -> None:
         """``set`` by keys from ``dkv_keys``."""
-        self._db.write_batch(dkv_keys, list(map(self._vc.encode, values)))
+        self._db.write_batch(dkv_keys, self._vc.encode_many(values))
 
     def delete_at(self, dkv_keys: Sequence[bytes]) -> None:
         """``delete`` by keys from ``dkv_keys``."""

@@ -17,6 +17,10 @@
  *   merge_spans_live(parts, spans) -> [(key, value)]
  *       merge_live plus the in-range entries of each table's decompressed blocks, read
  *       in place: a short scan's block walk and merge in one call.
+ *   encode_blocks(keys, seqs, values, block_bytes) -> (raw_blocks, rows_used)
+ *       sorted entries cut into SSTable data blocks and encoded (raw_block), as the
+ *       builder's add_columns + _finish_block would: a table flush without a Python
+ *       step per block.
  *   memtable_put(d, keys, first_seq, values, entry_overhead) -> (new_keys, delta_bytes)
  *       the write path's one loop: d[keys[i]] = (first_seq + i, values[i]) for every i,
  *       in order, with one cold dict probe per write (Memtable.put_batch).
@@ -716,6 +720,71 @@ static PyObject *merge_spans_live(PyObject *self, PyObject *const *args, Py_ssiz
     return merge_sources(args[0], args[1]);
 }
 
+/* encode_blocks(keys, seqs, values, block_bytes) -> (raw_blocks, rows_used)
+ * Cuts rows 0.. into data blocks the way SSTableBuilder.add does (a block ends with the
+ * row that brings its entry bytes, 17 + key + value per row, to block_bytes or more) and
+ * encodes each complete block as raw_block (sstable.py). Rows after the last complete
+ * block are not encoded: rows_used says where they start. values[i] None = tombstone. */
+PyDoc_STRVAR(encode_blocks_doc, "encode_blocks(keys, seqs, values, block_bytes) -> (raw_blocks, rows_used)");
+static PyObject *encode_blocks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyList_Check(args[0]) || !PyList_Check(args[1]) || !PyList_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "encode_blocks(list, list, list, int)");
+        return NULL;
+    }
+    PyObject *keys = args[0], *seqs = args[1], *values = args[2];
+    Py_ssize_t block_bytes = PyLong_AsSsize_t(args[3]);
+    if (block_bytes == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    if (PyList_GET_SIZE(seqs) != n || PyList_GET_SIZE(values) != n) {
+        PyErr_SetString(PyExc_ValueError, "keys, seqs and values differ in length");
+        return NULL;
+    }
+    PyObject *blocks = PyList_New(0);
+    if (blocks == NULL) return NULL;
+    Py_ssize_t start = 0, acc = 0, kbytes = 0, vbytes = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *k = PyList_GET_ITEM(keys, i), *v = PyList_GET_ITEM(values, i);
+        if (!PyBytes_Check(k) || (v != Py_None && !PyBytes_Check(v))) {
+            PyErr_SetString(PyExc_TypeError, "keys must be bytes and values bytes or None");
+            goto fail;
+        }
+        Py_ssize_t kl = PyBytes_GET_SIZE(k), vl = v == Py_None ? 0 : PyBytes_GET_SIZE(v);
+        acc += 17 + kl + vl;
+        kbytes += kl;
+        vbytes += vl;
+        if (acc < block_bytes) continue;
+        Py_ssize_t m = i + 1 - start;
+        PyObject *raw = PyBytes_FromStringAndSize(NULL, 4 + 17 * m + kbytes + vbytes);
+        if (raw == NULL) goto fail;
+        unsigned char *p = (unsigned char *)PyBytes_AS_STRING(raw);
+        unsigned char *kl_p = p + 4, *vl_p = p + 4 + 4 * m, *seq_p = p + 4 + 8 * m, *fl_p = p + 4 + 16 * m;
+        unsigned char *kd = p + 4 + 17 * m, *vd = kd + kbytes;
+        uint32_t m32 = (uint32_t)m;
+        for (int b = 0; b < 4; b++) p[b] = (unsigned char)(m32 >> (8 * b));
+        for (Py_ssize_t r = start; r <= i; r++) {
+            PyObject *rk = PyList_GET_ITEM(keys, r), *rv = PyList_GET_ITEM(values, r);
+            uint32_t a = (uint32_t)PyBytes_GET_SIZE(rk), c = rv == Py_None ? 0 : (uint32_t)PyBytes_GET_SIZE(rv);
+            unsigned long long sq = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(seqs, r));
+            if (sq == (unsigned long long)-1 && PyErr_Occurred()) { Py_DECREF(raw); goto fail; }
+            for (int b = 0; b < 4; b++) { kl_p[b] = (unsigned char)(a >> (8 * b)); vl_p[b] = (unsigned char)(c >> (8 * b)); }
+            for (int b = 0; b < 8; b++) seq_p[b] = (unsigned char)(sq >> (8 * b));
+            *fl_p++ = rv == Py_None ? 1 : 0;
+            kl_p += 4; vl_p += 4; seq_p += 8;
+            memcpy(kd, PyBytes_AS_STRING(rk), a); kd += a;
+            if (c) { memcpy(vd, PyBytes_AS_STRING(rv), c); vd += c; }
+        }
+        int rc = PyList_Append(blocks, raw);
+        Py_DECREF(raw);
+        if (rc < 0) goto fail;
+        start = i + 1;
+        acc = kbytes = vbytes = 0;
+    }
+    return Py_BuildValue("(Nn)", blocks, start);
+fail:
+    Py_DECREF(blocks);
+    return NULL;
+}
+
 /* memtable_put(d, keys, first_seq, values, entry_overhead) -> (new_keys, delta_bytes)
  * Memtable.put once per row, in order: d[keys[i]] = (first_seq + i, values[i]); new_keys
  * lists the keys not in d before (each once), delta_bytes is the change of the memtable's
@@ -783,6 +852,7 @@ static PyMethodDef methods[] = {
     {"merge_spans_live", (PyCFunction)(void (*)(void))merge_spans_live, METH_FASTCALL,
      merge_spans_live_doc},
     {"memtable_put", (PyCFunction)(void (*)(void))memtable_put, METH_FASTCALL, memtable_put_doc},
+    {"encode_blocks", (PyCFunction)(void (*)(void))encode_blocks, METH_FASTCALL, encode_blocks_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -180,6 +180,34 @@ class SSTableBuilder:
             sorted_unique or all(map(bytes.__lt__, keys, islice(keys, 1, None)))
         ):
             raise ValueError("SSTable keys must be added in strictly increasing order")
+        lo = min(seqs)
+        if not self._min_seq or lo < self._min_seq:
+            self._min_seq = lo
+        self._max_seq = max(self._max_seq, max(seqs))
+        self._keys += keys
+        self._last_key = keys[-1]
+        if NATIVE is not None and not self._block_entries:
+            # Whole blocks are cut and encoded in C; the rows of the last, open block
+            # take the Python path below.
+            keys, values = list(keys), list(values)
+            seqs = seqs.tolist() if isinstance(seqs, np.ndarray) else list(seqs)
+            raws, used = NATIVE.encode_blocks(keys, seqs, values, self._block_bytes)
+            first = 0
+            for raw in raws:
+                entries = _U32.unpack_from(raw, 0)[0]
+                self._write_block(raw, keys[first], entries)
+                self.raw_bytes += len(raw) - 4
+                first += entries
+            keys, seqs, values = keys[used:], seqs[used:], values[used:]
+            n = len(keys)
+            if not n:
+                return
+        self._add_rows(keys, seqs, values)
+
+    def _add_rows(self, keys: Sequence[bytes], seqs: Sequence[int], values: Sequence[bytes | None]) -> None:
+        """Appends rows to the open block, finishing blocks as they fill (the cut found
+        by a cumulative sum over the row sizes)."""
+        n = len(keys)
         if None in values:
             flags = bytes([FLAG_TOMBSTONE if v is None else 0 for v in values])
             values = [b"" if v is None else v for v in values]
@@ -210,12 +238,6 @@ class SSTableBuilder:
                 self._finish_block()
             i, base = end, top
         self.raw_bytes += total
-        self._keys += keys
-        self._last_key = keys[-1]
-        lo = min(seqs)
-        if not self._min_seq or lo < self._min_seq:
-            self._min_seq = lo
-        self._max_seq = max(self._max_seq, max(seqs))
 
     def _finish_block(self) -> None:
         n = self._block_entries
@@ -232,14 +254,7 @@ class SSTableBuilder:
                 *self._bvals,
             )
         )
-        self._block_raw = len(raw)
-        frame = self._cctx.compress(raw)
-        disk = frame + crc32c(frame).to_bytes(4, "little")
-        self._index.append(
-            [self._block_first, self._offset, len(disk), self._block_raw, self._block_entries]
-        )
-        self._parts.append(disk)
-        self._offset += len(disk)
+        self._write_block(raw, self._block_first, n)
         self._bkeys = []
         self._bvals = []
         self._bseqs = []
@@ -247,6 +262,14 @@ class SSTableBuilder:
         self._block_raw = 0
         self._block_first = None
         self._block_entries = 0
+
+    def _write_block(self, raw: bytes, first_key: bytes, entries: int) -> None:
+        """Compresses one encoded block, appends it and its sparse-index row."""
+        frame = self._cctx.compress(raw)
+        disk = frame + crc32c(frame).to_bytes(4, "little")
+        self._index.append([first_key, self._offset, len(disk), len(raw), entries])
+        self._parts.append(disk)
+        self._offset += len(disk)
 
     def finish(self) -> tuple[bytes, dict]:
         """Seals the table.

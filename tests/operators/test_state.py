@@ -218,3 +218,18 @@ def test_timer_pass_below_the_lower_bound_reads_nothing(db) -> None:
     service.set(3, 120, b"c")                               # lowers the bound
     scans.clear()
     assert service.pop_due(130) == [(120, 3, b"c")] and scans and service.low == 200
+
+
+@given(st.lists(st.fixed_dictionaries({"n": st.integers(-(1 << 63), (1 << 63) - 1) | st.none()},
+                                      optional={"s": st.text(max_size=5)}), max_size=20),
+       st.booleans())
+@settings(max_examples=80, deadline=None)
+def test_bulk_codec_calls_equal_one_call_per_value(records, one_field) -> None:
+    """``encode_many``/``decode_many`` give the bytes and values of ``encode``/``decode``
+    per value (records missing a field included; None passes through decode_many)."""
+    codec = RecordCodec({"n": pa.int64()} if one_field else {"n": pa.int64(), "s": pa.string()})
+    raws = codec.encode_many(records)
+    assert raws == [codec.encode(r) for r in records]
+    assert codec.decode_many(raws + [None]) == [codec.decode(r) for r in raws] + [None]
+    ints = IntCodec()
+    assert ints.encode_many([r["n"] or 0 for r in records]) == [ints.encode(r["n"] or 0) for r in records]

@@ -180,6 +180,7 @@ def test_add_columns_builds_the_same_bytes_as_add(entries, block_bytes, cuts) ->
     bounds = sorted({0, len(keys), *(c % (len(keys) + 1) for c in cuts)})
     for a, b in zip(bounds, bounds[1:]):
         got.add_columns(keys[a:b], seqs[a:b], values[a:b])
+    assert got.raw_bytes == ref.raw_bytes
     assert got.finish() == ref.finish()
 
 
