@@ -119,6 +119,8 @@ class Memtable:
                 for k in pending:
                     insort(keys, k)
             else:
+                if NATIVE is not None:
+                    NATIVE.sort_bytes(pending)  # a C comparison per step, not a rich compare
                 keys.extend(pending)
                 keys.sort()  # timsort merges the two sorted runs in linear time
             self._pending = []

@@ -284,3 +284,16 @@ def test_merge_spans_live_rejects_bad_spans(c) -> None:
     with pytest.raises(ValueError, match="across blocks"):
         c.merge_spans_live([], [([block, block], [1, 1], b"", None)])
     assert c.merge_spans_live([], [([block], [1], b"", None)]) == [(b"a", b"x")]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sets(st.binary(max_size=24) | st.sampled_from([b"", b"\x00", b"a\x00", b"a", b"a\x00\x00"]), max_size=60))
+def test_sort_bytes_is_bytes_order(c, keys) -> None:
+    """``sort_bytes`` orders like ``sorted`` on bytes: keys that differ only past 16
+    bytes, or by trailing zero bytes (the padding of its 16-byte words), included."""
+    keys = list(keys) + [b"p" * 16 + k for k in keys]
+    got = list(keys)
+    c.sort_bytes(got)
+    assert got == sorted(keys)
+    with pytest.raises(TypeError):
+        c.sort_bytes([b"a", "b"])
