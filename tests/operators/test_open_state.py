@@ -4,26 +4,17 @@ a kept or caught-up instance holds exactly what ``DKV.open`` of the same manifes
 from __future__ import annotations
 
 import random
+from functools import partial
 
 import pytest
 
 from operators.open_state import OpenState
 from storage.dkv import DKV, DKVOptions
 from storage.objectstore.local import LocalObjectStore
+from tests.storage.random_writes import random_writes
 
 PREFIX = "jobs/j/state/op/kg-0000-0127"
-
-
-def _write(db: DKV, model: dict, rng: random.Random, n: int) -> None:
-    for _ in range(n):
-        key = f"k{rng.randrange(300):04d}".encode()
-        if rng.random() < 0.2:
-            db.delete(key)
-            model.pop(key, None)
-        else:
-            value = rng.randbytes(rng.randrange(1, 40))
-            db.put(key, value)
-            model[key] = value
+_write = partial(random_writes, keys=range(300), delete_share=0.2, value_bytes=(1, 39))
 
 
 def _assert_state(db: DKV, model: dict) -> None:

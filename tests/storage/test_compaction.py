@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import hypothesis.strategies as st
@@ -23,6 +24,7 @@ from storage.dkv.compaction import (
 from storage.dkv.levels import LevelList
 from storage.dkv.sstable import TableInfo
 from storage.objectstore.local import LocalObjectStore
+from tests.storage.random_writes import random_writes
 
 
 def t(key: str, lo: bytes, hi: bytes, s0: int = 1, s1: int = 1, size: int = 10) -> TableInfo:
@@ -152,15 +154,8 @@ def test_compaction_preserves_contents_and_drops_tombstones(tmp_path: Path) -> N
     rng = random.Random(11)
     model: dict[bytes, bytes] = {}
     for _round in range(4):
-        for _ in range(600):
-            k = b"k%03d" % rng.randrange(400)
-            if rng.random() < 0.3:
-                db.delete(k)
-                model.pop(k, None)
-            else:
-                v = rng.randbytes(rng.randint(1, 30))
-                db.put(k, v)
-                model[k] = v
+        random_writes(db, model, rng, 600, keys=range(400), key_format=b"k%03d", delete_share=0.3,
+                      value_bytes=(1, 30))
         db.flush()
     assert db.stats()["tables_per_level"][0] == 4
     before = list(db.scan_range(b"", None))
@@ -183,16 +178,7 @@ def test_compaction_preserves_contents_and_drops_tombstones(tmp_path: Path) -> N
     assert list(DKV.open(store, "p/c", mkey, opts).scan_range(b"", None)) == sorted(model.items())
 
 
-def _fill(db: DKV, model: dict[bytes, bytes], rng: random.Random, n: int) -> None:
-    for _ in range(n):
-        k = b"k%04d" % rng.randrange(3000)
-        if rng.random() < 0.2:
-            db.delete(k)
-            model.pop(k, None)
-        else:
-            v = rng.randbytes(rng.randint(1, 40))
-            db.put(k, v)
-            model[k] = v
+_fill = partial(random_writes, keys=range(3000), delete_share=0.2, value_bytes=(1, 40))
 
 
 def test_levels_grow_and_compact_all_merges_into_last(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from storage.dkv import DKV, DKVOptions
 from storage.dkv.gc import collect_garbage
 from storage.objectstore import ObjectStore, open_object_store
 from storage.objectstore.local import LocalObjectStore
+from tests.storage.random_writes import random_writes
 
 PREFIX = "jobs/j/state/op/kg-0000-0255"
 # Small memtables and an eager L0 trigger: every checkpoint flushes and compacts.
@@ -34,15 +35,8 @@ def _workload(root_uri: str, seed: int = 7, epochs: int = 6) -> tuple[dict[bytes
 
     for epoch in range(1, epochs + 1):
         db = DKV.open(reopen(), PREFIX, manifest, OPTIONS)
-        for _ in range(1500):
-            key = b"key-%05d" % rng.randrange(3000)
-            if rng.random() < 0.15:
-                db.delete(key)
-                model.pop(key, None)
-            else:
-                value = rng.randbytes(rng.randrange(1, 40))
-                db.put(key, value)
-                model[key] = value
+        random_writes(db, model, rng, 1500, keys=range(3000), key_format=b"key-%05d",
+                      delete_share=0.15, value_bytes=(1, 39))
         manifest = db.checkpoint(f"e{epoch:08d}-a")
         manifests.append(manifest)
         db.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from storage.dkv.remote_compaction import can_install, compact_checkpoint, load_
 from storage.dkv.sstable import TableInfo
 from storage.errors import CorruptionError
 from storage.objectstore.local import LocalObjectStore
+from tests.storage.random_writes import random_writes
 
 PREFIX = "jobs/j/state/op/kg-0000-0009"
 OPTS = DKVOptions(
@@ -22,16 +24,7 @@ OPTS = DKVOptions(
 )
 
 
-def write(db: DKV, model: dict[bytes, bytes], rng: random.Random, n: int) -> None:
-    for _ in range(n):
-        k = b"k%04d" % rng.randrange(800)
-        if rng.random() < 0.25:
-            db.delete(k)
-            model.pop(k, None)
-        else:
-            v = rng.randbytes(rng.randint(0, 30))
-            db.put(k, v)
-            model[k] = v
+write = partial(random_writes, keys=range(800), delete_share=0.25, value_bytes=(0, 30))
 
 
 def check(db: DKV, model: dict[bytes, bytes]) -> None:

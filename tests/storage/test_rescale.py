@@ -10,7 +10,9 @@ import pytest
 from storage.dkv import DKV, DKVOptions
 from storage.dkv.manifest import load_manifest
 from storage.dkv.remote_compaction import compact_checkpoint
+from storage.dkv.sstable import TableInfo
 from storage.objectstore.local import LocalObjectStore
+from tests.storage.random_writes import random_writes
 
 OPTS = DKVOptions(
     memtable_bytes=2500, block_bytes=200, l0_compaction_trigger=3, target_file_bytes=1200,
@@ -25,15 +27,7 @@ def key(i: int) -> bytes:
 
 
 def write(db: DKV, model: dict[bytes, bytes], rng: random.Random, n: int, lo: int, hi: int):
-    for _ in range(n):
-        k = key(rng.randrange(lo, hi))
-        if rng.random() < 0.25:
-            db.delete(k)
-            model.pop(k, None)
-        else:
-            v = rng.randbytes(rng.randint(0, 20))
-            db.put(k, v)
-            model[k] = v
+    random_writes(db, model, rng, n, keys=range(lo, hi), delete_share=0.25, value_bytes=(0, 20))
 
 
 def in_range(model: dict[bytes, bytes], lo: bytes, hi: bytes | None) -> dict[bytes, bytes]:
@@ -149,8 +143,9 @@ def test_empty_range_and_no_parents(tmp_path: Path) -> None:
     assert DKV.open(store, "op/e", db.checkpoint("e1"), OPTS).get(b"a1") == b"v"
 
 
-def test_split_then_merge_without_compaction_joins_shared_tables(tmp_path: Path) -> None:
-    store = LocalObjectStore(tmp_path)
+def _one_table_range(store: LocalObjectStore) -> tuple[dict[bytes, bytes], str, TableInfo]:
+    """Range ``op/p`` holding keys 0..19 in one compacted table: returns its model, the
+    manifest key of its checkpoint ``e1``, and that table."""
     db = DKV.open(store, "op/p", options=OPTS)
     model = {key(i): b"v%d" % i for i in range(0, 20)}
     for k, v in model.items():
@@ -158,6 +153,12 @@ def test_split_then_merge_without_compaction_joins_shared_tables(tmp_path: Path)
     db.compact_all()
     pkey = db.checkpoint("e1")
     (table,) = list(db.levels.all_tables())
+    return model, pkey, table
+
+
+def test_split_then_merge_without_compaction_joins_shared_tables(tmp_path: Path) -> None:
+    store = LocalObjectStore(tmp_path)
+    model, pkey, table = _one_table_range(store)
     kids = [
         DKV.open_from_parents(store, f"op/c{i}", [pkey], rng_, OPTS).checkpoint("e1")
         for i, rng_ in enumerate([(b"", key(5)), (key(5), key(12)), (key(12), None)])
@@ -182,13 +183,7 @@ def test_merge_with_a_parent_that_compacted_its_part_of_a_shared_table(tmp_path:
     newer writes and deletes); merging middle + right, then left + that, must not join the
     left and right clips of the shared file (its middle keys are stale)."""
     store = LocalObjectStore(tmp_path)
-    db = DKV.open(store, "op/p", options=OPTS)
-    model = {key(i): b"v%d" % i for i in range(0, 20)}
-    for k, v in model.items():
-        db.put(k, v)
-    db.compact_all()
-    pkey = db.checkpoint("e1")
-    (table,) = list(db.levels.all_tables())
+    model, pkey, table = _one_table_range(store)
     bounds = [(b"", key(5)), (key(5), key(12)), (key(12), None)]
     kids = [DKV.open_from_parents(store, f"op/c{i}", [pkey], r, OPTS) for i, r in enumerate(bounds)]
     mid = kids[1]
