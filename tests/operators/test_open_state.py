@@ -24,13 +24,20 @@ def _assert_state(db: DKV, model: dict) -> None:
         assert db.get(key) == model.get(key)
 
 
-def test_kept_instance_catches_up_with_epochs_another_worker_ran(tmp_path) -> None:
-    store, rng, model = LocalObjectStore(str(tmp_path)), random.Random(7), {}
+def _kept_after_epoch_1(tmp_path, seed: int, writes: int):
+    """A worker's DKV after epoch 1 (``writes`` random writes, checkpoint ``e1-a``), kept
+    in a new cache. Returns (store, rng, model, cache, db, manifest key of epoch 1)."""
+    store, rng, model = LocalObjectStore(str(tmp_path)), random.Random(seed), {}
     cache = OpenState()
-    worker_a = DKV.open(store, PREFIX)
-    _write(worker_a, model, rng, 500)
-    m1 = worker_a.checkpoint("e1-a")
-    cache.keep(store.root_uri, PREFIX, m1, None, worker_a)
+    db = DKV.open(store, PREFIX)
+    _write(db, model, rng, writes)
+    m1 = db.checkpoint("e1-a")
+    cache.keep(store.root_uri, PREFIX, m1, None, db)
+    return store, rng, model, cache, db, m1
+
+
+def test_kept_instance_catches_up_with_epochs_another_worker_ran(tmp_path) -> None:
+    store, rng, model, cache, worker_a, m1 = _kept_after_epoch_1(tmp_path, seed=7, writes=500)
     # Epochs 2 and 3 run on another worker, which opens m1 from the store.
     manifest = m1
     for epoch in (2, 3):
@@ -51,12 +58,7 @@ def test_kept_instance_catches_up_with_epochs_another_worker_ran(tmp_path) -> No
 
 
 def test_changed_tables_other_options_or_range_reopen(tmp_path) -> None:
-    store, rng, model = LocalObjectStore(str(tmp_path)), random.Random(8), {}
-    cache = OpenState()
-    db = DKV.open(store, PREFIX)
-    _write(db, model, rng, 200)
-    m1 = db.checkpoint("e1-a")
-    cache.keep(store.root_uri, PREFIX, m1, None, db)
+    store, rng, model, cache, _, m1 = _kept_after_epoch_1(tmp_path, seed=8, writes=200)
     other = DKV.open(store, PREFIX, m1)
     _write(other, model, rng, 200)
     other.flush()  # tables changed: no catch-up

@@ -134,26 +134,22 @@ def test_bulk_timers_match_a_set_model(tmp_path_factory, ops, watermark, batch_p
     service = TimerService(db, range(4))
     model: set[tuple[int, int, bytes]] = set()
     for n, (op, rows) in enumerate(ops):
-        kgs, stamps, keys = [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
-        if op == "set":
-            for kg, ts, key in rows:
-                service.set(kg, ts, key)
-            model.update(rows)
-        elif op == "set_many":
-            service.set_many(kgs, stamps, keys)
-            model.update(rows)
-        elif op == "delete":
-            for kg, ts, key in rows:
-                service.delete(kg, ts, key)
-            model.difference_update(rows)
-        elif op == "delete_many":
-            service.delete_many(kgs, stamps, keys)
-            model.difference_update(rows)
-        else:
+        if op == "checkpoint":
             key = db.checkpoint(f"c{n}")
             db.close()
             db = DKV.open(store, "timers", key)
             service = TimerService(db, range(4))
+            continue
+        call = getattr(service, op)  # set, set_many, delete or delete_many
+        if op.endswith("_many"):
+            call([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
+        else:
+            for kg, ts, key in rows:
+                call(kg, ts, key)
+        if op.startswith("set"):
+            model.update(rows)
+        else:
+            model.difference_update(rows)
     fired = service.pop_due(watermark) if batch_pop else list(service.due(watermark))
     expected = sorted((ts, kg, key) for kg, ts, key in model if ts <= watermark)
     assert fired == expected

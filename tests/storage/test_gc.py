@@ -50,12 +50,19 @@ def test_retention_deletes_superseded_files_only_under_prefixes(tmp_path: Path) 
     )
 
 
-def test_pending_and_in_progress_compactions_are_kept(tmp_path: Path) -> None:
-    store = LocalObjectStore(tmp_path)
+def with_pending_compaction(store: LocalObjectStore) -> tuple[DKV, str, str]:
+    """A filled range checkpointed as ``e1`` after a flush, and a full remote compaction
+    of that checkpoint published but not installed. Returns the DKV instance, the
+    manifest key of ``e1`` and the result key."""
     db = filled(store)
     db.flush_memtable()
     m1 = db.checkpoint("e1")
-    rkey = compact_checkpoint(store, P, m1, OPTS, full=True)
+    return db, m1, compact_checkpoint(store, P, m1, OPTS, full=True)
+
+
+def test_pending_and_in_progress_compactions_are_kept(tmp_path: Path) -> None:
+    store = LocalObjectStore(tmp_path)
+    db, m1, rkey = with_pending_compaction(store)
     outputs = [k for k in store.list(f"{P}/compactions/") if k.endswith(".sst")]
     store.put(f"{P}/compactions/00000000000000000001-abc/000001.sst", b"in progress")
     collect_garbage(store, [P], [m1])
@@ -74,10 +81,7 @@ def test_pending_and_in_progress_compactions_are_kept(tmp_path: Path) -> None:
 
 def test_discarded_result_outputs_are_collected(tmp_path: Path) -> None:
     store = LocalObjectStore(tmp_path)
-    db = filled(store)
-    db.flush_memtable()
-    m1 = db.checkpoint("e1")
-    rkey = compact_checkpoint(store, P, m1, OPTS, full=True)
+    db, m1, rkey = with_pending_compaction(store)
     db.compact_all()  # kills the result's inputs
     assert db.install_pending_compactions() == {"installed": 0, "discarded": 1}
     m2 = db.checkpoint("e2")
@@ -88,10 +92,7 @@ def test_discarded_result_outputs_are_collected(tmp_path: Path) -> None:
 
 def test_result_with_dropped_base_is_collected(tmp_path: Path) -> None:
     store = LocalObjectStore(tmp_path)
-    db = filled(store)
-    db.flush_memtable()
-    m1 = db.checkpoint("e1")
-    compact_checkpoint(store, P, m1, OPTS, full=True)
+    db, _, _ = with_pending_compaction(store)
     db.put(b"x", b"y")
     m2 = db.checkpoint("e2")
     collect_garbage(store, [P], [m2])
@@ -103,10 +104,7 @@ def test_result_object_goes_with_its_last_installed_output(tmp_path: Path) -> No
     """The result object stays while an installed output is named, and goes in the same
     run as the last one; an output directory never outlives its result object."""
     store = LocalObjectStore(tmp_path)
-    db = filled(store)
-    db.flush_memtable()
-    m1 = db.checkpoint("e1")
-    rkey = compact_checkpoint(store, P, m1, OPTS, full=True)
+    db, _, rkey = with_pending_compaction(store)
     outputs = [k for k in store.list(f"{P}/compactions/") if k.endswith(".sst")]
     assert db.install_pending_compactions()["installed"] == 1
     m2 = db.checkpoint("e2")
@@ -125,10 +123,7 @@ def test_handled_output_directory_without_result_is_collected(tmp_path: Path) ->
     """Leftovers of older GC runs: outputs of a handled compaction whose result object is
     gone are not in progress (the id was published), so they go by default."""
     store = LocalObjectStore(tmp_path)
-    db = filled(store)
-    db.flush_memtable()
-    m1 = db.checkpoint("e1")
-    rkey = compact_checkpoint(store, P, m1, OPTS, full=True)
+    db, _, rkey = with_pending_compaction(store)
     db.install_pending_compactions()
     db.put(b"k0001", b"newer")
     db.compact_all()
