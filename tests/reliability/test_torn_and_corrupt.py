@@ -33,11 +33,10 @@ from storage.dkv.sstable import FOOTER_SIZE
 from storage.errors import CorruptionError, ObjectNotFoundError
 from storage.objectstore import local as local_store
 from storage.objectstore.local import LocalObjectStore
-from tests.storage.test_corruption import ENTRIES
+from tests.storage.test_corruption import OPTS
+from tests.storage.test_corruption import make_db as _db_with_wal
 from tests.storage.test_corruption import read_everything as _read_all
 from tests.storage.test_corruption import small_table as _table
-
-OPTS = DKVOptions(memtable_bytes=1 << 20, block_bytes=200, l0_compaction_trigger=10)
 
 
 def _path(store: LocalObjectStore, key: str) -> Path:
@@ -57,19 +56,6 @@ def _truncate(store: LocalObjectStore, key: str, length: int) -> None:
 
 
 # ------------------------------------------------------------------ DKV files
-def _db_with_wal(tmp_path: Path) -> tuple[LocalObjectStore, str]:
-    store = LocalObjectStore(tmp_path)
-    db = DKV.open(store, "p/r", options=OPTS)
-    for k, _, v in ENTRIES[:200]:
-        db.put(k, v or b"")
-    db.flush()  # one SSTable
-    for k, _, v in ENTRIES[200:]:
-        db.put(k, b"late")  # these stay in the WAL object of the checkpoint
-    mkey = db.checkpoint("e00000001-a1")
-    db.close()
-    return store, mkey
-
-
 def test_truncated_wal_tail_detected_with_offset(tmp_path: Path) -> None:
     store, mkey = _db_with_wal(tmp_path)
     (wal,) = store.list("p/r/wal/")

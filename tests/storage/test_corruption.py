@@ -78,15 +78,18 @@ def test_truncated_or_extended_table_detected(tmp_path: Path) -> None:
 
 
 def make_db(tmp_path: Path) -> tuple[LocalObjectStore, str]:
+    """Range ``p/r`` checkpointed as ``e00000001-a1``: ENTRIES[:200] in one SSTable, then in
+    one WAL object a delete of k0001 and ENTRIES[200:] set to b"late". Returns the store
+    and the manifest key."""
     store = LocalObjectStore(tmp_path)
     db = DKV.open(store, "p/r", options=OPTS)
     for k, _, v in ENTRIES[:200]:
         db.put(k, v or b"")
     db.flush()  # one table
-    for k, _, v in ENTRIES[200:]:
-        db.put(k, b"late")
     db.delete(b"k0001")
-    mkey = db.checkpoint("e00000001-a1")  # WAL object holds the late writes
+    for k, _, v in ENTRIES[200:]:
+        db.put(k, b"late")  # the last record of the WAL object: k0299 -> b"late"
+    mkey = db.checkpoint("e00000001-a1")  # WAL object holds the delete and the late writes
     db.close()
     return store, mkey
 
