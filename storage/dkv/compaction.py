@@ -209,16 +209,8 @@ def run_compaction(plan: CompactionPlan, tables: TableStore, target_bytes: int) 
 
 def run_compaction_streaming(plan: CompactionPlan, tables: TableStore, target_bytes: int) -> CompactionResult:
     """``run_compaction`` by a lazy heap merge of entry iterators (``merge_newest``), one
-    Python step per entry: the reference the range merge is tested against.
-
-    Args:
-        plan: From ``plan_compaction`` (or ``plan_full``).
-        tables: Reads inputs (clipped tables yield only their visible keys), writes outputs.
-        target_bytes: Split size of output tables (uncompressed bytes).
-
-    Returns:
-        The result to install with ``LevelList.with_compaction``.
-    """
+    Python step per entry: the reference the range merge is tested against. Arguments
+    and result as in ``run_compaction``, whose output tables are byte-identical."""
     # Sorted-run inputs of one level are disjoint: concatenating them in key order is one
     # merge source, which keeps the heap small (L0 tables stay one source each).
     by_level: dict[int, list[TableInfo]] = {}
