@@ -20,6 +20,20 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` are skipped unless the ``-m`` expression selects ``slow``, so
+    a plain ``pytest`` runs only the fast default suite (CI runs ``-m slow`` as a second
+    step). ``@pytest.mark.slow("why")`` puts the why into the skip reason."""
+    markexpr = config.getoption("markexpr") or ""
+    if "slow" in markexpr and "not slow" not in markexpr:
+        return
+    for item in items:
+        marker = item.get_closest_marker("slow")
+        if marker is not None:
+            why = marker.args[0] if marker.args else "long run"
+            item.add_marker(pytest.mark.skip(reason=f"{why}: select it with -m slow"))
+
+
 @pytest.fixture(scope="session")
 def spark():
     """A local[2] SparkSession shared by the whole run (starting one takes 10-20 s)."""

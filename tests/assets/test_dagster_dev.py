@@ -26,7 +26,7 @@ CHROMIUM = "/usr/bin/chromium"
 DOCS_SCREENSHOT = ROOT / "docs" / "dagster-checkpoint-asset.png"
 EPOCHS = 6
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow("long run (4 to 8 minutes)")
 
 
 def _free_port() -> int:
@@ -65,10 +65,7 @@ class Dagster:
 
 
 @pytest.fixture(scope="module")
-def dagster_dev(request, tmp_path_factory):
-    markexpr = request.config.getoption("markexpr") or ""
-    if "slow" not in markexpr or "not slow" in markexpr:
-        pytest.skip("long run (4 to 8 minutes): select it with -m slow")
+def dagster_dev(tmp_path_factory):
     home = tmp_path_factory.mktemp("dagster_home")
     # The repository's instance settings, storage moved into the temporary home.
     (home / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text().replace(".dagster_home", str(home)))

@@ -51,11 +51,8 @@ def test_prefix_oracle_agrees_with_the_spec_oracle_on_the_full_data(flights_orac
 
 @pytest.mark.slow  # two micro-batches plus the timer batch take 1-3 minutes on 2 busy cores
 @pytest.mark.parametrize("variant", ["textbook", "batched"])
-def test_spark_tws_baseline_equals_oracle(request, spark, tmp_path, variant) -> None:
+def test_spark_tws_baseline_equals_oracle(spark, tmp_path, variant) -> None:
     """On the shared session: the query sets the RocksDB provider only for itself."""
-    markexpr = request.config.option.markexpr or ""
-    if "slow" not in markexpr or "not slow" in markexpr:
-        pytest.skip("long run: select it with -m slow")
     from bench.baselines.spark_tws_flights import ROCKSDB_PROVIDER, run
 
     plan = plan_epochs(**SMALL)

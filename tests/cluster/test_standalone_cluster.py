@@ -40,19 +40,13 @@ from operators.spark import OBJECT_STORE_ENV
 from operators.state_reader import checkpoint_entries, read_state
 from storage.objectstore import open_object_store
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow("starts a Spark cluster")
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB_SPEC = "operators.examples.flights:flights_job"
 EPOCH_EVENTS = 120_000  # 4 epochs over the full data set (the last one has 835 events)
 EPOCHS = list(range(1, 5))
 DRIVER_TIMEOUT_S = 600
-
-
-def _skip_unless_slow_selected(request) -> None:
-    markexpr = request.config.option.markexpr or ""
-    if "slow" not in markexpr or "not slow" in markexpr:
-        pytest.skip("starts a Spark cluster: select it with -m slow")
 
 
 def _descendants(pid: int) -> set[int]:
@@ -96,10 +90,9 @@ def _script(action: str, directory: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def cluster(request, tmp_path_factory):
+def cluster(tmp_path_factory):
     """The cluster, stopped at teardown (even when a test failed); teardown checks that
     every process it started, executors and Python workers included, is gone."""
-    _skip_unless_slow_selected(request)
     directory = tmp_path_factory.mktemp("spark-cluster")
     started = _script("start", directory)
     try:

@@ -137,11 +137,7 @@ def test_flights_on_s3_spark_survives_a_stopped_server(spark_with_s3_env, s3_ser
 
 @pytest.mark.slow  # a second full in-process run (~30 s); CI runs it in its slow step
 def test_commit_fails_clearly_when_server_stops_then_resumes_exactly_once(
-        s3_server, monkeypatch, request) -> None:
-    markexpr = request.config.option.markexpr or ""
-    if "slow" not in markexpr or "not slow" in markexpr:
-        pytest.skip("long run: select it with -m slow")
-    local_output = request.getfixturevalue("local_output")  # after the skip: it costs a run
+        s3_server, monkeypatch, local_output) -> None:
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
     job = flights_job(events_per_epoch=EPOCH_EVENTS)
     root = _s3_root(s3_server)

@@ -90,15 +90,12 @@ def test_capacity_closes_the_oldest(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("batch", [pytest.param(False, marks=pytest.mark.slow), True], ids=["on_event", "vectorised"])
-def test_job_with_two_workers_caching_state(batch, tmp_path, monkeypatch, request) -> None:
+def test_job_with_two_workers_caching_state(batch, tmp_path, monkeypatch) -> None:
     """The flights job for 6 epochs, split 2 -> 3 ranges after 3, its tasks run by two
     simulated workers picked at random (as Spark's reused Python workers are), each with
     its own cache: every checkpoint's state and the output equal a run without caches
     (itself checked against the pandas oracle by tests/operators/test_flights_job.py).
     The ``on_event`` case (~50 s) is slow."""
-    markexpr = request.config.option.markexpr or ""
-    if not batch and ("slow" not in markexpr or "not slow" in markexpr):
-        pytest.skip("long run: select it with -m slow")
     import operators.runtime as runtime
     from operators.examples.flights import flights_job
     from operators.runtime import JobRunner

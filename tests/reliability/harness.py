@@ -218,12 +218,3 @@ def run_driver(cfg: dict, workdir: Path, kill_after_s: float | None = None, time
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
     return DriverRun(proc.returncode, trace.read_text().split(), err, time.perf_counter() - started)
-
-
-def require_slow(request) -> None:
-    """Skips unless ``-m slow`` selected the test (the convention of tests/conftest.py)."""
-    import pytest
-
-    markexpr = request.config.getoption("markexpr") or ""
-    if "slow" not in markexpr or "not slow" in markexpr:
-        pytest.skip("long run: select it with -m slow")

@@ -68,12 +68,11 @@ def test_sigkill_at_random_time_then_restart(reference, tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_many_randomized_sigkills(request, reference, tmp_path) -> None:
+def test_many_randomized_sigkills(reference, tmp_path) -> None:
     """Runs of 1-3 successive kills each, at named points (random pass) or random times;
     recovery checked after each kill and at the end of each run. The first kill of each
     of the first 14 runs takes the named points in turn (a fault-free run from scratch
     passes each of them, so each is killed); the rest are drawn at random."""
-    harness.require_slow(request)
     rnd, seed = harness.rng("many")
     runs = int(os.environ.get("DKVSTREAM_CRASH_RUNS", "40"))
     named: collections.Counter = collections.Counter()
@@ -126,10 +125,9 @@ def test_many_randomized_sigkills(request, reference, tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_sigkill_driver_on_spark_then_restart(request, reference, tmp_path) -> None:
+def test_sigkill_driver_on_spark_then_restart(reference, tmp_path) -> None:
     """The driver runs its tasks on Spark local mode (its own session in the subprocess):
     killed at a random driver-side point, then at a random time; recovered in-process."""
-    harness.require_slow(request)
     rnd, seed = harness.rng("spark")
     point = rnd.choice(DRIVER_POINTS)
     hit = rnd.randint(1, max(1, reference.passes[point] // 2))  # leave work for the second kill

@@ -94,8 +94,7 @@ def _kept_objects(store, prefix: str) -> tuple[int, int]:
 
 
 @pytest.mark.slow
-def test_soak_with_sensors_and_s3_restarts(request, s3_server, s3_store) -> None:
-    harness.require_slow(request)
+def test_soak_with_sensors_and_s3_restarts(s3_server, s3_store) -> None:
     seconds = float(os.environ.get("DKVSTREAM_SOAK_SECONDS", "1800"))
     rate = float(os.environ.get("DKVSTREAM_SOAK_RATE", "300"))
     job = keyed_count_job(1, 500, partitions=2, step_ms=1_000, events_per_epoch=int(rate * 20), name="soak")

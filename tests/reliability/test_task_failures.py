@@ -55,8 +55,7 @@ def test_duplicate_attempts_leave_no_trace(reference, tmp_path, monkeypatch) -> 
 
 
 @pytest.mark.slow
-def test_failed_first_attempts_on_spark_are_retried(request, reference, tmp_path) -> None:
-    harness.require_slow(request)
+def test_failed_first_attempts_on_spark_are_retried(reference, tmp_path) -> None:
     failures = tmp_path / "failed-attempts"
     failures.mkdir()
     store = str(tmp_path / "store")

@@ -186,11 +186,8 @@ TestDKVModelWalHeavy = WalHeavyMachine.TestCase
 
 
 @pytest.mark.slow
-def test_dkv_model_long_run(request: pytest.FixtureRequest) -> None:
+def test_dkv_model_long_run() -> None:
     """Many more examples of the small-sizes machine (~2.5 minutes); opt in with -m slow."""
-    markexpr = request.config.option.markexpr or ""
-    if "slow" not in markexpr or "not slow" in markexpr:
-        pytest.skip("long run: select it with -m slow")
     run_state_machine_as_test(
         DKVMachine, settings=settings(max_examples=1500, stateful_step_count=100, deadline=None)
     )

@@ -242,11 +242,8 @@ TestRangesModel = RangesMachine.TestCase
 
 
 @pytest.mark.slow
-def test_ranges_model_long_run(request: pytest.FixtureRequest) -> None:
+def test_ranges_model_long_run() -> None:
     """Many more examples (several minutes); opt in with -m slow."""
-    markexpr = request.config.option.markexpr or ""
-    if "slow" not in markexpr or "not slow" in markexpr:
-        pytest.skip("long run: select it with -m slow")
     run_state_machine_as_test(
         RangesMachine, settings=settings(max_examples=500, stateful_step_count=80, deadline=None)
     )

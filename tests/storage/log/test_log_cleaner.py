@@ -214,11 +214,8 @@ def test_offset_map_collision_bound_matches_knuth() -> None:
 
 
 @pytest.mark.slow
-def test_compaction_matches_model_long(request: pytest.FixtureRequest, tmp_path_factory) -> None:
+def test_compaction_matches_model_long(tmp_path_factory) -> None:
     """400 examples of the model (~30 s); opt in with -m slow."""
-    markexpr = request.config.option.markexpr or ""
-    if "slow" not in markexpr or "not slow" in markexpr:
-        pytest.skip("long run: select it with -m slow")
     run = settings(max_examples=400, deadline=None)(given(ops_st, st.sampled_from([200, 1024, 4096]))(
         lambda ops, buffer: run_model(tmp_path_factory, ops, buffer)))
     run()
