@@ -351,6 +351,24 @@ static PyObject *block_get(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return out;
 }
 
+/* The entries of a raw block with start <= key < end as entry_lists gives them (start
+ * NULL: from the first entry, end NULL: to the last; both bytes otherwise). NULL with an
+ * exception set if the block is malformed. */
+static PyObject *block_entries(PyObject *raw, PyObject *expect, PyObject *start, PyObject *end) {
+    raw_block b;
+    if (parse_block(raw, expect, &b) < 0) return NULL;
+    uint64_t stack_offs[2 * (STACK_ENTRIES + 1)];
+    uint64_t *koffs = offsets_acquire(&b, stack_offs);
+    if (!koffs) return NULL;
+    Py_ssize_t lo = !start ? 0
+        : key_lower_bound(b.raw, koffs, b.n, PyBytes_AS_STRING(start), PyBytes_GET_SIZE(start));
+    Py_ssize_t hi = !end ? b.n
+        : key_lower_bound(b.raw, koffs, b.n, PyBytes_AS_STRING(end), PyBytes_GET_SIZE(end));
+    PyObject *out = entry_lists(&b, koffs, koffs + (b.n + 1), lo, hi < lo ? lo : hi);
+    offsets_release(koffs, stack_offs);
+    return out;
+}
+
 PyDoc_STRVAR(decode_block_doc,
 "decode_block(raw, expect) -> (keys, seqs, values)\n\n"
 "Splits a decompressed data block (format: sstable.py, raw_block) into parallel lists:\n"
@@ -363,17 +381,8 @@ static PyObject *decode_block(PyObject *self, PyObject *const *args, Py_ssize_t 
         PyErr_SetString(PyExc_TypeError, "decode_block(raw: bytes, expect: int)");
         return NULL;
     }
-    raw_block b;
-    if (parse_block(args[0], args[1], &b) < 0) return NULL;
-    uint64_t stack_offs[2 * (STACK_ENTRIES + 1)];
-    uint64_t *koffs = offsets_acquire(&b, stack_offs);
-    if (!koffs) return NULL;
-    PyObject *out = entry_lists(&b, koffs, koffs + (b.n + 1), 0, b.n);
-    offsets_release(koffs, stack_offs);
-    return out;
+    return block_entries(args[0], args[1], NULL, NULL);
 }
-
-
 
 PyDoc_STRVAR(block_range_doc,
 "block_range(raw, expect, start, end) -> (keys, seqs, values)\n\n"
@@ -389,18 +398,7 @@ static PyObject *block_range(PyObject *self, PyObject *const *args, Py_ssize_t n
                         "block_range(raw: bytes, expect: int, start: bytes, end: bytes | None)");
         return NULL;
     }
-    raw_block b;
-    if (parse_block(args[0], args[1], &b) < 0) return NULL;
-    uint64_t stack_offs[2 * (STACK_ENTRIES + 1)];
-    uint64_t *koffs = offsets_acquire(&b, stack_offs);
-    if (!koffs) return NULL;
-    Py_ssize_t lo = key_lower_bound(b.raw, koffs, b.n, PyBytes_AS_STRING(args[2]),
-                                    PyBytes_GET_SIZE(args[2]));
-    Py_ssize_t hi = args[3] == Py_None ? b.n
-        : key_lower_bound(b.raw, koffs, b.n, PyBytes_AS_STRING(args[3]), PyBytes_GET_SIZE(args[3]));
-    PyObject *out = entry_lists(&b, koffs, koffs + (b.n + 1), lo, hi < lo ? lo : hi);
-    offsets_release(koffs, stack_offs);
-    return out;
+    return block_entries(args[0], args[1], args[2], args[3] == Py_None ? NULL : args[3]);
 }
 
 PyDoc_STRVAR(merge_live_doc,
