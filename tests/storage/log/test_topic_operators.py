@@ -16,6 +16,7 @@ from operators.state import ValueSpec
 from operators.topics import TopicSink, TopicSource
 from storage.log import COMPACT, Log, TopicConfig
 from storage.objectstore import open_object_store
+from tests.operators.test_restart import Crash, crash_at
 
 EVENTS = 600
 
@@ -74,17 +75,6 @@ def output(root: str) -> pd.DataFrame:
                                                                 table.column("value").to_pylist())]
     df = pd.DataFrame(rows, columns=["key", "seq", "amount", "total", "ts"])
     return df.sort_values(["key", "seq"]).reset_index(drop=True)
-
-
-class Crash(Exception):
-    """The simulated driver crash."""
-
-
-def crash_at(point: str, epoch: int):
-    def failpoint(p: str, e: int) -> None:
-        if p == point and e == epoch:
-            raise Crash(f"{p} of epoch {e}")
-    return failpoint
 
 
 @pytest.mark.parametrize("point,epoch", [("after_commit", 2), ("after_tasks", 3)])
