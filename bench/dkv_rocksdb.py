@@ -150,7 +150,24 @@ def prefix_successor(prefix: bytes) -> bytes | None:
 # -- engines: a uniform facade ------------------------------------------------------------
 
 
-class DKVEngine:
+class _Engine:
+    """What both engines share: ``self.db`` has ``put(key, value)``, ``get(key)`` (bytes or
+    None) and ``close()``; the per-key loops look the method up once."""
+
+    def put_all(self, keys, values) -> None:
+        put = self.db.put
+        for k, v in zip(keys, values):
+            put(k, v)
+
+    def get_all(self, keys) -> list:
+        get = self.db.get
+        return [get(k) for k in keys]
+
+    def close(self) -> None:
+        self.db.close()
+
+
+class DKVEngine(_Engine):
     name = "DKV"
 
     def __init__(self, root: str) -> None:
@@ -161,15 +178,6 @@ class DKVEngine:
         self.db = DKV.open(LocalObjectStore(root), "bench", None, self.options)
         self.notes: list[str] = []
         self._ckpt = 0
-
-    def put_all(self, keys, values) -> None:
-        put = self.db.put
-        for k, v in zip(keys, values):
-            put(k, v)
-
-    def get_all(self, keys) -> list:
-        get = self.db.get
-        return [get(k) for k in keys]
 
     def scan_all(self, prefixes) -> list[list[tuple[bytes, bytes]]]:
         scan = self.db.scan_prefix
@@ -194,11 +202,8 @@ class DKVEngine:
     def shape(self) -> str:
         return "tables per level " + str(self.db.stats()["tables_per_level"])
 
-    def close(self) -> None:
-        self.db.close()
 
-
-class RocksDBEngine:
+class RocksDBEngine(_Engine):
     name = "RocksDB"
 
     def __init__(self, root: str) -> None:
@@ -207,15 +212,6 @@ class RocksDBEngine:
         self.r = r
         self.db = _open_rocksdb(r, root)
         self.notes: list[str] = []
-
-    def put_all(self, keys, values) -> None:
-        put = self.db.put
-        for k, v in zip(keys, values):
-            put(k, v)
-
-    def get_all(self, keys) -> list:
-        get = self.db.get
-        return [get(k) for k in keys]
 
     def scan_all(self, prefixes) -> list[list[tuple[bytes, bytes]]]:
         # The RocksDB idiom for a prefix scan without a prefix extractor: seek to the
@@ -248,9 +244,6 @@ class RocksDBEngine:
         while len(files) > 1 and not files[-1]:
             files.pop()
         return "files per level " + str(files)
-
-    def close(self) -> None:
-        self.db.close()
 
 
 def _open_rocksdb(r, root: str):
