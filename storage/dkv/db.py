@@ -36,6 +36,7 @@ from storage.dkv.compaction import (
     plan_full,
     run_compaction,
 )
+from storage.dkv.gc_pause import gc_paused
 from storage.dkv.invariants import check_manifest
 from storage.dkv.levels import LevelList
 from storage.dkv.manifest import Manifest, WalRef, load_manifest, publish_manifest
@@ -648,7 +649,8 @@ class DKV:
             self._mem = Memtable()
         levels = self._levels
         for m in reversed(self._sealed):  # oldest first, so L0 ends up newest first
-            t = self._tables.write_table_columns(*m.columns())
+            with gc_paused():
+                t = self._tables.write_table_columns(*m.columns())
             fault_point("dkv_table_written")
             if t is not None:
                 levels = levels.with_flushed(t)
@@ -684,7 +686,8 @@ class DKV:
             spent += plan.input_bytes
 
     def _run_plan(self, plan: CompactionPlan) -> None:
-        result = run_compaction(plan, self._tables, self._options.target_file_bytes)
+        with gc_paused():
+            result = run_compaction(plan, self._tables, self._options.target_file_bytes)
         fault_point("dkv_compaction_written")
         self.install_compaction(result)
         self._compactions[plan.reason] = self._compactions.get(plan.reason, 0) + 1

@@ -229,3 +229,41 @@ def test_gets_over_more_tables_than_the_table_cache_holds_read_blocks_not_tables
             assert db.get(key) == model[key]
         read = store.stats.snapshot()["bytes_read"] - before
     assert read < table_bytes + 400 * 8 * 1024, f"read {read:,} bytes for 400 gets over {table_bytes:,} bytes of tables"
+
+
+def test_flush_and_compaction_restore_the_garbage_collector(tmp_path, monkeypatch) -> None:
+    """The collector is paused while a flush or compaction builds tables and restored
+    after, also when the build fails; a collector the caller disabled stays disabled."""
+    import gc
+
+    from storage.dkv import db as db_module
+
+    seen = []
+    real = db_module.TableStore.write_table_columns
+
+    def spying(self, *a, **k):
+        seen.append(gc.isenabled())
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(db_module.TableStore, "write_table_columns", spying)
+    db = DKV.open(LocalObjectStore(str(tmp_path)), PREFIX)
+    db.put(b"k", b"v")
+    assert gc.isenabled()
+    db.flush()
+    assert seen == [False] and gc.isenabled()
+
+    def failing(self, *a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(db_module.TableStore, "write_table_columns", failing)
+    db.put(b"k2", b"v")
+    with pytest.raises(OSError):
+        db.flush()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        monkeypatch.setattr(db_module.TableStore, "write_table_columns", real)
+        db.flush()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
