@@ -78,6 +78,7 @@ LATE_SCHEMA = pa.schema([pa.field("key", pa.binary()), pa.field("event_time", pa
 
 WINDOW = RecordCodec({"flights": pa.int64(), "cancelled": pa.int64(), "delay_sum": pa.float64(),
                       "delay_count": pa.int64(), "delay_max": pa.float64()})
+_WINDOW_FIELDS = tuple(WINDOW.fields)
 
 
 class RouteDailyDelays(Operator):
@@ -184,38 +185,48 @@ class RouteDailyDelaysBatch(BatchOperator):
         kgs = groups.column("kg").to_pylist()
         starts = groups.column("start").to_pylist()
         state = ctx.state(self.windows)
-        merged = []
-        for old, n, c, dsum, dcount, dmax in zip(
-                state.get(keys, kgs, starts), *(groups.column(name).to_pylist() for name in (
-                    "cancelled_count", "cancelled_sum", "delay_sum", "delay_count", "delay_max"))):
-            agg = old or {"flights": 0, "cancelled": 0, "delay_sum": 0.0, "delay_count": 0, "delay_max": None}
-            agg["flights"] += n
-            agg["cancelled"] += c
-            if dcount:
-                agg["delay_sum"] += dsum
-                agg["delay_count"] += dcount
-                if agg["delay_max"] is None or dmax > agg["delay_max"]:
-                    agg["delay_max"] = float(dmax)
-            merged.append(agg)
-        state.set(keys, kgs, starts, merged)
+        dkv_keys = state.dkv_keys(keys, kgs, starts)  # built once for the read and the write
+        # A window's aggregate as this epoch's events alone make it: a window without
+        # stored state (most of an epoch's) is stored as is. A window without delays has
+        # delay sum 0.0 and max None, as on_event leaves them.
+        counts = groups.column("delay_count")
+        fresh = [dict(zip(_WINDOW_FIELDS, row)) for row in zip(
+            groups.column("cancelled_count").to_pylist(), groups.column("cancelled_sum").to_pylist(),
+            pc.if_else(pc.greater(counts, 0), groups.column("delay_sum"), 0.0).to_pylist(),
+            counts.to_pylist(), groups.column("delay_max").to_pylist())]
+        for i, old in enumerate(state.get_at(dkv_keys)):
+            if old is None:
+                continue
+            new = fresh[i]
+            old["flights"] += new["flights"]
+            old["cancelled"] += new["cancelled"]
+            if new["delay_count"]:
+                old["delay_sum"] += new["delay_sum"]
+                old["delay_count"] += new["delay_count"]
+                if old["delay_max"] is None or new["delay_max"] > old["delay_max"]:
+                    old["delay_max"] = new["delay_max"]
+            fresh[i] = old
+        state.set_at(dkv_keys, fresh)
         ctx.set_timers(keys, kgs, [s + DAY_MS for s in starts])
 
     def on_timers(self, ctx: BatchContext, timers: pa.Table) -> None:
         keys = timers.column("key").to_pylist()
         kgs = timers.column("key_group").to_pylist()
         stamps = timers.column("timestamp").to_pylist()
-        starts = [t - DAY_MS for t in stamps]
         state = ctx.state(self.windows)
-        aggs = state.get(keys, kgs, starts)
+        dkv_keys = state.dkv_keys(keys, kgs, [t - DAY_MS for t in stamps])
+        aggs = state.get_at(dkv_keys)
         hit = [i for i, a in enumerate(aggs) if a is not None]
-        routes = [keys[i].decode().split("-", 1) for i in hit]
-        rows = [aggs[i] for i in hit]
+        if len(hit) < len(aggs):
+            keys, stamps, aggs, dkv_keys = ([seq[i] for i in hit] for seq in (keys, stamps, aggs, dkv_keys))
+        routes = [k.decode().split("-", 1) for k in keys]
+        ends = pa.array(stamps, pa.int64())
         ctx.emit({
             "origin": [r[0] for r in routes], "dest": [r[1] for r in routes],
-            "window_start": pa.array([starts[i] for i in hit], pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
-            "window_end": pa.array([stamps[i] for i in hit], pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
-            "flights": [a["flights"] for a in rows], "cancelled": [a["cancelled"] for a in rows],
-            "dep_delay_mean": [a["delay_sum"] / a["delay_count"] if a["delay_count"] else None for a in rows],
-            "dep_delay_max": [a["delay_max"] for a in rows],
-        }, keys=[keys[i] for i in hit], timestamps=[stamps[i] for i in hit])
-        state.delete([keys[i] for i in hit], [kgs[i] for i in hit], [starts[i] for i in hit])
+            "window_start": pc.subtract(ends, DAY_MS).cast(pa.timestamp("ms", tz="UTC")),
+            "window_end": ends.cast(pa.timestamp("ms", tz="UTC")),
+            "flights": [a["flights"] for a in aggs], "cancelled": [a["cancelled"] for a in aggs],
+            "dep_delay_mean": [a["delay_sum"] / a["delay_count"] if a["delay_count"] else None for a in aggs],
+            "dep_delay_max": [a["delay_max"] for a in aggs],
+        }, keys=keys, timestamps=stamps)
+        state.delete_at(dkv_keys)
