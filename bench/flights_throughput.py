@@ -17,7 +17,10 @@ engine whose check fails is reported as FAILED, not timed.
 
 Engines: ``dkvstream`` (``operators/examples/flights.py``, the vectorised form
 ``flights_job(batch=True)``, on ``JobRunner``, local[2]; the reference row),
-``dkvstream-on-event`` (the same job in the ``on_event`` form),
+``dkvstream-in-process`` (the same, ``JobRunner(job, spark=None)``: both key-group ranges'
+stages run one after the other in the driver process, one core, no Spark; the row to
+compare with Bytewax's one worker in one process), ``dkvstream-on-event`` (the
+``on_event`` form on local[2]),
 ``spark-tws-textbook`` and ``spark-tws-batched`` (``bench/baselines/spark_tws_flights.py``:
 RocksDB state store, local[2], event-time timers), ``bytewax`` (``bench/baselines/
 bytewax_flights.py``: one worker, SQLite recovery snapshots each second).
@@ -32,10 +35,21 @@ prefix; events/s of a prefix and of a full run are compared as rates.
 against Spark TWS: the median seconds per epoch is the fixed cost of a micro-batch
 (planning, a Spark stage, state commit, checkpoint).
 
+What each engine's clock covers (events/s = events / those seconds): dkvstream, from
+just before ``JobRunner`` is constructed (its start-up counts; the Spark session is up,
+the source's replay tables are built) until the last epoch's commit and publish;
+Bytewax, from ``cli_main`` (the flow built, the recovery store initialised) until it
+returns; Spark TWS, from just before the streaming query is started until it terminates. Every
+clock excludes the process's imports and the Spark session start-up; none excludes an
+engine's first micro-batch (for dkvstream on Spark: the session's first job, which
+starts Spark's Python workers, and the imports in those workers).
+One difference in what is timed: dkvstream's source serves the replay tables it built in
+memory before its clock starts, while Bytewax and Spark read each epoch's Parquet files
+(``bench/baselines/flights_input.py``) inside theirs (about 10 ms per file, one file per partition and epoch).
+
 Output: progress lines while running, then one table per scale: engine, events, events/s,
-median seconds per epoch, time to first output (s from the start of processing, session
-start-up excluded), peak RSS of driver and of workers (MiB), and dkvstream's events/s
-divided by the engine's.
+median seconds per epoch, time to first output (s from the start of the clock), peak
+RSS of driver and of workers (MiB), and dkvstream's events/s divided by the engine's.
 """
 from __future__ import annotations
 
@@ -63,25 +77,30 @@ from bench.baselines.flights_input import (
 )
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-ENGINES = ("dkvstream", "dkvstream-on-event", "spark-tws-textbook", "spark-tws-batched", "bytewax")
-OVERHEAD_ENGINES = ("dkvstream", "spark-tws-textbook")
+ENGINES = ("dkvstream", "dkvstream-in-process", "dkvstream-on-event", "spark-tws-textbook", "spark-tws-batched",
+           "bytewax")
+OVERHEAD_ENGINES = ("dkvstream", "dkvstream-in-process", "spark-tws-textbook")
 MIB = 1024 * 1024
 
 
 # ---------------------------------------------------------------- dkvstream child
-def run_dkvstream(plan: EpochPlan, work_dir: str, spark, progress=print, batch: bool = True) -> dict:
+def run_dkvstream(plan: EpochPlan, work_dir: str, spark, progress=print, batch: bool = True,
+                  engine: str | None = None) -> dict:
     """The flights job on dkvstream over the plan's rows, checked against the oracle.
 
     Args:
         plan: epochs and partition ends (the source is cut at ``plan.ends``).
         work_dir: object-store root (a local directory), emptied first.
-        spark: the SparkSession (None: stages run in this process, for tests).
+        spark: the SparkSession (None: stages run in this process, the
+            ``dkvstream-in-process`` engine).
         progress: called with a progress line every ~10 s.
         batch: the vectorised operator (``RouteDailyDelaysBatch``); False: ``on_event``.
+        engine: the row's name (default from ``batch``).
 
     Returns:
-        ``{"events", "seconds", "epochs", "epoch_seconds", "first_output_s", "late",
-        "correct": True}``; seconds exclude Spark session start-up.
+        ``{"engine", "events", "seconds", "epochs", "epoch_seconds", "first_output_s", "late",
+        "correct": True}``; seconds from just before ``JobRunner`` is constructed (Spark
+        session start-up excluded) to the last epoch's end.
 
     Raises:
         AssertionError: output differs from the oracle, the run's epochs differ from the
@@ -96,13 +115,13 @@ def run_dkvstream(plan: EpochPlan, work_dir: str, spark, progress=print, batch: 
             return dict(plan.ends)
 
     shutil.rmtree(work_dir, ignore_errors=True)
-    engine = "dkvstream" if batch else "dkvstream-on-event"
+    engine = engine or ("dkvstream" if batch else "dkvstream-on-event")
     job = flights_job(scale=plan.scale, events_per_epoch=plan.events_per_epoch, parallelism=2,
                       name="flights_bench", batch=batch)
     job.source = PrefixFlightsSource(plan.scale)
     job.source.read(job.source.partitions()[0], 0, 0)  # build the replay tables before timing
-    runner = JobRunner(job, spark, work_dir)
     started = last_report = time.perf_counter()
+    runner = JobRunner(job, spark, work_dir)
     epoch_seconds, first_output_s, events = [], None, 0
     for r in runner.run():
         epoch_seconds.append(r.seconds)
@@ -129,16 +148,23 @@ def _dkvstream_main(argv: list[str]) -> int:
     add_run_arguments(ap)
     ap.add_argument("--form", choices=("batch", "event"), default="batch",
                     help="operator form: vectorised (batch) or on_event")
+    ap.add_argument("--runner", choices=("spark", "in-process"), default="spark",
+                    help="stages on Spark local[2], or in this process (JobRunner(job, None))")
     args = ap.parse_args(argv)
     batch = args.form == "batch"
+    engine = "dkvstream-in-process" if args.runner == "in-process" else (
+        "dkvstream" if batch else "dkvstream-on-event")
 
-    def run_on_spark(plan: EpochPlan, _input_dir: str, work_dir: str) -> dict:
-        from operators.spark import get_spark
+    def run(plan: EpochPlan, _input_dir: str, work_dir: str) -> dict:
+        spark = None
+        if args.runner == "spark":
+            from operators.spark import get_spark
 
-        return run_dkvstream(plan, work_dir, get_spark({"spark.master": "local[2]"}),
-                             progress=lambda line: print(line, file=sys.stderr, flush=True), batch=batch)
+            spark = get_spark({"spark.master": "local[2]"})
+        return run_dkvstream(plan, work_dir, spark, progress=lambda line: print(line, file=sys.stderr, flush=True),
+                             batch=batch, engine=engine)
 
-    return run_engine_cli(args, "dkvstream" if batch else "dkvstream-on-event", run_on_spark)
+    return run_engine_cli(args, engine, run)
 
 
 # ------------------------------------------------------------------- the parent
@@ -188,9 +214,10 @@ def run_child(engine: str, plan_args: list[str], input_dir: str, log_prefix: str
     (``{"engine", "error"}`` when it failed)."""
     fd, json_path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
-    if engine in ("dkvstream", "dkvstream-on-event"):
+    if engine in ("dkvstream", "dkvstream-in-process", "dkvstream-on-event"):
         cmd = [sys.executable, os.path.abspath(__file__), "--child", "dkvstream",
-               "--form", "batch" if engine == "dkvstream" else "event"]
+               "--form", "event" if engine == "dkvstream-on-event" else "batch",
+               "--runner", "in-process" if engine == "dkvstream-in-process" else "spark"]
     elif engine.startswith("spark-tws-"):
         cmd = [sys.executable, os.path.join(ROOT, "bench", "baselines", "spark_tws_flights.py"),
                "--variant", engine.removeprefix("spark-tws-")]
