@@ -45,7 +45,8 @@ engine's first micro-batch (for dkvstream on Spark: the session's first job, whi
 starts Spark's Python workers, and the imports in those workers).
 One difference in what is timed: dkvstream's source serves the replay tables it built in
 memory before its clock starts, while Bytewax and Spark read each epoch's Parquet files
-(``bench/baselines/flights_input.py``) inside theirs (about 10 ms per file, one file per partition and epoch).
+(``bench/baselines/flights_input.py``) inside theirs (about 10 ms per file, one file per
+partition and epoch).
 
 Output: progress lines while running, then one table per scale: engine, events, events/s,
 median seconds per epoch, time to first output (s from the start of the clock), peak
