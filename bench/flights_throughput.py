@@ -50,7 +50,8 @@ partition and epoch).
 
 Output: progress lines while running, then one table per scale: engine, events, events/s,
 median seconds per epoch, time to first output (s from the start of the clock), peak
-RSS of driver and of workers (MiB), and dkvstream's events/s divided by the engine's.
+RSS of driver and of workers (MiB), and per dkvstream row run (on Spark, in process) its
+events/s divided by the engine's.
 """
 from __future__ import annotations
 
@@ -262,39 +263,44 @@ def _fmt(v, spec: str, none: str = "-") -> str:
     return none if v is None else format(v, spec)
 
 
-def print_table(title: str, rows: list[dict], reference: dict | None, per_epoch: bool = False) -> None:
-    """One table; ``reference`` is dkvstream's row. The last column is dkvstream's
-    events/s over the engine's, or with ``per_epoch`` the engine's median s/epoch over
-    dkvstream's (how many times dkvstream's fixed cost per epoch fits in the engine's)."""
+REFERENCES = ("dkvstream", "dkvstream-in-process")  # a ratio column each, when run
+
+
+def print_table(title: str, rows: list[dict], per_epoch: bool = False) -> None:
+    """One table, with a ratio column per reference row present (``REFERENCES``: dkvstream
+    on Spark, dkvstream in process): the reference's events/s over the engine's, or with
+    ``per_epoch`` the engine's median s/epoch over the reference's (how many times the
+    reference's fixed cost per epoch fits in the engine's)."""
     from tabulate import tabulate
 
     def median_epoch(r: dict) -> float | None:
         return statistics.median(r["epoch_seconds"]) if r.get("epoch_seconds") else None
 
-    ok = reference is not None and "error" not in reference
-    ref_rate = reference["events"] / reference["seconds"] if ok else None
-    ref_epoch = median_epoch(reference) if ok else None
+    refs = [r for name in REFERENCES for r in rows if r["engine"] == name and "error" not in r]
     body = []
     for r in rows:
         if "error" in r:
-            body.append([r["engine"], "FAILED: " + r["error"][:60], "", "", "", "", "", ""])
+            body.append([r["engine"], "FAILED: " + r["error"][:60]] + [""] * (5 + len(refs)))
             continue
         rate = r["events"] / r["seconds"]
         events = f"{r['events']:,}" + ("" if r.get("full") else " (prefix)")
-        if per_epoch:
-            ratio = median_epoch(r) / ref_epoch if ref_epoch and median_epoch(r) else None
-        else:
-            ratio = ref_rate / rate if ref_rate else None
+        ratios = []
+        for ref in refs:
+            if per_epoch:
+                mine, theirs = median_epoch(r), median_epoch(ref)
+                ratios.append(mine / theirs if mine and theirs else None)
+            else:
+                ratios.append(ref["events"] / ref["seconds"] / rate)
         body.append([
             r["engine"], events, f"{rate:,.0f}" if rate >= 100 else f"{rate:.2f}", _fmt(median_epoch(r), ".3f"),
             _fmt(r.get("first_output_s"), ".1f"), f"{r['driver_rss'] / MIB:,.0f}",
-            f"{r['workers_rss'] / MIB:,.0f}", _fmt(ratio, ",.1f") + "x"])
+            f"{r['workers_rss'] / MIB:,.0f}", *(_fmt(x, ",.1f") + "x" for x in ratios)])
     print(f"\n{title}")
     print(tabulate(body, headers=["engine", "events", "events/s", "s/epoch (median)", "first output s",
-                                  "driver RSS MiB", "workers RSS MiB", "dkvstream / engine"],
+                                  "driver RSS MiB", "workers RSS MiB", *(f"{ref['engine']} / engine" for ref in refs)],
                    disable_numparse=True))
     if per_epoch:
-        print("(last column: the engine's median s/epoch over dkvstream's)")
+        print("(ratio columns: the engine's median s/epoch over the reference's)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -329,7 +335,7 @@ def _run(args, tmp: str) -> int:
         rows = [run_child(engine, plan_args, input_dir, "overhead")
                 for engine in [e for e in args.engines.split(",") if e in OVERHEAD_ENGINES] or OVERHEAD_ENGINES]
         print_table(f"Per-epoch overhead: {args.epochs} epochs of 1 event (median s/epoch is the fixed cost)",
-                    rows, next((r for r in rows if r["engine"] == "dkvstream"), None), per_epoch=True)
+                    rows, per_epoch=True)
         return 0
 
     failed = False
@@ -352,7 +358,7 @@ def _run(args, tmp: str) -> int:
             rows.append(run_child(engine, plan_args, inputs[limit], f"scale {scale}"))
         failed |= any("error" in r for r in rows)
         print_table(f"Flights route daily delays, --scale {scale}, {args.events_per_epoch:,} events per epoch",
-                    rows, next((r for r in rows if r["engine"] == "dkvstream"), None))
+                    rows)
     return 1 if failed else 0
 
 
