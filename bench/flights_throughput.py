@@ -32,16 +32,16 @@ covering the first N events, checked against an oracle over exactly those events
 prefix; events/s of a prefix and of a full run are compared as rates.
 
 ``--epoch-overhead``: ``--epochs`` epochs of one event each (one partition, EWR), dkvstream
-against Spark TWS: the median seconds per epoch is the fixed cost of a micro-batch
-(planning, a Spark stage, state commit, checkpoint).
+(on Spark and in process) against Spark TWS: the median seconds per epoch is the fixed
+cost of a micro-batch (planning, a Spark stage, state commit, checkpoint).
 
 What each engine's clock covers (events/s = events / those seconds): dkvstream, from
 just before ``JobRunner`` is constructed (its start-up counts; the Spark session is up,
 the source's replay tables are built) until the last epoch's commit and publish;
 Bytewax, from ``cli_main`` (the flow built, the recovery store initialised) until it
-returns; Spark TWS, from just before the streaming query is started until it terminates. Every
-clock excludes the process's imports and the Spark session start-up; none excludes an
-engine's first micro-batch (for dkvstream on Spark: the session's first job, which
+returns; Spark TWS, from just before the streaming query is started until it terminates.
+Every clock excludes the process's imports and the Spark session start-up; none excludes
+an engine's first micro-batch (for dkvstream on Spark: the session's first job, which
 starts Spark's Python workers, and the imports in those workers).
 One difference in what is timed: dkvstream's source serves the replay tables it built in
 memory before its clock starts, while Bytewax and Spark read each epoch's Parquet files
