@@ -294,7 +294,8 @@ def print_table(title: str, rows: list[dict], per_epoch: bool = False) -> None:
         body.append([
             r["engine"], events, f"{rate:,.0f}" if rate >= 100 else f"{rate:.2f}", _fmt(median_epoch(r), ".3f"),
             _fmt(r.get("first_output_s"), ".1f"), f"{r['driver_rss'] / MIB:,.0f}",
-            f"{r['workers_rss'] / MIB:,.0f}", *(_fmt(x, ",.1f") + "x" for x in ratios)])
+            f"{r['workers_rss'] / MIB:,.0f}", *(_fmt(x, ",.1f" if x is None or x >= 0.1 else ".2f") + "x"
+                                                for x in ratios)])
     print(f"\n{title}")
     print(tabulate(body, headers=["engine", "events", "events/s", "s/epoch (median)", "first output s",
                                   "driver RSS MiB", "workers RSS MiB", *(f"{ref['engine']} / engine" for ref in refs)],
