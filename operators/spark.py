@@ -6,6 +6,9 @@ environment variable ``DKVSTREAM_SPARK_MASTER`` (default ``local[2]``), and the
 ``conf`` argument (Dagster's ``PySparkResource`` passes its ``spark_config``). So the
 same job runs on ``local[2]`` or a cluster.
 
+Python workers are forked from ``operators.spark_daemon``, which imports the task
+modules once per executor instead of once per worker.
+
 On a cluster (any master that is not ``local...``), executors share nothing with the
 driver but the Spark configuration: the object-store variables set in the driver's
 environment (``OBJECT_STORE_ENV``: S3 endpoint, region, credentials, retries) are passed
@@ -31,7 +34,16 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.driver.memory": "2g",
     "spark.python.worker.reuse": "true",
     "spark.sql.session.timeZone": "UTC",
+    # Workers forked from a daemon that imported the task modules once (see
+    # operators/spark_daemon.py).
+    "spark.python.daemon.module": "operators.spark_daemon",
 }
+
+# The Python daemon's environment (``spark.executorEnv.*``): keeps its imports thread-free,
+# so forking workers from it is safe (operators/spark_daemon.py). A task runs on one core,
+# so one BLAS thread is what it should use anyway.
+DAEMON_ENV: dict[str, str] = {"OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false"}
+DEFAULT_CONF.update({f"spark.executorEnv.{name}": value for name, value in DAEMON_ENV.items()})
 
 
 # Read by storage/objectstore/s3.py (and botocore) in every process that opens the store.
