@@ -78,7 +78,14 @@ class TaskSpec:
 
 @dataclass
 class TaskResult:
-    """What a task returns to the driver."""
+    """What a task returns to the driver.
+
+    ``metrics``: ``events``, ``timers_fired``, ``emitted`` (rows per output), ``seconds``
+    (the task's wall time, s), ``open_seconds`` (of which opening or catching up DKV and
+    installing remote compactions, s), ``dkv`` (``DKV.stats()``), ``remote_compactions``,
+    ``dkv_reused`` (the worker's open instance was taken, ``operators.open_state``) and,
+    on Spark, ``requests`` (object-store requests of the task).
+    """
 
     range_index: int
     range_label: str
@@ -174,6 +181,7 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
     # Results of compactions run outside the job (e.g. a Dagster op) are installed here,
     # at the start of an epoch, if all their inputs are still live.
     compactions = db.install_pending_compactions()
+    open_seconds = time.perf_counter() - started
     if timers is None:
         timers = TimerService(db, krange)
     else:
@@ -218,6 +226,7 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
             "dkv": dkv_stats,
             "remote_compactions": compactions,
             "dkv_reused": reused,
+            "open_seconds": open_seconds,
         },
         forwarded=forwarded,
     )

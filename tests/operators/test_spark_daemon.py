@@ -4,9 +4,11 @@ plain daemon.
 
 The oracle for "imported in the daemon" is the daemon's memory map: pyspark's own daemon
 never loads Arrow's shared library, ours does before any fork. The oracle for "safe to
-fork" is the daemon's OS thread count: 1."""
+fork" is the daemon's OS thread count: 1. A worker inherits the daemon's frozen
+objects (``gc.get_freeze_count()``), which its collections skip."""
 from __future__ import annotations
 
+import gc
 import os
 import struct
 import subprocess
@@ -32,7 +34,7 @@ def _process_facts(pid: int) -> dict:
 
 def _parent_facts(partition):
     list(partition)  # consume the input, or pyspark does not reuse the worker
-    yield _process_facts(os.getppid())
+    yield {**_process_facts(os.getppid()), "worker_frozen_objects": gc.get_freeze_count()}
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -43,6 +45,7 @@ def test_spark_workers_fork_from_a_single_threaded_daemon_that_imported_arrow(sp
         assert "-m operators.spark_daemon" in daemon["cmdline"], daemon
         assert daemon["threads"] == 1, daemon
         assert daemon["arrow_loaded"], daemon
+        assert daemon["worker_frozen_objects"] > 10_000, daemon  # the libraries' objects
 
 
 def _start_daemon(env: dict[str, str]) -> subprocess.Popen:
