@@ -73,6 +73,7 @@ def _run(kind: str, events: int, keys: int, epoch: int, zipf: float | None, batc
                   file=sys.stderr, flush=True)
         seconds = time.perf_counter() - started
         cpu_seconds = time.process_time() - cpu_started
+        runner.close()
         got = job.sinks["main"].read(runner.store, job.prefix).to_pandas()
         tables = sum(1 for k in runner.store.list(job.prefix + "/state/") if k.endswith(".sst"))
     exp = keyed_count_oracle(job.source)

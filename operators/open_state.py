@@ -24,6 +24,7 @@ the driver and holds nothing a checkpoint does not.
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import NamedTuple
 
 from operators.timers import TimerService
 from storage.dkv import DKV, DKVOptions
@@ -33,9 +34,18 @@ from storage.dkv import DKV, DKVOptions
 DEFAULT_CAPACITY = 8
 
 
+class _Kept(NamedTuple):
+    """One kept range: its DKV ``db`` checkpointed at ``manifest_key`` with ``options``,
+    and the timer service its last task used over it (or None)."""
+    manifest_key: str
+    options: DKVOptions | None
+    db: DKV
+    timers: TimerService | None
+
+
 class OpenState:
-    """A small LRU map (store root, state prefix) -> (manifest key, DKV options, DKV,
-    timer service).
+    """A small LRU map (store root, state prefix) -> ``_Kept`` (manifest key, DKV
+    options, DKV, timer service).
 
     Args:
         capacity: open instances kept; the least recently kept one is closed beyond it.
@@ -43,8 +53,7 @@ class OpenState:
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         self.capacity = capacity
-        self._entries: OrderedDict[tuple[str, str], tuple[str, DKVOptions | None, DKV, TimerService | None]] = \
-            OrderedDict()
+        self._entries: OrderedDict[tuple[str, str], _Kept] = OrderedDict()
         self.hits = self.caught_up = self.misses = 0
 
     def take(self, store_root: str, state_prefix: str, manifest_key: str | None,
@@ -56,32 +65,48 @@ class OpenState:
         entry is closed).
 
         Raises:
-            ObjectNotFoundError, CorruptionError: reading the manifest or a WAL object.
+            ObjectNotFoundError, CorruptionError: reading the manifest or a WAL object
+                (the instance is closed: it is no longer in the cache).
         """
         entry = self._entries.pop((store_root, state_prefix), None)
-        if entry is not None and manifest_key is not None and entry[1] == options:
-            if entry[0] == manifest_key:
+        if entry is not None and manifest_key is not None and entry.options == options:
+            if entry.manifest_key == manifest_key:
                 self.hits += 1
-                return entry[2], entry[3]
-            if entry[2].advance_to(manifest_key):
+                return entry.db, entry.timers
+            try:
+                advanced = entry.db.advance_to(manifest_key)
+            except BaseException:
+                entry.db.close()
+                raise
+            if advanced:
                 self.caught_up += 1
-                return entry[2], None
+                return entry.db, None
         if entry is not None:
-            entry[2].close()
+            entry.db.close()
         self.misses += 1
         return None
 
     def keep(self, store_root: str, state_prefix: str, manifest_key: str, options: DKVOptions | None,
              db: DKV, timers: TimerService | None = None) -> None:
         """Keep ``db``, just checkpointed at ``manifest_key``, for the range's next task,
-        with the task's timer service (``timers``) over it."""
+        with the task's timer service (``timers``) over it. The service's set-dedup memory
+        of the epoch is dropped here rather than when the next task starts: it holds every
+        timer key the task set, which is dead weight between epochs."""
+        if timers is not None:
+            timers.begin_epoch()
         old = self._entries.pop((store_root, state_prefix), None)
-        if old is not None and old[2] is not db:
-            old[2].close()
-        self._entries[(store_root, state_prefix)] = (manifest_key, options, db, timers)
+        if old is not None and old.db is not db:
+            old.db.close()
+        self._entries[(store_root, state_prefix)] = _Kept(manifest_key, options, db, timers)
         while len(self._entries) > self.capacity:
-            _, (_, _, evicted, _) = self._entries.popitem(last=False)
-            evicted.close()
+            _, evicted = self._entries.popitem(last=False)
+            evicted.db.close()
+
+    def close_all(self) -> None:
+        """Closes every kept instance and empties the cache (a runner that is done)."""
+        while self._entries:
+            _, kept = self._entries.popitem(last=False)
+            kept.db.close()
 
     def __len__(self) -> int:
         return len(self._entries)

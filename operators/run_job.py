@@ -68,12 +68,12 @@ def main(argv: list[str] | None = None) -> int:
         _print({"event": "started", "app_id": spark.sparkContext.applicationId,
                 "ui": spark.sparkContext.uiWebUrl, "master": spark.sparkContext.master})
     try:
-        runner = JobRunner(job, spark, a.store, retain_checkpoints=a.retain_checkpoints or None)
-        for result in runner.run(a.max_epochs):
-            requests = read_checkpoint(runner.store, job.prefix, result.epoch).metrics["requests"]
-            _print({"event": "committed", "epoch": result.epoch, "events": result.events,
-                    "seconds": round(result.seconds, 3), "finished": result.finished,
-                    "parallelism": job.parallelism, "requests": requests})
+        with JobRunner(job, spark, a.store, retain_checkpoints=a.retain_checkpoints or None) as runner:
+            for result in runner.run(a.max_epochs):
+                requests = read_checkpoint(runner.store, job.prefix, result.epoch).metrics["requests"]
+                _print({"event": "committed", "epoch": result.epoch, "events": result.events,
+                        "seconds": round(result.seconds, 3), "finished": result.finished,
+                        "parallelism": job.parallelism, "requests": requests})
     finally:
         if spark is not None:
             spark.stop()

@@ -63,9 +63,6 @@ from storage.errors import ObjectExistsError
 from storage.faults import fault_point
 from storage.objectstore import ObjectStore, open_object_store, subtract_requests, sum_requests
 
-# Ranges whose DKV an in-process runner keeps open (every range of a job, in practice).
-IN_PROCESS_OPEN_RANGES = 4096
-
 log = logging.getLogger(__name__)
 
 # Fault injection for crash tests: called with (point, epoch); points are
@@ -143,6 +140,9 @@ class JobRunner:
             (every block and record); an unusable one is fallen back from where that
             is correct (``operators.recovery``).
 
+    An in-process runner (``spark=None``) keeps each range's DKV open between epochs;
+    ``close()`` (or leaving a ``with JobRunner(...) as runner:`` block) closes them.
+
     Raises:
         InvalidJobError: the job definition is invalid (``operators.validation``);
             nothing has been written.
@@ -159,8 +159,9 @@ class JobRunner:
         # Driver requests are counted from here to each commit (checkpoint metric "requests").
         self._requests_mark = self.store.stats.snapshot()
         self.dkv_options = dkv_options
-        # In-process tasks keep their ranges' DKV open between epochs, as Spark workers do.
-        self._open_state = OpenState(capacity=IN_PROCESS_OPEN_RANGES)
+        # In-process tasks keep their ranges' DKV open between epochs, as Spark workers do:
+        # one per range and operator of this job at most (``close`` closes them).
+        self._open_state = OpenState(capacity=job.parallelism * len(job.operators))
         self.failpoint = failpoint or (lambda point, epoch: None)
         if retain_checkpoints is not None and retain_checkpoints < 1:
             raise ValueError(f"retain_checkpoints must be >= 1 or None, got {retain_checkpoints}")
@@ -170,6 +171,17 @@ class JobRunner:
         self.verify_restart = verify_restart
         self._recovery: dict | None = None  # a fallback, recorded in the next checkpoint
         self.last_cleanup: CleanupReport | None = None
+
+    def close(self) -> None:
+        """Closes the DKV instances in-process tasks kept open; a later epoch reopens
+        them from the object store. Idempotent."""
+        self._open_state.close_all()
+
+    def __enter__(self) -> JobRunner:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # ----------------------------------------------------------------- planning
     def latest(self) -> JobCheckpoint | None:

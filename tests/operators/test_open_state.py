@@ -162,3 +162,59 @@ def test_in_process_runner_keeps_ranges_open(tmp_path, monkeypatch) -> None:
     exp = keyed_count_oracle(job.source)
     assert got.sort_values(cols).reset_index(drop=True)[exp.columns].equals(
         exp.sort_values(cols).reset_index(drop=True))
+
+
+def test_in_process_runner_keeps_one_instance_per_range_and_closes_them(tmp_path) -> None:
+    """Over 8 ranges the in-process runner keeps at most 8 DKV instances (one per range
+    and operator), their timer services hold no set-dedup keys between epochs, and
+    ``close()`` (here: leaving the ``with`` block) closes every kept instance."""
+    from operators.examples.keyed_count import keyed_count_job
+    from operators.runtime import JobRunner
+
+    job = keyed_count_job(4_000, 200, events_per_epoch=1_000, parallelism=8, step_ms=1_000)
+    assert len(job.operators) == 1
+    with JobRunner(job, None, str(tmp_path)) as runner:
+        runner.run_to_end(max_epochs=3)
+        cache = runner._open_state
+        assert cache.capacity == 8 and len(cache) == 8
+        kept = list(cache._entries.values())
+        assert all(not e.db._closed for e in kept)
+        assert all(e.timers is not None and not e.timers._set_this_epoch for e in kept)
+    assert len(cache) == 0 and all(e.db._closed for e in kept)
+    runner.close()  # idempotent
+
+
+def test_take_closes_the_instance_when_catching_up_fails(tmp_path) -> None:
+    """A catch-up that cannot read the wanted manifest raises and closes the instance
+    (it has left the cache, so nothing else would)."""
+    from storage.errors import ObjectNotFoundError
+
+    store, _, _, cache, db, _ = _kept_after_epoch_1(tmp_path, seed=9, writes=50)
+    with pytest.raises(ObjectNotFoundError):
+        cache.take(store.root_uri, PREFIX, f"{PREFIX}/manifest/no-such-manifest", None)
+    assert db._closed and len(cache) == 0
+
+
+def test_keep_hands_back_the_same_timer_service_without_its_epoch_dedup(tmp_path) -> None:
+    """A hit returns the timer service kept with the instance (so its lower bound saves the
+    next scan), already emptied of the epoch's set-dedup keys; a catch-up returns None."""
+    from operators.keygroups import KeyGroupRange
+    from operators.timers import TimerService
+
+    store, rng, model, cache, db, m1 = _kept_after_epoch_1(tmp_path, seed=10, writes=50)
+    assert cache.take(store.root_uri, PREFIX, m1, None) == (db, None)
+    timers = TimerService(db, KeyGroupRange(0, 128))
+    timers.set(3, 1_000, b"a")
+    m2 = db.checkpoint("e2-a")
+    cache.keep(store.root_uri, PREFIX, m2, None, db, timers)
+    assert not timers._set_this_epoch
+    got_db, got_timers = cache.take(store.root_uri, PREFIX, m2, None)
+    assert got_db is db and got_timers is timers
+    assert [(ts, kg, k) for ts, kg, k in got_timers.due(2_000)] == [(1_000, 3, b"a")]
+    # Kept again, then another worker runs an epoch: the catch-up drops the service.
+    m3 = db.checkpoint("e3-a")
+    cache.keep(store.root_uri, PREFIX, m3, None, db, timers)
+    other = DKV.open(store, PREFIX, m3)
+    other.put(b"k9999", b"v")
+    m4 = other.checkpoint("e4-b")
+    assert cache.take(store.root_uri, PREFIX, m4, None) == (db, None) and cache.caught_up == 1
