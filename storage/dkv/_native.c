@@ -747,20 +747,24 @@ static int cmp_sort_items(const void *a, const void *b) {
 /* sort_bytes(keys) -> None: sorts a list of bytes objects in place, in the order of
  * Python's bytes comparison (equal keys keep no particular order; memtable keys are
  * distinct). */
-PyDoc_STRVAR(sort_bytes_doc, "sort_bytes(keys) -> None");
+PyDoc_STRVAR(sort_bytes_doc,
+"sort_bytes(keys) -> None\n\n"
+"Sorts keys (a list of exact bytes objects) in place in Python's bytes order.\n"
+"Raises TypeError (naming the index and type) if an item is not bytes; the list\n"
+"is then unchanged.");
 static PyObject *sort_bytes(PyObject *self, PyObject *keys) {
     if (!PyList_Check(keys)) {
         PyErr_SetString(PyExc_TypeError, "sort_bytes(list of bytes)");
         return NULL;
     }
     Py_ssize_t n = PyList_GET_SIZE(keys);
-    sort_item *items = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(sort_item));
+    sort_item *items = PyMem_New(sort_item, n ? n : 1); /* NULL on size overflow too */
     if (items == NULL) return PyErr_NoMemory();
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *k = PyList_GET_ITEM(keys, i);
-        if (!PyBytes_Check(k)) {
+        if (!PyBytes_CheckExact(k)) {
             PyMem_Free(items);
-            PyErr_SetString(PyExc_TypeError, "sort_bytes: every item must be bytes");
+            PyErr_Format(PyExc_TypeError, "sort_bytes: item %zd must be bytes, got %.80s", i, Py_TYPE(k)->tp_name);
             return NULL;
         }
         const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(k);
@@ -782,7 +786,15 @@ static PyObject *sort_bytes(PyObject *self, PyObject *keys) {
  * row that brings its entry bytes, 17 + key + value per row, to block_bytes or more) and
  * encodes each complete block as raw_block (sstable.py). Rows after the last complete
  * block are not encoded: rows_used says where they start. values[i] None = tombstone. */
-PyDoc_STRVAR(encode_blocks_doc, "encode_blocks(keys, seqs, values, block_bytes) -> (raw_blocks, rows_used)");
+PyDoc_STRVAR(encode_blocks_doc,
+"encode_blocks(keys, seqs, values, block_bytes) -> (raw_blocks, rows_used)\n\n"
+"keys: list of bytes; seqs: list of int (uint64); values: list of bytes or None\n"
+"(tombstone), all of one length; block_bytes: int, the block cut of\n"
+"SSTableBuilder. Returns raw_blocks, a list of bytes (one raw_block per complete\n"
+"block, as sstable.py encodes it), and rows_used, an int: rows from there on are\n"
+"not encoded. Raises TypeError (row and type named) for a key that is not bytes or\n"
+"a value that is neither bytes nor None, OverflowError for a key or value over\n"
+"4 GiB - 1 bytes or a seq outside uint64, ValueError if the lists differ in length.");
 static PyObject *encode_blocks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4 || !PyList_Check(args[0]) || !PyList_Check(args[1]) || !PyList_Check(args[2])) {
         PyErr_SetString(PyExc_TypeError, "encode_blocks(list, list, list, int)");
@@ -801,16 +813,32 @@ static PyObject *encode_blocks(PyObject *self, PyObject *const *args, Py_ssize_t
     Py_ssize_t start = 0, acc = 0, kbytes = 0, vbytes = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *k = PyList_GET_ITEM(keys, i), *v = PyList_GET_ITEM(values, i);
-        if (!PyBytes_Check(k) || (v != Py_None && !PyBytes_Check(v))) {
-            PyErr_SetString(PyExc_TypeError, "keys must be bytes and values bytes or None");
+        if (!PyBytes_CheckExact(k)) {
+            PyErr_Format(PyExc_TypeError, "encode_blocks: row %zd: key must be bytes, got %.80s", i,
+                         Py_TYPE(k)->tp_name);
+            goto fail;
+        }
+        if (v != Py_None && !PyBytes_CheckExact(v)) {
+            PyErr_Format(PyExc_TypeError, "encode_blocks: row %zd: value must be bytes or None, got %.80s", i,
+                         Py_TYPE(v)->tp_name);
             goto fail;
         }
         Py_ssize_t kl = PyBytes_GET_SIZE(k), vl = v == Py_None ? 0 : PyBytes_GET_SIZE(v);
+        /* Lengths are stored as uint32: a longer one would be truncated under a valid CRC. */
+        if ((size_t)kl > UINT32_MAX || (size_t)vl > UINT32_MAX) {
+            PyErr_Format(PyExc_OverflowError, "encode_blocks: row %zd: key (%zd bytes) or value (%zd bytes) "
+                         "is over the 4 GiB - 1 limit of an SSTable entry", i, kl, vl);
+            goto fail;
+        }
         acc += 17 + kl + vl;
         kbytes += kl;
         vbytes += vl;
         if (acc < block_bytes) continue;
         Py_ssize_t m = i + 1 - start;
+        if (m > (PY_SSIZE_T_MAX - 4 - kbytes - vbytes) / 17) {
+            PyErr_Format(PyExc_OverflowError, "encode_blocks: block ending at row %zd is too large", i);
+            goto fail;
+        }
         PyObject *raw = PyBytes_FromStringAndSize(NULL, 4 + 17 * m + kbytes + vbytes);
         if (raw == NULL) goto fail;
         unsigned char *p = (unsigned char *)PyBytes_AS_STRING(raw);
@@ -848,7 +876,15 @@ fail:
  * approximate size under Memtable.put's accounting. The old entry is looked up first, so
  * the store finds the slot in cache: one cold probe per write, not two as a get pass
  * followed by dict.update costs. */
-PyDoc_STRVAR(memtable_put_doc, "memtable_put(d, keys, first_seq, values, entry_overhead) -> (new_keys, delta_bytes)");
+PyDoc_STRVAR(memtable_put_doc,
+"memtable_put(d, keys, first_seq, values, entry_overhead) -> (new_keys, delta_bytes)\n\n"
+"d: the memtable's dict key -> (seq, value); keys: list of bytes; first_seq: int,\n"
+"the seq of row 0 (row i gets first_seq + i); values: list of bytes or None\n"
+"(delete); entry_overhead: int, bytes counted per new key. Returns new_keys, the\n"
+"list of keys not in d before (each once), and delta_bytes, an int: the change of\n"
+"the memtable's approximate size. Every row is checked before d changes: raises\n"
+"TypeError (row and type named) for a key that is not exactly bytes or a value\n"
+"that is neither bytes nor None, ValueError if the lists differ in length.");
 static PyObject *memtable_put(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5 || !PyDict_Check(args[0]) || !PyList_Check(args[1]) || !PyList_Check(args[3])) {
         PyErr_SetString(PyExc_TypeError, "memtable_put(dict, list, int, list, int)");
@@ -856,22 +892,36 @@ static PyObject *memtable_put(PyObject *self, PyObject *const *args, Py_ssize_t 
     }
     PyObject *d = args[0], *keys = args[1], *values = args[3];
     long long seq = PyLong_AsLongLong(args[2]);
+    if (seq == -1 && PyErr_Occurred()) return NULL;
     long long overhead = PyLong_AsLongLong(args[4]);
-    if (PyErr_Occurred()) return NULL;
+    if (overhead == -1 && PyErr_Occurred()) return NULL;
     Py_ssize_t n = PyList_GET_SIZE(keys);
     if (PyList_GET_SIZE(values) != n) {
         PyErr_SetString(PyExc_ValueError, "keys and values differ in length");
         return NULL;
+    }
+    /* A type error must not leave rows 0..i-1 in d without their new-key list and size
+     * (a scan or flush would miss them): check every row first. Exact bytes only: a
+     * subclass's Python __hash__/__eq__ could run inside the dict calls below and change
+     * the lists whose items are borrowed here. */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i), *value = PyList_GET_ITEM(values, i);
+        if (!PyBytes_CheckExact(key)) {
+            PyErr_Format(PyExc_TypeError, "memtable_put: row %zd: key must be bytes, got %.80s", i,
+                         Py_TYPE(key)->tp_name);
+            return NULL;
+        }
+        if (value != Py_None && !PyBytes_CheckExact(value)) {
+            PyErr_Format(PyExc_TypeError, "memtable_put: row %zd: value must be bytes or None, got %.80s", i,
+                         Py_TYPE(value)->tp_name);
+            return NULL;
+        }
     }
     PyObject *fresh = PyList_New(0);
     if (fresh == NULL) return NULL;
     long long delta = 0;
     for (Py_ssize_t i = 0; i < n; i++, seq++) {
         PyObject *key = PyList_GET_ITEM(keys, i), *value = PyList_GET_ITEM(values, i);
-        if (!PyBytes_Check(key) || (value != Py_None && !PyBytes_Check(value))) {
-            PyErr_SetString(PyExc_TypeError, "memtable keys must be bytes and values bytes or None");
-            goto fail;
-        }
         Py_ssize_t vlen = value == Py_None ? 0 : PyBytes_GET_SIZE(value);
         PyObject *old = PyDict_GetItemWithError(d, key); /* borrowed */
         if (old == NULL) {

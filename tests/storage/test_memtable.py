@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import random
 
+from unittest import mock
+
 import hypothesis.strategies as st
+import pytest
 from hypothesis import given, settings
 
+import storage.dkv.memtable as memtable_module
 from storage.dkv.native import NATIVE
 from storage.dkv.memtable import Memtable
+
+# The C loop (when built) and the pure-Python reference an install without a compiler runs.
+PATHS = [pytest.param(True, id="native", marks=pytest.mark.skipif(NATIVE is None, reason="C module not built")),
+         pytest.param(False, id="python")]
 
 
 def test_three_results() -> None:
@@ -58,12 +66,19 @@ def test_size_accounting_tracks_overwrites() -> None:
     assert (m.min_seq, m.max_seq) == (1, 3)
 
 
+@pytest.mark.parametrize("native", PATHS)
 @settings(max_examples=150, deadline=None)
 @given(before=st.lists(st.tuples(st.binary(max_size=3), st.binary(max_size=9) | st.none()), max_size=20),
        rows=st.lists(st.tuples(st.binary(max_size=3), st.binary(max_size=9) | st.none()), max_size=40))
-def test_put_batch_equals_put_per_row(before, rows) -> None:
+def test_put_batch_equals_put_per_row(native, before, rows) -> None:
     """Reference: ``put`` per row; ``put_batch`` must leave the same entries (duplicates
-    in a batch included), the same sorted order and seq bounds."""
+    in a batch included), the same sorted order and seq bounds, on the C path and on the
+    Python one."""
+    with mock.patch.object(memtable_module, "NATIVE", memtable_module.NATIVE if native else None):
+        _check_put_batch(native, before, rows)
+
+
+def _check_put_batch(native, before, rows) -> None:
     ref, got = Memtable(), Memtable()
     for seq, (k, v) in enumerate(before, 1):
         ref.put(k, seq, v)
@@ -76,7 +91,27 @@ def test_put_batch_equals_put_per_row(before, rows) -> None:
     assert got.columns() == tuple(map(list, zip(*ref.entries()))) or not len(ref)
     assert len(got) == len(ref)
     assert (got.min_seq, got.max_seq) == (ref.min_seq, ref.max_seq)
-    if NATIVE is not None or len({k for k, _ in rows}) == len(rows):
+    if native or len({k for k, _ in rows}) == len(rows):
         # The C loop accounts a key written twice in one batch as put does; the Python
         # path counts a batch's size from one lookup before it.
         assert got.approx_bytes == ref.approx_bytes
+
+
+@pytest.mark.skipif(NATIVE is None, reason="C module not built (the Python path leaves checks to DKV.write_batch)")
+@pytest.mark.parametrize("bad", [bytearray(b"3"), "3", 3], ids=["bytearray", "str", "int"])
+def test_put_batch_with_a_bad_row_changes_nothing(bad) -> None:
+    """A batch whose last value is not bytes raises a TypeError naming the row and type,
+    and leaves the memtable exactly as before (oracle: a dict of the writes before it):
+    get, range and the flush's columns agree with it."""
+    mem, model = Memtable(), {}
+    for seq, (k, v) in enumerate([(b"b", b"old"), (b"d", None), (b"x", b"y")], 1):
+        mem.put(k, seq, v)
+        model[k] = (seq, v)
+    size = mem.approx_bytes
+    with pytest.raises(TypeError, match=f"row 2: value must be bytes or None, got {type(bad).__name__}"):
+        mem.put_batch([b"a", b"b", b"c"], range(4, 7), [b"1", b"2", bad])
+    for k in (b"a", b"b", b"c", b"d", b"x"):
+        assert mem.get(k) == model.get(k)
+    assert mem.range(b"", None) == [(k, *model[k]) for k in sorted(model)]
+    assert mem.columns() == tuple(map(list, zip(*[(k, *model[k]) for k in sorted(model)])))
+    assert (len(mem), mem.approx_bytes, mem.max_seq) == (3, size, 3)

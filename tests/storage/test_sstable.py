@@ -5,9 +5,13 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from unittest import mock
+
 import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
+
+import storage.dkv.sstable as sstable_module
 
 from storage.dkv.block_cache import BlockCache
 from storage.dkv.sstable import FOOTER_SIZE, SSTableBuilder, SSTableReader
@@ -163,11 +167,20 @@ def test_fixed_width_lookup_in_raw_block(tmp_path: Path) -> None:
 _entries = st.dictionaries(st.binary(max_size=12), st.binary(max_size=200) | st.none(), max_size=120)
 
 
+@pytest.mark.parametrize("native", [
+    pytest.param(True, id="native", marks=pytest.mark.skipif(sstable_module.NATIVE is None, reason="C module not built")),
+    pytest.param(False, id="python")])
 @settings(max_examples=150, deadline=None)
 @given(entries=_entries, block_bytes=st.integers(1, 600), cuts=st.lists(st.integers(0, 120), max_size=4))
-def test_add_columns_builds_the_same_bytes_as_add(entries, block_bytes, cuts) -> None:
+def test_add_columns_builds_the_same_bytes_as_add(native, entries, block_bytes, cuts) -> None:
     """Reference: ``add`` per entry. ``add_columns`` in one or several calls must give
-    byte-identical tables (same block boundaries, index, filter and footer)."""
+    byte-identical tables (same block boundaries, index, filter and footer), on the C
+    path (``encode_blocks``) and on the Python one."""
+    with mock.patch.object(sstable_module, "NATIVE", sstable_module.NATIVE if native else None):
+        _check_add_columns(entries, block_bytes, cuts)
+
+
+def _check_add_columns(entries, block_bytes, cuts) -> None:
     if not entries:
         return
     keys = sorted(entries)
@@ -191,3 +204,14 @@ def test_add_columns_requires_increasing_keys() -> None:
         b.add_columns([b"b"], [3], [b""])
     with pytest.raises(ValueError, match="increasing"):
         b.add_columns([b"d", b"d"], [3, 4], [b"", b""])
+
+
+@pytest.mark.skipif(sstable_module.NATIVE is None, reason="C module not built")
+def test_encode_blocks_names_the_bad_row_and_type() -> None:
+    enc = sstable_module.NATIVE.encode_blocks
+    with pytest.raises(TypeError, match="row 1: value must be bytes or None, got bytearray"):
+        enc([b"a", b"b"], [1, 2], [b"", bytearray(b"x")], 1)
+    with pytest.raises(TypeError, match="row 0: key must be bytes, got Sub"):
+        enc([type("Sub", (bytes,), {})(b"a")], [1], [b""], 1)
+    with pytest.raises(TypeError, match="item 1 must be bytes, got str"):
+        sstable_module.NATIVE.sort_bytes([b"a", "b"])
