@@ -460,6 +460,7 @@ class DKV:
 
         Raises:
             CorruptionError: A table block needed for the answer fails verification.
+            ClosedError: The instance is closed.
         """
         e = self._mem._d.get(key)  # the hot path: one dict lookup
         if e is not None:
@@ -472,16 +473,20 @@ class DKV:
         """``get`` of every key, in order (RocksDB's ``MultiGet``): one C-level pass of
         memtable lookups, then the older sources for the keys it did not answer.
 
+        Args:
+            keys: The keys (``bytes``), in any order, repeats allowed.
+
         Returns:
-            One value per key, None where absent or deleted.
+            One value per key, in the order of ``keys``: the value, or None where the
+            key is absent or deleted.
 
         Raises:
             CorruptionError: A table block needed for the answer fails verification.
-            ClosedError: The instance is closed.
+            ClosedError: The instance is closed (as ``get`` raises).
         """
         if self._closed:
             raise ClosedError("DKV is closed")
-        found = list(map(self._mem._d.get, keys))
+        found = self._mem.get_many(keys)
         out = [None if e is None else e[1] for e in found]
         if None in found:
             older = self._get_older

@@ -111,6 +111,17 @@ class Memtable:
         """
         return self._d.get(key)
 
+    def get_many(self, keys: Sequence[bytes]) -> list[tuple[int, bytes | None] | None]:
+        """``get`` of every key, in order, as one list (one C-level pass of lookups).
+
+        Args:
+            keys: The keys (``bytes``).
+
+        Returns:
+            One result per key, each one of ``get``'s three.
+        """
+        return list(map(self._d.get, keys))
+
     def _sorted_keys(self) -> list[bytes]:
         pending = self._pending
         if pending:

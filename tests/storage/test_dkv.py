@@ -168,9 +168,12 @@ def test_closed_and_type_errors(store: LocalObjectStore) -> None:
         db.put("str", b"v")  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         db.put(b"k", bytearray(b"v"))  # type: ignore[arg-type]
+    db.put(b"k", b"v")  # close() empties the memtable: get and get_many of k raise alike
+    assert db.get_many([b"k", b"x"]) == [b"v", None]
     db.close()
     for call in (lambda: db.put(b"k", b"v"), lambda: db.get(b"k"), lambda: db.scan_prefix(b""),
-                 lambda: db.checkpoint("c"), lambda: db.delete(b"k")):
+                 lambda: db.checkpoint("c"), lambda: db.delete(b"k"), lambda: db.get_many([b"k"]),
+                 lambda: db.get_many([b"x"])):
         with pytest.raises(ClosedError):
             call()
 
