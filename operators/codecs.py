@@ -174,7 +174,9 @@ class RecordCodec(Codec[dict]):
         # fields taken by one itemgetter call per record; byte-identical to ``encode``
         # (msgpack writes a tuple as the array a list makes).
         pack = msgpack.Packer(use_bin_type=True).pack
-        if len(self._names) > 1:
+        # Plain dicts only: a mapping with ``__missing__`` (defaultdict, Counter) gives
+        # another value for a missing field under ``[]`` than under ``get``.
+        if len(self._names) > 1 and set(map(type, values)) == {dict}:
             try:
                 return list(map(pack, map(itemgetter(*self._names), values)))
             except KeyError:  # a record missing a field: encode it as null

@@ -229,3 +229,16 @@ def test_bulk_codec_calls_equal_one_call_per_value(records, one_field) -> None:
     assert codec.decode_many(raws + [None]) == [codec.decode(r) for r in raws] + [None]
     ints = IntCodec()
     assert ints.encode_many([r["n"] or 0 for r in records]) == [ints.encode(r["n"] or 0) for r in records]
+
+
+def test_encode_many_reads_fields_as_encode_does() -> None:
+    """A mapping with ``__missing__`` (defaultdict, Counter) missing a field: ``encode``
+    reads it with ``get`` (null); ``encode_many`` gives the same bytes per record and
+    does not add the field."""
+    from collections import Counter, defaultdict
+
+    codec = RecordCodec({"n": pa.int64(), "m": pa.int64()})
+    records = [defaultdict(int, n=1), Counter(n=2), {"n": 3, "m": 4}, {"n": 5}]
+    assert codec.encode_many(records) == [codec.encode(r) for r in records]
+    assert codec.decode(codec.encode_many(records)[0]) == {"n": 1, "m": None}
+    assert "m" not in records[0] and "m" not in records[1]
