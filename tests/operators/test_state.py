@@ -162,7 +162,14 @@ _pass_ops = st.lists(st.one_of(
     st.tuples(st.sampled_from(["set", "set_many", "delete_many"]),
               st.lists(st.tuples(st.integers(0, 3), st.integers(-5, 60), st.sampled_from([b"x", b"xy"])),
                        max_size=6)),
-    st.tuples(st.sampled_from(["pop_due", "due"]), st.integers(-5, 60))), max_size=25)
+    st.tuples(st.sampled_from(["pop_due", "due"]), st.integers(-5, 60)),
+    # a pass abandoned after k timers (the caller stopped iterating, e.g. on an error)
+    st.tuples(st.just("due_partial"), st.tuples(st.integers(-5, 60), st.integers(0, 3))),
+    # timers set from inside a pass (an on_timer callback), at, below and above its watermark
+    st.tuples(st.just("due_set_inside"),
+              st.tuples(st.integers(-5, 60),
+                        st.lists(st.tuples(st.integers(0, 3), st.integers(-5, 60), st.sampled_from([b"x", b"z"])),
+                                 min_size=1, max_size=4)))), max_size=25)
 
 
 @given(_pass_ops)
@@ -188,6 +195,28 @@ def test_timer_lower_bound_skips_scans_and_loses_nothing(tmp_path_factory, ops) 
         elif op == "delete_many":
             service.delete_many([r[0] for r in arg], [r[1] for r in arg], [r[2] for r in arg])
             model.difference_update(arg)
+        elif op == "due_partial":
+            watermark, k = arg
+            passing = service.due(watermark)
+            fired = [t for _, t in zip(range(k), passing)]
+            passing.close()
+            assert fired == sorted((ts, kg, key) for kg, ts, key in model if ts <= watermark)[:k]
+            model.difference_update((kg, ts, key) for ts, kg, key in fired)
+            assert service.low is None or all(ts >= service.low for _, ts, _ in model)
+        elif op == "due_set_inside":
+            watermark, rows = arg
+            fired = []
+            for t in service.due(watermark):
+                if not fired:  # once, from the first timer's callback
+                    for kg, ts, key in rows:
+                        service.set(kg, ts, key)
+                    model.update(rows)
+                fired.append(t)
+            model.difference_update((kg, ts, key) for ts, kg, key in fired)
+            # Everything due fired, the timers set while firing at or below the watermark too.
+            assert not any(ts <= watermark for _, ts, _ in model)
+            assert len(set(fired)) == len(fired)
+            assert service.low is not None and all(ts >= service.low for _, ts, _ in model)
         else:
             scans.clear()
             low_before = service.low
