@@ -270,3 +270,28 @@ def test_flush_and_compaction_restore_the_garbage_collector(tmp_path, monkeypatc
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+    # Compaction: two flushed tables merged by compact_all, then a compaction that fails.
+    monkeypatch.setattr(db_module.TableStore, "write_table_columns", real)
+    merging = []
+    real_compaction = db_module.run_compaction
+
+    def compacting(*a, **k):
+        merging.append(gc.isenabled())
+        return real_compaction(*a, **k)
+
+    monkeypatch.setattr(db_module, "run_compaction", compacting)
+    db.put(b"k3", b"v")
+    db.flush()
+    db.compact_all()
+    assert merging == [False] and gc.isenabled()
+    assert [db.get(k) for k in (b"k", b"k2", b"k3")] == [b"v", b"v", b"v"]
+
+    def failing_compaction(*a, **k):
+        raise OSError("disk full")
+
+    db.put(b"k4", b"v")  # compact_all flushes it to L0, then merges
+    monkeypatch.setattr(db_module, "run_compaction", failing_compaction)
+    with pytest.raises(OSError):
+        db.compact_all()
+    assert gc.isenabled()
