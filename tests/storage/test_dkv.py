@@ -295,3 +295,84 @@ def test_flush_and_compaction_restore_the_garbage_collector(tmp_path, monkeypatc
     with pytest.raises(OSError):
         db.compact_all()
     assert gc.isenabled()
+
+
+def _at_checkpoint(store: LocalObjectStore):
+    """An instance ``a`` checkpointed at ``m1`` with entries in its memtable, and the
+    dict model of its state. Returns (a, m1, model)."""
+    a = DKV.open(store, PREFIX)
+    model = {}
+    for i in range(40):
+        k, v = f"k{i:03d}".encode(), f"v{i}".encode()
+        a.put(k, v)
+        model[k] = v
+    a.delete(b"k007")
+    del model[b"k007"]
+    return a, a.checkpoint("e1-a"), model
+
+
+def _another_epoch(store: LocalObjectStore, manifest: str, model: dict, name: str, writes: int = 20) -> str:
+    """Another worker's epoch from ``manifest``: ``writes`` writes, a checkpoint."""
+    b = DKV.open(store, PREFIX, manifest)
+    for i in range(writes):
+        k = f"k{(i * 7) % 60:03d}".encode()
+        b.put(k, name.encode())
+        model[k] = name.encode()
+    m = b.checkpoint(name)
+    b.close()
+    return m
+
+
+def test_advance_to_replays_only_the_new_wal_objects(store: LocalObjectStore) -> None:
+    """Accepted case: the caught-up instance holds what ``DKV.open`` of the same manifest
+    holds (oracle: a dict of every write), and its next checkpoint restores it too."""
+    a, m1, model = _at_checkpoint(store)
+    m3 = _another_epoch(store, _another_epoch(store, m1, model, "e2-b"), model, "e3-b")
+    assert a.advance_to(m3)
+    assert dict(a.scan_prefix(b"")) == model == dict(DKV.open(store, PREFIX, m3).scan_prefix(b""))
+    a.put(b"new", b"1")
+    model[b"new"] = b"1"
+    m4 = a.checkpoint("e4-a")
+    assert dict(DKV.open(store, PREFIX, m4).scan_prefix(b"")) == model
+
+
+def test_advance_to_refuses_writes_since_the_checkpoint(store: LocalObjectStore) -> None:
+    """The instance wrote after its checkpoint; another attempt checkpointed the same
+    state without writing (same WAL list, a lower last seq): refused, instance unchanged."""
+    a, m1, model = _at_checkpoint(store)
+    a.put(b"mine", b"x")
+    m2 = _another_epoch(store, m1, dict(model), "e2-b", writes=0)
+    assert a.advance_to(m2) is False
+    assert dict(a.scan_prefix(b"")) == {**model, b"mine": b"x"}
+
+
+def test_advance_to_refuses_sealed_memtables(store: LocalObjectStore, monkeypatch) -> None:
+    """A flush failed after the checkpoint and left a sealed memtable: refused."""
+    from storage.dkv import db as db_module
+
+    a, m1, model = _at_checkpoint(store)
+    m2 = _another_epoch(store, m1, dict(model), "e2-b")
+
+    def failing(self, *args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(db_module.TableStore, "write_table_columns", failing)
+    with pytest.raises(OSError):
+        a.flush_memtable()
+    monkeypatch.undo()
+    assert a.stats()["sealed_memtables"] == 1
+    assert a.advance_to(m2) is False
+    assert dict(a.scan_prefix(b"")) == model
+
+
+def test_advance_to_refuses_a_manifest_behind_the_instance(store: LocalObjectStore) -> None:
+    """The instance is at m2; going back to its own earlier m1, or to a sibling attempt's
+    manifest from m1 (same WAL count, other objects), is refused; instance unchanged."""
+    a, m1, model = _at_checkpoint(store)
+    sibling = _another_epoch(store, m1, {}, "e2-b")
+    a.put(b"mine", b"x")
+    model[b"mine"] = b"x"
+    a.checkpoint("e2-a")
+    assert a.advance_to(m1) is False
+    assert a.advance_to(sibling) is False
+    assert dict(a.scan_prefix(b"")) == model
