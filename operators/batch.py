@@ -193,6 +193,30 @@ class BulkMapState(Generic[K, V]):
         """``set`` by keys from ``dkv_keys``."""
         self._db.write_batch(dkv_keys, self._vc.encode_many(values))
 
+    def get_rows_at(self, dkv_keys: Sequence[bytes]) -> list[tuple | None]:
+        """``get_at`` for a ``RecordCodec`` value: each record as a tuple of its field
+        values in the codec's field order (``RecordCodec.decode_rows``), None where
+        absent; no dict per record.
+
+        Raises:
+            TypeError: the value codec has no rows form (not a ``RecordCodec``).
+        """
+        return self._rows_codec().decode_rows(self._db.get_many(dkv_keys))
+
+    def set_rows_at(self, dkv_keys: Sequence[bytes], rows: Sequence[Sequence[Any]]) -> None:
+        """``set_at`` with records given as rows in the codec's field order (the same
+        bytes as ``set_at`` with the equivalent dicts).
+
+        Raises:
+            TypeError: the value codec has no rows form (not a ``RecordCodec``).
+        """
+        self._db.write_batch(dkv_keys, self._rows_codec().encode_rows(rows))
+
+    def _rows_codec(self) -> Any:
+        if not hasattr(self._vc, "decode_rows"):
+            raise TypeError(f"value codec {self._vc!r} has no rows form (use a RecordCodec)")
+        return self._vc
+
     def delete_at(self, dkv_keys: Sequence[bytes]) -> None:
         """``delete`` by keys from ``dkv_keys``."""
         self._db.write_batch(dkv_keys, [None] * len(dkv_keys))
