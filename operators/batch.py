@@ -183,7 +183,7 @@ class BulkMapState(Generic[K, V]):
     def dkv_keys(self, keys: Sequence[bytes], key_groups: Sequence[int], map_keys: Sequence[K]) -> list[bytes]:
         """The DKV key of each row, for ``get_at``/``set_at``/``delete_at``: an operator
         that reads, then writes or deletes the same rows builds the keys once."""
-        return list(map(bytes.__add__, _prefixes(keys, key_groups, self._id), map(self._kc.encode, map_keys)))
+        return list(map(bytes.__add__, _prefixes(keys, key_groups, self._id), self._kc.encode_many(map_keys)))
 
     def get_at(self, dkv_keys: Sequence[bytes]) -> list[V | None]:
         """``get`` by keys from ``dkv_keys``."""

@@ -100,6 +100,11 @@ class IntCodec(Codec[int]):
     def encode(self, value: int) -> bytes:
         return _I64.pack((value + _SIGN) & 0xFFFFFFFFFFFFFFFF)
 
+    def encode_many(self, values: Sequence[int]) -> list[bytes]:
+        # ``encode`` inlined: no method call per value (map keys of bulk state accesses).
+        pack = _I64.pack
+        return [pack((v + _SIGN) & 0xFFFFFFFFFFFFFFFF) for v in values]
+
     def decode(self, data: bytes) -> int:
         return _I64.unpack(data)[0] - _SIGN
 
