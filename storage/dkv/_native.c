@@ -27,8 +27,14 @@
  *   memtable_put(d, keys, first_seq, values, entry_overhead) -> (new_keys, delta_bytes)
  *       the write path's one loop: d[keys[i]] = (first_seq + i, values[i]) for every i,
  *       in order, with one cold dict probe per write (Memtable.put_batch).
+ *   memtable_columns(d, keys) -> (seqs, values)
+ *       the memtable entries of sorted keys as columns, one dict lookup per key: a
+ *       flush's and a memtable scan's columns (reference: memtable.columns_py).
+ *   bloom_bits(hashes, m, k) -> bytes
+ *       a flush's Bloom filter bits from its keys' xxh64 hashes, walking each key's k
+ *       probes (reference: bloom.build_bloom_py, byte-identical).
  *
- * The pure-Python functions they replace stay in bloom.py, sstable.py and merge.py: they are the
+ * The pure-Python functions they replace stay in bloom.py, sstable.py, merge.py and memtable.py: they are the
  * reference the tests compare these with, and the fallback where no C compiler was found
  * at install time. Formats are specified there (Bloom policy dkv.bloom.xxh64-dh.v1 in
  * bloom.py; raw_block in sstable.py); a change to either must change both.
