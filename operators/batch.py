@@ -183,7 +183,7 @@ class BulkMapState(Generic[K, V]):
     def dkv_keys(self, keys: Sequence[bytes], key_groups: Sequence[int], map_keys: Sequence[K]) -> list[bytes]:
         """The DKV key of each row, for ``get_at``/``set_at``/``delete_at``: an operator
         that reads, then writes or deletes the same rows builds the keys once."""
-        return list(map(bytes.__add__, _prefixes(keys, key_groups, self._id), map(self._kc.encode, map_keys)))
+        return list(map(bytes.__add__, _prefixes(keys, key_groups, self._id), self._kc.encode_many(map_keys)))
 
     def get_at(self, dkv_keys: Sequence[bytes]) -> list[V | None]:
         """``get`` by keys from ``dkv_keys``."""
@@ -192,6 +192,30 @@ class BulkMapState(Generic[K, V]):
     def set_at(self, dkv_keys: Sequence[bytes], values: Sequence[V]) -> None:
         """``set`` by keys from ``dkv_keys``."""
         self._db.write_batch(dkv_keys, self._vc.encode_many(values))
+
+    def get_rows_at(self, dkv_keys: Sequence[bytes]) -> list[tuple | None]:
+        """``get_at`` for a ``RecordCodec`` value: each record as a tuple of its field
+        values in the codec's field order (``RecordCodec.decode_rows``), None where
+        absent; no dict per record.
+
+        Raises:
+            TypeError: the value codec has no rows form (not a ``RecordCodec``).
+        """
+        return self._rows_codec().decode_rows(self._db.get_many(dkv_keys))
+
+    def set_rows_at(self, dkv_keys: Sequence[bytes], rows: Sequence[Sequence[Any]]) -> None:
+        """``set_at`` with records given as rows in the codec's field order (the same
+        bytes as ``set_at`` with the equivalent dicts).
+
+        Raises:
+            TypeError: the value codec has no rows form (not a ``RecordCodec``).
+        """
+        self._db.write_batch(dkv_keys, self._rows_codec().encode_rows(rows))
+
+    def _rows_codec(self) -> Any:
+        if not hasattr(self._vc, "decode_rows"):
+            raise TypeError(f"value codec {self._vc!r} has no rows form (use a RecordCodec)")
+        return self._vc
 
     def delete_at(self, dkv_keys: Sequence[bytes]) -> None:
         """``delete`` by keys from ``dkv_keys``."""

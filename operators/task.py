@@ -296,14 +296,15 @@ def _run_batch(operator: BatchOperator, spec: TaskSpec, events: pa.Table, db: DK
     ctx.watermark = spec.watermark_after
     timers_fired = 0
     while True:
-        due = timers.pop_due(spec.watermark_after)  # timers the handler sets show up next round
-        if not due:
+        # Timers the handler sets show up next round.
+        stamps, due_kgs, due_keys = timers.pop_due_columns(spec.watermark_after)
+        if not stamps:
             break
-        timers_fired += len(due)
+        timers_fired += len(stamps)
         operator.on_timers(ctx, pa.table({
-            batch_api.KEY: pa.array([d[2] for d in due], pa.binary()),
-            batch_api.KEY_GROUP: pa.array([d[1] for d in due], pa.int32()),
-            batch_api.TIMESTAMP: pa.array([d[0] for d in due], pa.int64()),
+            batch_api.KEY: pa.array(due_keys, pa.binary()),
+            batch_api.KEY_GROUP: pa.array(due_kgs, pa.int32()),
+            batch_api.TIMESTAMP: pa.array(stamps, pa.int64()),
         }))
     emitted: Emitted = {}
     for name, parts in ctx.emitted.items():

@@ -142,11 +142,11 @@ class TimerService:
             self._queued.add(entry)
             heapq.heappush(self._heap, entry)
 
-    def _scan_due(self, watermark: int) -> tuple[list[bytes], list[tuple[int, int, bytes]]]:
-        """Every stored timer with timestamp <= ``watermark``: ``(dkv keys, entries)``,
-        both in (timestamp, key group, key) order."""
+    def _scan_due(self, watermark: int) -> tuple[list[bytes], list[int], list[int], list[bytes]]:
+        """Every stored timer with timestamp <= ``watermark`` as columns ``(dkv keys,
+        timestamps, key groups, subject keys)``, in (timestamp, key group, key) order."""
         if self.low is not None and watermark < self.low:
-            return [], []
+            return [], [], [], []
         tks: list[bytes] = []
         kgs: list[int] = []
         end_ts = (watermark + 1 + _OFFSET).to_bytes(8, "big") if watermark + 1 + _OFFSET < 1 << 64 else None
@@ -166,30 +166,40 @@ class TimerService:
         # the bound before the pass ends (``due`` forgets it if the pass is abandoned).
         self.low = low
         if not tks:
-            return [], []
-        stamps = [int.from_bytes(k[3:11], "big") - _OFFSET for k in tks]
+            return [], [], [], []
+        # The 8 timestamp bytes of every key at once: big-endian u64 with the sign bit
+        # flipped, so flipping it back and viewing as int64 gives the time in ms.
+        raw = np.frombuffer(b"".join([k[3:11] for k in tks]), dtype=">u8")
+        stamps = (raw ^ np.uint64(_OFFSET)).astype(np.uint64).view(np.int64)
         # Within a key group the scan is in (timestamp, key) order, so its position
         # stands in for the key: sort by (timestamp, key group, position).
-        order = np.lexsort((np.arange(len(tks)), np.asarray(kgs, dtype=np.int64),
-                            np.asarray(stamps, dtype=np.int64))).tolist()
-        tks = [tks[i] for i in order]
-        return tks, [(stamps[i], kgs[i], tks_i[11:]) for i, tks_i in zip(order, tks)]
+        kga = np.asarray(kgs, dtype=np.int64)
+        order = np.lexsort((np.arange(len(tks)), kga, stamps))
+        tks = [tks[i] for i in order.tolist()]
+        return tks, stamps[order].tolist(), kga[order].tolist(), [k[11:] for k in tks]
 
     def pop_due(self, watermark: int) -> list[tuple[int, int, bytes]]:
         """Removes every timer with timestamp <= ``watermark`` from DKV (one write batch)
         and returns them as ``(timestamp, key_group, key)`` in that order."""
-        tks, entries = self._scan_due(watermark)
+        return list(zip(*self.pop_due_columns(watermark)))
+
+    def pop_due_columns(self, watermark: int) -> tuple[list[int], list[int], list[bytes]]:
+        """``pop_due`` as columns ``(timestamps, key groups, keys)``, aligned and in
+        (timestamp, key group, key) order, without a tuple per timer."""
+        tks, stamps, kgs, keys = self._scan_due(watermark)
         if tks:
             self._db.write_batch(tks, [None] * len(tks))
-            self._set_this_epoch.difference_update(tks)
-        return entries
+            if self._set_this_epoch:
+                self._set_this_epoch.difference_update(tks)
+        return stamps, kgs, keys
 
     def due(self, watermark: int):
         """Yield ``(timestamp, key_group, key)`` of every timer with timestamp <=
         ``watermark``, in order, deleting each from DKV before it is yielded."""
         self._firing_until = watermark
         completed = False
-        _, listed = self._scan_due(watermark)
+        _, stamps, kgs, keys = self._scan_due(watermark)
+        listed = list(zip(stamps, kgs, keys))
         queued = self._queued
         queued.update(listed)
         heap = self._heap

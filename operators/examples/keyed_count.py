@@ -93,12 +93,11 @@ class KeyedWindowCountBatch(BatchOperator):
         starts = groups.column("start").to_pylist()
         state = ctx.state(self.windows)
         at = state.dkv_keys(keys, kgs, starts)  # built once for the read and the write
-        olds = state.get_at(at)
-        merged = [{"count": n, "amount": s} if old is None
-                  else {"count": old["count"] + n, "amount": old["amount"] + s}
+        olds = state.get_rows_at(at)  # (count, amount) tuples: AGG's field order
+        merged = [(n, s) if old is None else (old[0] + n, old[1] + s)
                   for old, n, s in zip(olds, groups.column("amount_count").to_pylist(),
                                        groups.column("amount_sum").to_pylist())]
-        state.set_at(at, merged)
+        state.set_rows_at(at, merged)
         new = [i for i, old in enumerate(olds) if old is None]  # new windows get their timer
         w = self.window_ms
         ctx.set_timers([keys[i] for i in new], [kgs[i] for i in new], [starts[i] + w for i in new])
@@ -111,11 +110,11 @@ class KeyedWindowCountBatch(BatchOperator):
         starts = [t - w for t in stamps]
         state = ctx.state(self.windows)
         at = state.dkv_keys(keys, kgs, starts)
-        aggs = state.get_at(at)
+        aggs = state.get_rows_at(at)  # (count, amount) tuples
         hit = [i for i, a in enumerate(aggs) if a is not None]
         ctx.emit({"key": pc.cast(pa.array([keys[i] for i in hit], pa.binary()), pa.string()),
                   "window_start": [starts[i] for i in hit],
-                  "count": [aggs[i]["count"] for i in hit], "amount": [aggs[i]["amount"] for i in hit]},
+                  "count": [aggs[i][0] for i in hit], "amount": [aggs[i][1] for i in hit]},
                  keys=[keys[i] for i in hit], timestamps=[stamps[i] for i in hit])
         state.delete_at([at[i] for i in hit])
 

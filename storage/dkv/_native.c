@@ -27,8 +27,14 @@
  *   memtable_put(d, keys, first_seq, values, entry_overhead) -> (new_keys, delta_bytes)
  *       the write path's one loop: d[keys[i]] = (first_seq + i, values[i]) for every i,
  *       in order, with one cold dict probe per write (Memtable.put_batch).
+ *   memtable_columns(d, keys) -> (seqs, values)
+ *       the memtable entries of sorted keys as columns, one dict lookup per key: a
+ *       flush's and a memtable scan's columns (reference: memtable.columns_py).
+ *   bloom_bits(hashes, m, k) -> bytes
+ *       a flush's Bloom filter bits from its keys' xxh64 hashes, walking each key's k
+ *       probes (reference: bloom.build_bloom_py, byte-identical).
  *
- * The pure-Python functions they replace stay in bloom.py, sstable.py and merge.py: they are the
+ * The pure-Python functions they replace stay in bloom.py, sstable.py, merge.py and memtable.py: they are the
  * reference the tests compare these with, and the fallback where no C compiler was found
  * at install time. Formats are specified there (Bloom policy dkv.bloom.xxh64-dh.v1 in
  * bloom.py; raw_block in sstable.py); a change to either must change both.
@@ -948,6 +954,91 @@ fail:
     return NULL;
 }
 
+/* memtable_columns(d, keys) -> (seqs, values)
+ * For a list of keys all present in d (a memtable dict of key -> (seq, value)): the seqs
+ * and values in key order, one dict lookup per key (Memtable.columns_py is the
+ * reference). A missing key raises KeyError, a malformed entry TypeError. */
+PyDoc_STRVAR(memtable_columns_doc, "memtable_columns(d, keys) -> (seqs, values)");
+static PyObject *memtable_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyDict_Check(args[0]) || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "memtable_columns(dict, list)");
+        return NULL;
+    }
+    PyObject *d = args[0], *keys = args[1];
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    PyObject *seqs = PyList_New(n), *values = PyList_New(n);
+    if (seqs == NULL || values == NULL) goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        PyObject *e = PyDict_GetItemWithError(d, key); /* borrowed */
+        if (e == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);
+            goto fail;
+        }
+        if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 2) {
+            PyErr_SetString(PyExc_TypeError, "memtable entries must be (seq, value) tuples");
+            goto fail;
+        }
+        PyObject *sq = PyTuple_GET_ITEM(e, 0), *v = PyTuple_GET_ITEM(e, 1);
+        Py_INCREF(sq);
+        Py_INCREF(v);
+        PyList_SET_ITEM(seqs, i, sq);
+        PyList_SET_ITEM(values, i, v);
+    }
+    return Py_BuildValue("(NN)", seqs, values);
+fail:
+    Py_XDECREF(seqs);
+    Py_XDECREF(values);
+    return NULL;
+}
+
+/* bloom_bits(hashes, m, k) -> bytes
+ * The bit array of a Bloom filter of m bits (m a positive multiple of 8) with k probes
+ * over keys whose xxh64 hashes are the native-endian uint64 buffer hashes: probe i of
+ * hash h sets bit (h1 + i*h2) mod m, h1 = h & 0xFFFFFFFF, h2 = (h >> 32) | 1, bit b in
+ * byte b >> 3 at mask 1 << (b & 7) (bloom.py; build_bloom_py is the reference). */
+PyDoc_STRVAR(bloom_bits_doc, "bloom_bits(hashes, m, k) -> bytes");
+static PyObject *bloom_bits(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "bloom_bits(hashes, m, k)");
+        return NULL;
+    }
+    unsigned long long m = PyLong_AsUnsignedLongLong(args[1]);
+    if (m == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    long k = PyLong_AsLong(args[2]);
+    if (k == -1 && PyErr_Occurred()) return NULL;
+    if (m == 0 || m % 8 != 0 || k < 1) {
+        PyErr_SetString(PyExc_ValueError, "bloom_bits: m must be a positive multiple of 8, k >= 1");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    if (view.len % 8 != 0) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "bloom_bits: hashes must be a buffer of uint64");
+        return NULL;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(m / 8));
+    if (out == NULL) { PyBuffer_Release(&view); return NULL; }
+    unsigned char *bits = (unsigned char *)PyBytes_AS_STRING(out);
+    memset(bits, 0, (size_t)(m / 8));
+    Py_ssize_t n = view.len / 8;
+    const unsigned char *hp = (const unsigned char *)view.buf;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        uint64_t h;
+        memcpy(&h, hp + 8 * j, 8);
+        /* Same incremental walk as the probe: (h1 + i*h2) mod m. */
+        uint64_t b = (h & 0xFFFFFFFFu) % m, step = ((h >> 32) | 1) % m;
+        for (long i = 0; i < k; i++) {
+            bits[b >> 3] |= (unsigned char)(1u << (b & 7));
+            b += step;
+            if (b >= m) b -= m;
+        }
+    }
+    PyBuffer_Release(&view);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"bloom_first", (PyCFunction)(void (*)(void))bloom_first, METH_FASTCALL, bloom_first_doc},
     {"bloom_may_contain", (PyCFunction)(void (*)(void))bloom_may_contain, METH_FASTCALL,
@@ -961,6 +1052,9 @@ static PyMethodDef methods[] = {
     {"memtable_put", (PyCFunction)(void (*)(void))memtable_put, METH_FASTCALL, memtable_put_doc},
     {"encode_blocks", (PyCFunction)(void (*)(void))encode_blocks, METH_FASTCALL, encode_blocks_doc},
     {"sort_bytes", (PyCFunction)sort_bytes, METH_O, sort_bytes_doc},
+    {"memtable_columns", (PyCFunction)(void (*)(void))memtable_columns, METH_FASTCALL,
+     memtable_columns_doc},
+    {"bloom_bits", (PyCFunction)(void (*)(void))bloom_bits, METH_FASTCALL, bloom_bits_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -39,7 +39,27 @@ def num_probes(bits_per_key: int) -> int:
 
 
 def build_bloom(keys: Sequence[bytes], bits_per_key: int) -> tuple[int, bytes]:
-    """Builds a filter over ``keys``.
+    """Builds a filter over ``keys`` (the bits set in C when built: ``_native.bloom_bits``
+    walks each key's probes without numpy's ``n * k`` position array, which at a
+    3,000,000-key flush was ~170 MB).
+
+    Args:
+        keys: The keys (duplicates are harmless).
+        bits_per_key: Filter bits per key.
+
+    Returns:
+        ``(k, bits)``: the probe count and the bit array (``len(bits) * 8`` is m).
+    """
+    if NATIVE is None or not keys:
+        return build_bloom_py(keys, bits_per_key)
+    k = num_probes(bits_per_key)
+    m = (max(64, len(keys) * bits_per_key) + 7) // 8 * 8
+    h = np.fromiter(map(_xxh64, keys), dtype=np.uint64, count=len(keys))
+    return k, NATIVE.bloom_bits(h, m, k)
+
+
+def build_bloom_py(keys: Sequence[bytes], bits_per_key: int) -> tuple[int, bytes]:
+    """Builds a filter over ``keys`` (pure-Python reference of ``build_bloom``).
 
     Args:
         keys: The keys (duplicates are harmless).

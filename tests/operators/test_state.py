@@ -271,3 +271,57 @@ def test_encode_many_reads_fields_as_encode_does() -> None:
     assert codec.encode_many(records) == [codec.encode(r) for r in records]
     assert codec.decode(codec.encode_many(records)[0]) == {"n": 1, "m": None}
     assert "m" not in records[0] and "m" not in records[1]
+
+
+@given(st.lists(st.tuples(st.integers(-(1 << 63), (1 << 63) - 1) | st.none(), st.text(max_size=5)), max_size=20),
+       st.lists(st.booleans(), max_size=20))
+@settings(max_examples=80, deadline=None)
+def test_record_rows_equal_dict_records(rows, absent) -> None:
+    """``encode_rows`` gives ``encode``'s bytes for the same record as a dict, and
+    ``decode_rows`` gives ``decode``'s values as tuples in field order, None passing
+    through (the dict codec is the oracle); a value of another shape is a ValueError."""
+    codec = RecordCodec({"n": pa.int64(), "s": pa.string()})
+    raws = codec.encode_rows(rows)
+    assert raws == [codec.encode({"n": n, "s": s}) for n, s in rows]
+    mixed = [None if (i < len(absent) and absent[i]) else r for i, r in enumerate(raws)]
+    assert codec.decode_rows(mixed) == [None if r is None else tuple(codec.decode(r).values()) for r in mixed]
+    with pytest.raises(ValueError):
+        codec.encode_rows([(1,)])
+    with pytest.raises(ValueError):
+        codec.decode_rows([RecordCodec({"n": pa.int64()}).encode({"n": 1})])
+    with pytest.raises(ValueError):
+        codec.decode_rows([codec.encode({"n": 1, "s": "a"}) + b"\x01"])  # trailing bytes
+
+
+def test_bulk_map_rows_equal_dict_accessors(db) -> None:
+    """``get_rows_at``/``set_rows_at`` read and write what ``get_at``/``set_at`` do with
+    the equivalent dicts; a codec without a rows form is a TypeError."""
+    from operators.batch import BulkMapState
+    spec = MapSpec(IntCodec(), RecordCodec({"count": pa.int64(), "amount": pa.int64()}), id="w")
+    state = BulkMapState(db, spec)
+    at = state.dkv_keys([b"a", b"b", b"c"], [0, 1, 1], [10, 20, 30])
+    state.set_rows_at(at[:2], [(1, 5), (2, -7)])
+    assert state.get_at(at) == [{"count": 1, "amount": 5}, {"count": 2, "amount": -7}, None]
+    state.set_at(at[2:], [{"count": 3, "amount": 9}])
+    assert state.get_rows_at(at) == [(1, 5), (2, -7), (3, 9)]
+    with pytest.raises(TypeError):
+        BulkMapState(db, MapSpec(IntCodec(), IntCodec(), id="i")).get_rows_at(at)
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from([-(1 << 62), -1, 0, 1, 7, 1 << 40, (1 << 62)]),
+                          st.sampled_from([b"x", b"xy", b""])), max_size=30),
+       st.sampled_from([-(1 << 62), -1, 0, 7, 1 << 40, (1 << 62)]))
+@settings(max_examples=80, deadline=None)
+def test_pop_due_columns_match_a_set_model(tmp_path_factory, timers, watermark) -> None:
+    """``pop_due_columns`` returns (timestamps, key groups, keys) of every timer at or
+    below the watermark in (timestamp, key group, key) order, negative and far times
+    included (the sorted set is the oracle), and removes exactly those."""
+    db = DKV.open(LocalObjectStore(tmp_path_factory.mktemp("t")), "timers")
+    service = TimerService(db, range(4))
+    service.set_many([t[0] for t in timers], [t[1] for t in timers], [t[2] for t in timers])
+    expected = sorted((ts, kg, key) for kg, ts, key in set(timers) if ts <= watermark)
+    stamps, kgs, keys = service.pop_due_columns(watermark)
+    assert list(zip(stamps, kgs, keys)) == expected
+    assert all(type(x) is int for x in stamps + kgs)
+    remaining = sorted(decode_timer_key(k) for k, _ in db.scan_prefix(b""))
+    assert remaining == sorted(t for t in set(timers) if t[1] > watermark)
