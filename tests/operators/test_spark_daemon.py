@@ -5,7 +5,8 @@ plain daemon.
 The oracle for "imported in the daemon" is the daemon's memory map: pyspark's own daemon
 never loads Arrow's shared library, ours does before any fork. The oracle for "safe to
 fork" is the daemon's OS thread count: 1. A worker inherits the daemon's frozen
-objects (``gc.get_freeze_count()``), which its collections skip."""
+objects (``gc.get_freeze_count()``), which its collections skip, and the pyspark the
+driver imported (the installed package, not Spark's shipped ``pyspark.zip``)."""
 from __future__ import annotations
 
 import gc
@@ -18,7 +19,11 @@ import time
 import pytest
 from pyspark import cloudpickle
 
+import pyspark
+import pyspark.worker
+
 from operators.spark import DAEMON_ENV
+from operators.spark_daemon import without_shipped_zips
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Spark workers cannot import tests
 
@@ -34,7 +39,8 @@ def _process_facts(pid: int) -> dict:
 
 def _parent_facts(partition):
     list(partition)  # consume the input, or pyspark does not reuse the worker
-    yield {**_process_facts(os.getppid()), "worker_frozen_objects": gc.get_freeze_count()}
+    yield {**_process_facts(os.getppid()), "worker_frozen_objects": gc.get_freeze_count(),
+           "pyspark_worker_file": sys.modules["pyspark.worker"].__file__}
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -46,6 +52,7 @@ def test_spark_workers_fork_from_a_single_threaded_daemon_that_imported_arrow(sp
         assert daemon["threads"] == 1, daemon
         assert daemon["arrow_loaded"], daemon
         assert daemon["worker_frozen_objects"] > 10_000, daemon  # the libraries' objects
+        assert daemon["pyspark_worker_file"] == pyspark.worker.__file__, daemon  # not from the zip
 
 
 def _start_daemon(env: dict[str, str]) -> subprocess.Popen:
@@ -98,3 +105,35 @@ def test_daemon_falls_back_to_pyspark_daemon_when_a_preload_starts_a_thread(tmp_
     assert "-m pyspark.daemon pyspark.worker" in facts["cmdline"], (facts, err)
     assert facts["threads"] == 1 and not facts["arrow_loaded"], (facts, err)
     assert "forking is unsafe, running pyspark.daemon instead" in err
+
+
+def _site(root, py4j_version: str | None = "0.10.9.9"):
+    """A pip-style site directory: pyspark with its shipped zips, and py4j at a version."""
+    lib = root / "pyspark" / "python" / "lib"
+    lib.mkdir(parents=True)
+    (root / "pyspark" / "__init__.py").write_text("")
+    (lib / "pyspark.zip").write_bytes(b"")
+    (lib / "py4j-0.10.9.9-src.zip").write_bytes(b"")
+    if py4j_version is not None:
+        (root / "py4j").mkdir()
+        (root / "py4j" / "version.py").write_text(f"__version__ = '{py4j_version}'\n")
+    return str(root), str(lib / "pyspark.zip"), str(lib / "py4j-0.10.9.9-src.zip")
+
+
+def test_shipped_zips_are_dropped_when_the_same_packages_are_installed(tmp_path) -> None:
+    site, pyspark_zip, py4j_zip = _site(tmp_path / "site")
+    jar = str(tmp_path / "site" / "pyspark" / "jars" / "spark-core.jar")
+    assert without_shipped_zips(["/app", pyspark_zip, py4j_zip, jar, site]) == ["/app", jar, site]
+
+
+def test_shipped_zips_stay_when_they_are_not_the_installed_packages(tmp_path) -> None:
+    site, pyspark_zip, py4j_zip = _site(tmp_path / "site", py4j_version="0.10.9.7")
+    other = tmp_path / "spark-home" / "python" / "lib"  # a cluster's own SPARK_HOME
+    other.mkdir(parents=True)
+    foreign = [str(other / "pyspark.zip"), str(other / "py4j-0.10.9.9-src.zip")]
+    # py4j at another version: its zip stays, pyspark's copy goes
+    assert without_shipped_zips([pyspark_zip, py4j_zip, site]) == [py4j_zip, site]
+    # zips outside the installed package stay
+    assert without_shipped_zips([*foreign, site]) == [*foreign, site]
+    # nothing installed on the path: everything stays
+    assert without_shipped_zips([pyspark_zip, py4j_zip, "/app"]) == [pyspark_zip, py4j_zip, "/app"]
