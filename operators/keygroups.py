@@ -16,6 +16,8 @@ import struct
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import xxhash
 
 DEFAULT_KEY_GROUPS = 256
@@ -41,6 +43,32 @@ def key_groups_of(keys: list[bytes], key_groups: int) -> np.ndarray:
     """Vector form of :func:`key_group_of` for a batch of keys (int32 array)."""
     digest = xxhash.xxh3_64_intdigest
     return np.fromiter((digest(k) % key_groups for k in keys), dtype=np.int32, count=len(keys))
+
+
+def key_groups_of_column(keys: pa.Array | pa.ChunkedArray, key_groups: int) -> np.ndarray:
+    """:func:`key_groups_of` for an Arrow binary column, hashing each distinct key once.
+
+    An epoch's events repeat their keys (the flights job: ~300 routes in 50,000 events),
+    and a Python-level hash per event was ~40% of the driver's epoch preparation. The
+    column is dictionary-encoded in one C pass; only its distinct keys are hashed.
+
+    Args:
+        keys: the subject keys (binary, no nulls), one per event.
+        key_groups: K, the job's number of key groups.
+
+    Returns:
+        An int32 array, element i the key group of ``keys[i]``.
+
+    Raises:
+        TypeError: a key is null (``xxhash`` hashes bytes only).
+    """
+    if len(keys) == 0:
+        return np.zeros(0, dtype=np.int32)
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks()
+    encoded = pc.dictionary_encode(keys)
+    per_distinct = key_groups_of(encoded.dictionary.to_pylist(), key_groups)
+    return per_distinct[encoded.indices.to_numpy(zero_copy_only=False)]
 
 
 def key_group_prefix(key_group: int) -> bytes:

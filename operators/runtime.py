@@ -45,7 +45,7 @@ from operators.control import (
     release_lease,
 )
 from operators.job import Job
-from operators.keygroups import key_group_ranges, key_groups_of, range_indexes_of
+from operators.keygroups import key_group_ranges, key_groups_of_column, range_indexes_of
 from operators.open_state import OpenState
 from operators.recovery import VERIFY_MODES, restart_checkpoint
 from operators.sources import KEY_COLUMN, TIMESTAMP_COLUMN
@@ -286,7 +286,7 @@ class JobRunner:
             events = _empty_events(source.value_schema)
         else:
             events = pa.concat_tables(tables)
-        kgs = key_groups_of(events.column(KEY_COLUMN).to_pylist(), self.job.key_groups)
+        kgs = key_groups_of_column(events.column(KEY_COLUMN), self.job.key_groups)
         events = events.append_column(KEY_GROUP_COLUMN, pa.array(kgs, pa.int32()))
         events = events.append_column(
             RANGE_COLUMN, pa.array(range_indexes_of(kgs, self.job.key_groups, self.job.parallelism), pa.int32()))

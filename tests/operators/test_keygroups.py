@@ -1,11 +1,18 @@
 """Key groups: stable hashing and contiguous ranges (Flink's assignment)."""
 from __future__ import annotations
 
+import pyarrow as pa
 import xxhash
 from hypothesis import given
 from hypothesis import strategies as st
 
-from operators.keygroups import key_group_of, key_group_ranges, key_groups_of, range_index_of
+from operators.keygroups import (
+    key_group_of,
+    key_group_ranges,
+    key_groups_of,
+    key_groups_of_column,
+    range_index_of,
+)
 
 
 def test_key_group_is_xxh3_mod_k_and_stable() -> None:
@@ -25,3 +32,13 @@ def test_ranges_partition_key_groups_and_agree_with_range_index(k, data) -> None
     for i, r in enumerate(ranges):
         for g in (r.start, r.end - 1):
             assert range_index_of(g, k, p) == i
+
+
+@given(st.lists(st.lists(st.binary(max_size=6), max_size=30), max_size=4), st.integers(1, 300))
+def test_key_groups_of_a_column_hash_each_key_as_the_list_form_does(chunks, k) -> None:
+    keys = [key for chunk in chunks for key in chunk]  # few distinct: repeats are the case
+    column = pa.chunked_array([pa.array(c, pa.binary()) for c in chunks], pa.binary())
+    got = key_groups_of_column(column, k)
+    assert got.dtype.name == "int32"
+    assert got.tolist() == [key_group_of(key, k) for key in keys]
+    assert key_groups_of_column(pa.array(keys, pa.binary()), k).tolist() == got.tolist()
