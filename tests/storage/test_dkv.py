@@ -376,3 +376,38 @@ def test_advance_to_refuses_a_manifest_behind_the_instance(store: LocalObjectSto
     assert a.advance_to(m1) is False
     assert a.advance_to(sibling) is False
     assert dict(a.scan_prefix(b"")) == model
+
+
+def test_gc_pause_overlapping_in_two_threads_keeps_the_collector_off_until_the_last_leaves() -> None:
+    """Thread A enters, B enters, A leaves: B's block still runs with the collector off;
+    the collector comes back when B leaves (a per-block save and restore turned it on
+    under B)."""
+    import gc
+    import threading
+
+    from storage.dkv.gc_pause import gc_paused
+
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen_in_b_after_a_left = []
+
+    def a() -> None:
+        with gc_paused():
+            a_in.set()
+            b_in.wait(10)
+        a_out.set()
+
+    def b() -> None:
+        a_in.wait(10)
+        with gc_paused():
+            b_in.set()
+            a_out.wait(10)
+            seen_in_b_after_a_left.append(gc.isenabled())
+
+    assert gc.isenabled()
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert seen_in_b_after_a_left == [False]
+    assert gc.isenabled()
