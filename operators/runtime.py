@@ -36,7 +36,7 @@ import pyarrow as pa
 
 from operators import dead_letter, spark_stage
 from operators.api import WATERMARK_MAX, WATERMARK_MIN
-from operators.checkpoints import JobCheckpoint, checkpoint_key, commit_checkpoint, latest_checkpoint
+from operators.checkpoints import JobCheckpoint, checkpoint_key, commit_checkpoint, latest_checkpoint, list_epochs
 from operators.cleanup import CleanupReport, cleanup_job
 from operators.control import (
     acquire_lease,
@@ -222,7 +222,9 @@ class JobRunner:
 
         Raises:
             JobFailedError: an epoch failed (the previous checkpoint stays newest).
-            JobFencedError: another driver committed an epoch this one ran.
+            JobFencedError: another driver committed an epoch this one ran (found at the
+                commit, or when this driver's tasks failed because the other's
+                retention deleted the files of the checkpoint it started from).
             RecoveryRefusedError: the newest checkpoint is unusable and falling back
                 is not safe (``operators.recovery``).
         """
@@ -333,6 +335,15 @@ class JobRunner:
             try:
                 results, forwarded = self._run_stage(i, specs, stage_input, last)
             except Exception as e:  # noqa: BLE001 - Spark wraps task errors in many types
+                newest = self._newest_epoch_elsewhere()
+                if newest is not None and newest >= epoch:
+                    # A driver this far behind finds the files of its start checkpoint
+                    # deleted by the other's retention; fencing is what happened.
+                    raise JobFencedError(
+                        f"job {self.job.name}: epoch {epoch} was committed by another driver (the newest "
+                        f"checkpoint is {self.store.uri(checkpoint_key(self.job.prefix, newest))}) while this "
+                        f"driver ran it from epoch {ckpt.epoch}, and its tasks failed ({_root_message(e)}); "
+                        f"this driver stops without publishing. Run one driver per job.") from e
                 raise JobFailedError(
                     f"job {self.job.name}: epoch {epoch} failed in operator {op.name}: {_root_message(e)}"
                 ) from e
@@ -425,6 +436,16 @@ class JobRunner:
         return {"driver": driver, "tasks": tasks}
 
     # -------------------------------------------------------------------- Spark
+    def _newest_epoch_elsewhere(self) -> int | None:
+        """The newest committed epoch (a driver that sees one at or past the epoch it
+        runs was overtaken), or None when none is listed or the store cannot say (the
+        stage's own error is then the one to report)."""
+        try:
+            epochs = list_epochs(self.store, self.job.prefix)
+        except Exception:  # noqa: BLE001 - a failing store is reported through the stage's error
+            return None
+        return epochs[-1] if epochs else None
+
     def _run_stage(self, op_index: int, specs: list[TaskSpec], events: pa.Table, last: bool):
         if self.spark is None:
             return self._run_stage_in_process(op_index, specs, events, last)
