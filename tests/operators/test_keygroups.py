@@ -42,3 +42,26 @@ def test_key_groups_of_a_column_hash_each_key_as_the_list_form_does(chunks, k) -
     assert got.dtype.name == "int32"
     assert got.tolist() == [key_group_of(key, k) for key in keys]
     assert key_groups_of_column(pa.array(keys, pa.binary()), k).tolist() == got.tolist()
+
+
+@given(st.lists(st.binary(max_size=6), min_size=1, max_size=8, unique=True),
+       st.lists(st.integers(0, 7), min_size=1, max_size=600), st.integers(1, 300))
+def test_key_groups_of_repeated_keys_through_the_dictionary(distinct, picks, k) -> None:
+    keys = [distinct[i % len(distinct)] for i in picks]
+    got = key_groups_of_column(pa.chunked_array([pa.array(keys, pa.binary())]), k)
+    assert got.tolist() == [key_group_of(key, k) for key in keys]
+
+
+def test_key_groups_of_a_column_hashes_distinct_keys_once_only_when_they_repeat(monkeypatch) -> None:
+    import operators.keygroups as kg
+
+    hashed = []
+    real = kg.key_groups_of
+    monkeypatch.setattr(kg, "key_groups_of", lambda keys, k: hashed.append(len(keys)) or real(keys, k))
+    routes = pa.array([b"EWR-IAH", b"JFK-LAX", b"EWR-IAH"] * 10_000, pa.binary())
+    assert kg.key_groups_of_column(routes, 256).tolist() == [188, key_group_of(b"JFK-LAX", 256), 188] * 10_000
+    assert hashed == [2]  # the two routes, not 30,000 events
+    hashed.clear()
+    users = pa.array([b"user-%d" % i for i in range(10_000)], pa.binary())
+    assert kg.key_groups_of_column(users, 256).tolist() == [key_group_of(b"user-%d" % i, 256) for i in range(10_000)]
+    assert hashed == [10_000]  # no dictionary where nothing repeats
