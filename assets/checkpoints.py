@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from dagster import AssetCheckResult, AssetCheckSeverity, AssetKey, MetadataValue, asset_check
 
 from assets.resources import ObjectStoreResource
-from operators.api import WATERMARK_MAX, WATERMARK_MIN
-from operators.checkpoints import JobCheckpoint, checkpoint_key, latest_checkpoint
-from operators.job import Job
-from operators.runtime import EpochResult
+from operators.api.job import Job
+from operators.api.operator import WATERMARK_MAX, WATERMARK_MIN
+from operators.paths import checkpoint_key
+from operators.runtime.checkpoints import JobCheckpoint, latest_checkpoint
+from operators.runtime.driver import EpochResult
 from storage.dkv.compaction import size_amplification
 from storage.dkv.manifest import load_manifest
 from storage.dkv.verify import VerifyReport, verify_manifest

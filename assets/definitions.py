@@ -19,9 +19,9 @@ from assets.sensors import (
     make_source_sensor,
     make_table_compaction_sensor,
 )
-from operators.examples.aircraft_rotations import aircraft_job
-from operators.examples.flights import flights_job
-from operators.job import Job
+from examples.aircraft_rotations import aircraft_job
+from examples.flights import flights_job
+from operators.api.job import Job
 
 
 def stream_job_definitions(job: Job) -> dict:

@@ -23,11 +23,16 @@ from dagster import (
 )
 from dagster_pyspark import PySparkResource
 
-from assets.checkpoints import checkpoint_asset_key, checkpoint_metadata, format_watermark, level_stats
+from assets.checkpoints import (
+    checkpoint_asset_key,
+    checkpoint_metadata,
+    format_watermark,
+    level_stats,
+)
 from assets.resources import DKVSettingsResource, ObjectStoreResource
-from operators.checkpoints import read_checkpoint
-from operators.job import Job
-from operators.runtime import JobRunner
+from operators.api.job import Job
+from operators.runtime.checkpoints import read_checkpoint
+from operators.runtime.driver import JobRunner
 
 __all__ = ["RunJobConfig", "checkpoint_asset_key", "job_assets", "pool_name"]
 

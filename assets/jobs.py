@@ -6,12 +6,12 @@ Every op works on the object store only (no Spark), so it runs while the job run
   compaction would do (the pure ``storage.dkv.compaction.plan_compaction`` over the
   range's manifest); the plan is the op's output and its metadata.
 * ``compact``: runs remote compaction for the newest checkpoint
-  (``operators.remote_compaction.compact_job``) and publishes the results, which the job
+  (``operators.runtime.remote_compaction.compact_job``) and publishes the results, which the job
   installs at its next epoch.
 * ``flush``: writes a flush request; the job's next epoch flushes every memtable to
-  level-0 SSTables (``operators.control``).
+  level-0 SSTables (``operators.runtime.control``).
 * ``cleanup``: checkpoint retention and garbage collection, safe while an epoch is in
-  flight (``operators.cleanup.cleanup_job(..., concurrent=True)``); reports bytes freed.
+  flight (``operators.runtime.cleanup.cleanup_job(..., concurrent=True)``); reports bytes freed.
 
 Jobs: ``compaction`` (``plan_compaction`` then ``compact``), ``memtable_flush``
 (``flush``) and ``garbage_collection`` (``cleanup``). The
@@ -23,14 +23,21 @@ import time
 from dagster import Config, MetadataValue, OpExecutionContext, Out, Output, job, op
 
 from assets.resources import DKVSettingsResource, ObjectStoreResource
-from operators.checkpoints import latest_checkpoint
-from operators.cleanup import cleanup_job
-from operators.control import pending_flush_requests, request_flush
-from operators.remote_compaction import compact_job
+from operators import paths
+from operators.io.table_sink import (
+    compact_table,
+    delta_tables,
+    small_files,
+    storage_options,
+    vacuum_table,
+)
+from operators.runtime.checkpoints import latest_checkpoint
+from operators.runtime.cleanup import cleanup_job
+from operators.runtime.control import pending_flush_requests, request_flush
+from operators.runtime.remote_compaction import compact_job
 from storage.dkv.compaction import plan_compaction as plan_range
 from storage.dkv.manifest import load_manifest
 from storage.dkv.remote_compaction import load_result
-from operators.table_sink import compact_table, delta_tables, small_files, storage_options, vacuum_table
 
 
 class StreamJobConfig(Config):
@@ -55,9 +62,7 @@ class FlushConfig(StreamJobConfig):
 
 def job_prefix(name: str) -> str:
     """Object-store prefix of stream job ``name``."""
-    if not name or "/" in name:
-        raise ValueError(f"invalid stream job name {name!r}")
-    return f"jobs/{name}"
+    return paths.job_prefix(name)
 
 
 @op(out=Out(dict), description="Plan compaction of every range of the newest checkpoint (pure, no writes)")

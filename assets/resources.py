@@ -17,7 +17,7 @@ from dagster_aws.s3 import S3Resource
 from dagster_pyspark import PySparkResource
 from pydantic import Field
 
-from operators.spark import ensure_python_workers_use_this_interpreter, spark_conf
+from operators.spark.session import ensure_python_workers_use_this_interpreter, spark_conf
 from storage.dkv import DKVOptions
 from storage.objectstore import ObjectStore, open_object_store
 
@@ -117,7 +117,7 @@ class DKVSettingsResource(ConfigurableResource):
 
 
 def spark_resource(conf: dict[str, str] | None = None) -> PySparkResource:
-    """dagster-pyspark's resource with dkvstream's Spark defaults (``operators.spark``)."""
+    """dagster-pyspark's resource with dkvstream's Spark defaults (``operators.spark.session``)."""
     ensure_python_workers_use_this_interpreter()
     return PySparkResource(spark_config=spark_conf(conf))
 

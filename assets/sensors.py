@@ -38,11 +38,17 @@ from dagster import (
 )
 
 from assets.checkpoints import L0_TABLES_MAX, SIZE_AMP_MAX, checkpoint_asset_key
-from assets.jobs import TableCompactionConfig, cleanup_job_def, compaction, op_config, table_compaction_job
+from assets.jobs import (
+    TableCompactionConfig,
+    cleanup_job_def,
+    compaction,
+    op_config,
+    table_compaction_job,
+)
 from assets.resources import DKVSettingsResource, ObjectStoreResource
-from operators.checkpoints import latest_checkpoint, list_epochs
-from operators.job import Job
-from operators.table_sink import TableSink, small_files, storage_options
+from operators.api.job import Job
+from operators.io.table_sink import TableSink, small_files, storage_options
+from operators.runtime.checkpoints import latest_checkpoint, list_epochs
 
 IN_PROGRESS = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
                DagsterRunStatus.STARTED]

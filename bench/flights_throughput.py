@@ -15,7 +15,7 @@ the child Python process plus its JVM, "workers" the Python processes the JVM st
 (``prefix_oracle``: the spec's pandas oracle for a full run) before its time counts; an
 engine whose check fails is reported as FAILED, not timed.
 
-Engines: ``dkvstream`` (``operators/examples/flights.py``, the vectorised form
+Engines: ``dkvstream`` (``examples/flights.py``, the vectorised form
 ``flights_job(batch=True)``, on ``JobRunner``, local[2]; the reference row),
 ``dkvstream-in-process`` (the same, ``JobRunner(job, spark=None)``: both key-group ranges'
 stages run one after the other in the driver process, one core, no Spark; the row to
@@ -108,8 +108,8 @@ def run_dkvstream(plan: EpochPlan, work_dir: str, spark, progress=print, batch: 
         AssertionError: output differs from the oracle, the run's epochs differ from the
             plan, or an event was late.
     """
-    from operators.examples.flights import FlightsSource, flights_job
-    from operators.runtime import JobRunner
+    from examples.flights import FlightsSource, flights_job
+    from operators.runtime.driver import JobRunner
     class PrefixFlightsSource(FlightsSource):
         """The flights replay cut at ``plan.ends`` (a bounded source that ends there)."""
 
@@ -160,7 +160,7 @@ def _dkvstream_main(argv: list[str]) -> int:
     def run(plan: EpochPlan, _input_dir: str, work_dir: str) -> dict:
         spark = None
         if args.runner == "spark":
-            from operators.spark import get_spark
+            from operators.spark.session import get_spark
 
             spark = get_spark({"spark.master": "local[2]"})
         return run_dkvstream(plan, work_dir, spark, progress=lambda line: print(line, file=sys.stderr, flush=True),

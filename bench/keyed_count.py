@@ -3,7 +3,7 @@
 Usage: ``.venv/bin/python bench/keyed_count.py [--events 10000000] [--keys 1000000]
 [--epoch 1000000] [--event-form-events 1000000] [--skip-capped]``
 
-The job (``operators/examples/keyed_count.py``): per key and one-hour event-time window,
+The job (``examples/keyed_count.py``): per key and one-hour event-time window,
 count events and sum an amount; a timer at the window's end emits the row and drops the
 state. Input: ``SyntheticSource`` over two partitions (``--events`` in total), keys
 uniform or Zipf 1.1 over ``--keys`` keys, one event per ms per partition.
@@ -45,8 +45,8 @@ def _run(kind: str, events: int, keys: int, epoch: int, zipf: float | None, batc
          memtable_mib: int, wal_flush_mib: int, conn) -> None:
     import pandas as pd
 
-    from operators.examples.keyed_count import keyed_count_job, keyed_count_oracle
-    from operators.runtime import JobRunner
+    from examples.keyed_count import keyed_count_job, keyed_count_oracle
+    from operators.runtime.driver import JobRunner
     from storage.dkv import DKVOptions
 
     if capped:

@@ -8,7 +8,7 @@ For each state size K, one job (one operator keeping a running total per key in 
 
 1. load: one epoch of K events touching every key once, so the state holds K keys;
 2. steady state: ``--epochs`` epochs of ``--events-per-epoch`` events on random keys;
-   after each, ``operators.remote_compaction.compact_job`` (what the Dagster
+   after each, ``operators.runtime.remote_compaction.compact_job`` (what the Dagster
    maintenance op runs) compacts what the epoch flushed. Tasks never compact inline
    (``max_inline_compaction_bytes=0``), so every compaction is measured on its own.
 
@@ -43,15 +43,15 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from operators.api import KeyedEvent, Operator, Subject  # noqa: E402
-from operators.checkpoints import latest_checkpoint  # noqa: E402
-from operators.codecs import IntCodec  # noqa: E402
-from operators.job import Job  # noqa: E402
-from operators.remote_compaction import compact_job  # noqa: E402
-from operators.runtime import JobRunner  # noqa: E402
-from operators.sinks import ParquetSink  # noqa: E402
-from operators.sources import KEY_COLUMN, TIMESTAMP_COLUMN, Source  # noqa: E402
-from operators.state import ValueSpec  # noqa: E402
+from operators.api.codecs import IntCodec  # noqa: E402
+from operators.api.job import Job  # noqa: E402
+from operators.api.operator import KeyedEvent, Operator, Subject  # noqa: E402
+from operators.api.state import ValueSpec  # noqa: E402
+from operators.io.sinks import ParquetSink  # noqa: E402
+from operators.io.sources import KEY_COLUMN, TIMESTAMP_COLUMN, Source  # noqa: E402
+from operators.runtime.checkpoints import latest_checkpoint  # noqa: E402
+from operators.runtime.driver import JobRunner  # noqa: E402
+from operators.runtime.remote_compaction import compact_job  # noqa: E402
 from storage.dkv import DKVOptions  # noqa: E402
 from storage.objectstore import REQUEST_KINDS, open_object_store, subtract_requests, sum_requests  # noqa: E402
 

@@ -20,4 +20,4 @@ export DKVSTREAM_DKV_MAX_INLINE_COMPACTION_BYTES="${DKVSTREAM_DKV_MAX_INLINE_COM
 .venv/bin/dagster asset materialize -m assets.definitions \
   --select 'flights_replay,route_daily_delays,route_daily_delays_late' 2>&1 \
   | grep --line-buffered -E 'epoch [0-9]+ committed|RUN_SUCCESS|RUN_FAILURE|STEP_FAILURE|Error|error' || true
-.venv/bin/python -m operators.examples.flights_report --store .dkvstream
+.venv/bin/python -m examples.flights_report --store .dkvstream

@@ -18,6 +18,6 @@ stamp=.venv/.dkvstream-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] \
     || [ storage/dkv/_native.c -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e ".[test,bench]"  # bench: baselines of bench/ and their smoke tests
+  .venv/bin/python -m pip install -q -e ".[examples,test,bench]"  # examples: the flights data; bench: baselines of bench/ and their smoke tests
   touch "$stamp"
 fi

@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 from hypothesis import settings
 
-from operators.examples.flights_oracle import assert_equals_oracle
-from operators.spark import ensure_python_workers_use_this_interpreter
+from examples.flights_oracle import assert_equals_oracle
+from operators.spark.session import ensure_python_workers_use_this_interpreter
 
 ensure_python_workers_use_this_interpreter()
 
@@ -37,7 +37,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def spark():
     """A local[2] SparkSession shared by the whole run (starting one takes 10-20 s)."""
-    from operators.spark import get_spark
+    from operators.spark.session import get_spark
 
     session = get_spark({"spark.master": "local[2]"})
     yield session
@@ -47,7 +47,7 @@ def spark():
 @pytest.fixture(scope="session")
 def flights_oracle() -> pd.DataFrame:
     """The spec's pandas oracle over the full data set."""
-    from operators.examples.flights_oracle import route_daily_delays_oracle
+    from examples.flights_oracle import route_daily_delays_oracle
 
     return route_daily_delays_oracle()
 

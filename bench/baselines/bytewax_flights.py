@@ -45,7 +45,7 @@ from bench.baselines.flights_input import (
     check_output,
     run_engine_cli,
 )
-from operators.examples.flights_data import DAY_MS
+from examples.flights_data import DAY_MS
 
 
 def bytewax_import_error() -> str | None:

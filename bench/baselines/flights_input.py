@@ -1,7 +1,7 @@
 """The flights benchmark input shared by dkvstream and the baselines: epoch plan, files, oracle.
 
 Every engine sees the same events in the same micro-batches: dkvstream's planning rule
-(``operators/runtime.py``: each epoch reads an equal share, ``ceil(events_per_epoch /
+(``operators/runtime/driver.py``: each epoch reads an equal share, ``ceil(events_per_epoch /
 open partitions)``, of every unfinished source partition) is replayed here, and epoch
 ``i``'s share of partition ``p`` becomes the Parquet file ``<dir>/<p>/<i:06d>.parquet``.
 A streaming reader that takes one file per partition per trigger (Spark:
@@ -25,11 +25,10 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 
-from operators.examples.flights_data import DAY_MS, ORIGINS, replay_partitions
-
 # Columns of the input files: the route key, the event time and the columns the
-# dkvstream job carries with each event (operators/examples/flights.py EVENT_COLUMNS).
-from operators.examples.flights import EVENT_COLUMNS
+# dkvstream job carries with each event (examples/flights.py EVENT_COLUMNS).
+from examples.flights import EVENT_COLUMNS
+from examples.flights_data import DAY_MS, ORIGINS, replay_partitions
 
 ROUTE_COLUMN = "route"
 EVENT_TIME_COLUMN = "event_time"
@@ -168,7 +167,7 @@ def prefix_oracle(plan: EpochPlan) -> pd.DataFrame:
     the CSV); for a prefix, the same grouping over the replay rows ``[0, end)`` with
     pyarrow's ``group_by`` (the smoke test checks the two agree on the full data).
     """
-    from operators.examples.flights_oracle import route_daily_delays_oracle
+    from examples.flights_oracle import route_daily_delays_oracle
 
     if plan.full:
         return route_daily_delays_oracle(plan.scale)
@@ -198,7 +197,7 @@ def check_output(output: pa.Table, plan: EpochPlan) -> None:
     Raises:
         AssertionError: naming the first differing column and row.
     """
-    from operators.examples.flights_oracle import assert_equals_oracle
+    from examples.flights_oracle import assert_equals_oracle
 
     assert_equals_oracle(output, prefix_oracle(plan))
 

@@ -23,8 +23,6 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from tabulate import tabulate
-
 from storage.dkv.dump import fmt_key, open_location
 from storage.errors import StorageError
 from storage.log.log import Log
@@ -75,7 +73,14 @@ def describe(root: str, prefix: str, entries: bool, out: TextIO) -> None:
     """Prints the topics of the log at ``root``/``prefix``; see the module docstring."""
     log = Log(open_object_store(root), prefix)
     rows = log.describe()
-    out.write(tabulate(rows, headers="keys", tablefmt="simple") + "\n" if rows else "no topics\n")
+    if not rows:
+        out.write("no topics\n")
+        return
+    try:
+        from tabulate import tabulate  # an optional extra: only this listing uses it
+    except ImportError:
+        sys.exit("storage.log.dump: listing topics needs tabulate: pip install 'dkvstream[examples]'")
+    out.write(tabulate(rows, headers="keys", tablefmt="simple") + "\n")
     if entries:
         md = log.metadata()
         for name in sorted(md.topics):

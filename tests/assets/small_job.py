@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections import Counter
 
 from assets.resources import DKVSettingsResource
-from operators.examples.synthetic import WINDOW_COUNT_SCHEMA, KeyWindowCount, SyntheticSource
-from operators.job import Job
-from operators.sinks import ParquetSink
-from operators.state_reader import checkpoint_entries
+from examples.synthetic import WINDOW_COUNT_SCHEMA, KeyWindowCount, SyntheticSource
+from operators.api.job import Job
+from operators.io.sinks import ParquetSink
+from operators.tools.state_reader import checkpoint_entries
 from storage.objectstore import ObjectStore
 
 NAME = "small"

@@ -111,7 +111,7 @@ def test_dagster_dev_runs_flights_and_sensors_compact_and_clean_up(dagster_dev, 
     from dagster_graphql import DagsterGraphQLClient
 
     from assets.checkpoints import verify_checkpoint
-    from operators.checkpoints import latest_checkpoint
+    from operators.runtime.checkpoints import latest_checkpoint
     from storage.dkv.remote_compaction import load_result
     from storage.dkv.verify import verify_table
     from storage.objectstore import open_object_store

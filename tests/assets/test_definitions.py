@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from dagster import AssetKey, DagsterInstance, Definitions, materialize
 
-from assets.job_assets import checkpoint_asset_key, job_assets
 from assets.checkpoints import L0_TABLES_MAX, SIZE_AMP_MAX
+from assets.job_assets import checkpoint_asset_key, job_assets
 from assets.resources import DKVSettingsResource, ObjectStoreResource, spark_resource
-from operators.examples.flights import flights_job
+from examples.flights import flights_job
 
 
 def test_definitions_are_loadable() -> None:

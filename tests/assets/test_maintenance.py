@@ -13,10 +13,10 @@ from dagster import DagsterInstance
 from assets.checkpoints import make_checkpoint_check, verify_checkpoint
 from assets.jobs import cleanup_job_def, compaction, flush_job, op_config
 from assets.resources import DKVSettingsResource, ObjectStoreResource
-from operators.checkpoints import latest_checkpoint, list_epochs, read_checkpoint
-from operators.cleanup import cleanup_job
-from operators.control import acquire_lease, pending_flush_requests
-from operators.runtime import JobRunner
+from operators.runtime.checkpoints import latest_checkpoint, list_epochs, read_checkpoint
+from operators.runtime.cleanup import cleanup_job
+from operators.runtime.control import acquire_lease, pending_flush_requests
+from operators.runtime.driver import JobRunner
 from storage.dkv.compaction import plan_compaction
 from storage.dkv.gc import files_named_by
 from storage.dkv.manifest import load_manifest

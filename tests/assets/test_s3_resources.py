@@ -12,8 +12,8 @@ from dagster_aws.s3 import S3Resource
 from assets.checkpoints import make_checkpoint_check, verify_checkpoint
 from assets.jobs import cleanup_job_def, compaction, op_config
 from assets.resources import default_resources
-from operators.checkpoints import latest_checkpoint, list_epochs
-from operators.runtime import JobRunner
+from operators.runtime.checkpoints import latest_checkpoint, list_epochs
+from operators.runtime.driver import JobRunner
 from storage.objectstore import open_object_store
 from tests.assets.small_job import NAME, SMALL_DKV, small_job
 

@@ -8,9 +8,14 @@ from dagster import AssetMaterialization, DagsterInstance, build_sensor_context
 from assets.checkpoints import L0_TABLES_MAX, SIZE_AMP_MAX, checkpoint_asset_key
 from assets.jobs import compaction
 from assets.resources import DKVSettingsResource, ObjectStoreResource
-from assets.sensors import STREAM_JOB_TAG, make_cleanup_sensor, make_compaction_sensor, make_source_sensor
-from operators.cleanup import cleanup_job
-from operators.runtime import JobRunner
+from assets.sensors import (
+    STREAM_JOB_TAG,
+    make_cleanup_sensor,
+    make_compaction_sensor,
+    make_source_sensor,
+)
+from operators.runtime.cleanup import cleanup_job
+from operators.runtime.driver import JobRunner
 from tests.assets.small_job import NAME, SMALL_DKV, small_job
 
 TRIGGERS = DKVSettingsResource(l0_compaction_trigger=4, size_amp_threshold=0.5)

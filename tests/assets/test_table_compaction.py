@@ -10,10 +10,16 @@ from dagster import DagsterInstance
 from assets.jobs import TableCompactionConfig, op_config, table_compaction_job
 from assets.resources import ObjectStoreResource
 from assets.sensors import make_table_compaction_sensor
-from operators.runtime import JobRunner
-from operators.table_sink import SnapshotVacuumedError, small_files
+from operators.io.table_sink import SnapshotVacuumedError, small_files
+from operators.runtime.driver import JobRunner
 from tests.assets.test_sensors import Ticker
-from tests.operators.test_table_sink import as_model, make_job, model_after, random_changes, run_drained
+from tests.operators.test_table_sink import (
+    as_model,
+    make_job,
+    model_after,
+    random_changes,
+    run_drained,
+)
 
 
 def test_sensor_and_compaction_of_a_table_sink(tmp_path) -> None:
@@ -60,8 +66,8 @@ def test_definitions_of_a_job_with_a_table_sink_load() -> None:
     from dagster import Definitions
 
     from assets.definitions import dkvstream_definitions
-    from operators.examples.aircraft_rotations import aircraft_job
-    from operators.examples.flights import flights_job
+    from examples.aircraft_rotations import aircraft_job
+    from examples.flights import flights_job
 
     defs = dkvstream_definitions(flights_job(), aircraft_job())
     Definitions.validate_loadable(defs)

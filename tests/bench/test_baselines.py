@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from bench.baselines.flights_input import EpochPlan, plan_epochs, prefix_oracle, write_input_files
-from operators.examples.flights_data import FLIGHT_COUNT
+from examples.flights_data import FLIGHT_COUNT
 
 # The first 3,000 flights in epochs of 1,500 (500 per origin): two micro-batches, so
 # state and timers carry over a batch boundary.
@@ -37,7 +37,7 @@ def test_uneven_partitions_take_the_finished_ones_share() -> None:
 
 def test_prefix_oracle_agrees_with_the_spec_oracle_on_the_full_data(flights_oracle) -> None:
     """The pyarrow prefix oracle, forced onto the whole data set, is the pandas oracle."""
-    from operators.examples.flights_oracle import assert_equals_oracle
+    from examples.flights_oracle import assert_equals_oracle
 
     full = plan_epochs(1, 120_000)
     assert full.full and full.events == FLIGHT_COUNT

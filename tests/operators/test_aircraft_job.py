@@ -1,13 +1,13 @@
-"""The aircraft rotations job (operators/examples/aircraft_rotations.py) against its pandas
+"""The aircraft rotations job (examples/aircraft_rotations.py) against its pandas
 oracle, in-process: the Delta table after the run and as of a middle epoch (time
 travel), and the carrier daily totals."""
 from __future__ import annotations
 
 import pandas as pd
 
-from operators.examples import aircraft_oracle
-from operators.examples.aircraft_rotations import aircraft_job
-from operators.runtime import JobRunner
+from examples import aircraft_oracle
+from examples.aircraft_rotations import aircraft_job
+from operators.runtime.driver import JobRunner
 
 DAYS = 4
 ROLLING = 3  # a short window so that 4 days of data overflow it

@@ -1,4 +1,4 @@
-"""The vectorised operator form (operators.batch) gives the output of the on_event form.
+"""The vectorised operator form (operators.api.batch) gives the output of the on_event form.
 
 Each job runs in both forms; outputs are compared with each other and with an oracle
 (pandas for the flights and counting jobs, a replay for the timer chain).
@@ -9,16 +9,16 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from operators.api import KeyedEvent, Operator, Subject
-from operators.batch import BatchContext, BatchOperator
-from operators.codecs import IntCodec
-from operators.examples.flights import flights_job
-from operators.examples.keyed_count import keyed_count_job, keyed_count_oracle
-from operators.examples.synthetic import SyntheticSource
-from operators.job import Job
-from operators.runtime import JobRunner
-from operators.sinks import ParquetSink
-from operators.state import ValueSpec
+from examples.flights import flights_job
+from examples.keyed_count import keyed_count_job, keyed_count_oracle
+from examples.synthetic import SyntheticSource
+from operators.api.batch import BatchContext, BatchOperator
+from operators.api.codecs import IntCodec
+from operators.api.job import Job
+from operators.api.operator import KeyedEvent, Operator, Subject
+from operators.api.state import ValueSpec
+from operators.io.sinks import ParquetSink
+from operators.runtime.driver import JobRunner
 from storage.dkv import DKVOptions
 
 COUNT_KEYS = ["key", "window_start"]
@@ -166,7 +166,7 @@ def test_timers_that_set_timers_agree_in_both_forms(tmp_path) -> None:
 
 
 def test_batch_emit_checks_lengths_and_outputs(tmp_path) -> None:
-    from operators.timers import TimerService
+    from operators.runtime.timers import TimerService
     from storage.dkv import DKV
     from storage.objectstore.local import LocalObjectStore
 

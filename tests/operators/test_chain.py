@@ -3,11 +3,16 @@ from __future__ import annotations
 
 import pandas as pd
 
-from operators.examples.synthetic import GroupWindowSum, KeyWindowCount, SyntheticSource, group_of
-from operators.job import Job
-from operators.runtime import JobRunner
-from operators.sinks import ParquetSink
-from operators.examples.synthetic import GROUP_SUM_SCHEMA
+from examples.synthetic import (
+    GROUP_SUM_SCHEMA,
+    GroupWindowSum,
+    KeyWindowCount,
+    SyntheticSource,
+    group_of,
+)
+from operators.api.job import Job
+from operators.io.sinks import ParquetSink
+from operators.runtime.driver import JobRunner
 
 
 def _job(parallelism: int) -> Job:

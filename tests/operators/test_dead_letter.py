@@ -12,19 +12,19 @@ import pyarrow as pa
 import pytest
 from pyspark import cloudpickle
 
-from operators.checkpoints import latest_checkpoint
-from operators.dead_letter import REASONS, BadInputError, DeadLetter
-from operators.examples.synthetic import (
+from examples.synthetic import (
     WINDOW_COUNT_SCHEMA,
     KeyWindowCount,
     SyntheticSource,
     group_of,
     window_count_oracle,
 )
-from operators.job import Job
-from operators.runtime import JobRunner
-from operators.sinks import ParquetSink
-from operators.sources import ERROR_COLUMN, RAW_VALUE_COLUMN, Source
+from operators.api.job import Job
+from operators.io.sinks import ParquetSink
+from operators.io.sources import ERROR_COLUMN, RAW_VALUE_COLUMN, Source
+from operators.runtime.checkpoints import latest_checkpoint
+from operators.runtime.dead_letter import REASONS, BadInputError, DeadLetter
+from operators.runtime.driver import JobRunner
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Spark workers cannot import tests
 
@@ -181,7 +181,7 @@ def test_future_bound_is_relative_to_the_wall_clock() -> None:
 
     import numpy as np
 
-    from operators.dead_letter import screen
+    from operators.runtime.dead_letter import screen
 
     now = int(time.time() * 1000)
     t = pa.table({"key": [b"a", b"b", b"c"], "timestamp": [now, now + 3_600_000, now + 3 * 86_400_000],
@@ -196,7 +196,7 @@ def test_future_bound_is_relative_to_the_wall_clock() -> None:
 def test_topic_values_that_do_not_decode_go_to_dead_letter(tmp_path) -> None:
     """TopicSource: a value that is not JSON, not an object, or has a field of the wrong
     type, and a record without key, are dead letters; the rest is processed."""
-    from operators.topics import TopicSource
+    from operators.io.topics import TopicSource
     from storage.log import Log, TopicConfig
     from storage.objectstore import open_object_store
 

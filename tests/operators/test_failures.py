@@ -6,9 +6,9 @@ import sys
 import pytest
 from pyspark import cloudpickle
 
-from operators.checkpoints import checkpoint_key
-from operators.examples.flights import RouteDailyDelays, flights_job
-from operators.runtime import JobFailedError, JobRunner
+from examples.flights import RouteDailyDelays, flights_job
+from operators.paths import checkpoint_key
+from operators.runtime.driver import JobFailedError, JobRunner
 from storage.errors import CorruptionError
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Spark workers cannot import tests

@@ -13,11 +13,11 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from operators.checkpoints import list_epochs, read_checkpoint
-from operators.examples.flights import flights_job
-from operators.examples.flights_oracle import KEY_COLUMNS
-from operators.runtime import JobFailedError, JobRunner
-from operators.sources import Source
+from examples.flights import flights_job
+from examples.flights_oracle import KEY_COLUMNS
+from operators.io.sources import Source
+from operators.runtime.checkpoints import list_epochs, read_checkpoint
+from operators.runtime.driver import JobFailedError, JobRunner
 from storage.objectstore.s3 import S3RequestError
 
 EPOCH_EVENTS = 120_000  # 3 epochs over the full data set
@@ -118,7 +118,7 @@ def test_flights_on_s3_spark_survives_a_stopped_server(spark_with_s3_env, s3_ser
     # The task's error, naming the object it could not reach (an error raised while the
     # driver cleans up after it may sit on top of it: look down the chain): a GET of the
     # range's state if the task opens DKV, its first LIST or PUT if its Spark worker kept
-    # the range open since epoch 1 (operators/open_state.py).
+    # the range open since epoch 1 (operators/runtime/open_state.py).
     task_error = _first_in_chain(failed.value, JobFailedError)
     assert re.search(r"epoch 2 failed in operator route_daily_delays: .*S3RequestError: S3 "
                      r"(GetObject|ListObjectsV2|PutObject|HeadObject)\S* "

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from operators.checkpoints import latest_checkpoint
-from operators.examples.flights import flights_job
-from operators.runtime import JobFailedError, JobFencedError, JobRunner
+from examples.flights import flights_job
+from operators.runtime.checkpoints import latest_checkpoint
+from operators.runtime.driver import JobFailedError, JobFencedError, JobRunner
 
 
 def _runner(root: str) -> JobRunner:

@@ -9,11 +9,11 @@ from collections import Counter
 
 import pytest
 
-from operators.checkpoints import latest_checkpoint, list_epochs, read_checkpoint
-from operators.examples.flights import flights_job
-from operators.remote_compaction import compact_job
-from operators.runtime import JobRunner
-from operators.state_reader import checkpoint_entries
+from examples.flights import flights_job
+from operators.runtime.checkpoints import latest_checkpoint, list_epochs, read_checkpoint
+from operators.runtime.driver import JobRunner
+from operators.runtime.remote_compaction import compact_job
+from operators.tools.state_reader import checkpoint_entries
 from storage.dkv import DKVOptions
 from storage.dkv.gc import files_named_by
 

@@ -1,19 +1,24 @@
 """State specs and timers over a real DKV, against plain Python models."""
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from operators.codecs import (
-    BytesCodec, FloatCodec, IntCodec, JsonCodec, MsgpackCodec, RecordCodec, StrCodec,
+from operators.api.codecs import (
+    BytesCodec,
+    FloatCodec,
+    IntCodec,
+    JsonCodec,
+    MsgpackCodec,
+    RecordCodec,
+    StrCodec,
 )
-from operators.state import ListSpec, MapSpec, ValueSpec, decode_state_key, subject_prefix
-from operators.timers import TimerService, decode_timer_key, timer_key
+from operators.api.state import ListSpec, MapSpec, ValueSpec, decode_state_key, subject_prefix
+from operators.runtime.timers import TimerService, decode_timer_key, timer_key
 from storage.dkv import DKV
 from storage.objectstore.local import LocalObjectStore
-
-import pyarrow as pa
 
 
 class FakeSubject:
@@ -296,7 +301,7 @@ def test_record_rows_equal_dict_records(rows, absent) -> None:
 def test_bulk_map_rows_equal_dict_accessors(db) -> None:
     """``get_rows_at``/``set_rows_at`` read and write what ``get_at``/``set_at`` do with
     the equivalent dicts; a codec without a rows form is a TypeError."""
-    from operators.batch import BulkMapState
+    from operators.api.batch import BulkMapState
     spec = MapSpec(IntCodec(), RecordCodec({"count": pa.int64(), "amount": pa.int64()}), id="w")
     state = BulkMapState(db, spec)
     at = state.dkv_keys([b"a", b"b", b"c"], [0, 1, 1], [10, 20, 30])

@@ -8,14 +8,14 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from operators.codecs import IntCodec, JsonCodec
-from operators.dead_letter import DeadLetter
-from operators.examples.synthetic import WINDOW_COUNT_SCHEMA, KeyWindowCount, SyntheticSource
-from operators.job import Job
-from operators.runtime import JobRunner
-from operators.sinks import ParquetSink
-from operators.state import ListSpec, MapSpec, ValueSpec
-from operators.validation import InvalidJobError
+from examples.synthetic import WINDOW_COUNT_SCHEMA, KeyWindowCount, SyntheticSource
+from operators.api.codecs import IntCodec, JsonCodec
+from operators.api.job import Job
+from operators.api.state import ListSpec, MapSpec, ValueSpec
+from operators.api.validation import InvalidJobError
+from operators.io.sinks import ParquetSink
+from operators.runtime.dead_letter import DeadLetter
+from operators.runtime.driver import JobRunner
 
 
 def _kwargs(**over) -> dict:

@@ -26,8 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from operators.examples.keyed_count import KeyedWindowCountBatch  # noqa: E402
-from operators.runtime import JobFencedError  # noqa: E402
+from examples.keyed_count import KeyedWindowCountBatch  # noqa: E402
+from operators.runtime.driver import JobFencedError  # noqa: E402
 from storage import faults  # noqa: E402
 from tests.reliability import harness  # noqa: E402
 
@@ -75,7 +75,7 @@ def main() -> int:
         faults.arm(point, 1, _barrier(ready, go))
     spark = None
     if cfg.get("spark"):
-        from operators.spark import get_spark
+        from operators.spark.session import get_spark
 
         spark = get_spark({"spark.master": cfg["spark"], **cfg.get("spark_conf", {})})
     runner = harness.runner(cfg["store"], spark, **cfg.get("job", {}))

@@ -1,7 +1,7 @@
 """Shared parts of the reliability tests: the small job, its driver subprocess, the
 fault-free reference run and the checks made after every crash.
 
-The job is the keyed counting job (``operators.examples.keyed_count``) over 2 x 6,000
+The job is the keyed counting job (``examples.keyed_count``) over 2 x 6,000
 synthetic events in 8 epochs, with DKV sized so that every epoch flushes memtables and
 compacts level 0 inline, and with retention of 2 checkpoints, so a run passes every fault
 point of ``storage.faults`` (flush, compaction, manifest, commit, publish, cleanup, GC).
@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from operators.checkpoints import list_epochs, read_checkpoint
-from operators.examples.keyed_count import keyed_count_job, keyed_count_oracle
-from operators.job import Job
-from operators.runtime import JobRunner
-from operators.state_reader import checkpoint_entries
+from examples.keyed_count import keyed_count_job, keyed_count_oracle
+from operators.api.job import Job
+from operators.runtime.checkpoints import list_epochs, read_checkpoint
+from operators.runtime.driver import JobRunner
+from operators.tools.state_reader import checkpoint_entries
 from storage import faults
 from storage.dkv import DKVOptions
 from storage.dkv.verify import verify_manifest

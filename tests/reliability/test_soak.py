@@ -35,10 +35,10 @@ from assets.checkpoints import checkpoint_asset_key, checkpoint_metadata, level_
 from assets.jobs import cleanup_job_def, compaction
 from assets.resources import DKVSettingsResource, ObjectStoreResource
 from assets.sensors import make_cleanup_sensor, make_compaction_sensor
-from operators.cleanup import cleanup_job
-from operators.examples.keyed_count import keyed_count_job, keyed_count_oracle
-from operators.examples.synthetic import SyntheticSource
-from operators.runtime import JobRunner
+from examples.keyed_count import keyed_count_job, keyed_count_oracle
+from examples.synthetic import SyntheticSource
+from operators.runtime.cleanup import cleanup_job
+from operators.runtime.driver import JobRunner
 from tests.reliability import harness
 
 RETAIN = 3

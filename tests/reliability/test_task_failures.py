@@ -1,7 +1,7 @@
 """Failed, retried and duplicated task attempts leave no trace in committed output.
 
 Every task writes its DKV files and staged output under names unique to its attempt,
-and only the files named by the driver's commit count (DESIGN.md, step 3). Checked by:
+and only the files named by the driver's commit count (docs/design.md, step 3). Checked by:
 
 * a driver on Spark ``local[2,4]`` (4 attempts per task) whose operator fails every
   task's first attempt, half of them after the attempt wrote its staged files and DKV
@@ -15,10 +15,9 @@ it cannot be exercised in local mode; the duplicate-attempt test stands in for i
 """
 from __future__ import annotations
 
-
 import pytest
 
-from operators import runtime
+from operators.runtime import driver as runtime
 from tests.reliability import harness
 
 

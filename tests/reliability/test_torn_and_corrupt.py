@@ -16,17 +16,18 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from operators.checkpoints import checkpoint_key, list_epochs, read_checkpoint
-from operators.examples.synthetic import (
+from examples.synthetic import (
     WINDOW_COUNT_SCHEMA,
     KeyWindowCount,
     SyntheticSource,
     window_count_oracle,
 )
-from operators.job import Job
-from operators.recovery import RecoveryRefusedError, check_checkpoint
-from operators.runtime import JobFailedError, JobRunner
-from operators.sinks import ParquetSink
+from operators.api.job import Job
+from operators.io.sinks import ParquetSink
+from operators.paths import checkpoint_key
+from operators.runtime.checkpoints import list_epochs, read_checkpoint
+from operators.runtime.driver import JobFailedError, JobRunner
+from operators.runtime.recovery import RecoveryRefusedError, check_checkpoint
 from storage.dkv import DKV, DKVOptions
 from storage.dkv.manifest import load_manifest
 from storage.dkv.sstable import FOOTER_SIZE
@@ -274,7 +275,7 @@ def test_restart_falls_back_when_bad_epoch_output_is_not_visible(what: str, tmp_
     runner = JobRunner(job, None, root, dkv_options=SMALL, verify_restart="full")
     name = _damage(runner.store, job, 2, what)
 
-    with caplog.at_level(logging.WARNING, logger="operators.recovery"):
+    with caplog.at_level(logging.WARNING, logger="operators.runtime.recovery"):
         results = runner.run_to_end()
     warning = " ".join(r.getMessage() for r in caplog.records)
     assert "checkpoint epoch 2 is unusable" in warning and name in warning and "fell back to epoch 1" in warning

@@ -8,12 +8,12 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from operators.api import KeyedEvent, Operator, Subject
-from operators.codecs import IntCodec
-from operators.job import Job
-from operators.runtime import JobRunner
-from operators.state import ValueSpec
-from operators.topics import TopicSink, TopicSource
+from operators.api.codecs import IntCodec
+from operators.api.job import Job
+from operators.api.operator import KeyedEvent, Operator, Subject
+from operators.api.state import ValueSpec
+from operators.io.topics import TopicSink, TopicSource
+from operators.runtime.driver import JobRunner
 from storage.log import COMPACT, Log, TopicConfig
 from storage.objectstore import open_object_store
 from tests.operators.test_restart import Crash, crash_at

@@ -1,0 +1,283 @@
+"""The vectorised operator form: one call per epoch and key-group range, not per event.
+
+A ``BatchOperator`` receives all of an epoch's events of its task's key-group range as one
+Arrow table sorted by (key, timestamp), so it can aggregate with pyarrow or numpy and then
+touch state once per distinct key (or key and window) instead of once per event. Due
+timers arrive the same way, as a table. It is the same contract as ``Operator.on_event``
+and ``on_timer_expired``, batched:
+
+* state is the same: the same ``ValueSpec``/``ListSpec``/``MapSpec`` declarations and DKV
+  layout (a job can switch forms across a restart and read its state), accessed in bulk
+  through ``BatchContext.state(spec)``;
+* events with ``timestamp <= ctx.watermark`` in ``on_batch`` are late, as in ``on_event``;
+* ``on_timers`` receives every timer due at the new watermark, sorted by (timestamp, key
+  group, key); timers it sets that are already due arrive in a following ``on_timers``
+  call of the same epoch (``on_timer_expired`` would see them within the same pass; the
+  set of outputs is the same, the order of rows within an epoch may differ).
+
+Flink's counterpart is a ``ProcessFunction`` over a bundle (``AbstractStreamOperator``
+with bundle processing); Spark's is ``applyInArrow`` over a group. Both forms are run on
+the same jobs by the tests and must give identical output.
+"""
+from __future__ import annotations
+
+import struct
+from abc import abstractmethod
+from collections.abc import Iterator, Sequence
+from typing import Any, Generic, TypeVar
+
+import pyarrow as pa
+
+from operators.api.operator import MAIN_OUTPUT, KeyedEvent, Operator, Subject
+from operators.api.state import (
+    ListSpec,
+    MapSpec,
+    StateStore,
+    ValueSpec,
+    list_payload,
+    state_keys,
+    subject_prefix,
+)
+from operators.runtime.timers import TimerService
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+_U32 = struct.Struct(">I")
+
+# Columns of the tables a batch operator receives.
+KEY = "key"
+TIMESTAMP = "timestamp"
+KEY_GROUP = "key_group"
+
+
+class BatchContext:
+    """What a ``BatchOperator`` acts through during one task.
+
+    Attributes:
+        watermark: ms. In ``on_batch``, the watermark reached before this epoch (events at
+            or below it are late); in ``on_timers``, the watermark being advanced to.
+    """
+
+    def __init__(self, db: StateStore, timers: TimerService, outputs: dict[str, pa.Schema]) -> None:
+        self._db = db
+        self._timers = timers
+        self._outputs = outputs
+        self.watermark = 0
+        # output name -> list of (values table, keys, timestamps)
+        self.emitted: dict[str, list[tuple[pa.Table, list, list]]] = {name: [] for name in outputs}
+
+    def state(self, spec: ValueSpec | ListSpec | MapSpec) -> Any:
+        """Bulk access to a declared state: ``BulkValueState``, ``BulkListState`` or
+        ``BulkMapState`` for a ``ValueSpec``, ``ListSpec`` or ``MapSpec``.
+
+        Raises:
+            TypeError: ``spec`` is not a state spec.
+        """
+        if isinstance(spec, ValueSpec):
+            return BulkValueState(self._db, spec)
+        if isinstance(spec, ListSpec):
+            return BulkListState(self._db, spec)
+        if isinstance(spec, MapSpec):
+            return BulkMapState(self._db, spec)
+        raise TypeError(f"not a state spec: {spec!r}")
+
+    def set_timers(self, keys: Sequence[bytes], key_groups: Sequence[int], timestamps: Sequence[int]) -> None:
+        """Registers one event-time timer per row (idempotent, as ``Subject.set_timer``).
+
+        Args:
+            keys: subject keys.
+            key_groups: their key groups (the ``key_group`` column of the events).
+            timestamps: timer times (ms).
+        """
+        self._timers.set_many(key_groups, timestamps, keys)
+
+    def delete_timers(self, keys: Sequence[bytes], key_groups: Sequence[int], timestamps: Sequence[int]) -> None:
+        """Removes timers; no error for timers that are not set."""
+        self._timers.delete_many(key_groups, timestamps, keys)
+
+    def emit(self, values: pa.Table | dict[str, Any], *, output: str = MAIN_OUTPUT,
+             keys: Sequence[bytes], timestamps: Sequence[int]) -> None:
+        """Emits one record per row.
+
+        Args:
+            values: the records' columns (a table, or a ``{column: array or list}`` dict),
+                cast to the operator's ``outputs[output]`` schema.
+            output: output name.
+            keys: key of each record (routes it to the next operator's key group).
+            timestamps: event time of each record (ms).
+
+        Raises:
+            KeyError: the operator declares no such output.
+            ValueError: the lengths of ``values``, ``keys`` and ``timestamps`` differ.
+        """
+        try:
+            sink = self.emitted[output]
+        except KeyError:
+            raise KeyError(f"operator declares no output {output!r} (outputs: {sorted(self._outputs)})") from None
+        schema = self._outputs[output]
+        table = values if isinstance(values, pa.Table) else pa.table(
+            {f.name: values[f.name] for f in schema}, schema=schema)
+        table = table.select(schema.names).cast(schema)
+        keys, timestamps = list(keys), list(timestamps)
+        if not len(keys) == len(timestamps) == table.num_rows:
+            raise ValueError(f"emit to {output!r}: {table.num_rows} rows, {len(keys)} keys, "
+                             f"{len(timestamps)} timestamps")
+        if table.num_rows:
+            sink.append((table, keys, timestamps))
+
+
+def _prefixes(keys: Sequence[bytes], key_groups: Sequence[int], id_bytes: bytes) -> list[bytes]:
+    return state_keys(keys, key_groups, id_bytes)
+
+
+class BulkValueState(Generic[V]):
+    """``ValueState`` of many subject keys at once (rows are aligned)."""
+
+    def __init__(self, db: StateStore, spec: ValueSpec[V]) -> None:
+        self._db, self._id, self._codec = db, spec._id_bytes, spec.codec
+
+    def get(self, keys: Sequence[bytes], key_groups: Sequence[int]) -> list[V | None]:
+        """Returns each key's value, None where unset."""
+        return self._codec.decode_many(self._db.get_many(_prefixes(keys, key_groups, self._id)))
+
+    def set(self, keys: Sequence[bytes], key_groups: Sequence[int], values: Sequence[V]) -> None:
+        """Stores one value per key (one DKV write batch; a key given twice keeps its
+        later value)."""
+        self._db.write_batch(_prefixes(keys, key_groups, self._id), self._codec.encode_many(values))
+
+    def drop(self, keys: Sequence[bytes], key_groups: Sequence[int]) -> None:
+        """Removes the values (tombstones, one DKV write batch)."""
+        dks = _prefixes(keys, key_groups, self._id)
+        self._db.write_batch(dks, [None] * len(dks))
+
+
+class BulkListState(Generic[V]):
+    """``ListState`` of many subject keys at once."""
+
+    def __init__(self, db: StateStore, spec: ListSpec[V]) -> None:
+        self._db, self._id, self._codec = db, spec._id_bytes, spec.codec
+
+    def get(self, keys: Sequence[bytes], key_groups: Sequence[int]) -> list[list[V]]:
+        """Returns each key's list (empty if none)."""
+        get, decode = self._db.get, self._codec.decode
+        out = []
+        for dk in _prefixes(keys, key_groups, self._id):
+            raw = get(dk)
+            out.append([] if raw is None else [decode(e) for e in list_payload(raw)])
+        return out
+
+    def append(self, keys: Sequence[bytes], key_groups: Sequence[int], values: Sequence[V]) -> None:
+        """Appends one element per row (rows of one key append in row order)."""
+        db, encode = self._db, self._codec.encode
+        for dk, v in zip(_prefixes(keys, key_groups, self._id), values):
+            enc = encode(v)
+            db.put(dk, (db.get(dk) or b"") + _U32.pack(len(enc)) + enc)
+
+    def clear(self, keys: Sequence[bytes], key_groups: Sequence[int]) -> None:
+        """Removes the lists (one DKV write batch)."""
+        dks = _prefixes(keys, key_groups, self._id)
+        self._db.write_batch(dks, [None] * len(dks))
+
+
+class BulkMapState(Generic[K, V]):
+    """``MapState`` of many subject keys at once: row i addresses ``map_keys[i]`` of
+    ``keys[i]``."""
+
+    def __init__(self, db: StateStore, spec: MapSpec[K, V]) -> None:
+        self._db, self._id = db, spec._id_bytes
+        self._kc, self._vc = spec.key_codec, spec.value_codec
+
+    def dkv_keys(self, keys: Sequence[bytes], key_groups: Sequence[int], map_keys: Sequence[K]) -> list[bytes]:
+        """The DKV key of each row, for ``get_at``/``set_at``/``delete_at``: an operator
+        that reads, then writes or deletes the same rows builds the keys once."""
+        return list(map(bytes.__add__, _prefixes(keys, key_groups, self._id), self._kc.encode_many(map_keys)))
+
+    def get_at(self, dkv_keys: Sequence[bytes]) -> list[V | None]:
+        """``get`` by keys from ``dkv_keys``."""
+        return self._vc.decode_many(self._db.get_many(dkv_keys))
+
+    def set_at(self, dkv_keys: Sequence[bytes], values: Sequence[V]) -> None:
+        """``set`` by keys from ``dkv_keys``."""
+        self._db.write_batch(dkv_keys, self._vc.encode_many(values))
+
+    def get_rows_at(self, dkv_keys: Sequence[bytes]) -> list[tuple | None]:
+        """``get_at`` for a ``RecordCodec`` value: each record as a tuple of its field
+        values in the codec's field order (``RecordCodec.decode_rows``), None where
+        absent; no dict per record.
+
+        Raises:
+            TypeError: the value codec has no rows form (not a ``RecordCodec``).
+        """
+        return self._rows_codec().decode_rows(self._db.get_many(dkv_keys))
+
+    def set_rows_at(self, dkv_keys: Sequence[bytes], rows: Sequence[Sequence[Any]]) -> None:
+        """``set_at`` with records given as rows in the codec's field order (the same
+        bytes as ``set_at`` with the equivalent dicts).
+
+        Raises:
+            TypeError: the value codec has no rows form (not a ``RecordCodec``).
+        """
+        self._db.write_batch(dkv_keys, self._rows_codec().encode_rows(rows))
+
+    def _rows_codec(self) -> Any:
+        if not hasattr(self._vc, "decode_rows"):
+            raise TypeError(f"value codec {self._vc!r} has no rows form (use a RecordCodec)")
+        return self._vc
+
+    def delete_at(self, dkv_keys: Sequence[bytes]) -> None:
+        """``delete`` by keys from ``dkv_keys``."""
+        self._db.write_batch(dkv_keys, [None] * len(dkv_keys))
+
+    def get(self, keys: Sequence[bytes], key_groups: Sequence[int], map_keys: Sequence[K]) -> list[V | None]:
+        """Returns the value at each row's map key, None where absent."""
+        return self.get_at(self.dkv_keys(keys, key_groups, map_keys))
+
+    def set(self, keys: Sequence[bytes], key_groups: Sequence[int], map_keys: Sequence[K],
+            values: Sequence[V]) -> None:
+        """Stores one value per row (one DKV write batch; a row repeating an earlier
+        row's key and map key overrides it)."""
+        self.set_at(self.dkv_keys(keys, key_groups, map_keys), values)
+
+    def delete(self, keys: Sequence[bytes], key_groups: Sequence[int], map_keys: Sequence[K]) -> None:
+        """Removes one entry per row (one DKV write batch); no error if absent."""
+        self.delete_at(self.dkv_keys(keys, key_groups, map_keys))
+
+    def items(self, key: bytes, key_group: int) -> Iterator[tuple[K, V]]:
+        """All entries of one subject key, in ascending encoded-map-key order."""
+        prefix = subject_prefix(key_group, key) + self._id
+        n = len(prefix)
+        kd, vd = self._kc.decode, self._vc.decode
+        for k, v in self._db.scan_prefix(prefix):
+            yield kd(k[n:]), vd(v)
+
+
+class BatchOperator(Operator):
+    """A keyed, stateful operator in vectorised form (see the module docstring).
+
+    Subclasses set ``name`` and ``outputs`` and declare state specs as ``Operator`` does,
+    and implement ``on_batch`` (and ``on_timers`` if they set timers).
+    """
+
+    @abstractmethod
+    def on_batch(self, ctx: BatchContext, events: pa.Table) -> None:
+        """Handle all of an epoch's events of one key-group range.
+
+        Args:
+            ctx: state, timers and outputs of the task.
+            events: columns ``key`` (binary), ``timestamp`` (int64, ms), ``key_group``
+                (int32) and the source's value columns, sorted by (key, timestamp); ties in
+                timestamp keep source order (partition, offset).
+        """
+
+    def on_timers(self, ctx: BatchContext, timers: pa.Table) -> None:
+        """Handle timers that the watermark passed.
+
+        Args:
+            ctx: as in ``on_batch``; ``ctx.watermark`` is the new watermark.
+            timers: columns ``key``, ``key_group``, ``timestamp``, sorted by (timestamp,
+                key group, key).
+        """
+
+    def on_event(self, subject: Subject, event: KeyedEvent) -> None:
+        raise TypeError(f"{type(self).__name__} is a BatchOperator: the runtime calls on_batch")

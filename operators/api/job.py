@@ -1,0 +1,87 @@
+"""A job: one source -> one or more keyed operators -> sinks."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from operators import paths
+from operators.api.keygroups import DEFAULT_KEY_GROUPS
+from operators.api.operator import MAIN_OUTPUT, Operator
+from operators.io.sinks import Sink
+from operators.io.sources import Source
+from operators.runtime.dead_letter import DEAD_LETTER_OUTPUT, DeadLetter
+
+
+@dataclass
+class Job:
+    """A streaming job definition.
+
+    Attributes:
+        name: job name; its files live under ``jobs/<name>/`` in the object store.
+        source: where events come from.
+        operators: keyed operators in order; operator i's ``"main"`` output feeds
+            operator i+1 (re-keyed by the emitted key), the last one's outputs feed
+            ``sinks``.
+        sinks: last operator's output name -> sink. Every declared output of the last
+            operator needs a sink; intermediate operators may only emit to ``"main"``.
+        key_groups: K, fixed for the job's lifetime (default 256).
+        parallelism: P, tasks (and DKV instances) per operator.
+        events_per_epoch: events read per micro-batch epoch, over all partitions.
+        max_out_of_orderness_ms: watermark bound: watermark = min over unfinished
+            source partitions of the max event time seen, minus this (>= 0).
+        dead_letter: where malformed events go and the future-timestamp bound
+            (``operators.runtime.dead_letter.DeadLetter``).
+
+    Raises:
+        InvalidJobError: (a ``ValueError``) from ``validate()`` on an inconsistent
+            definition: zero key groups, parallelism above key groups, a state spec
+            whose codec is not a ``Codec``, a negative watermark bound, ...
+    """
+
+    name: str
+    source: Source
+    operators: list[Operator]
+    sinks: dict[str, Sink]
+    key_groups: int = DEFAULT_KEY_GROUPS
+    parallelism: int = 2
+    events_per_epoch: int = 50_000
+    max_out_of_orderness_ms: int = 0
+    tags: dict[str, str] = field(default_factory=dict)
+    dead_letter: DeadLetter = field(default_factory=DeadLetter)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Check the definition; raise ``InvalidJobError`` (a ``ValueError``) naming the problem."""
+        from operators.api.validation import check_job  # imports state specs and codecs
+
+        if not self.name or "/" in self.name:
+            raise ValueError(f"job name must be non-empty without '/': {self.name!r}")
+        if not self.operators:
+            raise ValueError(f"job {self.name}: needs at least one operator")
+        check_job(self)
+        names = [op.name for op in self.operators]
+        if len(set(names)) != len(names):
+            raise ValueError(f"job {self.name}: operator names must be unique, got {names}")
+        for op in self.operators[:-1]:
+            if set(op.outputs) != {MAIN_OUTPUT}:
+                raise ValueError(
+                    f"job {self.name}: intermediate operator {op.name} may only declare the "
+                    f"'main' output, got {sorted(op.outputs)}"
+                )
+        last = self.operators[-1]
+        missing = set(last.outputs) - set(self.sinks)
+        if missing:
+            raise ValueError(f"job {self.name}: outputs {sorted(missing)} of {last.name} have no sink")
+        extra = set(self.sinks) - set(last.outputs)
+        if extra:
+            raise ValueError(f"job {self.name}: sinks {sorted(extra)} name no output of {last.name}")
+
+    def output_sink(self, output: str) -> Sink:
+        """The sink of a checkpoint output name (a last-operator output or the dead-letter table)."""
+        return self.dead_letter.sink if output == DEAD_LETTER_OUTPUT else self.sinks[output]
+
+    @property
+    def prefix(self) -> str:
+        """Object-store prefix of everything the job writes."""
+        return paths.job_prefix(self.name)

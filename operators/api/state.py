@@ -1,0 +1,262 @@
+"""State specs and the state objects they hand out, over DKV.
+
+DKV key layout of a state entry (docs/design.md, "Key groups and keys")::
+
+    key_group   u16 big-endian     one range = one contiguous key interval
+    schema      u8  = 0x00         0x00 state, 0x01 timer (operators.runtime.timers)
+    key_len     u32 big-endian     length of the subject key
+    key         key_len bytes      the subject key
+    id_len      u16 big-endian     length of the state id
+    state_id    id_len bytes       UTF-8 state id (attribute name by default)
+    map_key     rest               MapState only: the map key, encoded by its codec
+
+A ``ValueState`` is one entry. A ``ListState`` is one entry holding the whole list
+(u32 length + bytes per element), like Flink's RocksDB list state: ``append`` is a
+read-modify-write, fine for short lists. A ``MapState`` is one entry per map key under
+the state's prefix, so ``items()`` is a DKV ``scan_prefix`` in map-key byte order.
+"""
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+
+from operators.api.codecs import Codec
+
+if TYPE_CHECKING:
+    from operators.api.operator import Subject
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+SCHEMA_STATE = 0x00
+SCHEMA_TIMER = 0x01
+
+_U32 = struct.Struct(">I")
+_U16 = struct.Struct(">H")
+
+
+class StateStore(Protocol):
+    """The part of DKV state objects use (``storage.dkv.DKV`` satisfies it)."""
+
+    def get(self, key: bytes) -> bytes | None: ...
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]: ...
+    def put(self, key: bytes, value: bytes) -> None: ...
+    def delete(self, key: bytes) -> None: ...
+    def scan_prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]: ...
+    def scan_range(self, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, bytes]]: ...
+    def write_batch(self, keys: Sequence[bytes], values: Sequence[bytes | None]) -> None: ...
+
+
+def subject_prefix(key_group: int, key: bytes) -> bytes:
+    """The DKV key prefix of every state entry of ``key`` (see module docstring)."""
+    return _U16.pack(key_group) + b"\x00" + _U32.pack(len(key)) + key
+
+
+def state_keys(keys: Sequence[bytes], key_groups: Sequence[int], suffix: bytes) -> list[bytes]:
+    """``subject_prefix(key_groups[i], keys[i]) + suffix`` for every row (aligned
+    sequences), without a function call and two ``struct`` calls per row."""
+    heads = {kg: _U16.pack(kg) + b"\x00" for kg in set(key_groups)}
+    return [heads[kg] + len(k).to_bytes(4, "big") + k + suffix for k, kg in zip(keys, key_groups)]
+
+
+def decode_state_key(dkv_key: bytes) -> tuple[int, bytes, str, bytes]:
+    """Split a state entry's DKV key into (key group, subject key, state id, map key).
+
+    Raises:
+        ValueError: if ``dkv_key`` is not a state key.
+    """
+    if len(dkv_key) < 7 or dkv_key[2] != SCHEMA_STATE:
+        raise ValueError(f"not a state key: {dkv_key!r}")
+    key_group = _U16.unpack_from(dkv_key, 0)[0]
+    key_len = _U32.unpack_from(dkv_key, 3)[0]
+    key = dkv_key[7 : 7 + key_len]
+    pos = 7 + key_len
+    id_len = _U16.unpack_from(dkv_key, pos)[0]
+    state_id = dkv_key[pos + 2 : pos + 2 + id_len].decode("utf-8")
+    return key_group, key, state_id, dkv_key[pos + 2 + id_len :]
+
+
+class _Spec:
+    """Common part of state specs: the state id and its encoded form."""
+
+    def __init__(self, id: str | None) -> None:  # noqa: A002 - "id" is the field's name
+        self.id = id
+        self._id_bytes = b"" if id is None else self._encode_id(id)
+
+    @staticmethod
+    def _encode_id(state_id: str) -> bytes:
+        raw = state_id.encode("utf-8")
+        if not raw or len(raw) > 0xFFFF:
+            raise ValueError(f"state id must be 1..65535 UTF-8 bytes, got {state_id!r}")
+        return _U16.pack(len(raw)) + raw
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        if self.id is None:
+            self.id = name
+            self._id_bytes = self._encode_id(name)
+
+    def _key(self, subject: Subject) -> bytes:
+        if self.id is None:
+            raise ValueError("state spec has no id: pass id=... or declare it as a class attribute")
+        return subject._state_prefix + self._id_bytes  # type: ignore[attr-defined]
+
+
+def state_specs(operator: object) -> dict[str, _Spec]:
+    """The state specs an operator declares, by state id (class attributes, base
+    classes included)."""
+    specs: dict[str, _Spec] = {}
+    for cls in reversed(type(operator).__mro__):
+        for value in vars(cls).values():
+            if isinstance(value, _Spec) and value.id is not None:
+                specs[value.id] = value
+    return specs
+
+
+def list_payload(raw: bytes) -> list[bytes]:
+    """Split a ``ListState`` entry into its encoded elements (u32 length + bytes each)."""
+    out, pos, view = [], 0, memoryview(raw)
+    while pos < len(raw):
+        (n,) = _U32.unpack_from(raw, pos)
+        out.append(bytes(view[pos + 4 : pos + 4 + n]))
+        pos += 4 + n
+    return out
+
+
+class ValueState(Generic[V]):
+    """One value per subject key and state id."""
+
+    __slots__ = ("_db", "_key", "_codec")
+
+    def __init__(self, db: StateStore, key: bytes, codec: Codec[V]) -> None:
+        self._db, self._key, self._codec = db, key, codec
+
+    def get(self, default: V | None = None) -> V | None:
+        """Return the value, or ``default`` if none is set."""
+        raw = self._db.get(self._key)
+        return default if raw is None else self._codec.decode(raw)
+
+    def set(self, value: V) -> None:
+        """Store ``value``, replacing any previous one."""
+        self._db.put(self._key, self._codec.encode(value))
+
+    def drop(self) -> None:
+        """Remove the value (a DKV tombstone)."""
+        self._db.delete(self._key)
+
+
+class ValueSpec(_Spec, Generic[V]):
+    """Declares a ``ValueState``.
+
+    Args:
+        codec: the value codec.
+        id: state id; defaults to the class attribute name it is assigned to.
+    """
+
+    def __init__(self, codec: Codec[V], id: str | None = None) -> None:  # noqa: A002
+        super().__init__(id)
+        self.codec = codec
+
+    def state_for(self, subject: Subject) -> ValueState[V]:
+        """The state of ``subject.key``."""
+        return ValueState(subject._db, self._key(subject), self.codec)  # type: ignore[attr-defined]
+
+
+class ListState(Generic[V]):
+    """A list per subject key; elements in append order."""
+
+    __slots__ = ("_db", "_key", "_codec")
+
+    def __init__(self, db: StateStore, key: bytes, codec: Codec[V]) -> None:
+        self._db, self._key, self._codec = db, key, codec
+
+    def get(self) -> list[V]:
+        """Return all elements (empty list if none)."""
+        raw = self._db.get(self._key)
+        if raw is None:
+            return []
+        decode = self._codec.decode
+        return [decode(e) for e in list_payload(raw)]
+
+    def append(self, value: V) -> None:
+        """Append one element."""
+        enc = self._codec.encode(value)
+        raw = self._db.get(self._key) or b""
+        self._db.put(self._key, raw + _U32.pack(len(enc)) + enc)
+
+    def clear(self) -> None:
+        """Remove all elements."""
+        self._db.delete(self._key)
+
+
+class ListSpec(_Spec, Generic[V]):
+    """Declares a ``ListState``; arguments as ``ValueSpec``."""
+
+    def __init__(self, codec: Codec[V], id: str | None = None) -> None:  # noqa: A002
+        super().__init__(id)
+        self.codec = codec
+
+    def state_for(self, subject: Subject) -> ListState[V]:
+        """The state of ``subject.key``."""
+        return ListState(subject._db, self._key(subject), self.codec)  # type: ignore[attr-defined]
+
+
+class MapState(Generic[K, V]):
+    """A map per subject key, one DKV entry per map key."""
+
+    __slots__ = ("_db", "_prefix", "_kc", "_vc")
+
+    def __init__(self, db: StateStore, prefix: bytes, key_codec: Codec[K], value_codec: Codec[V]) -> None:
+        self._db, self._prefix, self._kc, self._vc = db, prefix, key_codec, value_codec
+
+    def get(self, map_key: K, default: V | None = None) -> V | None:
+        """Return the value at ``map_key``, or ``default``."""
+        raw = self._db.get(self._prefix + self._kc.encode(map_key))
+        return default if raw is None else self._vc.decode(raw)
+
+    def set(self, map_key: K, value: V) -> None:
+        """Store ``value`` at ``map_key``."""
+        self._db.put(self._prefix + self._kc.encode(map_key), self._vc.encode(value))
+
+    def delete(self, map_key: K) -> None:
+        """Remove ``map_key``; no error if absent."""
+        self._db.delete(self._prefix + self._kc.encode(map_key))
+
+    def items(self) -> Iterator[tuple[K, V]]:
+        """All entries in ascending encoded-map-key order."""
+        n = len(self._prefix)
+        kd, vd = self._kc.decode, self._vc.decode
+        for k, v in self._db.scan_prefix(self._prefix):
+            yield kd(k[n:]), vd(v)
+
+    def keys(self) -> Iterator[K]:
+        """All map keys in ascending encoded order."""
+        for k, _ in self.items():
+            yield k
+
+    def size(self) -> int:
+        """Number of entries (a prefix scan)."""
+        return sum(1 for _ in self._db.scan_prefix(self._prefix))
+
+    def clear(self) -> None:
+        """Remove every entry."""
+        for k, _ in list(self._db.scan_prefix(self._prefix)):
+            self._db.delete(k)
+
+
+class MapSpec(_Spec, Generic[K, V]):
+    """Declares a ``MapState``.
+
+    Args:
+        key_codec: codec of map keys (order-preserving if ``items()`` order matters).
+        value_codec: codec of map values.
+        id: state id; defaults to the class attribute name.
+    """
+
+    def __init__(self, key_codec: Codec[K], value_codec: Codec[V], id: str | None = None) -> None:  # noqa: A002
+        super().__init__(id)
+        self.key_codec, self.value_codec = key_codec, value_codec
+
+    def state_for(self, subject: Subject) -> MapState[K, V]:
+        """The state of ``subject.key``."""
+        return MapState(subject._db, self._key(subject), self.key_codec, self.value_codec)  # type: ignore[attr-defined]

@@ -1,0 +1,41 @@
+"""Every error the job API and the runtime raise, in one place (as ``storage.errors``).
+
+Errors of the stores underneath (``CorruptionError``, ``ObjectNotFoundError``, ...) stay
+in ``storage.errors``; ``RecoveryRefusedError`` is one of them, since stored objects cause it.
+"""
+from __future__ import annotations
+
+from storage.errors import CorruptionError
+
+
+class InvalidJobError(ValueError):
+    """Raised when a job definition is inconsistent; the message names the job and field."""
+
+
+class JobFailedError(RuntimeError):
+    """Raised when an epoch fails; the previous checkpoint stays the newest."""
+
+
+class JobFencedError(JobFailedError):
+    """Raised when another driver committed this epoch first: this driver must stop (it
+    published nothing of the epoch; its task files are garbage for cleanup)."""
+
+
+class RecoveryRefusedError(CorruptionError):
+    """Raised when no checkpoint can be restarted from safely; names the bad objects and why.
+
+    A ``CorruptionError``: it is always caused by stored objects that are corrupt or missing.
+    """
+
+
+class BadInputError(ValueError):
+    """Raised with ``tolerance="none"`` on the first bad row; names partition, offset, reason."""
+
+
+class InsertConflictError(RuntimeError):
+    """Raised when an insert names a primary key the table (or the same epoch) already holds."""
+
+
+class SnapshotVacuumedError(LookupError):
+    """Raised when time travel asks for a table version whose data files a VACUUM may
+    have deleted (superseded before the vacuum's retention window)."""

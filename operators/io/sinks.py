@@ -1,0 +1,108 @@
+"""Sinks: where an operator's outputs land, exactly once.
+
+Tasks write output files under *staging* names unique to (epoch, range, attempt); the
+driver names them in the epoch's checkpoint and only then *publishes* them to their
+final, deterministic names. Publishing is idempotent and re-run on restart for the
+newest checkpoint, so a crash between any two steps neither loses nor duplicates rows,
+and readers of the sink directory never see a file of an uncommitted epoch.
+"""
+from __future__ import annotations
+
+import io
+import re
+from abc import ABC, abstractmethod
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from operators import paths
+from operators.paths import range_label_of
+from storage.objectstore import ObjectStore
+
+_EPOCH_DIR = re.compile(r"/epoch=(\d+)/")
+
+
+class Sink(ABC):
+    """Receives the records of one operator output."""
+
+    name: str = "sink"
+
+    @abstractmethod
+    def write_staged(self, store: ObjectStore, staging_prefix: str, table: pa.Table) -> str:
+        """Write ``table`` under ``staging_prefix`` (unique to the task attempt) in the
+        task; return the staged object key."""
+
+    def prepare(self, store: ObjectStore, job_prefix: str, epoch: int, staged: list[str]) -> None:  # noqa: B027
+        """Called by the driver before it commits ``epoch``, with the epoch's staged
+        files; raising fails the epoch with nothing committed (e.g. an insert of an
+        existing key into a table sink). Default: nothing to check."""
+
+    @abstractmethod
+    def publish(self, store: ObjectStore, job_prefix: str, epoch: int, staged: list[str]) -> list[str]:
+        """Make the staged files of a committed epoch visible; idempotent. Returns the
+        published keys."""
+
+    @abstractmethod
+    def read(self, store: ObjectStore, job_prefix: str) -> pa.Table:
+        """Everything published so far, as one table."""
+
+    def published_after(self, store: ObjectStore, job_prefix: str, epoch: int) -> list[str] | None:
+        """What this sink has made visible for epochs after ``epoch`` (URIs or a
+        description; empty if nothing), or None if it cannot tell. A restart falls back
+        to checkpoint ``epoch`` only when nothing is (``operators.runtime.recovery``)."""
+        return None
+
+
+class ParquetSink(Sink):
+    """A Parquet table: one zstd-compressed file per (epoch, range) under
+    ``<job>/sinks/<name>/epoch=<epoch>/``.
+
+    Args:
+        name: table name (the Dagster asset name of the sink).
+        schema: Arrow schema of the records; read back with it even when empty.
+    """
+
+    def __init__(self, name: str, schema: pa.Schema | None = None) -> None:
+        self.name = name
+        self.schema = schema
+
+    def table_prefix(self, job_prefix: str) -> str:
+        """Object-store prefix of the published table."""
+        return paths.sink_prefix(job_prefix, self.name) + "/"
+
+    def write_staged(self, store: ObjectStore, staging_prefix: str, table: pa.Table) -> str:
+        buf = io.BytesIO()
+        pq.write_table(table, buf, compression="zstd")
+        key = f"{staging_prefix}/{self.name}.parquet"
+        store.put(key, buf.getvalue())
+        return key
+
+    def published_key(self, job_prefix: str, epoch: int, staged_key: str) -> str:
+        """Final name of a staged file: deterministic in (epoch, range), so a
+        re-publish overwrites rather than duplicates."""
+        return f"{self.table_prefix(job_prefix)}epoch={epoch:08d}/part-{range_label_of(staged_key)}.parquet"
+
+    def publish(self, store: ObjectStore, job_prefix: str, epoch: int, staged: list[str]) -> list[str]:
+        published = []
+        for key in staged:
+            final = self.published_key(job_prefix, epoch, key)
+            if not store.exists(final):
+                store.put(final, store.get(key))
+            published.append(final)
+        return published
+
+    def published_after(self, store: ObjectStore, job_prefix: str, epoch: int) -> list[str]:
+        return [store.uri(k) for k in store.list(self.table_prefix(job_prefix))
+                if (m := _EPOCH_DIR.search(k)) and int(m.group(1)) > epoch]
+
+    def read(self, store: ObjectStore, job_prefix: str) -> pa.Table:
+        tables = [
+            pq.read_table(io.BytesIO(store.get(k)))
+            for k in store.list(self.table_prefix(job_prefix))
+            if k.endswith(".parquet")
+        ]
+        if not tables:
+            if self.schema is None:
+                return pa.table({})
+            return self.schema.empty_table()
+        return pa.concat_tables(tables, promote_options="default")

@@ -1,0 +1,250 @@
+"""Topics as job sources and sinks (``storage.log``).
+
+``TopicSource``: source partition ``<topic>-<n>`` is partition n of the topic, and the
+runtime's source offsets are the topic's offsets, so they are committed with the job's
+checkpoint and a restart replays from them (Kafka offsets in a Flink checkpoint).
+A compacted topic has offset gaps, which the runtime's contiguous offset ranges cannot
+express yet: the source refuses one.
+
+``TopicSink``: exactly-once. A task writes its records as one segment file under its
+staging prefix (unique per epoch, range and attempt); nothing is visible. Publishing
+the committed epoch copies every staged file of the epoch into the log and appends
+them all in **one** metadata commit, made idempotent by the producer id
+``<job>/<sink>`` and sequence = epoch: a publish redone after a crash (the runtime
+re-publishes the newest checkpoint on restart) finds its sequence applied and adds
+nothing. Records of an epoch become visible together, after the epoch's checkpoint;
+records of failed attempts or uncommitted epochs never do.
+
+Values: by default a record's value is the JSON object of the row's columns other
+than the key column (sorted keys, compact); ``TopicSource(value_schema=...)`` decodes
+such values back into columns (a value that does not decode goes to the job's
+dead-letter table, see ``decode_json_values``), otherwise the source yields one binary
+``value`` column.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from operators.io.sinks import Sink
+from operators.io.sources import (
+    ERROR_COLUMN,
+    KEY_COLUMN,
+    RAW_VALUE_COLUMN,
+    TIMESTAMP_COLUMN,
+    Source,
+)
+from storage.log import Log
+from storage.log.metadata import NO_CHANGE, LogMetadata
+from storage.log.producer import append_file, now_ms, partition_for
+from storage.log.segment import SegmentWriter, read_directory
+from storage.objectstore import ObjectStore, open_object_store
+
+VALUE_COLUMN = "value"
+
+
+class TopicSource(Source):
+    """Reads a topic of a ``Log``.
+
+    Args:
+        store_uri: object-store root of the log (``open_object_store``).
+        topic: topic name; must exist and must not be compacted.
+        log_prefix: the log's prefix in the store.
+        value_schema: decode JSON-object values into these columns (default: one
+            binary ``value`` column).
+        bounded: True: the job ends (watermark +infinity) once it has read up to the
+            end offsets; False (default): a live topic, the job stops when caught up.
+
+    Raises:
+        UnknownTopicError: no such topic.
+        ValueError: the topic is compacted.
+    """
+
+    def __init__(self, store_uri: str, topic: str, log_prefix: str = "log",
+                 value_schema: pa.Schema | None = None, bounded: bool = False) -> None:
+        self.store_uri, self.topic, self.log_prefix = store_uri, topic, log_prefix
+        self._value_schema = value_schema
+        self._bounded = bounded
+        self.name = f"topic:{topic}"
+        cfg = self._log().metadata().topic(topic).config
+        if cfg.compacted:
+            raise ValueError(f"topic {topic!r} is compacted: its offset gaps cannot be read as a job source yet")
+        self._partitions = cfg.partitions
+
+    def _log(self) -> Log:
+        return Log(open_object_store(self.store_uri), self.log_prefix)
+
+    def partitions(self) -> list[str]:
+        return [f"{self.topic}-{p}" for p in range(self._partitions)]
+
+    def _partition_index(self, name: str) -> int:
+        prefix, _, n = name.rpartition("-")
+        if prefix != self.topic or not n.isdigit() or int(n) >= self._partitions:
+            raise KeyError(f"{self.name}: unknown partition {name!r}")
+        return int(n)
+
+    def end_offsets(self) -> dict[str, int]:
+        return dict(zip(self.partitions(), self._log().end_offsets(self.topic)))
+
+    @property
+    def bounded(self) -> bool:
+        return self._bounded
+
+    @property
+    def value_schema(self) -> pa.Schema:
+        return self._value_schema or pa.schema([pa.field(VALUE_COLUMN, pa.binary())])
+
+    def read(self, partition: str, start: int, end: int) -> pa.Table:
+        p = self._partition_index(partition)
+        log = self._log()
+        high = log.end_offsets(self.topic)[p]
+        if not 0 <= start <= end <= high:
+            raise IndexError(f"{self.name}/{partition}: offsets [{start}, {end}) outside [0, {high}]")
+        records = log.fetch(self.topic, p, start, max_records=end - start).records if end > start else []
+        if len(records) != end - start:
+            raise IndexError(f"{self.name}/{partition}: [{start}, {end}) holds {len(records)} records "
+                             "(offsets removed?)")
+        keys = pa.array([r.key for r in records], pa.binary())
+        ts = pa.array(np.fromiter((r.timestamp for r in records), np.int64, len(records)))
+        if self._value_schema is None:
+            values = {VALUE_COLUMN: pa.array([r.value for r in records], pa.binary())}
+            return pa.table({KEY_COLUMN: keys, TIMESTAMP_COLUMN: ts, **values})
+        values, errors = decode_json_values([r.value for r in records], self._value_schema)
+        return pa.table({KEY_COLUMN: keys, TIMESTAMP_COLUMN: ts, **values, ERROR_COLUMN: errors,
+                         RAW_VALUE_COLUMN: pa.array([r.value for r in records], pa.binary())})
+
+
+def decode_json_values(raw: list[bytes | None], schema: pa.Schema) -> tuple[dict[str, pa.Array], pa.Array]:
+    """Decodes JSON-object record values into the columns of ``schema``.
+
+    A value that is not JSON, not an object, or has a field that does not convert to its
+    column type does not raise: its columns are null and its error message is set, so
+    the runtime sends it to the dead-letter table (``operators.runtime.dead_letter``).
+
+    Returns:
+        ``({column: array}, errors)``: one array per field of ``schema`` and a string
+        array of error messages, null for the rows that decoded.
+    """
+    rows: list[dict] = []
+    errors: list[str | None] = []
+    for value in raw:
+        try:
+            row = json.loads(value) if value is not None else {}
+            if not isinstance(row, dict):
+                raise ValueError(f"value is a JSON {type(row).__name__}, not an object")
+            rows.append(row)
+            errors.append(None)
+        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            rows.append({})
+            errors.append(f"{type(e).__name__}: {e}")
+    columns = {}
+    for f in schema:
+        cells = [row.get(f.name) for row in rows]
+        try:
+            columns[f.name] = pa.array(cells, f.type)
+            continue
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
+            pass
+        # Some cell does not convert: find it row by row (rare, so the slow path is fine).
+        for i, cell in enumerate(cells):
+            try:
+                pa.array([cell], f.type)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as e:
+                errors[i] = errors[i] or f"field {f.name!r}: {e}"
+                rows[i] = {}
+        columns[f.name] = pa.array([None if errors[i] else c for i, c in enumerate(cells)], f.type)
+    if any(errors):  # a row bad in a later field keeps no value from an earlier one
+        bad = pa.array([e is not None for e in errors])
+        columns = {n: pc.if_else(bad, pa.nulls(len(rows), a.type), a) for n, a in columns.items()}
+    return columns, pa.array(errors, pa.string())
+
+
+class TopicSink(Sink):
+    """Writes an operator output to a topic, exactly once (module docstring).
+
+    Args:
+        topic: topic name (created by the caller).
+        log_prefix: the log's prefix in the job's object store.
+        key_column: column holding the record key (str or bytes); None: keyless
+            records, spread round-robin.
+        timestamp_column: column holding the record timestamp (ms); None: the time of
+            writing.
+    """
+
+    def __init__(self, topic: str, log_prefix: str = "log", key_column: str | None = "key",
+                 timestamp_column: str | None = None) -> None:
+        self.topic, self.log_prefix = topic, log_prefix
+        self.key_column, self.timestamp_column = key_column, timestamp_column
+        self.name = topic
+
+    def write_staged(self, store: ObjectStore, staging_prefix: str, table: pa.Table) -> str:
+        cfg = Log(store, self.log_prefix).metadata().topic(self.topic).config
+        rows = table.to_pylist()
+        keys: list[bytes | None] = []
+        for row in rows:
+            k = row.pop(self.key_column) if self.key_column else None
+            keys.append(k.encode() if isinstance(k, str) else k)
+        values = [json.dumps(row, sort_keys=True, separators=(",", ":"), default=str).encode() for row in rows]
+        if self.timestamp_column:
+            ts = [int(v) for v in table.column(self.timestamp_column).to_pylist()]
+        else:
+            ts = [now_ms()] * len(rows)
+        parts = [i % cfg.partitions if k is None else partition_for(k, cfg.partitions) for i, k in enumerate(keys)]
+        w = SegmentWriter(index_interval_bytes=cfg.index_interval_bytes)
+        for p in sorted(set(parts)):
+            idx = [i for i, q in enumerate(parts) if q == p]
+            w.begin_chunk(self.topic, p)
+            w.append(range(len(idx)), [ts[i] for i in idx], [keys[i] for i in idx], [values[i] for i in idx])
+            w.end_chunk()
+        data, _ = w.finish()
+        key = f"{staging_prefix}/{self.name}.seg"
+        store.put(key, data)
+        return key
+
+    def producer_id(self, job_prefix: str) -> str:
+        """The idempotent producer id of this sink in a job."""
+        return f"{job_prefix}/{self.name}"
+
+    def publish(self, store: ObjectStore, job_prefix: str, epoch: int, staged: list[str]) -> list[str]:
+        log = Log(store, self.log_prefix)
+        pid = self.producer_id(job_prefix)
+        if log.metadata().producers.get(pid, -1) >= epoch:
+            return []  # already published (a restart redoing the newest checkpoint's publish)
+        files = []
+        for key in staged:
+            data = store.get(key)
+            files.append((log.put_segment(data), read_directory(store, key, data)))
+
+        def mutate(md: LogMetadata):
+            if md.producers.get(pid, -1) >= epoch:
+                return NO_CHANGE
+            for file, chunks in files:
+                append_file(md, file, chunks)
+            md.producers[pid] = epoch
+            return [file for file, _ in files]
+
+        _, published = log.meta.commit(mutate)
+        if published is NO_CHANGE:
+            for file, _ in files:
+                store.delete(file)
+            return []
+        return published
+
+    def published_after(self, store: ObjectStore, job_prefix: str, epoch: int) -> list[str]:
+        applied = Log(store, self.log_prefix).metadata().producers.get(self.producer_id(job_prefix), -1)
+        return [f"topic {self.topic}: producer {self.producer_id(job_prefix)} published epoch {applied}"] \
+            if applied > epoch else []
+
+    def read(self, store: ObjectStore, job_prefix: str) -> pa.Table:
+        """Every record of the topic: ``partition``, ``offset``, ``key``, ``timestamp``, ``value``."""
+        log = Log(store, self.log_prefix)
+        rows = []
+        for p in range(len(log.metadata().topic(self.topic).partitions)):
+            rows += [{"partition": p, "offset": r.offset, "key": r.key, "timestamp": r.timestamp, "value": r.value}
+                     for r in log.read(self.topic, p)]
+        schema = pa.schema([("partition", pa.int32()), ("offset", pa.int64()), ("key", pa.binary()),
+                            ("timestamp", pa.int64()), ("value", pa.binary())])
+        return pa.Table.from_pylist(rows, schema=schema)

@@ -1,0 +1,182 @@
+"""Bad input: screening source events and the job's dead-letter output.
+
+The driver screens every slice a source returns before an event reaches an operator
+(Kafka Connect's ``errors.tolerance=all`` with a dead-letter queue, Flink's side output
+for bad records). A row is bad, with exactly one reason (checked in this order):
+
+=======================  ==============================================================
+reason                   the row
+=======================  ==============================================================
+``unparseable_value``    the source could not decode it: its ``_error`` column (see
+                         ``operators.io.sources.ERROR_COLUMN``) is set, e.g. a topic value
+                         that is not JSON or does not fit ``value_schema``
+``missing_key``          key null or empty (a null key would otherwise be taken for the
+                         runtime's heartbeat row and vanish)
+``missing_timestamp``    timestamp null
+``timestamp_before_epoch``  timestamp < 0 (before 1970-01-01T00:00:00Z)
+``timestamp_in_future``  timestamp > the driver's wall clock when the epoch was planned
+                         + ``max_future_ms`` (default one day)
+=======================  ==============================================================
+
+Why a future bound, and why wall-clock based: one event dated in year 2200 (a
+microsecond timestamp read as milliseconds, a 9999-12-31 sentinel) would raise its
+partition's max event time and with it the watermark, making every later event late
+and firing every timer: silent loss of correct data. The bound cannot be event-time
+based, since the first epoch has no watermark to compare with, and a replayed historical
+source is always far in the past of the wall clock, so it never trips. One day tolerates
+producer clock skew and a local time mislabelled as UTC (at most 14 h off); Kafka's
+``log.message.timestamp.after.max.ms`` makes the same check at the broker. The clock
+reading belongs to the epoch's plan: a committed epoch is never screened again, and a
+replay of an uncommitted epoch can only differ for an event within the replay delay of
+the bound.
+
+Bad rows are removed before the watermark is computed and written to the dead-letter
+table (``DeadLetter.table``, ``sinks/<table>/epoch=<e>/part-source.parquet``), staged
+and published like any sink, so exactly once: the file is named by the epoch's
+checkpoint under ``DEAD_LETTER_OUTPUT``. Columns: ``DEAD_LETTER_SCHEMA``; ``value`` holds
+the raw bytes the source could not decode, else the row's value columns as compact JSON.
+Per-reason counts go to the checkpoint's ``metrics["dead_letter"]``.
+"""
+from __future__ import annotations
+
+import io
+import json
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from operators.errors import BadInputError
+from operators.io.sinks import ParquetSink
+from operators.io.sources import ERROR_COLUMN, KEY_COLUMN, RAW_VALUE_COLUMN, TIMESTAMP_COLUMN
+from operators.paths import staging_prefix
+from storage.objectstore import ObjectStore
+
+DEAD_LETTER_OUTPUT = "_dead_letter"  # its key in JobCheckpoint.outputs
+DAY_MS = 86_400_000
+REASONS = ("unparseable_value", "missing_key", "missing_timestamp", "timestamp_before_epoch",
+           "timestamp_in_future")
+DEAD_LETTER_SCHEMA = pa.schema([
+    pa.field("source", pa.string()), pa.field("partition", pa.string()),
+    pa.field("offset", pa.int64()), pa.field("key", pa.binary()),
+    pa.field("timestamp", pa.int64()), pa.field("value", pa.binary()),
+    pa.field("reason", pa.string()), pa.field("error", pa.string()),
+    pa.field("epoch", pa.int64()),
+])
+
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """Bad-input handling of a job (``Job.dead_letter``).
+
+    Attributes:
+        table: name of the dead-letter Parquet table (``sinks/<table>/``).
+        max_future_ms: a timestamp more than this many ms after the driver's wall clock
+            is bad (``timestamp_in_future``); None disables the check.
+        tolerance: ``"all"``: bad rows go to the dead-letter table and the job keeps
+            running; ``"none"``: the first bad row fails the epoch (``BadInputError``)
+            before any stage runs.
+    """
+
+    table: str = "dead_letter"
+    max_future_ms: int | None = DAY_MS
+    tolerance: str = "all"
+
+    @property
+    def sink(self) -> ParquetSink:
+        """The Parquet sink of the dead-letter table."""
+        return ParquetSink(self.table, DEAD_LETTER_SCHEMA)
+
+
+def _raw_values(table: pa.Table, value_columns: list[str]) -> list[bytes]:
+    raw = (table.column(RAW_VALUE_COLUMN).to_pylist() if RAW_VALUE_COLUMN in table.column_names
+           else [None] * table.num_rows)
+    rows = table.select(value_columns).to_pylist()
+    return [r if r is not None else json.dumps(v, sort_keys=True, separators=(",", ":"), default=str).encode()
+            for r, v in zip(raw, rows)]
+
+
+def screen(table: pa.Table, offsets: np.ndarray, policy: DeadLetter, *, source: str, partition: str,
+           epoch: int, now_ms: int | None = None) -> tuple[pa.Table, pa.Table, np.ndarray]:
+    """Splits one source slice into good rows and dead-letter rows.
+
+    Args:
+        table: what ``Source.read`` returned (key, timestamp, value columns and maybe
+            ``_error`` / ``_raw_value``).
+        offsets: the source offset of each row (int64, same length).
+        policy: the job's ``DeadLetter``.
+        source, partition, epoch: written into the dead-letter rows.
+        now_ms: the wall clock (ms since the Unix epoch) of the epoch's plan; default now.
+
+    Returns:
+        ``(good, dead, good_offsets)``: good rows without the ``_error``/``_raw_value``
+        columns, dead-letter rows (``DEAD_LETTER_SCHEMA``), and the good rows' offsets.
+
+    Raises:
+        BadInputError: a bad row with ``policy.tolerance == "none"``.
+    """
+    n = table.num_rows
+    value_columns = [c for c in table.column_names
+                     if c not in (KEY_COLUMN, TIMESTAMP_COLUMN, ERROR_COLUMN, RAW_VALUE_COLUMN)]
+    reason = np.full(n, -1, np.int8)  # index into REASONS, -1 = good
+
+    def mark(code: int, mask) -> None:
+        m = np.asarray(pc.fill_null(mask, False).to_numpy(zero_copy_only=False), bool)
+        reason[(reason < 0) & m] = code
+
+    errors = table.column(ERROR_COLUMN) if ERROR_COLUMN in table.column_names else pa.nulls(n, pa.string())
+    mark(0, pc.is_valid(errors))
+    key = table.column(KEY_COLUMN)
+    mark(1, pc.or_kleene(pc.is_null(key), pc.equal(pc.binary_length(key), 0)))
+    ts = table.column(TIMESTAMP_COLUMN).cast(pa.int64())
+    mark(2, pc.is_null(ts))
+    mark(3, pc.less(ts, 0))
+    if policy.max_future_ms is not None:
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        mark(4, pc.greater(ts, now + policy.max_future_ms))
+    good_mask = reason < 0
+    good = table.drop_columns([c for c in (ERROR_COLUMN, RAW_VALUE_COLUMN) if c in table.column_names])
+    if good_mask.all():
+        return good, DEAD_LETTER_SCHEMA.empty_table(), offsets
+    bad_idx = np.flatnonzero(~good_mask)
+    bad = table.take(pa.array(bad_idx))
+    if policy.tolerance == "none":
+        i = int(bad_idx[0])
+        raise BadInputError(f"source {source} partition {partition} offset {int(offsets[i])}: "
+                            f"{REASONS[reason[i]]} (dead_letter.tolerance='none')")
+    dead = pa.table({
+        "source": pa.array([source] * len(bad_idx), pa.string()),
+        "partition": pa.array([partition] * len(bad_idx), pa.string()),
+        "offset": pa.array(offsets[bad_idx], pa.int64()),
+        "key": bad.column(KEY_COLUMN).cast(pa.binary()),
+        "timestamp": bad.column(TIMESTAMP_COLUMN).cast(pa.int64()),
+        "value": pa.array(_raw_values(bad, value_columns), pa.binary()),
+        "reason": pa.array([REASONS[r] for r in reason[bad_idx]], pa.string()),
+        "error": errors.take(pa.array(bad_idx)).cast(pa.string()),
+        "epoch": pa.array(np.full(len(bad_idx), epoch, np.int64)),
+    }, schema=DEAD_LETTER_SCHEMA)
+    return good.filter(pa.array(good_mask)), dead, offsets[good_mask]
+
+
+def counts(dead: pa.Table) -> dict[str, int]:
+    """Per-reason row counts of dead-letter rows, every reason present, plus ``total``."""
+    got = dict(zip(*(c.to_pylist() for c in dead.group_by("reason").aggregate([("reason", "count")])
+                   .select(["reason", "reason_count"]).columns))) if dead.num_rows else {}
+    return {"total": dead.num_rows, **{r: int(got.get(r, 0)) for r in REASONS}}
+
+
+def stage(store: ObjectStore, job_prefix: str, epoch: int, dead: pa.Table, attempt: str) -> str:
+    """Writes an epoch's dead-letter rows as a staged Parquet file; returns its key.
+
+    The name is unique to (epoch, driver attempt): a failed attempt's file is never named
+    by a checkpoint and is cleaned up like any staged output.
+    """
+    buf = io.BytesIO()
+    pq.write_table(dead, buf, compression="zstd")
+    key = f"{staging_prefix(job_prefix, epoch, DEAD_LETTER_OUTPUT, 'source', attempt)}/dead_letter.parquet"
+    store.put(key, buf.getvalue())
+    return key

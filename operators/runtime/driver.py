@@ -1,0 +1,490 @@
+"""The driver: plans micro-batch epochs, runs each operator as a Spark stage, commits.
+
+Per epoch (docs/design.md, "Epochs and checkpoints"):
+
+1. Plan: for each source partition the offset range ``[committed, end)`` (an equal
+   share of ``events_per_epoch`` per unfinished partition) and the watermark the epoch
+   reaches (bounded out-of-orderness: min over unfinished partitions of the max event
+   time seen, minus the bound; +infinity once a bounded source is fully read).
+2. Run: the events, tagged with key group and range, are cut into one Arrow payload
+   per key-group range and one Spark stage runs ``operators.runtime.task.run_task`` once per
+   range (``operators.spark.stage``; a range without events still runs, so it fires
+   its timers). An operator's ``main`` output is re-keyed and fed to the next
+   operator's stage.
+3. Commit: one job checkpoint manifest, written with put-if-absent, names the source
+   offsets, the watermark, every DKV range manifest and every staged output file.
+4. Publish: staged sink files of the committed epoch get their final names
+   (idempotent; redone on restart for the newest checkpoint).
+
+Restart = read the newest checkpoint and continue from its offsets; files of failed
+attempts are never named and never published. A restart with another parallelism
+rescales: each new key-group range opens DKV from the old ranges it overlaps, reading
+only its own key interval (key groups themselves are fixed for a job's lifetime).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from operators.api.job import Job
+from operators.api.keygroups import key_group_ranges, key_groups_of_column, range_indexes_of
+from operators.api.operator import WATERMARK_MAX, WATERMARK_MIN
+from operators.errors import JobFailedError, JobFencedError
+from operators.io.sources import KEY_COLUMN, TIMESTAMP_COLUMN
+from operators.paths import checkpoint_key
+from operators.runtime import dead_letter
+from operators.runtime.checkpoints import (
+    JobCheckpoint,
+    commit_checkpoint,
+    latest_checkpoint,
+    list_epochs,
+)
+from operators.runtime.cleanup import CleanupReport, cleanup_job
+from operators.runtime.control import (
+    acquire_lease,
+    consume_flush_requests,
+    pending_flush_requests,
+    release_lease,
+)
+from operators.runtime.open_state import OpenState
+from operators.runtime.recovery import VERIFY_MODES, restart_checkpoint
+from operators.runtime.task import (
+    KEY_GROUP_COLUMN,
+    OFFSET_COLUMN,
+    PART_COLUMN,
+    RANGE_COLUMN,
+    TaskResult,
+    TaskSpec,
+    run_task,
+)
+from operators.spark import stage as spark_stage
+from storage.dkv import DKVOptions
+from storage.errors import ObjectExistsError
+from storage.faults import fault_point
+from storage.objectstore import ObjectStore, open_object_store, subtract_requests, sum_requests
+
+log = logging.getLogger(__name__)
+
+# Fault injection for crash tests: called with (point, epoch); points are
+# "after_tasks" (tasks done, nothing committed) and "after_commit" (committed, not
+# published). Raising there simulates a driver crash at that step.
+Failpoint = Callable[[str, int], None]
+
+
+
+
+@dataclass
+class EpochResult:
+    """A committed epoch, as reported to the caller (and to Dagster as metadata).
+
+    Attributes:
+        epoch: epoch number (1-based).
+        watermark: watermark reached, ms (``WATERMARK_MAX`` at end of input).
+        source_offsets: next offset per source partition.
+        checkpoint_uri: URI of the job checkpoint manifest.
+        events: events read this epoch.
+        seconds: wall time of the epoch, s.
+        finished: True when a bounded source is fully processed.
+        tables / table_bytes / keys: DKV tables, bytes and entries over all ranges.
+        output_rows: rows published per output.
+        published: object keys published this epoch.
+        dead_letter: bad input rows sent to the dead-letter table this epoch, per
+            reason and ``total`` (``operators.runtime.dead_letter``).
+        recovery: set on the first epoch after a restart that fell back from an
+            unusable checkpoint (``operators.runtime.recovery.Fallback.as_metrics``).
+    """
+
+    epoch: int
+    watermark: int
+    source_offsets: dict[str, int]
+    checkpoint_uri: str
+    events: int
+    seconds: float
+    finished: bool
+    tables: int
+    table_bytes: int
+    keys: int
+    output_rows: dict[str, int]
+    published: list[str]
+    dead_letter: dict[str, int] = field(default_factory=dict)
+    recovery: dict | None = None
+
+    @property
+    def events_per_second(self) -> float:
+        """Events per second of wall time."""
+        return self.events / self.seconds if self.seconds > 0 else 0.0
+
+
+class JobRunner:
+    """Runs a ``Job`` on a Spark session against an object store.
+
+    Args:
+        job: the job definition.
+        spark: a ``SparkSession`` (see ``operators.spark.session.get_spark``), or None to run
+            every stage in this process, range after range (tests, debugging).
+        store_uri: object-store root URI or path (``.dkvstream`` by default).
+        dkv_options: DKV tuning passed to every task.
+        failpoint: fault injection for tests (see ``Failpoint``).
+        retain_checkpoints: keep this many newest checkpoints and, after each epoch,
+            delete older ones and the files only they named (``operators.runtime.cleanup``);
+            None keeps everything.
+        verify_restart: how a restart checks the newest checkpoint before continuing
+            from it, ``"names"`` (files exist at their recorded size) or ``"full"``
+            (every block and record); an unusable one is fallen back from where that
+            is correct (``operators.runtime.recovery``).
+
+    An in-process runner (``spark=None``) keeps each range's DKV open between epochs;
+    ``close()`` (or leaving a ``with JobRunner(...) as runner:`` block) closes them.
+
+    Raises:
+        InvalidJobError: the job definition is invalid (``operators.api.validation``);
+            nothing has been written.
+    """
+
+    def __init__(self, job: Job, spark, store_uri: str = ".dkvstream",
+                 dkv_options: DKVOptions | None = None, failpoint: Failpoint | None = None,
+                 retain_checkpoints: int | None = 10, verify_restart: str = "names") -> None:
+        job.validate()  # again: fields may have changed since construction; fail before any write
+        self.job = job
+        self.spark = spark
+        self.store_uri = store_uri
+        self.store: ObjectStore = open_object_store(store_uri)
+        # Driver requests are counted from here to each commit (checkpoint metric "requests").
+        self._requests_mark = self.store.stats.snapshot()
+        self.dkv_options = dkv_options
+        # In-process tasks keep their ranges' DKV open between epochs, as Spark workers do:
+        # one per range and operator of this job at most (``close`` closes them).
+        self._open_state = OpenState(capacity=job.parallelism * len(job.operators))
+        self.failpoint = failpoint or (lambda point, epoch: None)
+        if retain_checkpoints is not None and retain_checkpoints < 1:
+            raise ValueError(f"retain_checkpoints must be >= 1 or None, got {retain_checkpoints}")
+        self.retain_checkpoints = retain_checkpoints
+        if verify_restart not in VERIFY_MODES:
+            raise ValueError(f"verify_restart must be one of {VERIFY_MODES}, got {verify_restart!r}")
+        self.verify_restart = verify_restart
+        self._recovery: dict | None = None  # a fallback, recorded in the next checkpoint
+        self.last_cleanup: CleanupReport | None = None
+
+    def close(self) -> None:
+        """Closes the DKV instances in-process tasks kept open; a later epoch reopens
+        them from the object store. Idempotent."""
+        self._open_state.close_all()
+
+    def __enter__(self) -> JobRunner:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------- planning
+    def latest(self) -> JobCheckpoint | None:
+        """The newest committed checkpoint of this job, or None."""
+        return latest_checkpoint(self.store, self.job.prefix)
+
+    def _initial(self) -> JobCheckpoint:
+        parts = self.job.source.partitions()
+        return JobCheckpoint(
+            job=self.job.name, epoch=0, watermark=WATERMARK_MIN,
+            source_offsets={p: 0 for p in parts}, partition_max_ts={p: WATERMARK_MIN for p in parts},
+            finished=False, key_groups=self.job.key_groups, parallelism=self.job.parallelism,
+            operators={op.name: {} for op in self.job.operators}, outputs={},
+        )
+
+    def _check_compatible(self, ckpt: JobCheckpoint) -> None:
+        if ckpt.key_groups != self.job.key_groups:
+            raise JobFailedError(
+                f"job {self.job.name}: checkpoint epoch {ckpt.epoch} has key_groups={ckpt.key_groups}, "
+                f"job has {self.job.key_groups}; key groups are fixed for a job's lifetime")
+
+    def _plan_offsets(self, ckpt: JobCheckpoint) -> dict[str, tuple[int, int]]:
+        ends = self.job.source.end_offsets()
+        open_parts = [p for p in ckpt.source_offsets if ckpt.source_offsets[p] < ends[p]]
+        share = -(-self.job.events_per_epoch // max(1, len(open_parts)))
+        return {p: (ckpt.source_offsets[p], min(ends[p], ckpt.source_offsets[p] + share))
+                for p in ckpt.source_offsets}
+
+    # ------------------------------------------------------------------ running
+    def run(self, max_epochs: int | None = None) -> Iterator[EpochResult]:
+        """Run epochs until the source is drained (bounded) or has no new events.
+
+        Args:
+            max_epochs: stop after this many committed epochs (None: no limit).
+
+        Yields:
+            An ``EpochResult`` after each committed epoch.
+
+        Raises:
+            JobFailedError: an epoch failed (the previous checkpoint stays newest).
+            JobFencedError: another driver committed an epoch this one ran (found at the
+                commit, or when this driver's tasks failed because the other's
+                retention deleted the files of the checkpoint it started from).
+            RecoveryRefusedError: the newest checkpoint is unusable and falling back
+                is not safe (``operators.runtime.recovery``).
+        """
+        ckpt, fallback = restart_checkpoint(self.store, self.job, self.verify_restart)
+        if fallback is not None:
+            self._recovery = fallback.as_metrics()
+        if ckpt is None:
+            ckpt = self._initial()
+        else:
+            self._check_compatible(ckpt)
+            self._publish(ckpt)  # idempotent: finishes a publish a crash interrupted
+        done = 0
+        while not ckpt.finished and (max_epochs is None or done < max_epochs):
+            plan = self._plan_offsets(ckpt)
+            if not self.job.source.bounded and all(a == b for a, b in plan.values()):
+                return
+            # Requests seen now are served by this epoch; the lease keeps a concurrent
+            # cleanup off the files the tasks write before the commit (operators.runtime.control).
+            flushes = pending_flush_requests(self.store, self.job.prefix)
+            lease = acquire_lease(self.store, self.job.prefix, ckpt.epoch + 1)
+            try:
+                fault_point("epoch_planned")
+                result, ckpt = self._run_epoch(ckpt, plan, flush=bool(flushes))
+            except BaseException:
+                # The epoch's own error is the one to report: with the store down,
+                # releasing the lease fails too, and the lease goes stale on its own.
+                with contextlib.suppress(Exception):
+                    release_lease(self.store, self.job.prefix, lease)
+                raise
+            fault_point("after_cleanup")
+            release_lease(self.store, self.job.prefix, lease)
+            consume_flush_requests(self.store, flushes)
+            done += 1
+            yield result
+
+    def run_to_end(self, max_epochs: int | None = None) -> list[EpochResult]:
+        """``list(run(max_epochs))``."""
+        return list(self.run(max_epochs))
+
+    def _read_events(self, plan: dict[str, tuple[int, int]], epoch: int) -> tuple[pa.Table, dict[str, int]]:
+        """Reads the planned slices; bad rows go to ``self._dead_letters`` (not to the
+        operators, nor into the watermark)."""
+        source, parts = self.job.source, self.job.source.partitions()
+        tables, max_ts, dead = [], {}, [dead_letter.DEAD_LETTER_SCHEMA.empty_table()]
+        now_ms = int(time.time() * 1000)
+        for i, p in enumerate(parts):
+            start, end = plan[p]
+            if end <= start:
+                continue
+            t, bad, offsets = dead_letter.screen(
+                source.read(p, start, end), np.arange(start, end, dtype=np.int64), self.job.dead_letter,
+                source=source.name, partition=p, epoch=epoch, now_ms=now_ms)
+            dead.append(bad)
+            if t.num_rows:
+                max_ts[p] = pa.compute.max(t.column(TIMESTAMP_COLUMN)).as_py()
+            t = t.append_column(PART_COLUMN, pa.array(np.full(t.num_rows, i, np.int32)))
+            t = t.append_column(OFFSET_COLUMN, pa.array(offsets))
+            tables.append(t)
+        self._dead_letters = pa.concat_tables(dead)
+        if not tables:
+            events = _empty_events(source.value_schema)
+        else:
+            events = pa.concat_tables(tables)
+        kgs = key_groups_of_column(events.column(KEY_COLUMN), self.job.key_groups)
+        events = events.append_column(KEY_GROUP_COLUMN, pa.array(kgs, pa.int32()))
+        events = events.append_column(
+            RANGE_COLUMN, pa.array(range_indexes_of(kgs, self.job.key_groups, self.job.parallelism), pa.int32()))
+        return events, max_ts
+
+    def _watermark(self, ckpt: JobCheckpoint, plan, max_ts: dict[str, int]) -> tuple[int, dict[str, int], bool]:
+        ends = self.job.source.end_offsets()
+        part_max = {p: max(ckpt.partition_max_ts[p], max_ts.get(p, WATERMARK_MIN)) for p in ckpt.partition_max_ts}
+        unfinished = [p for p in plan if plan[p][1] < ends[p]]
+        finished = self.job.source.bounded and not unfinished
+        if finished:
+            return WATERMARK_MAX, part_max, True
+        low = min(part_max[p] for p in unfinished)
+        if low == WATERMARK_MIN:
+            return ckpt.watermark, part_max, False
+        return max(ckpt.watermark, low - self.job.max_out_of_orderness_ms), part_max, False
+
+    def _run_epoch(self, ckpt: JobCheckpoint, plan, flush: bool = False) -> tuple[EpochResult, JobCheckpoint]:
+        started = time.perf_counter()
+        epoch = ckpt.epoch + 1
+        events, max_ts = self._read_events(plan, epoch)
+        watermark, part_max, finished = self._watermark(ckpt, plan, max_ts)
+        ranges = key_group_ranges(self.job.key_groups, self.job.parallelism)
+        old_ranges = key_group_ranges(self.job.key_groups, ckpt.parallelism)
+        rescaled = old_ranges != ranges
+
+        results_by_op: dict[str, list[TaskResult]] = {}
+        stage_input = events
+        for i, op in enumerate(self.job.operators):
+            last = i == len(self.job.operators) - 1
+            specs = [
+                TaskSpec(
+                    job_prefix=self.job.prefix, epoch=epoch, op_index=i, range_index=r,
+                    key_group_range=kr,
+                    manifest_key=None if rescaled else ckpt.operators.get(op.name, {}).get(kr.label),
+                    parent_manifests=_parents(ckpt.operators.get(op.name, {}), old_ranges, kr) if rescaled else (),
+                    watermark_before=ckpt.watermark, watermark_after=watermark,
+                    next_key_groups=None if last else self.job.key_groups,
+                    next_parallelism=None if last else self.job.parallelism,
+                    flush=flush,
+                )
+                for r, kr in enumerate(ranges)
+            ]
+            try:
+                results, forwarded = self._run_stage(i, specs, stage_input, last)
+            except Exception as e:  # noqa: BLE001 - Spark wraps task errors in many types
+                newest = self._newest_epoch_elsewhere()
+                if newest is not None and newest >= epoch:
+                    # A driver this far behind finds the files of its start checkpoint
+                    # deleted by the other's retention; fencing is what happened.
+                    raise JobFencedError(
+                        f"job {self.job.name}: epoch {epoch} was committed by another driver (the newest "
+                        f"checkpoint is {self.store.uri(checkpoint_key(self.job.prefix, newest))}) while this "
+                        f"driver ran it from epoch {ckpt.epoch}, and its tasks failed ({_root_message(e)}); "
+                        f"this driver stops without publishing. Run one driver per job.") from e
+                raise JobFailedError(
+                    f"job {self.job.name}: epoch {epoch} failed in operator {op.name}: {_root_message(e)}"
+                ) from e
+            results_by_op[op.name] = results
+            stage_input = forwarded
+
+        self.failpoint("after_tasks", epoch)
+        fault_point("after_tasks")
+        last_results = results_by_op[self.job.operators[-1].name]
+        outputs: dict[str, list[str]] = {}
+        for res in sorted(last_results, key=lambda r: r.range_index):
+            for name, key in res.staged_outputs.items():
+                outputs.setdefault(name, []).append(key)
+        if self._dead_letters.num_rows:
+            outputs[dead_letter.DEAD_LETTER_OUTPUT] = [dead_letter.stage(
+                self.store, self.job.prefix, epoch, self._dead_letters, uuid.uuid4().hex[:12])]
+        for name, staged in outputs.items():
+            try:
+                self.job.output_sink(name).prepare(self.store, self.job.prefix, epoch, staged)
+            except Exception as e:  # noqa: BLE001 - any sink check failing fails the epoch
+                raise JobFailedError(f"job {self.job.name}: epoch {epoch} refused by sink {name}: {e}") from e
+        dkv = [res.metrics["dkv"] for rs in results_by_op.values() for res in rs]
+        metrics = {
+            "events": events.num_rows,
+            "timers_fired": sum(res.metrics["timers_fired"] for rs in results_by_op.values() for res in rs),
+            "output_rows": {name: sum(res.metrics["emitted"].get(name, 0) for res in last_results)
+                            for name in self.job.sinks},
+            "tables": sum(sum(s["tables_per_level"]) for s in dkv),
+            "table_bytes": sum(sum(s["bytes_per_level"]) for s in dkv),
+            "keys": sum(int(s.get("approx_live_keys", 0)) for s in dkv),
+            "remote_compactions": {
+                kind: sum(res.metrics["remote_compactions"].get(kind, 0) for rs in results_by_op.values() for res in rs)
+                for kind in ("installed", "discarded")},
+            "flushed": flush,
+            "dead_letter": dead_letter.counts(self._dead_letters),
+            **({"recovery": self._recovery} if self._recovery else {}),
+            "task_seconds_max": max((res.metrics["seconds"] for rs in results_by_op.values() for res in rs), default=0.0),
+        }
+        metrics["requests"] = self._epoch_requests(results_by_op)
+        new = JobCheckpoint(
+            job=self.job.name, epoch=epoch, watermark=watermark,
+            source_offsets={p: plan[p][1] for p in plan}, partition_max_ts=part_max, finished=finished,
+            key_groups=self.job.key_groups, parallelism=self.job.parallelism,
+            operators={op: {res.range_label: res.manifest_key for res in rs} for op, rs in results_by_op.items()},
+            outputs=outputs, metrics=metrics,
+        )
+        try:
+            key = commit_checkpoint(self.store, self.job.prefix, new)
+        except ObjectExistsError:
+            raise JobFencedError(
+                f"job {self.job.name}: epoch {epoch} was committed by another driver "
+                f"({self.store.uri(checkpoint_key(self.job.prefix, epoch))} already exists); "
+                f"this driver stops without publishing. Run one driver per job.") from None
+        self._recovery = None
+        self.failpoint("after_commit", epoch)
+        fault_point("after_commit")
+        published = self._publish(new)
+        fault_point("before_cleanup")
+        if self.retain_checkpoints is not None:
+            self.last_cleanup = cleanup_job(self.store, self.job.prefix, self.retain_checkpoints)
+        seconds = time.perf_counter() - started
+        result = EpochResult(
+            epoch=epoch, watermark=watermark, source_offsets=new.source_offsets,
+            checkpoint_uri=self.store.uri(key), events=events.num_rows, seconds=seconds, finished=finished,
+            tables=metrics["tables"], table_bytes=metrics["table_bytes"], keys=metrics["keys"],
+            output_rows=metrics["output_rows"], published=published, dead_letter=metrics["dead_letter"],
+            recovery=metrics.get("recovery"),
+        )
+        log.info("job %s: committed epoch %d (%d events, watermark %d, %.1f s)",
+                 self.job.name, epoch, events.num_rows, watermark, seconds)
+        return result, new
+
+    def _publish(self, ckpt: JobCheckpoint) -> list[str]:
+        published = []
+        for name, staged in ckpt.outputs.items():
+            published += self.job.output_sink(name).publish(self.store, self.job.prefix, ckpt.epoch, staged)
+            fault_point("publish_file")
+        return published
+
+    def _epoch_requests(self, results_by_op: dict[str, list[TaskResult]]) -> dict[str, dict[str, int]]:
+        """Object-store requests by kind and bytes since the previous commit (or start):
+        ``{"driver": {...}, "tasks": {...}}``, each shaped like ``RequestStats.snapshot()``.
+        The driver part includes the previous epoch's commit, publish and cleanup."""
+        now = self.store.stats.snapshot()
+        tasks = sum_requests(res.metrics.get("requests", {}) for rs in results_by_op.values() for res in rs)
+        driver = subtract_requests(now, self._requests_mark)
+        if self.spark is None:  # in-process tasks used the driver's store
+            driver = subtract_requests(driver, tasks)
+        self._requests_mark = now
+        return {"driver": driver, "tasks": tasks}
+
+    # -------------------------------------------------------------------- Spark
+    def _newest_epoch_elsewhere(self) -> int | None:
+        """The newest committed epoch (a driver that sees one at or past the epoch it
+        runs was overtaken), or None when none is listed or the store cannot say (the
+        stage's own error is then the one to report)."""
+        try:
+            epochs = list_epochs(self.store, self.job.prefix)
+        except Exception:  # noqa: BLE001 - a failing store is reported through the stage's error
+            return None
+        return epochs[-1] if epochs else None
+
+    def _run_stage(self, op_index: int, specs: list[TaskSpec], events: pa.Table, last: bool):
+        if self.spark is None:
+            return self._run_stage_in_process(op_index, specs, events, last)
+        return spark_stage.run_stage(self.spark, self.job.operators[op_index], specs, events, self.store_uri,
+                                     self.job.sinks if last else None, self.dkv_options)
+
+    def _run_stage_in_process(self, op_index: int, specs: list[TaskSpec], events: pa.Table, last: bool):
+        """The same stage without Spark: ranges one after another in this process."""
+        operator = self.job.operators[op_index]
+        ranges = events.column(RANGE_COLUMN).to_numpy()
+        results, forwarded = [], []
+        for spec in specs:
+            part = events.filter(pa.array(ranges == spec.range_index))
+            before = self.store.stats.snapshot()
+            res = run_task(operator, spec, part, self.store, sinks=self.job.sinks if last else None,
+                           dkv_options=self.dkv_options, open_state=self._open_state)
+            res.metrics["requests"] = subtract_requests(self.store.stats.snapshot(), before)
+            results.append(res)
+            if res.forwarded is not None:
+                forwarded.append(res.forwarded)
+        return results, (None if last else pa.concat_tables(forwarded))
+
+
+def _parents(manifests: dict[str, str], old_ranges, new_range) -> tuple[str, ...]:
+    """Manifests of the old ranges whose key groups overlap ``new_range`` (rescaling)."""
+    return tuple(manifests[o.label] for o in old_ranges
+                 if o.label in manifests and o.start < new_range.end and new_range.start < o.end)
+
+
+def _root_message(e: BaseException) -> str:
+    """The last Python error line of a (possibly JVM-wrapped) task failure."""
+    text = str(e)
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "Error" in ln and not ln.startswith(("\tat ", "  File"))]
+    return errors[-1].strip() if errors else (lines[-1].strip() if lines else type(e).__name__)
+
+
+def _empty_events(value_schema: pa.Schema) -> pa.Table:
+    fields = [pa.field(KEY_COLUMN, pa.binary()), pa.field(TIMESTAMP_COLUMN, pa.int64()), *value_schema,
+              pa.field(PART_COLUMN, pa.int32()), pa.field(OFFSET_COLUMN, pa.int64())]
+    return pa.schema(fields).empty_table()
+

@@ -1,0 +1,207 @@
+"""Restart from the newest checkpoint that verifies, falling back only where that is correct.
+
+On start, ``JobRunner.run`` asks ``restart_checkpoint`` which checkpoint to continue
+from. It checks the newest job checkpoint (``check_checkpoint``): the checkpoint object
+itself (crc32c), every range manifest it names (crc32c, invariants) and every file those
+name, and every staged output file. ``"names"`` (the default) checks each table and WAL
+object exists with the size its manifest records (one HEAD each: catches missing files
+and torn or truncated objects); ``"full"`` reads and verifies every block and record as
+the Dagster ``verified`` asset check does (one GET of the whole state).
+
+When the newest checkpoint N is unusable, the restart falls back to the newest earlier
+retained checkpoint M whose files all verify, **only if no output of an epoch after M is
+visible**: a sink's published files (``Sink.published_after``) or the dead-letter table.
+Why that rule: a fallback replays epochs M+1..N. Publishing is idempotent per epoch and
+range (an existing published file is kept, a topic producer's sequence is not re-applied),
+so a replay whose plan or code differs from the original (another ``events_per_epoch``,
+``parallelism``, a grown unbounded source, a fixed operator) would pair the *old*
+visible output with *new* state: duplicated or lost rows that nothing detects. With no
+output of M+1..N visible, the replay is simply the first computation of those epochs and
+exactly-once holds as after a crash before publishing. Otherwise the restart refuses
+(``RecoveryRefusedError``) and says what to do: restore the named objects, or delete the
+published output of epochs M+1..N so they are recomputed.
+
+A fallback moves the checkpoints after M to ``jobs/<job>/quarantine/`` (so epoch M+1
+can be committed again; their files become garbage for cleanup), logs a warning naming
+every bad object and the epoch fallen back to, and the next committed checkpoint records
+it under ``metrics["recovery"]``. A corrupt table shared by every retained checkpoint
+cannot be fallen back from: the restart refuses, naming it.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from operators import paths
+from operators.errors import RecoveryRefusedError
+from operators.paths import checkpoint_key
+from operators.runtime.checkpoints import JobCheckpoint, list_epochs, read_checkpoint
+from storage.dkv.invariants import check_manifest
+from storage.dkv.manifest import load_manifest
+from storage.dkv.verify import verify_manifest
+from storage.errors import CorruptionError, ObjectNotFoundError
+from storage.objectstore import ObjectStore
+
+if TYPE_CHECKING:
+    from operators.api.job import Job
+
+log = logging.getLogger(__name__)
+
+VERIFY_MODES = ("names", "full")
+
+
+
+@dataclass
+class Fallback:
+    """A restart that skipped unusable checkpoints.
+
+    Attributes:
+        from_epoch: the newest committed epoch, which was unusable.
+        to_epoch: the epoch the job continues from.
+        bad: one message per bad object (URI and offset or reason), prefixed by its epoch.
+        quarantined: object keys the unusable checkpoints were moved to.
+    """
+
+    from_epoch: int
+    to_epoch: int
+    bad: list[str]
+    quarantined: list[str]
+
+    def as_metrics(self) -> dict:
+        """The ``metrics["recovery"]`` entry of the next checkpoint."""
+        return {"fell_back_from_epoch": self.from_epoch, "fell_back_to_epoch": self.to_epoch,
+                "bad_objects": self.bad, "quarantined": self.quarantined}
+
+
+def _check_files(store: ObjectStore, manifest_key: str) -> list[str]:
+    """Cheap check of one range manifest: it verifies, and its files exist at their size."""
+    muri = store.uri(manifest_key)
+    try:
+        m = load_manifest(store, manifest_key)
+        check_manifest(m, muri)
+    except (ObjectNotFoundError, CorruptionError) as e:
+        return [str(e)]
+    errors = []
+    named = [("SSTable", t.key, t.size) for t in m.levels.all_tables()]
+    named += [("WAL object", w.key, w.size) for w in m.wal]
+    for kind, key, size in named:
+        try:
+            got = store.size(key)
+        except ObjectNotFoundError:
+            errors.append(f"{store.uri(key)}: {kind} named by manifest {muri} is missing")
+            continue
+        if got != size:
+            errors.append(f"{store.uri(key)}: {kind} has {got} bytes, manifest {muri} says {size} "
+                          f"(torn or extended at offset {min(got, size)})")
+    return errors
+
+
+def check_checkpoint(store: ObjectStore, job_prefix: str, epoch: int,
+                     mode: str = "names") -> tuple[JobCheckpoint | None, list[str]]:
+    """Checks job checkpoint ``epoch`` and the files it names (module docstring).
+
+    Args:
+        store: the job's object store.
+        job_prefix: ``jobs/<job>``.
+        epoch: the committed epoch to check.
+        mode: ``"names"`` or ``"full"``.
+
+    Returns:
+        ``(checkpoint or None if unreadable, errors)``; each error names a URI.
+    """
+    try:
+        ckpt = read_checkpoint(store, job_prefix, epoch)
+    except (ObjectNotFoundError, CorruptionError) as e:
+        return None, [str(e)]
+    errors: list[str] = []
+    for ranges in ckpt.operators.values():
+        for manifest_key in ranges.values():
+            errors += verify_manifest(store, manifest_key).errors if mode == "full" \
+                else _check_files(store, manifest_key)
+    for keys in ckpt.outputs.values():
+        errors += [f"{store.uri(k)}: staged output named by epoch {epoch} is missing"
+                   for k in keys if not store.exists(k)]
+    return ckpt, errors
+
+
+def _visible_output_after(store: ObjectStore, job: Job, epoch: int) -> list[str]:
+    sinks = [*job.sinks.values(), job.dead_letter.sink]
+    out = []
+    for sink in sinks:
+        found = sink.published_after(store, job.prefix, epoch)
+        if found is None:
+            out.append(f"sink {sink.name}: cannot tell which epochs it published")
+        else:
+            out += found
+    return out
+
+
+def _quarantine(store: ObjectStore, job_prefix: str, epochs: list[int]) -> list[str]:
+    moved = []
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    for e in epochs:
+        key = checkpoint_key(job_prefix, e)
+        dest = paths.quarantine_key(job_prefix, stamp, key)
+        try:
+            store.put(dest, store.get(key))
+            moved.append(dest)
+        except ObjectNotFoundError:
+            pass
+        store.delete(key)
+    return moved
+
+
+def restart_checkpoint(
+    store: ObjectStore, job: Job, mode: str = "names"
+) -> tuple[JobCheckpoint | None, Fallback | None]:
+    """The checkpoint a restart continues from (module docstring).
+
+    Args:
+        store: the job's object store.
+        job: the job.
+        mode: ``"names"`` or ``"full"`` verification of each checkpoint tried.
+
+    Returns:
+        ``(checkpoint, None)`` when the newest verifies (None, None for a job that never
+        committed); ``(older checkpoint, Fallback)`` after a fallback.
+
+    Raises:
+        RecoveryRefusedError: no retained checkpoint verifies, or falling back would
+            replay epochs whose output is already visible.
+    """
+    if mode not in VERIFY_MODES:
+        raise ValueError(f"verify mode must be one of {VERIFY_MODES}, got {mode!r}")
+    epochs = list_epochs(store, job.prefix)
+    if not epochs:
+        return None, None
+    bad: list[str] = []
+    for epoch in reversed(epochs):
+        ckpt, errors = check_checkpoint(store, job.prefix, epoch, mode)
+        if not errors:
+            break
+        bad += [f"epoch {epoch}: {msg}" for msg in errors]
+    else:
+        raise RecoveryRefusedError(
+            f"job {job.name}: no retained checkpoint (epochs {epochs[0]}..{epochs[-1]}) verifies; "
+            f"restore these objects: {'; '.join(bad)}")
+    newest = epochs[-1]
+    if epoch == newest:
+        return ckpt, None
+    visible = _visible_output_after(store, job, epoch)
+    if visible:
+        raise RecoveryRefusedError(
+            f"job {job.name}: checkpoint epoch {newest} is unusable ({'; '.join(bad)}); falling back to "
+            f"epoch {epoch} would replay epochs {epoch + 1}..{newest}, whose output is already visible "
+            f"({'; '.join(visible[:5])}{' ...' if len(visible) > 5 else ''}), and a replay that differs "
+            "would duplicate or lose rows. Restore the named objects, or delete that output to have "
+            "those epochs recomputed, and restart.")
+    moved = _quarantine(store, job.prefix, [e for e in epochs if e > epoch])
+    fallback = Fallback(newest, epoch, bad, moved)
+    log.warning("job %s: checkpoint epoch %d is unusable (%s); fell back to epoch %d, moved %s aside; "
+                "no output of the skipped epochs was visible, so they are recomputed exactly once",
+                job.name, newest, "; ".join(bad), epoch, ", ".join(moved) or "nothing")
+    return ckpt, fallback
+
+

@@ -1,0 +1,329 @@
+"""One operator over one key-group range for one epoch: the body of a Spark task.
+
+Steps (docs/design.md, "Epochs and checkpoints", step 2): open DKV at the range's previous
+manifest, run ``on_event`` for the range's events in event-time order (ties broken by
+source partition and offset, so a replay is deterministic), advance the watermark and
+fire due timers in timestamp order, stage output files and DKV files under names unique
+to (epoch, range, attempt), checkpoint DKV, and return a small result the driver commits.
+
+Runs in Spark's Python workers and, unchanged, in unit tests without Spark.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from operators import paths
+from operators.api import batch as batch_api
+from operators.api.batch import BatchContext, BatchOperator
+from operators.api.keygroups import KeyGroupRange, key_groups_of, range_indexes_of
+from operators.api.operator import MAIN_OUTPUT, KeyedEvent, Operator, Subject
+from operators.api.state import subject_prefix
+from operators.io.sinks import Sink
+from operators.io.sources import KEY_COLUMN, TIMESTAMP_COLUMN
+from operators.paths import staging_prefix
+from operators.runtime.open_state import OpenState
+from operators.runtime.timers import TimerService
+from storage.dkv import DKV, DKVOptions
+from storage.faults import fault_point
+from storage.objectstore import ObjectStore
+
+# Columns the runtime adds to events; everything else besides key/timestamp is value.
+PART_COLUMN = "_part"
+OFFSET_COLUMN = "_offset"
+KEY_GROUP_COLUMN = "_kg"
+RANGE_COLUMN = "_range"
+INTERNAL_COLUMNS = (KEY_COLUMN, TIMESTAMP_COLUMN, PART_COLUMN, OFFSET_COLUMN, KEY_GROUP_COLUMN, RANGE_COLUMN)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What one task needs besides its events (pickled to Spark workers).
+
+    Attributes:
+        job_prefix: object-store prefix of the job.
+        epoch: the epoch being computed.
+        op_index: position of the operator in the job.
+        range_index: which key-group range (0..P-1).
+        key_group_range: the key groups this task owns.
+        manifest_key: DKV manifest of this range at the previous checkpoint (None: empty).
+        parent_manifests: after a rescale, the manifests of the previous checkpoint's
+            ranges that overlap this one; the task opens DKV from them, restricted to
+            its own key interval (``manifest_key`` is then None).
+        watermark_before: watermark reached by the previous epoch (ms); events at or
+            below it are late.
+        watermark_after: watermark this epoch reaches (ms); timers up to it fire.
+        next_key_groups / next_parallelism: routing of ``main`` output to the next
+            operator (None for the last operator).
+        flush: write the memtable to level-0 SSTables before the DKV checkpoint (a
+            flush request, ``operators.runtime.control``).
+    """
+
+    job_prefix: str
+    epoch: int
+    op_index: int
+    range_index: int
+    key_group_range: KeyGroupRange
+    manifest_key: str | None
+    watermark_before: int
+    watermark_after: int
+    next_key_groups: int | None = None
+    next_parallelism: int | None = None
+    parent_manifests: tuple[str, ...] = ()
+    flush: bool = False
+
+
+@dataclass
+class TaskResult:
+    """What a task returns to the driver.
+
+    ``metrics``: ``events``, ``timers_fired``, ``emitted`` (rows per output), ``seconds``
+    (the task's wall time, s), ``open_seconds`` (of which opening or catching up DKV and
+    installing remote compactions, s), ``dkv`` (``DKV.stats()``), ``remote_compactions``,
+    ``dkv_reused`` (the worker's open instance was taken, ``operators.runtime.open_state``) and,
+    on Spark, ``requests`` (object-store requests of the task).
+    """
+
+    range_index: int
+    range_label: str
+    manifest_key: str
+    staged_outputs: dict[str, str]
+    metrics: dict = field(default_factory=dict)
+    forwarded: pa.Table | None = None  # main output events for the next operator
+
+
+class _TaskSubject(Subject):
+    """The mutable subject a task hands to its operator, re-pointed per event."""
+
+    __slots__ = ("key", "key_group", "timestamp", "watermark", "_db", "_state_prefix",
+                 "_timers", "_emitted", "_outputs")
+
+    def __init__(self, db: DKV, timers: TimerService, outputs: dict[str, pa.Schema]) -> None:
+        self._db = db
+        self._timers = timers
+        self._outputs = outputs
+        self._emitted: dict[str, list] = {name: [] for name in outputs}
+        self.key = b""
+        self.key_group = -1
+        self.timestamp = 0
+        self.watermark = 0
+        self._state_prefix = b""
+
+    def _point_at(self, key: bytes, key_group: int) -> None:
+        if key != self.key or key_group != self.key_group:
+            self.key, self.key_group = key, key_group
+            self._state_prefix = subject_prefix(key_group, key)
+
+    def set_timer(self, timestamp: int) -> None:
+        self._timers.set(self.key_group, timestamp, self.key)
+
+    def delete_timer(self, timestamp: int) -> None:
+        self._timers.delete(self.key_group, timestamp, self.key)
+
+    def emit(self, value: dict, *, output: str = MAIN_OUTPUT, key: bytes | None = None,
+             timestamp: int | None = None) -> None:
+        try:
+            sink = self._emitted[output]
+        except KeyError:
+            raise KeyError(f"operator declares no output {output!r} (outputs: {sorted(self._outputs)})") from None
+        sink.append((self.key if key is None else key,
+                     self.timestamp if timestamp is None else timestamp, value))
+
+
+def _sorted_events(events: pa.Table) -> pa.Table:
+    events = events.filter(pc.is_valid(events.column(KEY_COLUMN)))  # drop heartbeat rows
+    return events.sort_by([(TIMESTAMP_COLUMN, "ascending"), (PART_COLUMN, "ascending"),
+                           (OFFSET_COLUMN, "ascending")])
+
+
+def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: ObjectStore,
+             sinks: dict[str, Sink] | None = None, dkv_options: DKVOptions | None = None,
+             open_state: OpenState | None = None) -> TaskResult:
+    """Run ``operator`` for one range and epoch.
+
+    Args:
+        operator: the job's operator ``spec.op_index``.
+        spec: see ``TaskSpec``.
+        events: this range's events (key, timestamp, value columns and the runtime's
+            ``_part``/``_offset``/``_kg``/``_range`` columns); rows with a null key are
+            heartbeats that only make the range's task run.
+        store: the job's object store.
+        sinks: output name -> sink, for the last operator (staged files are written).
+        dkv_options: DKV tuning.
+        open_state: where a Spark worker keeps the range's DKV open between epochs
+            (``operators.runtime.open_state``); None opens it from the manifest and closes it.
+
+    Returns:
+        A ``TaskResult`` naming the DKV manifest and staged files written.
+
+    Raises:
+        Whatever the operator raises; the epoch then fails and the previous checkpoint
+        stays the newest.
+    """
+    started = time.perf_counter()
+    attempt = uuid.uuid4().hex[:12]
+    krange = spec.key_group_range
+    state_prefix = paths.state_prefix(spec.job_prefix, operator.name, krange.label)
+    db = timers = None
+    if open_state is not None and not spec.parent_manifests:
+        taken = open_state.take(store.root_uri, state_prefix, spec.manifest_key, dkv_options)
+        if taken is not None:
+            db, timers = taken
+    reused = db is not None
+    if db is None and spec.parent_manifests:
+        db = DKV.open_from_parents(store, state_prefix, list(spec.parent_manifests), krange.key_interval,
+                                   dkv_options)
+    elif db is None:
+        db = DKV.open(store, state_prefix, spec.manifest_key, dkv_options)
+    # Results of compactions run outside the job (e.g. a Dagster op) are installed here,
+    # at the start of an epoch, if all their inputs are still live.
+    compactions = db.install_pending_compactions()
+    open_seconds = time.perf_counter() - started
+    if timers is None:
+        timers = TimerService(db, krange)
+    else:
+        timers.begin_epoch()
+    subject = _TaskSubject(db, timers, operator.outputs)
+
+    if isinstance(operator, BatchOperator):
+        n_events, timers_fired, emitted = _run_batch(operator, spec, events, db, timers)
+    else:
+        n_events, timers_fired, emitted = _run_events(operator, spec, events, subject, timers)
+
+    staging = staging_prefix(spec.job_prefix, spec.epoch, operator.name, krange.label, attempt)
+    tables = {name: e[0] for name, e in emitted.items()}
+    forwarded = None
+    staged: dict[str, str] = {}
+    if spec.next_parallelism is not None:
+        forwarded = _forward_table(*emitted[MAIN_OUTPUT], spec)
+    else:
+        for name, table in tables.items():
+            if table.num_rows:
+                staged[name] = sinks[name].write_staged(store, staging, table)
+    if spec.flush:
+        db.flush()
+    fault_point("task_before_checkpoint")
+    manifest_key = db.checkpoint(f"e{spec.epoch:010d}-{attempt}")
+    fault_point("task_after_checkpoint")
+    dkv_stats = db.stats()
+    if open_state is not None:
+        open_state.keep(store.root_uri, state_prefix, manifest_key, dkv_options, db, timers)
+    else:
+        db.close()
+    return TaskResult(
+        range_index=spec.range_index,
+        range_label=krange.label,
+        manifest_key=manifest_key,
+        staged_outputs=staged,
+        metrics={
+            "events": n_events,
+            "timers_fired": timers_fired,
+            "emitted": {name: t.num_rows for name, t in tables.items()},
+            "seconds": time.perf_counter() - started,
+            "dkv": dkv_stats,
+            "remote_compactions": compactions,
+            "dkv_reused": reused,
+            "open_seconds": open_seconds,
+        },
+        forwarded=forwarded,
+    )
+
+
+# Per output: (values table, keys, timestamps), row-aligned.
+Emitted = dict[str, tuple[pa.Table, list, list]]
+
+
+def _run_events(operator: Operator, spec: TaskSpec, events: pa.Table, subject: _TaskSubject,
+                timers: TimerService) -> tuple[int, int, Emitted]:
+    """The ``on_event`` form: one call per event in event-time order, then per due timer."""
+    krange = spec.key_group_range
+    events = _sorted_events(events)
+    value_columns = [c for c in events.column_names if c not in INTERNAL_COLUMNS]
+    keys = events.column(KEY_COLUMN).to_pylist()
+    stamps = events.column(TIMESTAMP_COLUMN).to_pylist()
+    groups = events.column(KEY_GROUP_COLUMN).to_pylist()
+    values = events.select(value_columns).to_pylist()
+
+    on_event = operator.on_event
+    point_at = subject._point_at
+    subject.watermark = spec.watermark_before
+    for key, ts, kg, value in zip(keys, stamps, groups, values):
+        if kg not in krange:
+            raise ValueError(f"key {key!r} (key group {kg}) routed to task of {krange.label}")
+        point_at(key, kg)
+        subject.timestamp = ts
+        on_event(subject, KeyedEvent(key, ts, value))
+
+    timers_fired = 0
+    subject.watermark = spec.watermark_after
+    for ts, kg, key in timers.due(spec.watermark_after):
+        point_at(key, kg)
+        subject.timestamp = ts
+        operator.on_timer_expired(subject, ts)
+        timers_fired += 1
+    emitted = {
+        name: (pa.Table.from_pylist([r[2] for r in rows], schema=operator.outputs[name]),
+               [r[0] for r in rows], [r[1] for r in rows])
+        for name, rows in subject._emitted.items()
+    }
+    return len(keys), timers_fired, emitted
+
+
+def _run_batch(operator: BatchOperator, spec: TaskSpec, events: pa.Table, db: DKV,
+               timers: TimerService) -> tuple[int, int, Emitted]:
+    """The vectorised form: ``on_batch`` once with the range's events sorted by (key,
+    time), then ``on_timers`` with due timers until none is due."""
+    krange = spec.key_group_range
+    events = events.filter(pc.is_valid(events.column(KEY_COLUMN)))  # drop heartbeat rows
+    kgs = events.column(KEY_GROUP_COLUMN)
+    if events.num_rows and (pc.min(kgs).as_py() < krange.start or pc.max(kgs).as_py() >= krange.end):
+        bad = events.filter(pc.invert(pc.and_(pc.greater_equal(kgs, krange.start), pc.less(kgs, krange.end))))
+        raise ValueError(f"key {bad.column(KEY_COLUMN)[0].as_py()!r} (key group {bad.column(KEY_GROUP_COLUMN)[0]})"
+                         f" routed to task of {krange.label}")
+    events = events.sort_by([(KEY_COLUMN, "ascending"), (TIMESTAMP_COLUMN, "ascending"),
+                             (PART_COLUMN, "ascending"), (OFFSET_COLUMN, "ascending")])
+    value_columns = [c for c in events.column_names if c not in INTERNAL_COLUMNS]
+    batch = pa.table({batch_api.KEY: events.column(KEY_COLUMN), batch_api.TIMESTAMP: events.column(TIMESTAMP_COLUMN),
+                      batch_api.KEY_GROUP: events.column(KEY_GROUP_COLUMN),
+                      **{c: events.column(c) for c in value_columns}})
+    ctx = BatchContext(db, timers, operator.outputs)
+    ctx.watermark = spec.watermark_before
+    if batch.num_rows:
+        operator.on_batch(ctx, batch)
+    ctx.watermark = spec.watermark_after
+    timers_fired = 0
+    while True:
+        # Timers the handler sets show up next round.
+        stamps, due_kgs, due_keys = timers.pop_due_columns(spec.watermark_after)
+        if not stamps:
+            break
+        timers_fired += len(stamps)
+        operator.on_timers(ctx, pa.table({
+            batch_api.KEY: pa.array(due_keys, pa.binary()),
+            batch_api.KEY_GROUP: pa.array(due_kgs, pa.int32()),
+            batch_api.TIMESTAMP: pa.array(stamps, pa.int64()),
+        }))
+    emitted: Emitted = {}
+    for name, parts in ctx.emitted.items():
+        schema = operator.outputs[name]
+        emitted[name] = (pa.concat_tables([p[0] for p in parts]) if parts else schema.empty_table(),
+                         [k for p in parts for k in p[1]], [t for p in parts for t in p[2]])
+    return batch.num_rows, timers_fired, emitted
+
+
+def _forward_table(values: pa.Table, keys: list, stamps: list, spec: TaskSpec) -> pa.Table:
+    """Main output as events of the next operator, with its key group and range."""
+    kgs = key_groups_of(keys, spec.next_key_groups)
+    table = values
+    table = table.append_column(KEY_COLUMN, pa.array(keys, pa.binary()))
+    table = table.append_column(TIMESTAMP_COLUMN, pa.array(stamps, pa.int64()))
+    table = table.append_column(PART_COLUMN, pa.array([spec.range_index] * len(keys), pa.int32()))
+    table = table.append_column(OFFSET_COLUMN, pa.array(range(len(keys)), pa.int64()))
+    table = table.append_column(KEY_GROUP_COLUMN, pa.array(kgs, pa.int32()))
+    return table.append_column(
+        RANGE_COLUMN, pa.array(range_indexes_of(kgs, spec.next_key_groups, spec.next_parallelism), pa.int32())
+    )

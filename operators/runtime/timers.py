@@ -1,0 +1,228 @@
+"""Event-time timers, stored in DKV so they survive checkpoints and restarts.
+
+DKV key layout of a timer (no value; docs/design.md, "Key groups and keys")::
+
+    key_group   u16 big-endian
+    schema      u8  = 0x01
+    timestamp   u64 big-endian, ms + 2**63  (so negative times sort first)
+    key         rest: the subject key
+
+Putting the timestamp before the subject key makes ``scan_prefix(key_group | 0x01)``
+return a key group's timers in time order (the seed's timer query), so finding the due
+timers of a range is one short scan per key group that stops at the first timer past
+the watermark.
+"""
+from __future__ import annotations
+
+import heapq
+import struct
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from operators.api.state import SCHEMA_TIMER, StateStore
+from storage.dkv.db import prefix_successor
+
+_U16 = struct.Struct(">H")
+_TS = struct.Struct(">Q")
+_OFFSET = 1 << 63
+_NONE_STORED = 1 << 64  # the lower bound when no timer is stored: above every timestamp
+
+
+def timer_key(key_group: int, timestamp: int, key: bytes) -> bytes:
+    """The DKV key of the timer of ``key`` at ``timestamp`` (ms)."""
+    return _U16.pack(key_group) + b"\x01" + _TS.pack(timestamp + _OFFSET) + key
+
+
+def decode_timer_key(dkv_key: bytes) -> tuple[int, int, bytes]:
+    """Split a timer's DKV key into (key group, timestamp ms, subject key)."""
+    if len(dkv_key) < 11 or dkv_key[2] != SCHEMA_TIMER:
+        raise ValueError(f"not a timer key: {dkv_key!r}")
+    return _U16.unpack_from(dkv_key, 0)[0], _TS.unpack_from(dkv_key, 3)[0] - _OFFSET, dkv_key[11:]
+
+
+def timer_keys(key_groups: Sequence[int], timestamps: Sequence[int], keys: Sequence[bytes]) -> list[bytes]:
+    """``timer_key`` of every row (aligned sequences), without a call per row."""
+    heads = {kg: _U16.pack(kg) + b"\x01" for kg in set(key_groups)}
+    return [heads[kg] + (ts + _OFFSET).to_bytes(8, "big") + k for kg, ts, k in zip(key_groups, timestamps, keys)]
+
+
+class TimerService:
+    """Timers of one task's key groups.
+
+    Args:
+        db: the task's DKV instance.
+        key_groups: the key groups this task owns.
+
+    Timers are written to DKV on ``set`` (deduplicated in memory within an epoch, so
+    an operator may set the same timer on every event at the cost of a set lookup).
+    ``due`` pops timers in (timestamp, key group, key) order up to a watermark,
+    including timers set while earlier ones are being handled; ``pop_due`` returns the
+    due timers at once, for the vectorised form.
+
+    Due passes without a scan: the service keeps a lower bound of the stored timers'
+    timestamps (``low``): a due pass removes every timer at or below its watermark and
+    reads each key group's first timer past it, so afterwards the bound is the earliest
+    timer left; ``set`` lowers it. While the
+    watermark stays below the bound nothing can be due and the pass reads nothing (Flink's
+    RocksDB timer queue caches its head for the same reason). A new service does not know
+    the bound and scans once; a task that reuses its range's open DKV reuses the service
+    with it (``operators.runtime.open_state``), so a job whose timers are hours ahead of the
+    watermark scans once per restart, not once per epoch.
+
+    Order without a heap entry per timer: a due pass reads each key group's timers up
+    to the watermark (one bounded scan each; they come in (timestamp, key) order), and
+    sorts them once by (timestamp, key group, position in the scan) with numpy. Only
+    timers set *while* firing, at or below the watermark, go to a small heap that is
+    merged with that sorted list.
+    """
+
+    def __init__(self, db: StateStore, key_groups: Iterable[int]) -> None:
+        self._db = db
+        self._key_groups = list(key_groups)
+        self._set_this_epoch: set[bytes] = set()
+        self._heap: list[tuple[int, int, bytes]] = []  # timers set while firing
+        self._queued: set[tuple[int, int, bytes]] = set()  # due and not yet fired/deleted
+        self._firing_until: int | None = None
+        self.low: int | None = None  # every stored timer has timestamp >= low; None = unknown
+
+    def begin_epoch(self) -> None:
+        """Forgets the epoch's set-dedup memory (a reused service starts each task with it
+        empty, as a new one does); the lower bound ``low`` stays valid."""
+        self._set_this_epoch = set()
+
+    def _lower(self, timestamp: int) -> None:
+        if self.low is not None and timestamp < self.low:
+            self.low = timestamp
+
+    def set(self, key_group: int, timestamp: int, key: bytes) -> None:
+        """Register a timer (idempotent)."""
+        tk = timer_key(key_group, timestamp, key)
+        if tk in self._set_this_epoch:
+            return
+        self._set_this_epoch.add(tk)
+        self._db.put(tk, b"")
+        self._lower(timestamp)
+        if self._firing_until is not None and timestamp <= self._firing_until:
+            self._push((timestamp, key_group, key))
+
+    def set_many(self, key_groups: Sequence[int], timestamps: Sequence[int], keys: Sequence[bytes]) -> None:
+        """``set`` for every row of the aligned sequences, as one DKV write batch."""
+        tks = timer_keys(key_groups, timestamps, keys)
+        seen = self._set_this_epoch
+        new = list(dict.fromkeys(tk for tk in tks if tk not in seen))
+        if not new:
+            return
+        seen.update(new)
+        self._db.write_batch(new, [b""] * len(new))
+        self._lower(min(timestamps))
+        until = self._firing_until
+        if until is not None:
+            for kg, ts, key in zip(key_groups, timestamps, keys):
+                if ts <= until:
+                    self._push((ts, kg, key))
+
+    def delete(self, key_group: int, timestamp: int, key: bytes) -> None:
+        """Remove a timer; no error if absent."""
+        tk = timer_key(key_group, timestamp, key)
+        self._set_this_epoch.discard(tk)
+        self._db.delete(tk)
+        self._queued.discard((timestamp, key_group, key))  # skipped if already listed
+
+    def delete_many(self, key_groups: Sequence[int], timestamps: Sequence[int], keys: Sequence[bytes]) -> None:
+        """``delete`` for every row, as one DKV write batch."""
+        tks = timer_keys(key_groups, timestamps, keys)
+        self._set_this_epoch.difference_update(tks)
+        self._db.write_batch(tks, [None] * len(tks))
+        if self._queued:
+            self._queued.difference_update(zip(timestamps, key_groups, keys))
+
+    def _push(self, entry: tuple[int, int, bytes]) -> None:
+        if entry not in self._queued:
+            self._queued.add(entry)
+            heapq.heappush(self._heap, entry)
+
+    def _scan_due(self, watermark: int) -> tuple[list[bytes], list[int], list[int], list[bytes]]:
+        """Every stored timer with timestamp <= ``watermark`` as columns ``(dkv keys,
+        timestamps, key groups, subject keys)``, in (timestamp, key group, key) order."""
+        if self.low is not None and watermark < self.low:
+            return [], [], [], []
+        tks: list[bytes] = []
+        kgs: list[int] = []
+        end_ts = (watermark + 1 + _OFFSET).to_bytes(8, "big") if watermark + 1 + _OFFSET < 1 << 64 else None
+        low = _NONE_STORED
+        for kg in self._key_groups:
+            head = _U16.pack(kg) + b"\x01"
+            last = prefix_successor(head)
+            end = head + end_ts if end_ts is not None else last
+            n = len(tks)
+            tks += [k for k, _ in self._db.scan_range(head, end)]
+            kgs += [kg] * (len(tks) - n)
+            if end != last:  # the key group's first timer past the watermark bounds the rest
+                nxt = next(iter(self._db.scan_range(end, last)), None)
+                if nxt is not None:
+                    low = min(low, int.from_bytes(nxt[0][3:11], "big") - _OFFSET)
+        # Set now: the due timers are still stored while they fire, but nothing checks
+        # the bound before the pass ends (``due`` forgets it if the pass is abandoned).
+        self.low = low
+        if not tks:
+            return [], [], [], []
+        # The 8 timestamp bytes of every key at once: big-endian u64 with the sign bit
+        # flipped, so flipping it back and viewing as int64 gives the time in ms.
+        raw = np.frombuffer(b"".join([k[3:11] for k in tks]), dtype=">u8")
+        stamps = (raw ^ np.uint64(_OFFSET)).astype(np.uint64).view(np.int64)
+        # Within a key group the scan is in (timestamp, key) order, so its position
+        # stands in for the key: sort by (timestamp, key group, position).
+        kga = np.asarray(kgs, dtype=np.int64)
+        order = np.lexsort((np.arange(len(tks)), kga, stamps))
+        tks = [tks[i] for i in order.tolist()]
+        return tks, stamps[order].tolist(), kga[order].tolist(), [k[11:] for k in tks]
+
+    def pop_due(self, watermark: int) -> list[tuple[int, int, bytes]]:
+        """Removes every timer with timestamp <= ``watermark`` from DKV (one write batch)
+        and returns them as ``(timestamp, key_group, key)`` in that order."""
+        return list(zip(*self.pop_due_columns(watermark)))
+
+    def pop_due_columns(self, watermark: int) -> tuple[list[int], list[int], list[bytes]]:
+        """``pop_due`` as columns ``(timestamps, key groups, keys)``, aligned and in
+        (timestamp, key group, key) order, without a tuple per timer."""
+        tks, stamps, kgs, keys = self._scan_due(watermark)
+        if tks:
+            self._db.write_batch(tks, [None] * len(tks))
+            if self._set_this_epoch:
+                self._set_this_epoch.difference_update(tks)
+        return stamps, kgs, keys
+
+    def due(self, watermark: int):
+        """Yield ``(timestamp, key_group, key)`` of every timer with timestamp <=
+        ``watermark``, in order, deleting each from DKV before it is yielded."""
+        self._firing_until = watermark
+        completed = False
+        _, stamps, kgs, keys = self._scan_due(watermark)
+        listed = list(zip(stamps, kgs, keys))
+        queued = self._queued
+        queued.update(listed)
+        heap = self._heap
+        i, n = 0, len(listed)
+        try:
+            while i < n or heap:
+                if heap and (i >= n or heap[0] < listed[i]):
+                    entry = heapq.heappop(heap)
+                else:
+                    entry = listed[i]
+                    i += 1
+                if entry not in queued:
+                    continue  # deleted while queued, or already fired
+                queued.discard(entry)
+                ts, kg, key = entry
+                tk = timer_key(kg, ts, key)
+                self._db.delete(tk)
+                self._set_this_epoch.discard(tk)
+                yield entry
+            completed = True
+        finally:
+            if not completed:  # due timers may be left stored below the bound
+                self.low = None
+            self._firing_until = None
+            self._heap = []
+            queued.clear()

@@ -1,0 +1,98 @@
+"""The Spark session jobs run on, configured for Arrow transfer and one task per range.
+
+Configuration, later wins: ``SPARK_CONF_DIR``'s ``spark-defaults.conf``
+(``platform/conf/`` in the launch scripts), the defaults below, the master from the
+environment variable ``DKVSTREAM_SPARK_MASTER`` (default ``local[2]``), and the
+``conf`` argument (Dagster's ``PySparkResource`` passes its ``spark_config``). So the
+same job runs on ``local[2]`` or a cluster.
+
+Python workers are forked from ``operators.spark.daemon``, which imports the task
+modules once per executor instead of once per worker.
+
+On a cluster (any master that is not ``local...``), executors share nothing with the
+driver but the Spark configuration: the object-store variables set in the driver's
+environment (``OBJECT_STORE_ENV``: S3 endpoint, region, credentials, retries) are passed
+to them as ``spark.executorEnv.<NAME>``, so tasks reopen an ``s3://`` store exactly as
+the driver does. Spark redacts the secret ones in its UI and logs
+(``spark.redaction.regex``).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+DEFAULT_MASTER = "local[2]"
+
+DEFAULT_CONF: dict[str, str] = {
+    "spark.app.name": "dkvstream",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # One shuffle partition per key-group range: coalescing would run two ranges in one
+    # task, one after the other, halving parallelism.
+    "spark.sql.adaptive.coalescePartitions.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.ui.enabled": "false",
+    "spark.driver.memory": "2g",
+    "spark.python.worker.reuse": "true",
+    "spark.sql.session.timeZone": "UTC",
+    # Workers forked from a daemon that imported the task modules once (see
+    # operators/spark/daemon.py).
+    "spark.python.daemon.module": "operators.spark.daemon",
+}
+
+# The Python daemon's environment (``spark.executorEnv.*``): keeps its imports thread-free,
+# so forking workers from it is safe (operators/spark/daemon.py). A task runs on one core,
+# so one BLAS thread is what it should use anyway.
+DAEMON_ENV: dict[str, str] = {"OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false"}
+DEFAULT_CONF.update({f"spark.executorEnv.{name}": value for name, value in DAEMON_ENV.items()})
+
+
+# Read by storage/objectstore/s3.py (and botocore) in every process that opens the store.
+OBJECT_STORE_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION",
+                    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                    "AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE")
+
+
+def ensure_python_workers_use_this_interpreter() -> None:
+    """Spark's Python workers run ``python3`` from PATH, not this venv: point them here
+    before a session starts (else pyarrow is "missing" in tasks)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+def executor_env_conf(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """``spark.executorEnv.<NAME>`` for each ``OBJECT_STORE_ENV`` variable set in
+    ``environ`` (default ``os.environ``)."""
+    environ = os.environ if environ is None else environ
+    return {f"spark.executorEnv.{name}": environ[name] for name in OBJECT_STORE_ENV if environ.get(name)}
+
+
+def spark_conf(conf: dict[str, str] | None = None) -> dict[str, str]:
+    """The effective configuration: defaults, env master, the object-store variables for
+    executors when the master is a cluster, then ``conf``."""
+    merged = dict(DEFAULT_CONF)
+    merged["spark.master"] = os.environ.get("DKVSTREAM_SPARK_MASTER", DEFAULT_MASTER)
+    master = (conf or {}).get("spark.master", merged["spark.master"])
+    if not master.startswith("local"):
+        merged.update(executor_env_conf())
+    merged.update(conf or {})
+    return merged
+
+
+def get_spark(conf: dict[str, str] | None = None):
+    """Get or create the process's SparkSession (a local one takes 10-20 s to start).
+
+    Args:
+        conf: Spark settings overriding the defaults (``spark.master`` included).
+
+    Returns:
+        ``pyspark.sql.SparkSession``.
+    """
+    ensure_python_workers_use_this_interpreter()
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder
+    for k, v in spark_conf(conf).items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark

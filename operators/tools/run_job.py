@@ -1,0 +1,84 @@
+"""Run a job's epochs from the command line, on local Spark, a cluster, or in-process.
+
+One process is one driver: it continues from the newest checkpoint of the store, so
+stopping it (``--max-epochs``, or a kill) and starting it again, with another
+``--parallelism`` if wished, stops and resumes (rescales) the job::
+
+    python -m operators.tools.run_job --job examples.flights:flights_job \\
+        --store s3://bucket/prefix --master spark://127.0.0.1:7077 \\
+        --parallelism 4 --events-per-epoch 50000 --max-epochs 2
+
+On a cluster the executors get the S3 endpoint and credentials of this process's
+environment through the Spark configuration (``operators.spark.session.executor_env_conf``).
+Prints one JSON object per line to stdout: ``{"event": "started", "app_id", "ui"}``
+once the Spark session is up, then ``{"event": "committed", "epoch", "events",
+"seconds", "finished", "parallelism", "requests"}`` per committed epoch (``requests``:
+the checkpoint's object-store request counts, ``{"driver": {...}, "tasks": {...}}``).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+from operators.runtime.checkpoints import read_checkpoint
+from operators.runtime.driver import JobRunner
+from operators.tools.state_reader import load_job
+
+
+def _print(record: dict) -> None:
+    print(json.dumps(record), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run epochs (see module docstring); returns 0 once the epochs asked for committed.
+
+    Raises:
+        JobFailedError: an epoch failed (the previous checkpoint stays the newest).
+    """
+    p = argparse.ArgumentParser(prog="python -m operators.tools.run_job", description="Run a job's epochs.")
+    p.add_argument("--job", required=True, help="module:attribute of a Job or a function returning one")
+    p.add_argument("--store", default=".dkvstream", help="object-store root: a path or s3://bucket/prefix")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--master", help="Spark master, e.g. spark://127.0.0.1:7077 "
+                                        "(default: DKVSTREAM_SPARK_MASTER, else local[2])")
+    where.add_argument("--in-process", action="store_true", help="run every stage in this process, no Spark")
+    p.add_argument("--parallelism", type=int, help="key-group ranges (tasks) per operator")
+    p.add_argument("--events-per-epoch", type=int)
+    p.add_argument("--max-epochs", type=int, help="stop after this many committed epochs (default: to the end)")
+    p.add_argument("--retain-checkpoints", type=int, default=10, help="0 keeps every checkpoint")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting (repeatable)")
+    a = p.parse_args(argv)
+
+    job = load_job(a.job)
+    changes = {k: v for k, v in (("parallelism", a.parallelism), ("events_per_epoch", a.events_per_epoch))
+               if v is not None}
+    job = dataclasses.replace(job, **changes)
+    job.validate()
+
+    spark = None
+    if not a.in_process:
+        from operators.spark.session import get_spark
+
+        conf = dict(kv.split("=", 1) for kv in a.conf)
+        if a.master:
+            conf["spark.master"] = a.master
+        spark = get_spark(conf)
+        _print({"event": "started", "app_id": spark.sparkContext.applicationId,
+                "ui": spark.sparkContext.uiWebUrl, "master": spark.sparkContext.master})
+    try:
+        with JobRunner(job, spark, a.store, retain_checkpoints=a.retain_checkpoints or None) as runner:
+            for result in runner.run(a.max_epochs):
+                requests = read_checkpoint(runner.store, job.prefix, result.epoch).metrics["requests"]
+                _print({"event": "committed", "epoch": result.epoch, "events": result.events,
+                        "seconds": round(result.seconds, 3), "finished": result.finished,
+                        "parallelism": job.parallelism, "requests": requests})
+    finally:
+        if spark is not None:
+            spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
