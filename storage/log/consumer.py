@@ -12,7 +12,9 @@ using the entry ranges.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import xxhash
 
@@ -25,6 +27,7 @@ from storage.log.segment import chunk_batches, read_indexes
 
 GROUP_OFFSETS_TOPIC = "__consumer_offsets"
 GROUP_OFFSETS_PARTITIONS = 4
+T = TypeVar("T")
 
 
 @dataclass
@@ -63,6 +66,21 @@ def _scan(log, e: Entry, start_pos: int):
     return chunk_batches(data, c, c.position + start_pos, log.store.uri(e.file), start_pos)
 
 
+def with_fresh_metadata(log, read: Callable[[LogMetadata], T]) -> T:
+    """``read(newest metadata version)``, run once more on a re-read version if a file
+    the first version names is gone: a cleaning committed in between and deleted the
+    files it replaced, which the new version no longer names.
+
+    Raises:
+        ObjectNotFoundError: a file is missing from the re-read version too.
+        Whatever ``read`` raises otherwise.
+    """
+    try:
+        return read(log.metadata())
+    except ObjectNotFoundError:
+        return read(log.metadata())
+
+
 def fetch(log, topic: str, partition: int, offset: int, max_records: int | None = None,
           md: LogMetadata | None = None) -> FetchResult:
     """Records of ``topic``/``partition`` from ``offset`` on.
@@ -81,10 +99,7 @@ def fetch(log, topic: str, partition: int, offset: int, max_records: int | None 
     """
     if md is not None:
         return _fetch(log, md, topic, partition, offset, max_records)
-    try:
-        return _fetch(log, log.metadata(), topic, partition, offset, max_records)
-    except ObjectNotFoundError:
-        return _fetch(log, log.metadata(), topic, partition, offset, max_records)
+    return with_fresh_metadata(log, lambda m: _fetch(log, m, topic, partition, offset, max_records))
 
 
 def _fetch(log, md: LogMetadata, topic: str, partition: int, offset: int, max_records: int | None) -> FetchResult:
@@ -127,8 +142,16 @@ def offsets_for_times(log, topic: str, timestamps: dict[int, int]) -> dict[int, 
 
     Returns:
         ``{partition: (offset, timestamp) or None}`` (None: no such record).
+
+    Raises:
+        UnknownTopicError: no such topic/partition.
+        CorruptionError: a batch or index fails its checksum (names file and byte).
     """
-    md = log.metadata()
+    return with_fresh_metadata(log, lambda md: _offsets_for_times(log, md, topic, timestamps))
+
+
+def _offsets_for_times(log, md: LogMetadata, topic: str,
+                       timestamps: dict[int, int]) -> dict[int, tuple[int, int] | None]:
     result: dict[int, tuple[int, int] | None] = {}
     for part, target in timestamps.items():
         result[part] = None
@@ -223,16 +246,32 @@ class Consumer:
         self.positions[(topic, partition)] = offset
 
     def poll(self, max_records: int = 500) -> list[tuple[str, int, Record]]:
-        """Up to ``max_records`` records from the assigned partitions, advancing positions."""
-        out = []
-        md = self.log.metadata()
+        """Up to ``max_records`` records from the assigned partitions, advancing positions.
+
+        Returns:
+            ``[(topic, partition, Record), ...]``, partitions in (topic, partition) order.
+
+        Raises:
+            OffsetOutOfRangeError: a position outside its partition's offsets.
+            CorruptionError: a batch or index fails its checksum (names file and byte).
+        """
+        out, positions = with_fresh_metadata(self.log, lambda md: self._poll(md, max_records))
+        self.positions.update(positions)
+        return out
+
+    def _poll(self, md: LogMetadata,
+              max_records: int) -> tuple[list[tuple[str, int, Record]], dict[tuple[str, int], int]]:
+        """``poll`` on one metadata version: (records, new positions); positions are only
+        advanced by ``poll`` once every fetch succeeded, so a retry starts over cleanly."""
+        out: list[tuple[str, int, Record]] = []
+        positions: dict[tuple[str, int], int] = {}
         for (topic, part), pos in sorted(self.positions.items()):
             if len(out) >= max_records:
                 break
             res = fetch(self.log, topic, part, pos, max_records - len(out), md=md)
             out += [(topic, part, r) for r in res.records]
-            self.positions[(topic, part)] = res.next_offset
-        return out
+            positions[(topic, part)] = res.next_offset
+        return out, positions
 
     def commit(self) -> None:
         """Commits the current positions for the group.

@@ -32,6 +32,7 @@ Flags: bit 0 set when the batch holds at least one tombstone.
 from __future__ import annotations
 
 import struct
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -49,8 +50,29 @@ CODEC_NONE, CODEC_ZSTD = 0, 1
 FLAG_TOMBSTONES = 1
 COMPRESS_MIN_BYTES = 512  # below this zstd's frame overhead rarely pays off
 
-_zc = zstandard.ZstdCompressor(level=1)
-_zd = zstandard.ZstdDecompressor()
+# zstd contexts are not thread-safe: two threads in one context at once (readers of a
+# topic, a producer and the cleaner) corrupt its output or crash the process. Each thread
+# gets its own, created on first use and then reused: creating one per call costs more
+# than compressing a small batch.
+_contexts = threading.local()
+
+
+def _compressor() -> zstandard.ZstdCompressor:
+    """This thread's zstd compressor (level 1)."""
+    try:
+        return _contexts.compressor
+    except AttributeError:
+        _contexts.compressor = zstandard.ZstdCompressor(level=1)
+        return _contexts.compressor
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    """This thread's zstd decompressor."""
+    try:
+        return _contexts.decompressor
+    except AttributeError:
+        _contexts.decompressor = zstandard.ZstdDecompressor()
+        return _contexts.decompressor
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +209,7 @@ def encode_columns(c: Columns, compress: bool = True, delete_horizon: int = 0) -
                     bytes(c.keys), bytes(c.values), bytes(c.headers)])
     codec, stored = CODEC_NONE, raw
     if compress and len(raw) >= COMPRESS_MIN_BYTES:
-        z = _zc.compress(raw)
+        z = _compressor().compress(raw)
         if len(z) < len(raw):
             codec, stored = CODEC_ZSTD, z
     flags = FLAG_TOMBSTONES if (vlens < 0).any() else 0
@@ -250,7 +272,7 @@ class Batch:
         if crc32c(stored, crc32c(memoryview(buf)[pos: pos + HEADER_SIZE - 4])) != h.crc:
             raise CorruptionError(f"{where}: batch CRC32C mismatch at byte {base + pos}")
         try:
-            raw = _zd.decompress(stored, max_output_size=h.raw_len) if h.codec == CODEC_ZSTD else stored
+            raw = _decompressor().decompress(stored, max_output_size=h.raw_len) if h.codec == CODEC_ZSTD else stored
         except zstandard.ZstdError as e:
             raise CorruptionError(f"{where}: batch at byte {base + pos} does not decompress: {e}") from None
         n = h.count
