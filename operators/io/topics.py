@@ -17,13 +17,15 @@ records of failed attempts or uncommitted epochs never do.
 
 Values: by default a record's value is the JSON object of the row's columns other
 than the key column (sorted keys, compact); ``TopicSource(value_schema=...)`` decodes
-such values back into columns (a value that does not decode goes to the job's
-dead-letter table, see ``decode_json_values``), otherwise the source yields one binary
-``value`` column.
+such values back into columns (a value that does not decode, or has a field its column
+cannot hold as written, such as ``true`` or ``NaN`` in a float column or ``6.5`` in an int
+column, goes to the job's dead-letter table, see ``decode_json_values``), otherwise the
+source yields one binary ``value`` column.
 """
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pyarrow as pa
@@ -120,9 +122,23 @@ class TopicSource(Source):
 def decode_json_values(raw: list[bytes | None], schema: pa.Schema) -> tuple[dict[str, pa.Array], pa.Array]:
     """Decodes JSON-object record values into the columns of ``schema``.
 
-    A value that is not JSON, not an object, or has a field that does not convert to its
-    column type does not raise: its columns are null and its error message is set, so
-    the runtime sends it to the dead-letter table (``operators.runtime.dead_letter``).
+    A value that is not JSON, not an object, or has a field its column cannot hold as
+    written does not raise: its columns are null and its error message is set (naming
+    the field: ``"field 'price': ..."``), so the runtime sends it to the dead-letter table
+    (``operators.runtime.dead_letter``). Not held as written, rather than coerced:
+
+    * ``true``/``false`` in a numeric column (Arrow would take it as 1/0);
+    * a number with a fraction or exponent (``6.5``, also ``6.0``) in an integer column
+      (Arrow would truncate it); integer columns take JSON integers only, as Spark's
+      ``from_json`` does;
+    * ``NaN``, ``Infinity``, ``-Infinity`` (not JSON, though Python reads them) and a
+      number beyond the column's range (``1e400``, ``1e39`` in a float32 column) in a
+      floating-point column: they would be stored as NaN or infinity;
+    * an integer a float column cannot hold exactly (beyond 2**53 for float64), an
+      integer beyond the integer column's range, and whatever else Arrow refuses.
+
+    A field missing from the object, or ``null``, is null. Nested values (lists,
+    structs) are converted by Arrow as they are.
 
     Returns:
         ``({column: array}, errors)``: one array per field of ``schema`` and a string
@@ -143,23 +159,51 @@ def decode_json_values(raw: list[bytes | None], schema: pa.Schema) -> tuple[dict
     columns = {}
     for f in schema:
         cells = [row.get(f.name) for row in rows]
+        for i, message in _not_held(cells, f.type):
+            errors[i] = errors[i] or f"field {f.name!r}: {message}"
+            cells[i] = None
         try:
             columns[f.name] = pa.array(cells, f.type)
-            continue
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
-            pass
-        # Some cell does not convert: find it row by row (rare, so the slow path is fine).
-        for i, cell in enumerate(cells):
-            try:
-                pa.array([cell], f.type)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as e:
-                errors[i] = errors[i] or f"field {f.name!r}: {e}"
-                rows[i] = {}
-        columns[f.name] = pa.array([None if errors[i] else c for i, c in enumerate(cells)], f.type)
-    if any(errors):  # a row bad in a later field keeps no value from an earlier one
+            # Some cell does not convert: find it row by row (rare, so the slow path is fine).
+            for i, cell in enumerate(cells):
+                try:
+                    pa.array([cell], f.type)
+                except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as e:
+                    errors[i] = errors[i] or f"field {f.name!r}: {e}"
+                    cells[i] = None
+            columns[f.name] = pa.array(cells, f.type)
+        if pa.types.is_floating(f.type) and columns[f.name].null_count < len(cells):
+            # NaN and infinity read from the JSON, or a finite number beyond the type's range.
+            finite = pc.fill_null(pc.is_finite(columns[f.name]), True).to_numpy(zero_copy_only=False)
+            for i in np.flatnonzero(~finite):
+                errors[i] = errors[i] or (f"field {f.name!r}: NaN, infinity or a number beyond the range of "
+                                          f"{f.type} (JSON has no NaN or infinity)")
+    if any(errors):  # a row bad in one field keeps no value from another
         bad = pa.array([e is not None for e in errors])
         columns = {n: pc.if_else(bad, pa.nulls(len(rows), a.type), a) for n, a in columns.items()}
     return columns, pa.array(errors, pa.string())
+
+
+def _not_held(cells: list, arrow_type: pa.DataType) -> list[tuple[int, str]]:
+    """``(row, message)`` for the cells of a numeric column that Arrow would coerce: a
+    bool as a number, a float literal as an integer. Cheap when there are none: one set
+    of the cells' Python types per column."""
+    numeric = pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type)
+    if not numeric:
+        return []
+    suspect = {bool, float} if pa.types.is_integer(arrow_type) else {bool}
+    if not suspect & set(map(type, cells)):
+        return []
+    found = []
+    for i, cell in enumerate(cells):
+        if type(cell) is bool:
+            found.append((i, f"JSON {json.dumps(cell)} is not a number ({arrow_type} column)"))
+        elif type(cell) is float and pa.types.is_integer(arrow_type):
+            what = "has a fraction or exponent" if math.isfinite(cell) else "is not a finite number"
+            found.append((i, f"{cell!r} {what}; the {arrow_type} column takes JSON integers only (declare it "
+                             f"float64 to take such numbers)"))
+    return found
 
 
 class TopicSink(Sink):
