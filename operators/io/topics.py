@@ -39,7 +39,8 @@ from operators.io.sources import (
     TIMESTAMP_COLUMN,
     Source,
 )
-from storage.log import Log
+from storage.log import Log, TopicConfig
+from storage.log.errors import InvalidRecordError
 from storage.log.metadata import NO_CHANGE, LogMetadata
 from storage.log.producer import append_file, now_ms, partition_for
 from storage.log.segment import SegmentWriter, read_directory
@@ -201,8 +202,8 @@ def _not_held(cells: list, arrow_type: pa.DataType) -> list[tuple[int, str]]:
             found.append((i, f"JSON {json.dumps(cell)} is not a number ({arrow_type} column)"))
         elif type(cell) is float and pa.types.is_integer(arrow_type):
             what = "has a fraction or exponent" if math.isfinite(cell) else "is not a finite number"
-            found.append((i, f"{cell!r} {what}; the {arrow_type} column takes JSON integers only (declare it "
-                             f"float64 to take such numbers)"))
+            found.append((i, (f"{cell!r} {what}; the {arrow_type} column takes JSON integers only "
+                              f"(declare it float64 to take such numbers)")))
     return found
 
 
@@ -216,6 +217,12 @@ class TopicSink(Sink):
             records, spread round-robin.
         timestamp_column: column holding the record timestamp (ms); None: the time of
             writing.
+
+    A compacted topic (``cleanup.policy=compact``) needs a key on every record, as
+    ``Producer.send`` requires: its cleaner keeps the latest record per key, so it would
+    keep one of all the keyless records. The sink refuses ``key_column=None`` or a null
+    key there with ``InvalidRecordError`` before anything is staged (the epoch fails in
+    its task), and again before the epoch is committed (``prepare``) and published.
     """
 
     def __init__(self, topic: str, log_prefix: str = "log", key_column: str | None = "key",
@@ -224,13 +231,38 @@ class TopicSink(Sink):
         self.key_column, self.timestamp_column = key_column, timestamp_column
         self.name = topic
 
+    def _check_keyed(self, cfg: TopicConfig, null_keys: int = 0, rows: int = 0) -> None:
+        """Raises ``InvalidRecordError`` if keyless records would go to a compacted topic."""
+        if not cfg.compacted:
+            return
+        if self.key_column is None:
+            raise InvalidRecordError(
+                f"topic {self.topic!r} is compacted (cleanup.policy=compact) and its sink has "
+                f"key_column=None: the log cleaner would keep only the newest keyless record of each "
+                f"partition; give every record a key: set TopicSink(key_column=...) to a column of "
+                f"the output")
+        if null_keys:
+            raise InvalidRecordError(
+                f"topic {self.topic!r} is compacted (cleanup.policy=compact) and {null_keys} of {rows} "
+                f"records have a null in column {self.key_column!r}, their key: the log cleaner would keep "
+                f"only the newest of them in each partition; give every record a key (fill or drop those "
+                f"rows in the operator)")
+
+    def prepare(self, store: ObjectStore, job_prefix: str, epoch: int, staged: list[str]) -> None:
+        """Refuses the epoch if the topic became compacted while the sink writes keyless
+        records (``InvalidRecordError``)."""
+        self._check_keyed(Log(store, self.log_prefix).metadata().topic(self.topic).config)
+
     def write_staged(self, store: ObjectStore, staging_prefix: str, table: pa.Table) -> str:
         cfg = Log(store, self.log_prefix).metadata().topic(self.topic).config
+        self._check_keyed(cfg)
         rows = table.to_pylist()
         keys: list[bytes | None] = []
         for row in rows:
             k = row.pop(self.key_column) if self.key_column else None
             keys.append(k.encode() if isinstance(k, str) else k)
+        if self.key_column is not None:
+            self._check_keyed(cfg, keys.count(None), len(keys))
         values = [json.dumps(row, sort_keys=True, separators=(",", ":"), default=str).encode() for row in rows]
         if self.timestamp_column:
             ts = [int(v) for v in table.column(self.timestamp_column).to_pylist()]
@@ -255,8 +287,10 @@ class TopicSink(Sink):
     def publish(self, store: ObjectStore, job_prefix: str, epoch: int, staged: list[str]) -> list[str]:
         log = Log(store, self.log_prefix)
         pid = self.producer_id(job_prefix)
-        if log.metadata().producers.get(pid, -1) >= epoch:
+        md = log.metadata()
+        if md.producers.get(pid, -1) >= epoch:
             return []  # already published (a restart redoing the newest checkpoint's publish)
+        self._check_keyed(md.topic(self.topic).config)
         files = []
         for key in staged:
             data = store.get(key)

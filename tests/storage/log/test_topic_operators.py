@@ -259,3 +259,20 @@ def test_keyless_records_into_a_plain_topic_are_spread(tmp_path) -> None:
     got = pd.DataFrame([json.loads(v) for v in table.column("value").to_pylist()])
     pd.testing.assert_frame_equal(got.sort_values(["key", "seq"]).reset_index(drop=True)[expected.columns],
                                   expected, check_dtype=False)
+
+
+def test_prepare_and_publish_refuse_keyless_records_for_a_compacted_topic(tmp_path) -> None:
+    """The driver's checks before the commit and before the log append: a topic made
+    compacted after the tasks ran still gets no keyless record."""
+    from storage.log.errors import InvalidRecordError
+
+    store = open_object_store(str(tmp_path / "store"))
+    log = Log(store)
+    log.create_topic("compacted", TopicConfig(partitions=2, cleanup_policy=COMPACT))
+    sink = TopicSink("compacted", key_column=None)
+    with pytest.raises(InvalidRecordError, match="give every record a key"):
+        sink.prepare(store, "jobs/j", 1, [])
+    with pytest.raises(InvalidRecordError, match="give every record a key"):
+        sink.publish(store, "jobs/j", 1, [])
+    assert sink.producer_id("jobs/j") not in log.metadata().producers  # nothing committed
+    TopicSink("compacted").prepare(store, "jobs/j", 1, [])  # keyed: fine
