@@ -139,10 +139,10 @@ class BatchContext:
                     columns.append(column if column.type == f.type else column.cast(f.type))
                 else:
                     columns.append(pa.array(column, f.type))
-            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError,
-                    OverflowError) as e:
-                raise TypeError(f"operator {self._operator} output {output!r}: field {f.name!r} ({f.type}): "
-                                f"{_one_line(e)}") from e
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError,
+                    ValueError, OverflowError) as e:
+                raise TypeError(f"operator {self._operator} output {output!r}: field {f.name!r} "
+                                f"({f.type}): {_one_line(e)}") from e
         try:
             table = pa.Table.from_arrays(columns, schema=schema)
         except pa.ArrowInvalid as e:  # columns of different lengths
@@ -155,7 +155,8 @@ class BatchContext:
             sink.append((table, keys, timestamps))
 
 
-def check_emitted_names(operator: str, output: str, schema: pa.Schema, names: Iterable[Any]) -> None:
+def check_emitted_names(operator: str, output: str, schema: pa.Schema,
+                        names: Iterable[Any]) -> None:
     """Checks that every emitted field name is a field of the output's schema.
 
     Args:
@@ -172,9 +173,9 @@ def check_emitted_names(operator: str, output: str, schema: pa.Schema, names: It
     if unknown:
         first, *more = sorted(unknown, key=str)
         also = f" (also {', '.join(map(repr, more))})" if more else ""
-        raise TypeError(f"operator {operator} output {output!r}: emitted field {first!r} is not in the output "
-                        f"schema{also}; fields: {', '.join(schema.names)}. Rename it, or declare it in "
-                        f"outputs[{output!r}]")
+        raise TypeError(f"operator {operator} output {output!r}: emitted field {first!r} is not in "
+                        f"the output schema{also}; fields: {', '.join(schema.names)}. Rename it, "
+                        f"or declare it in outputs[{output!r}]")
 
 
 def check_not_null(operator: str, output: str, schema: pa.Schema, table: pa.Table) -> None:
@@ -188,9 +189,10 @@ def check_not_null(operator: str, output: str, schema: pa.Schema, table: pa.Tabl
         if not f.nullable:
             nulls = table.column(f.name).null_count
             if nulls:
-                raise TypeError(f"operator {operator} output {output!r}: field {f.name!r} is not nullable but is "
-                                f"missing or null in {nulls} of {table.num_rows} emitted rows; emit a value in "
-                                f"every row, or declare the field nullable")
+                raise TypeError(f"operator {operator} output {output!r}: field {f.name!r} is not "
+                                f"nullable but is missing or null in {nulls} of {table.num_rows} "
+                                f"emitted rows; emit a value in every row, or declare the field "
+                                f"nullable")
 
 
 def _one_line(e: BaseException) -> str:

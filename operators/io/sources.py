@@ -98,7 +98,7 @@ def check_slice(source: Source, partition: str, start: int, end: int, table: pa.
         table: what ``read`` returned.
 
     Returns:
-        ``table`` with its columns in the schema above (no copy when nothing is cast).
+        ``table`` with its columns in the schema above (no data copied unless cast).
 
     Raises:
         ValueError: ``table`` has not one row per offset.
@@ -108,50 +108,55 @@ def check_slice(source: Source, partition: str, start: int, end: int, table: pa.
     """
     where = f"source {source.name} partition {partition} offsets [{start}, {end})"
     if table.num_rows != end - start:
-        raise ValueError(f"{where}: {table.num_rows} rows for {end - start} offsets; read must return one row "
-                         f"per offset, in offset order")
+        raise ValueError(f"{where}: {table.num_rows} rows for {end - start} offsets; read must "
+                         f"return one row per offset, in offset order")
     names = table.column_names
     if len(set(names)) != len(names):
         twice = next(n for n in names if names.count(n) > 1)
-        raise TypeError(f"{where}: column {twice!r} appears twice; read must return each column once")
+        raise TypeError(f"{where}: column {twice!r} appears twice; read must return each column "
+                        f"once")
     value_schema = source.value_schema
-    fields = [pa.field(KEY_COLUMN, pa.binary()), pa.field(TIMESTAMP_COLUMN, pa.int64()), *value_schema]
+    value_names = ", ".join(value_schema.names) or "none"
+    fields = [pa.field(KEY_COLUMN, pa.binary()), pa.field(TIMESTAMP_COLUMN, pa.int64()),
+              *value_schema]
     fields += [pa.field(ERROR_COLUMN, pa.string())] * (ERROR_COLUMN in names)
     fields += [pa.field(RAW_VALUE_COLUMN, pa.binary())] * (RAW_VALUE_COLUMN in names)
     known = {f.name for f in fields}
     for name in names:
         if name not in known:
             raise TypeError(f"{where}: column {name!r} is not in value_schema (value columns: "
-                            f"{', '.join(value_schema.names) or 'none'}); drop it in read, or add it to value_schema")
+                            f"{value_names}); drop it in read, or add it to value_schema")
     columns = []
     for f in fields:
         if f.name not in names:
             what = "of value_schema " if f.name in value_schema.names else ""
-            raise TypeError(f"{where}: column {f.name!r} {what}is missing; read must return {KEY_COLUMN} (binary), "
-                            f"{TIMESTAMP_COLUMN} (int64 ms) and the value_schema columns "
-                            f"({', '.join(value_schema.names) or 'none'})")
+            raise TypeError(f"{where}: column {f.name!r} {what}is missing; read must return "
+                            f"{KEY_COLUMN} (binary), {TIMESTAMP_COLUMN} (int64 ms) and the "
+                            f"value_schema columns ({value_names})")
         column = table.column(f.name)
         if column.type != f.type:
             if not _lossless(column.type, f.type):
-                raise TypeError(f"{where}: column {f.name!r} is {column.type}{_what_to_do(f, column.type)}")
+                raise TypeError(f"{where}: column {f.name!r} is "
+                                f"{column.type}{_what_to_do(f, column.type)}")
             column = column.cast(f.type)
         columns.append(column)
     return pa.Table.from_arrays(columns, schema=pa.schema(fields))
 
 
 def _what_to_do(field: pa.Field, have: pa.DataType) -> str:
+    """The rest of a refused column's message: what the runtime wants, what to do."""
     if field.name == KEY_COLUMN:
         return (" but the runtime keys events by binary: encode the key column to bytes in read "
                 "(a str column is taken as UTF-8)")
     if field.name == TIMESTAMP_COLUMN:
-        hint = (", e.g. column.cast(pa.timestamp('ms')).cast(pa.int64()) (it raises rather than truncate)"
-                if pa.types.is_temporal(have) else "")
-        return (f" but the runtime wants int64 milliseconds since the Unix epoch (UTC): cast the timestamp column "
-                f"to int64 milliseconds in read{hint}")
+        hint = (", e.g. column.cast(pa.timestamp('ms')).cast(pa.int64()) (it raises rather than "
+                "truncate)" if pa.types.is_temporal(have) else "")
+        return (f" but the runtime wants int64 milliseconds since the Unix epoch (UTC): cast the "
+                f"timestamp column to int64 milliseconds in read{hint}")
     if field.name in (ERROR_COLUMN, RAW_VALUE_COLUMN):
         return f" but must be {field.type}"
-    return (f", value_schema says {field.type}; cast it in the source's read, or declare {have} in value_schema "
-            f"(only lossless widenings, such as int32 to int64, are applied here)")
+    return (f", value_schema says {field.type}; cast it in the source's read, or declare {have} "
+            f"in value_schema (only lossless widenings, such as int32 to int64, are applied here)")
 
 
 _BINARY_LIKE = (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_binary_view)

@@ -176,10 +176,10 @@ def decode_json_values(raw: list[bytes | None], schema: pa.Schema) -> tuple[dict
             columns[f.name] = pa.array(cells, f.type)
         if pa.types.is_floating(f.type) and columns[f.name].null_count < len(cells):
             # NaN and infinity read from the JSON, or a finite number beyond the type's range.
-            finite = pc.fill_null(pc.is_finite(columns[f.name]), True).to_numpy(zero_copy_only=False)
-            for i in np.flatnonzero(~finite):
-                errors[i] = errors[i] or (f"field {f.name!r}: NaN, infinity or a number beyond the range of "
-                                          f"{f.type} (JSON has no NaN or infinity)")
+            finite = pc.fill_null(pc.is_finite(columns[f.name]), True)
+            for i in np.flatnonzero(~finite.to_numpy(zero_copy_only=False)):
+                errors[i] = errors[i] or (f"field {f.name!r}: NaN, infinity or a number beyond "
+                                          f"the range of {f.type} (JSON has no NaN or infinity)")
     if any(errors):  # a row bad in one field keeps no value from another
         bad = pa.array([e is not None for e in errors])
         columns = {n: pc.if_else(bad, pa.nulls(len(rows), a.type), a) for n, a in columns.items()}
@@ -201,9 +201,9 @@ def _not_held(cells: list, arrow_type: pa.DataType) -> list[tuple[int, str]]:
         if type(cell) is bool:
             found.append((i, f"JSON {json.dumps(cell)} is not a number ({arrow_type} column)"))
         elif type(cell) is float and pa.types.is_integer(arrow_type):
-            what = "has a fraction or exponent" if math.isfinite(cell) else "is not a finite number"
-            found.append((i, (f"{cell!r} {what}; the {arrow_type} column takes JSON integers only "
-                              f"(declare it float64 to take such numbers)")))
+            what = "has a fraction or exponent" if math.isfinite(cell) else "is not finite"
+            found.append((i, (f"{cell!r} {what}; the {arrow_type} column takes JSON integers "
+                              f"only (declare it float64 to take such numbers)")))
     return found
 
 
@@ -238,17 +238,18 @@ class TopicSink(Sink):
         if self.key_column is None:
             raise InvalidRecordError(
                 f"topic {self.topic!r} is compacted (cleanup.policy=compact) and its sink has "
-                f"key_column=None: the log cleaner would keep only the newest keyless record of each "
-                f"partition; give every record a key: set TopicSink(key_column=...) to a column of "
-                f"the output")
+                f"key_column=None: the log cleaner would keep only the newest keyless record of "
+                f"each partition; give every record a key: set TopicSink(key_column=...) to a "
+                f"column of the output")
         if null_keys:
             raise InvalidRecordError(
-                f"topic {self.topic!r} is compacted (cleanup.policy=compact) and {null_keys} of {rows} "
-                f"records have a null in column {self.key_column!r}, their key: the log cleaner would keep "
-                f"only the newest of them in each partition; give every record a key (fill or drop those "
-                f"rows in the operator)")
+                f"topic {self.topic!r} is compacted (cleanup.policy=compact) and {null_keys} of "
+                f"{rows} records have a null in column {self.key_column!r}, their key: the log "
+                f"cleaner would keep only the newest of them in each partition; give every "
+                f"record a key (fill or drop those rows in the operator)")
 
-    def prepare(self, store: ObjectStore, job_prefix: str, epoch: int, staged: list[str]) -> None:
+    def prepare(self, store: ObjectStore, job_prefix: str, epoch: int,
+                staged: list[str]) -> None:
         """Refuses the epoch if the topic became compacted while the sink writes keyless
         records (``InvalidRecordError``)."""
         self._check_keyed(Log(store, self.log_prefix).metadata().topic(self.topic).config)

@@ -266,7 +266,8 @@ def _run_events(operator: Operator, spec: TaskSpec, events: pa.Table, subject: _
         operator.on_timer_expired(subject, ts)
         timers_fired += 1
     emitted = {
-        name: (_emitted_table(operator, name, [r[2] for r in rows]), [r[0] for r in rows], [r[1] for r in rows])
+        name: (_emitted_table(operator, name, [r[2] for r in rows]),
+               [r[0] for r in rows], [r[1] for r in rows])
         for name, rows in subject._emitted.items()
     }
     return len(keys), timers_fired, emitted
