@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import struct
 from abc import abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
 import pyarrow as pa
@@ -59,10 +59,12 @@ class BatchContext:
             or below it are late); in ``on_timers``, the watermark being advanced to.
     """
 
-    def __init__(self, db: StateStore, timers: TimerService, outputs: dict[str, pa.Schema]) -> None:
+    def __init__(self, db: StateStore, timers: TimerService, outputs: dict[str, pa.Schema],
+                 operator: str = "operator") -> None:
         self._db = db
         self._timers = timers
         self._outputs = outputs
+        self._operator = operator  # its name, for errors
         self.watermark = 0
         # output name -> list of (values table, keys, timestamps)
         self.emitted: dict[str, list[tuple[pa.Table, list, list]]] = {name: [] for name in outputs}
@@ -102,7 +104,9 @@ class BatchContext:
 
         Args:
             values: the records' columns (a table, or a ``{column: array or list}`` dict),
-                cast to the operator's ``outputs[output]`` schema.
+                converted to the operator's ``outputs[output]`` schema (an Arrow column with
+                Arrow's safe cast, which raises rather than lose data; a list or numpy
+                array with ``pa.array``); a nullable field left out is null.
             output: output name.
             keys: key of each record (routes it to the next operator's key group).
             timestamps: event time of each record (ms).
@@ -110,21 +114,90 @@ class BatchContext:
         Raises:
             KeyError: the operator declares no such output.
             ValueError: the lengths of ``values``, ``keys`` and ``timestamps`` differ.
+            TypeError: a column is not in the output schema, a non-nullable field is
+                missing or null, or a column does not cast to its field's type; the
+                message names the operator, output and field.
         """
         try:
             sink = self.emitted[output]
         except KeyError:
             raise KeyError(f"operator declares no output {output!r} (outputs: {sorted(self._outputs)})") from None
         schema = self._outputs[output]
-        table = values if isinstance(values, pa.Table) else pa.table(
-            {f.name: values[f.name] for f in schema}, schema=schema)
-        table = table.select(schema.names).cast(schema)
+        is_table = isinstance(values, pa.Table)
+        names = values.column_names if is_table else list(values)
+        check_emitted_names(self._operator, output, schema, names)
         keys, timestamps = list(keys), list(timestamps)
+        n = values.num_rows if is_table else (len(values[names[0]]) if names else len(keys))
+        columns = []
+        for f in schema:
+            if f.name not in names:
+                columns.append(pa.nulls(n, f.type))
+                continue
+            column = values.column(f.name) if is_table else values[f.name]
+            try:
+                if isinstance(column, (pa.Array, pa.ChunkedArray)):
+                    columns.append(column if column.type == f.type else column.cast(f.type))
+                else:
+                    columns.append(pa.array(column, f.type))
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError,
+                    ValueError, OverflowError) as e:
+                raise TypeError(f"operator {self._operator} output {output!r}: field {f.name!r} "
+                                f"({f.type}): {_one_line(e)}") from e
+        try:
+            table = pa.Table.from_arrays(columns, schema=schema)
+        except pa.ArrowInvalid as e:  # columns of different lengths
+            raise ValueError(f"emit to {output!r}: {_one_line(e)}") from e
+        check_not_null(self._operator, output, schema, table)
         if not len(keys) == len(timestamps) == table.num_rows:
             raise ValueError(f"emit to {output!r}: {table.num_rows} rows, {len(keys)} keys, "
                              f"{len(timestamps)} timestamps")
         if table.num_rows:
             sink.append((table, keys, timestamps))
+
+
+def check_emitted_names(operator: str, output: str, schema: pa.Schema,
+                        names: Iterable[Any]) -> None:
+    """Checks that every emitted field name is a field of the output's schema.
+
+    Args:
+        operator: the operator's name; output: the output's name (both for the message).
+        schema: the output's schema (``Operator.outputs[output]``).
+        names: the field names of the emitted rows (a column list, or the union of the
+            rows' dict keys: checked once per emit, not per value).
+
+    Raises:
+        TypeError: a name is not in ``schema`` (a misspelled field would otherwise be
+            dropped and its field left null).
+    """
+    unknown = set(names).difference(schema.names)
+    if unknown:
+        first, *more = sorted(unknown, key=str)
+        also = f" (also {', '.join(map(repr, more))})" if more else ""
+        raise TypeError(f"operator {operator} output {output!r}: emitted field {first!r} is not in "
+                        f"the output schema{also}; fields: {', '.join(schema.names)}. Rename it, "
+                        f"or declare it in outputs[{output!r}]")
+
+
+def check_not_null(operator: str, output: str, schema: pa.Schema, table: pa.Table) -> None:
+    """Checks that no non-nullable field of ``schema`` is null in ``table`` (a field left
+    out of an emitted row is null). Column-level: one ``null_count`` per such field.
+
+    Raises:
+        TypeError: naming the operator, output, field and how many rows are null.
+    """
+    for f in schema:
+        if not f.nullable:
+            nulls = table.column(f.name).null_count
+            if nulls:
+                raise TypeError(f"operator {operator} output {output!r}: field {f.name!r} is not "
+                                f"nullable but is missing or null in {nulls} of {table.num_rows} "
+                                f"emitted rows; emit a value in every row, or declare the field "
+                                f"nullable")
+
+
+def _one_line(e: BaseException) -> str:
+    """An Arrow error message on one line (the driver reports a task error's last line)."""
+    return " ".join(str(e).split())
 
 
 def _prefixes(keys: Sequence[bytes], key_groups: Sequence[int], id_bytes: bytes) -> list[bytes]:

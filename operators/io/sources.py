@@ -26,9 +26,11 @@ class Source(ABC):
     ``read`` returns an Arrow table with a ``key`` column (binary), a ``timestamp``
     column (int64, ms since the Unix epoch, UTC) and the value columns of
     ``value_schema``; each row becomes ``KeyedEvent(key, timestamp, {value columns})``.
-    A row the source cannot decode should not raise: set its ``_error`` column (and
-    ``_raw_value``), and the runtime sends it to the dead-letter table, as it does rows
-    with a null or empty key or a timestamp before the Unix epoch or too far in the future.
+    The driver checks each slice against these types (``check_slice``): a column of
+    another type fails the epoch unless it widens losslessly. A row the source cannot
+    decode should not raise: set its ``_error`` column (and ``_raw_value``), and the
+    runtime sends it to the dead-letter table, as it does rows with a null or empty key or
+    a timestamp before the Unix epoch or too far in the future.
     """
 
     name: str = "source"
@@ -60,3 +62,124 @@ class Source(ABC):
             KeyError: unknown partition.
             IndexError: range outside ``[0, end_offsets()[partition]]``.
         """
+
+
+def check_slice(source: Source, partition: str, start: int, end: int, table: pa.Table) -> pa.Table:
+    """Checks what ``source.read(partition, start, end)`` returned against the source's
+    schema, and returns it in that schema.
+
+    The schema: ``key`` binary, ``timestamp`` int64 (ms since the Unix epoch, UTC), the
+    fields of ``source.value_schema`` in their order, then ``_error`` (string) and
+    ``_raw_value`` (binary) if present. Every slice of every partition comes out in this
+    one schema, so the driver can concatenate them. The check compares types only (no
+    per-row work); null, empty or out-of-range keys and timestamps are row-level and go
+    to the dead-letter table later (``operators.runtime.dead_letter``).
+
+    Casts: a column is cast only if the cast is lossless for every possible value, and
+    then silently (zero-copy or a widening):
+
+    * integers to a wider integer of the same signedness, unsigned to a wider signed one,
+      floats to a wider float, integers to a float whose mantissa holds them (int32 to
+      float64, int16 to float32);
+    * ``string``, ``large_string``, ``large_binary`` and the view types to ``binary``
+      (a ``str`` key becomes its UTF-8 bytes), ``large_string`` and ``string_view`` to
+      ``string``;
+    * a dictionary-encoded column as its value type; an all-null (``null`` type) column
+      to any type.
+
+    Anything else is refused, as Flink and Spark refuse an implicit lossy cast: int64 to
+    int32 or float64 to int64 (truncation), uint64 to int64 (overflow), binary to string
+    (not all bytes are UTF-8), and any Arrow timestamp or date as ``timestamp`` (unit and
+    time zone must be decided by the source: a naive timestamp may be local time).
+
+    Args:
+        source: the source that returned ``table`` (its ``name`` and ``value_schema``).
+        partition, start, end: the slice read (offsets ``[start, end)``).
+        table: what ``read`` returned.
+
+    Returns:
+        ``table`` with its columns in the schema above (no data copied unless cast).
+
+    Raises:
+        ValueError: ``table`` has not one row per offset.
+        TypeError: a column is missing, unknown, repeated, or of a type that does not
+            cast losslessly; the message names source, partition, offsets and column and
+            says what to do.
+    """
+    where = f"source {source.name} partition {partition} offsets [{start}, {end})"
+    if table.num_rows != end - start:
+        raise ValueError(f"{where}: {table.num_rows} rows for {end - start} offsets; read must "
+                         f"return one row per offset, in offset order")
+    names = table.column_names
+    if len(set(names)) != len(names):
+        twice = next(n for n in names if names.count(n) > 1)
+        raise TypeError(f"{where}: column {twice!r} appears twice; read must return each column "
+                        f"once")
+    value_schema = source.value_schema
+    value_names = ", ".join(value_schema.names) or "none"
+    fields = [pa.field(KEY_COLUMN, pa.binary()), pa.field(TIMESTAMP_COLUMN, pa.int64()),
+              *value_schema]
+    fields += [pa.field(ERROR_COLUMN, pa.string())] * (ERROR_COLUMN in names)
+    fields += [pa.field(RAW_VALUE_COLUMN, pa.binary())] * (RAW_VALUE_COLUMN in names)
+    known = {f.name for f in fields}
+    for name in names:
+        if name not in known:
+            raise TypeError(f"{where}: column {name!r} is not in value_schema (value columns: "
+                            f"{value_names}); drop it in read, or add it to value_schema")
+    columns = []
+    for f in fields:
+        if f.name not in names:
+            what = "of value_schema " if f.name in value_schema.names else ""
+            raise TypeError(f"{where}: column {f.name!r} {what}is missing; read must return "
+                            f"{KEY_COLUMN} (binary), {TIMESTAMP_COLUMN} (int64 ms) and the "
+                            f"value_schema columns ({value_names})")
+        column = table.column(f.name)
+        if column.type != f.type:
+            if not _lossless(column.type, f.type):
+                raise TypeError(f"{where}: column {f.name!r} is "
+                                f"{column.type}{_what_to_do(f, column.type)}")
+            column = column.cast(f.type)
+        columns.append(column)
+    return pa.Table.from_arrays(columns, schema=pa.schema(fields))
+
+
+def _what_to_do(field: pa.Field, have: pa.DataType) -> str:
+    """The rest of a refused column's message: what the runtime wants, what to do."""
+    if field.name == KEY_COLUMN:
+        return (" but the runtime keys events by binary: encode the key column to bytes in read "
+                "(a str column is taken as UTF-8)")
+    if field.name == TIMESTAMP_COLUMN:
+        hint = (", e.g. column.cast(pa.timestamp('ms')).cast(pa.int64()) (it raises rather than "
+                "truncate)" if pa.types.is_temporal(have) else "")
+        return (f" but the runtime wants int64 milliseconds since the Unix epoch (UTC): cast the "
+                f"timestamp column to int64 milliseconds in read{hint}")
+    if field.name in (ERROR_COLUMN, RAW_VALUE_COLUMN):
+        return f" but must be {field.type}"
+    return (f", value_schema says {field.type}; cast it in the source's read, or declare {have} "
+            f"in value_schema (only lossless widenings, such as int32 to int64, are applied here)")
+
+
+_BINARY_LIKE = (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_binary_view)
+_STRING_LIKE = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
+_MANTISSA_BITS = {16: 11, 32: 24, 64: 53}
+
+
+def _lossless(have: pa.DataType, want: pa.DataType) -> bool:
+    """True if every value of type ``have`` casts to ``want`` unchanged (see ``check_slice``)."""
+    if have == want or pa.types.is_null(have):
+        return True
+    if pa.types.is_dictionary(have):
+        return _lossless(have.value_type, want)
+    if pa.types.is_integer(have) and pa.types.is_integer(want):
+        if pa.types.is_signed_integer(have) == pa.types.is_signed_integer(want):
+            return have.bit_width <= want.bit_width
+        return pa.types.is_unsigned_integer(have) and have.bit_width < want.bit_width
+    if pa.types.is_floating(have) and pa.types.is_floating(want):
+        return have.bit_width <= want.bit_width
+    if pa.types.is_integer(have) and pa.types.is_floating(want):
+        return have.bit_width - pa.types.is_signed_integer(have) <= _MANTISSA_BITS[want.bit_width]
+    if any(t(want) for t in _BINARY_LIKE):
+        return any(t(have) for t in _BINARY_LIKE + _STRING_LIKE)
+    if any(t(want) for t in _STRING_LIKE):
+        return any(t(have) for t in _STRING_LIKE)
+    return False

@@ -17,13 +17,15 @@ records of failed attempts or uncommitted epochs never do.
 
 Values: by default a record's value is the JSON object of the row's columns other
 than the key column (sorted keys, compact); ``TopicSource(value_schema=...)`` decodes
-such values back into columns (a value that does not decode goes to the job's
-dead-letter table, see ``decode_json_values``), otherwise the source yields one binary
-``value`` column.
+such values back into columns (a value that does not decode, or has a field its column
+cannot hold as written, such as ``true`` or ``NaN`` in a float column or ``6.5`` in an int
+column, goes to the job's dead-letter table, see ``decode_json_values``), otherwise the
+source yields one binary ``value`` column.
 """
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pyarrow as pa
@@ -37,7 +39,8 @@ from operators.io.sources import (
     TIMESTAMP_COLUMN,
     Source,
 )
-from storage.log import Log
+from storage.log import Log, TopicConfig
+from storage.log.errors import InvalidRecordError
 from storage.log.metadata import NO_CHANGE, LogMetadata
 from storage.log.producer import append_file, now_ms, partition_for
 from storage.log.segment import SegmentWriter, read_directory
@@ -120,9 +123,23 @@ class TopicSource(Source):
 def decode_json_values(raw: list[bytes | None], schema: pa.Schema) -> tuple[dict[str, pa.Array], pa.Array]:
     """Decodes JSON-object record values into the columns of ``schema``.
 
-    A value that is not JSON, not an object, or has a field that does not convert to its
-    column type does not raise: its columns are null and its error message is set, so
-    the runtime sends it to the dead-letter table (``operators.runtime.dead_letter``).
+    A value that is not JSON, not an object, or has a field its column cannot hold as
+    written does not raise: its columns are null and its error message is set (naming
+    the field: ``"field 'price': ..."``), so the runtime sends it to the dead-letter table
+    (``operators.runtime.dead_letter``). Not held as written, rather than coerced:
+
+    * ``true``/``false`` in a numeric column (Arrow would take it as 1/0);
+    * a number with a fraction or exponent (``6.5``, also ``6.0``) in an integer column
+      (Arrow would truncate it); integer columns take JSON integers only, as Spark's
+      ``from_json`` does;
+    * ``NaN``, ``Infinity``, ``-Infinity`` (not JSON, though Python reads them) and a
+      number beyond the column's range (``1e400``, ``1e39`` in a float32 column) in a
+      floating-point column: they would be stored as NaN or infinity;
+    * an integer a float column cannot hold exactly (beyond 2**53 for float64), an
+      integer beyond the integer column's range, and whatever else Arrow refuses.
+
+    A field missing from the object, or ``null``, is null. Nested values (lists,
+    structs) are converted by Arrow as they are.
 
     Returns:
         ``({column: array}, errors)``: one array per field of ``schema`` and a string
@@ -143,23 +160,51 @@ def decode_json_values(raw: list[bytes | None], schema: pa.Schema) -> tuple[dict
     columns = {}
     for f in schema:
         cells = [row.get(f.name) for row in rows]
+        for i, message in _not_held(cells, f.type):
+            errors[i] = errors[i] or f"field {f.name!r}: {message}"
+            cells[i] = None
         try:
             columns[f.name] = pa.array(cells, f.type)
-            continue
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
-            pass
-        # Some cell does not convert: find it row by row (rare, so the slow path is fine).
-        for i, cell in enumerate(cells):
-            try:
-                pa.array([cell], f.type)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as e:
-                errors[i] = errors[i] or f"field {f.name!r}: {e}"
-                rows[i] = {}
-        columns[f.name] = pa.array([None if errors[i] else c for i, c in enumerate(cells)], f.type)
-    if any(errors):  # a row bad in a later field keeps no value from an earlier one
+            # Some cell does not convert: find it row by row (rare, so the slow path is fine).
+            for i, cell in enumerate(cells):
+                try:
+                    pa.array([cell], f.type)
+                except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as e:
+                    errors[i] = errors[i] or f"field {f.name!r}: {e}"
+                    cells[i] = None
+            columns[f.name] = pa.array(cells, f.type)
+        if pa.types.is_floating(f.type) and columns[f.name].null_count < len(cells):
+            # NaN and infinity read from the JSON, or a finite number beyond the type's range.
+            finite = pc.fill_null(pc.is_finite(columns[f.name]), True)
+            for i in np.flatnonzero(~finite.to_numpy(zero_copy_only=False)):
+                errors[i] = errors[i] or (f"field {f.name!r}: NaN, infinity or a number beyond "
+                                          f"the range of {f.type} (JSON has no NaN or infinity)")
+    if any(errors):  # a row bad in one field keeps no value from another
         bad = pa.array([e is not None for e in errors])
         columns = {n: pc.if_else(bad, pa.nulls(len(rows), a.type), a) for n, a in columns.items()}
     return columns, pa.array(errors, pa.string())
+
+
+def _not_held(cells: list, arrow_type: pa.DataType) -> list[tuple[int, str]]:
+    """``(row, message)`` for the cells of a numeric column that Arrow would coerce: a
+    bool as a number, a float literal as an integer. Cheap when there are none: one set
+    of the cells' Python types per column."""
+    numeric = pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type)
+    if not numeric:
+        return []
+    suspect = {bool, float} if pa.types.is_integer(arrow_type) else {bool}
+    if not suspect & set(map(type, cells)):
+        return []
+    found = []
+    for i, cell in enumerate(cells):
+        if type(cell) is bool:
+            found.append((i, f"JSON {json.dumps(cell)} is not a number ({arrow_type} column)"))
+        elif type(cell) is float and pa.types.is_integer(arrow_type):
+            what = "has a fraction or exponent" if math.isfinite(cell) else "is not finite"
+            found.append((i, (f"{cell!r} {what}; the {arrow_type} column takes JSON integers "
+                              f"only (declare it float64 to take such numbers)")))
+    return found
 
 
 class TopicSink(Sink):
@@ -172,6 +217,12 @@ class TopicSink(Sink):
             records, spread round-robin.
         timestamp_column: column holding the record timestamp (ms); None: the time of
             writing.
+
+    A compacted topic (``cleanup.policy=compact``) needs a key on every record, as
+    ``Producer.send`` requires: its cleaner keeps the latest record per key, so it would
+    keep one of all the keyless records. The sink refuses ``key_column=None`` or a null
+    key there with ``InvalidRecordError`` before anything is staged (the epoch fails in
+    its task), and again before the epoch is committed (``prepare``) and published.
     """
 
     def __init__(self, topic: str, log_prefix: str = "log", key_column: str | None = "key",
@@ -180,13 +231,39 @@ class TopicSink(Sink):
         self.key_column, self.timestamp_column = key_column, timestamp_column
         self.name = topic
 
+    def _check_keyed(self, cfg: TopicConfig, null_keys: int = 0, rows: int = 0) -> None:
+        """Raises ``InvalidRecordError`` if keyless records would go to a compacted topic."""
+        if not cfg.compacted:
+            return
+        if self.key_column is None:
+            raise InvalidRecordError(
+                f"topic {self.topic!r} is compacted (cleanup.policy=compact) and its sink has "
+                f"key_column=None: the log cleaner would keep only the newest keyless record of "
+                f"each partition; give every record a key: set TopicSink(key_column=...) to a "
+                f"column of the output")
+        if null_keys:
+            raise InvalidRecordError(
+                f"topic {self.topic!r} is compacted (cleanup.policy=compact) and {null_keys} of "
+                f"{rows} records have a null in column {self.key_column!r}, their key: the log "
+                f"cleaner would keep only the newest of them in each partition; give every "
+                f"record a key (fill or drop those rows in the operator)")
+
+    def prepare(self, store: ObjectStore, job_prefix: str, epoch: int,
+                staged: list[str]) -> None:
+        """Refuses the epoch if the topic became compacted while the sink writes keyless
+        records (``InvalidRecordError``)."""
+        self._check_keyed(Log(store, self.log_prefix).metadata().topic(self.topic).config)
+
     def write_staged(self, store: ObjectStore, staging_prefix: str, table: pa.Table) -> str:
         cfg = Log(store, self.log_prefix).metadata().topic(self.topic).config
+        self._check_keyed(cfg)
         rows = table.to_pylist()
         keys: list[bytes | None] = []
         for row in rows:
             k = row.pop(self.key_column) if self.key_column else None
             keys.append(k.encode() if isinstance(k, str) else k)
+        if self.key_column is not None:
+            self._check_keyed(cfg, keys.count(None), len(keys))
         values = [json.dumps(row, sort_keys=True, separators=(",", ":"), default=str).encode() for row in rows]
         if self.timestamp_column:
             ts = [int(v) for v in table.column(self.timestamp_column).to_pylist()]
@@ -211,8 +288,10 @@ class TopicSink(Sink):
     def publish(self, store: ObjectStore, job_prefix: str, epoch: int, staged: list[str]) -> list[str]:
         log = Log(store, self.log_prefix)
         pid = self.producer_id(job_prefix)
-        if log.metadata().producers.get(pid, -1) >= epoch:
+        md = log.metadata()
+        if md.producers.get(pid, -1) >= epoch:
             return []  # already published (a restart redoing the newest checkpoint's publish)
+        self._check_keyed(md.topic(self.topic).config)
         files = []
         for key in staged:
             data = store.get(key)

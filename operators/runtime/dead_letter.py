@@ -9,7 +9,9 @@ reason                   the row
 =======================  ==============================================================
 ``unparseable_value``    the source could not decode it: its ``_error`` column (see
                          ``operators.io.sources.ERROR_COLUMN``) is set, e.g. a topic value
-                         that is not JSON or does not fit ``value_schema``
+                         that is not JSON or does not fit ``value_schema`` without loss
+                         (the error names the field: ``field 'price': JSON true is not a
+                         number``; ``operators.io.topics.decode_json_values``)
 ``missing_key``          key null or empty (a null key would otherwise be taken for the
                          runtime's heartbeat row and vanish)
 ``missing_timestamp``    timestamp null

@@ -37,7 +37,7 @@ from operators.api.job import Job
 from operators.api.keygroups import key_group_ranges, key_groups_of_column, range_indexes_of
 from operators.api.operator import WATERMARK_MAX, WATERMARK_MIN
 from operators.errors import JobFailedError, JobFencedError
-from operators.io.sources import KEY_COLUMN, TIMESTAMP_COLUMN
+from operators.io.sources import KEY_COLUMN, TIMESTAMP_COLUMN, check_slice
 from operators.paths import checkpoint_key
 from operators.runtime import dead_letter
 from operators.runtime.checkpoints import (
@@ -275,7 +275,8 @@ class JobRunner:
             if end <= start:
                 continue
             t, bad, offsets = dead_letter.screen(
-                source.read(p, start, end), np.arange(start, end, dtype=np.int64), self.job.dead_letter,
+                check_slice(source, p, start, end, source.read(p, start, end)),
+                np.arange(start, end, dtype=np.int64), self.job.dead_letter,
                 source=source.name, partition=p, epoch=epoch, now_ms=now_ms)
             dead.append(bad)
             if t.num_rows:

@@ -266,11 +266,45 @@ def _run_events(operator: Operator, spec: TaskSpec, events: pa.Table, subject: _
         operator.on_timer_expired(subject, ts)
         timers_fired += 1
     emitted = {
-        name: (pa.Table.from_pylist([r[2] for r in rows], schema=operator.outputs[name]),
+        name: (_emitted_table(operator, name, [r[2] for r in rows]),
                [r[0] for r in rows], [r[1] for r in rows])
         for name, rows in subject._emitted.items()
     }
     return len(keys), timers_fired, emitted
+
+
+def _emitted_table(operator: Operator, output: str, rows: list[dict]) -> pa.Table:
+    """The rows ``Subject.emit`` collected for one output, as a table of its schema.
+
+    ``Table.from_pylist`` ignores a key the schema lacks and makes a missing one null, so a
+    misspelled field would silently become a column of nulls: the field names are checked
+    first, as the union of the rows' keys (one pass in C, no per-value work), and the
+    non-nullable fields by their null counts after the conversion.
+
+    Raises:
+        TypeError: an unknown field, a non-nullable field missing or null, or a value
+            that does not convert to its field's type; names operator, output and field.
+    """
+    schema = operator.outputs[output]
+    batch_api.check_emitted_names(operator.name, output, schema, set().union(*rows) if rows else ())
+    try:
+        table = pa.Table.from_pylist(rows, schema=schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as e:
+        raise TypeError(f"operator {operator.name} output {output!r}: {_bad_field(schema, rows)}"
+                        f"{' '.join(str(e).split())}") from e
+    batch_api.check_not_null(operator.name, output, schema, table)
+    return table
+
+
+def _bad_field(schema: pa.Schema, rows: list[dict]) -> str:
+    """``"field 'x' (type): "`` for the first field whose values do not convert (the slow
+    path of an error), or "" if none is found alone."""
+    for f in schema:
+        try:
+            pa.array([r.get(f.name) for r in rows], f.type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
+            return f"field {f.name!r} ({f.type}): "
+    return ""
 
 
 def _run_batch(operator: BatchOperator, spec: TaskSpec, events: pa.Table, db: DKV,
@@ -290,7 +324,7 @@ def _run_batch(operator: BatchOperator, spec: TaskSpec, events: pa.Table, db: DK
     batch = pa.table({batch_api.KEY: events.column(KEY_COLUMN), batch_api.TIMESTAMP: events.column(TIMESTAMP_COLUMN),
                       batch_api.KEY_GROUP: events.column(KEY_GROUP_COLUMN),
                       **{c: events.column(c) for c in value_columns}})
-    ctx = BatchContext(db, timers, operator.outputs)
+    ctx = BatchContext(db, timers, operator.outputs, operator.name)
     ctx.watermark = spec.watermark_before
     if batch.num_rows:
         operator.on_batch(ctx, batch)
