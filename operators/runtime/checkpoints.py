@@ -145,19 +145,20 @@ class CommitLog:
 def read_commit_log(store: ObjectStore, job_prefix: str) -> CommitLog:
     """Lists the job's checkpoints, commit records and retention floors (one LIST)."""
     checkpoints, records, floors = {}, {}, {}
+    parsers = ((checkpoints, epoch_of_checkpoint), (records, paths.epoch_of_commit_record),
+               (floors, paths.epoch_of_retired))
     for key in store.list(checkpoint_prefix(job_prefix)):
-        for found, parse in ((checkpoints, epoch_of_checkpoint), (records, paths.epoch_of_commit_record),
-                             (floors, paths.epoch_of_retired)):
+        for found, parse in parsers:
             epoch = parse(key)
             if epoch is not None:
                 found[epoch] = key
                 break
     floor = max(floors, default=0)
     last = max(records, default=0)
-    return CommitLog(
-        epochs=sorted(e for e in checkpoints if e > floor), retired_through=floor, last_recorded=last,
-        withdrawn=sorted(k for e, k in checkpoints.items() if e <= floor),
-        old_markers=sorted([k for e, k in records.items() if e < last] + [k for e, k in floors.items() if e < floor]))
+    old = [k for e, k in records.items() if e < last] + [k for e, k in floors.items() if e < floor]
+    return CommitLog(epochs=sorted(e for e in checkpoints if e > floor), retired_through=floor,
+                     last_recorded=last, withdrawn=sorted(k for e, k in checkpoints.items() if e <= floor),
+                     old_markers=sorted(old))
 
 
 def list_epochs(store: ObjectStore, job_prefix: str) -> list[int]:
@@ -189,22 +190,23 @@ def commit_checkpoint(store: ObjectStore, job_prefix: str, checkpoint: JobCheckp
 
     Raises:
         ObjectExistsError: the epoch's checkpoint exists (another driver committed it).
-        JobFencedError: the epoch was committed before and retired since (this driver
-            fell behind another by the retention count); nothing of this driver's
-            commit is left and nothing saw it.
+        JobFencedError: the epoch was committed before and its checkpoint retired since
+            (this driver fell behind another by the retention count), or a newer epoch
+            was committed; the object this driver wrote is deleted again (at or below the
+            retention floor no reader ever lists it).
     """
     key = checkpoint_key(job_prefix, checkpoint.epoch)
     store.put_if_absent(key, checkpoint.encode())
-    log = read_commit_log(store, job_prefix)
+    commits = read_commit_log(store, job_prefix)
     epoch = checkpoint.epoch
-    newer = [e for e in log.epochs if e > epoch]
-    if epoch <= log.retired_through or epoch <= log.last_recorded or newer:
-        store.delete(key)  # our own object: at or below the floor no reader lists it anyway
+    if epoch < commits.newest_committed or epoch <= max(commits.retired_through, commits.last_recorded):
+        store.delete(key)  # our own object
         raise JobFencedError(
-            f"job {checkpoint.job}: epoch {epoch} was committed before by another driver (the job has "
-            f"committed up to epoch {max(log.newest_committed, *newer)}; retention had deleted the "
-            f"old checkpoint {store.uri(key)}, so this driver's write of it was withdrawn); this driver "
-            "fell behind and stops without publishing. Run one driver per job.")
+            f"job {checkpoint.job}: epoch {epoch} was committed before by another driver (the job "
+            f"has committed up to epoch {commits.newest_committed}, and had deleted the old "
+            f"checkpoint {store.uri(key)}, as retention does: this driver's write of it was "
+            "withdrawn); this driver fell behind and stops without publishing. Run one driver "
+            "per job.")
     record_commit(store, job_prefix, epoch)
     return key
 

@@ -118,18 +118,20 @@ def cleanup_job(store: ObjectStore, job_prefix: str, retain: int, *, concurrent:
     report = CleanupReport(retained_epochs=kept)
     if not kept:
         return report
+    listed: tuple[list[str], list[str]] | None = None  # state and staged files
     if concurrent:
         report.deferred = _in_flight(store, job_prefix, kept[-1])
         if not report.deferred:
-            listed = set(store.list(paths.state_root(job_prefix))) | set(store.list(paths.staging_root(job_prefix)))
+            listed = store.list(paths.state_root(job_prefix)), store.list(paths.staging_root(job_prefix))
             report.deferred = _in_flight(store, job_prefix, kept[-1])
-            store = _ListedOnly(store, listed)
+            store = _ListedOnly(store, {*listed[0], *listed[1]})
     retained = []
     for e in kept:
         try:
             retained.append(read_checkpoint(store, job_prefix, e))
         except (ObjectNotFoundError, CorruptionError) as err:
-            _damaged(report, job_prefix, f"retained checkpoint epoch {e}: {err}; no file is collected")
+            _damaged(report, job_prefix,
+                     f"retained checkpoint epoch {e}: {err}; no file is collected")
     if expired:
         retire_through(store, job_prefix, expired[-1])  # first: the fence (module docstring)
     for e in expired:
@@ -142,8 +144,9 @@ def cleanup_job(store: ObjectStore, job_prefix: str, retain: int, *, concurrent:
         return report
 
     prefix_root = paths.state_root(job_prefix)
+    state_keys, staged_keys = listed or (store.list(prefix_root), store.list(paths.staging_root(job_prefix)))
     range_prefixes: dict[str, set[str]] = {}  # operator -> DKV prefixes of all its ranges, old and new
-    for key in store.list(prefix_root):
+    for key in state_keys:
         op, label = key[len(prefix_root):].split("/", 2)[:2]
         range_prefixes.setdefault(op, set()).add(paths.state_prefix(job_prefix, op, label))
     for op, prefixes in sorted(range_prefixes.items()):
@@ -151,16 +154,17 @@ def cleanup_job(store: ObjectStore, job_prefix: str, retain: int, *, concurrent:
         try:
             stats = collect_garbage(store, sorted(prefixes), manifests)
         except (ObjectNotFoundError, CorruptionError) as err:  # nothing was deleted
-            named_by = [c.epoch for c in retained if any(m in str(err) for m in c.operators.get(op, {}).values())]
+            named_by = [str(c.epoch) for c in retained
+                        if any(store.uri(m) in str(err) for m in c.operators.get(op, {}).values())]
             _damaged(report, job_prefix, f"range manifest of retained checkpoint epoch "
-                     f"{', '.join(map(str, named_by)) or '?'}: {err}; no file of operator {op} is collected")
+                     f"{', '.join(named_by) or '?'}: {err}; no file of operator {op} is collected")
             continue
         report.files_deleted += stats["deleted"]
         report.bytes_freed += stats["bytes_freed"]
 
     named = {k for c in retained for keys in c.outputs.values() for k in keys}
     newest = kept[-1]
-    for key in store.list(paths.staging_root(job_prefix)):
+    for key in staged_keys:
         epoch = paths.staged_epoch(key)
         if key in named or epoch is None or epoch > newest:
             continue
@@ -174,7 +178,8 @@ def cleanup_job(store: ObjectStore, job_prefix: str, retain: int, *, concurrent:
 
 def _damaged(report: CleanupReport, job_prefix: str, message: str) -> None:
     report.damaged.append(message)
-    log.warning("%s: retention found a damaged object and went on without it: %s", job_prefix, message)
+    log.warning("%s: retention found a damaged object and went on without it: %s",
+                job_prefix, message)
 
 
 def _in_flight(store: ObjectStore, job_prefix: str, newest: int) -> str:
