@@ -138,7 +138,10 @@ def cleanup_job(store: ObjectStore, job_prefix: str, retain: int, *, concurrent:
         store.delete(checkpoint_key(job_prefix, e))
         fault_point("cleanup_checkpoint")
         report.checkpoints_deleted += 1
-    for key in commits.withdrawn + commits.old_markers:
+    garbage = commits.withdrawn + commits.old_markers
+    if expired and commits.retired_through:  # the floor written above superseded it
+        garbage.append(paths.retired_key(job_prefix, commits.retired_through))
+    for key in garbage:
         store.delete(key)
     if report.deferred or len(retained) < len(kept):
         return report
