@@ -10,7 +10,12 @@ import pytest
 
 from operators import paths
 from operators.errors import JobFencedError
-from operators.runtime.checkpoints import commit_checkpoint, list_epochs, read_checkpoint, read_commit_log
+from operators.runtime.checkpoints import (
+    commit_checkpoint,
+    list_epochs,
+    read_checkpoint,
+    read_commit_log,
+)
 from storage import faults
 from tests.operators import small_keyed_count as small
 
