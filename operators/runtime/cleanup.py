@@ -8,10 +8,10 @@ so all ranges of an operator are collected together), then staged output files o
 committed epochs that no retained checkpoint names. Published sink files are output,
 never garbage.
 
-The runner calls it between epochs. From another process (the Dagster cleanup op) pass
-``concurrent=True``: a task writes its SSTables and staged files *before* the epoch's
-commit names them, so an unreferenced file may belong to the epoch in flight. The
-concurrent mode therefore:
+The runner calls it after each epoch it committed, and the Dagster cleanup op from
+another process, both with ``concurrent=True``: a task writes its SSTables and staged
+files *before* the epoch's commit names them, so an unreferenced file may belong to an
+epoch in flight. The concurrent mode therefore:
 
 1. defers (deletes no file, only expired checkpoint manifests) while the job's epoch
    lease is live (``operators.runtime.control``: written by the driver before its tasks run,
@@ -24,10 +24,10 @@ concurrent mode therefore:
 
 Staged files of epochs after the newest checkpoint are in flight and left alone.
 
-The driver runs it in the concurrent mode too, after each epoch it committed: another
-driver of the job (one that should not be running, but may be) can have an epoch in
-flight, and a cleanup that did not re-check would delete that epoch's files before its
-commit names them. A driver whose commit was fenced never cleans up.
+The driver needs the concurrent mode too: another driver of the job (one that should not
+be running, but may be) can have an epoch in flight, and a cleanup that did not re-check
+would delete that epoch's files before its commit names them. A driver whose commit was
+fenced never cleans up.
 
 The fence (``operators.runtime.checkpoints``): before deleting expired checkpoints, the
 retention floor is raised to the newest of them, so a lagging driver that writes one of
@@ -101,8 +101,9 @@ def cleanup_job(store: ObjectStore, job_prefix: str, retain: int, *, concurrent:
         store: the job's object store.
         job_prefix: ``jobs/<job name>``.
         retain: checkpoints to keep, at least 1.
-        concurrent: the job may be running an epoch right now (see module docstring);
-            False only in the driver between epochs.
+        concurrent: an epoch of the job may be in flight right now (see module docstring),
+            as for the driver's own retention and the Dagster cleanup; False only where
+            no driver of the job can be running.
 
     Returns:
         A ``CleanupReport``.
