@@ -135,7 +135,8 @@ def verify_checkpoint(store: ObjectStore, job_prefix: str, ckpt: JobCheckpoint) 
     return report
 
 
-def check_older_checkpoints(store: ObjectStore, job_prefix: str, newest: int) -> dict[int, list[str]]:
+def check_older_checkpoints(store: ObjectStore, job_prefix: str,
+                            newest: int) -> dict[int, list[str]]:
     """The retained checkpoints before ``newest`` a restart could fall back to, checked
     cheaply (``operators.runtime.recovery.check_checkpoint`` in ``"names"`` mode: each
     checkpoint and range manifest verifies, each file it names exists at its size).
@@ -160,8 +161,8 @@ def make_checkpoint_check(job: Job):
     checkpoint that is damaged."""
 
     @asset_check(asset=checkpoint_asset_key(job), name="verified",
-                 description="Every file the newest checkpoint names exists and its checksums verify; "
-                             "older retained checkpoints are readable")
+                 description="Every file the newest checkpoint names exists and its checksums "
+                             "verify; older retained checkpoints are readable")
     def verified(object_store: ObjectStoreResource) -> AssetCheckResult:
         store = object_store.open()
         try:

@@ -154,7 +154,8 @@ def cleanup(context: OpExecutionContext, config: StreamJobConfig, object_store: 
         context.log.warning(f"job {config.job}: {damage}")
     return Output({"bytes_freed": report.bytes_freed, "files_deleted": report.files_deleted,
                    "checkpoints_deleted": report.checkpoints_deleted, "deferred": report.deferred,
-                   "abandoned_writes_removed": report.abandoned_writes_removed, "damaged": report.damaged},
+                   "abandoned_writes_removed": report.abandoned_writes_removed,
+                   "damaged": report.damaged},
                   metadata={
                       "bytes_freed": MetadataValue.int(report.bytes_freed),
                       "files_deleted": MetadataValue.int(report.files_deleted),

@@ -156,9 +156,9 @@ def read_commit_log(store: ObjectStore, job_prefix: str) -> CommitLog:
     floor = max(floors, default=0)
     last = max(records, default=0)
     old = [k for e, k in records.items() if e < last] + [k for e, k in floors.items() if e < floor]
+    withdrawn = sorted(k for e, k in checkpoints.items() if e <= floor)
     return CommitLog(epochs=sorted(e for e in checkpoints if e > floor), retired_through=floor,
-                     last_recorded=last, withdrawn=sorted(k for e, k in checkpoints.items() if e <= floor),
-                     old_markers=sorted(old))
+                     last_recorded=last, withdrawn=withdrawn, old_markers=sorted(old))
 
 
 def list_epochs(store: ObjectStore, job_prefix: str) -> list[int]:
@@ -199,11 +199,12 @@ def commit_checkpoint(store: ObjectStore, job_prefix: str, checkpoint: JobCheckp
     store.put_if_absent(key, checkpoint.encode())
     commits = read_commit_log(store, job_prefix)
     epoch = checkpoint.epoch
-    if epoch < commits.newest_committed or epoch <= max(commits.retired_through, commits.last_recorded):
+    newest = commits.newest_committed
+    if epoch < newest or epoch <= max(commits.retired_through, commits.last_recorded):
         store.delete(key)  # our own object
         raise JobFencedError(
             f"job {checkpoint.job}: epoch {epoch} was committed before by another driver (the job "
-            f"has committed up to epoch {commits.newest_committed}, and had deleted the old "
+            f"has committed up to epoch {newest}, and had deleted the old "
             f"checkpoint {store.uri(key)}, as retention does: this driver's write of it was "
             "withdrawn); this driver fell behind and stops without publishing. Run one driver "
             "per job.")

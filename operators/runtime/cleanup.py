@@ -123,7 +123,8 @@ def cleanup_job(store: ObjectStore, job_prefix: str, retain: int, *, concurrent:
     if concurrent:
         report.deferred = _in_flight(store, job_prefix, kept[-1])
         if not report.deferred:
-            listed = store.list(paths.state_root(job_prefix)), store.list(paths.staging_root(job_prefix))
+            listed = (store.list(paths.state_root(job_prefix)),
+                      store.list(paths.staging_root(job_prefix)))
             report.deferred = _in_flight(store, job_prefix, kept[-1])
             store = _ListedOnly(store, {*listed[0], *listed[1]})
     retained = []
@@ -148,7 +149,8 @@ def cleanup_job(store: ObjectStore, job_prefix: str, retain: int, *, concurrent:
         return report
 
     prefix_root = paths.state_root(job_prefix)
-    state_keys, staged_keys = listed or (store.list(prefix_root), store.list(paths.staging_root(job_prefix)))
+    state_keys, staged_keys = listed or (store.list(prefix_root),
+                                         store.list(paths.staging_root(job_prefix)))
     range_prefixes: dict[str, set[str]] = {}  # operator -> DKV prefixes of all its ranges, old and new
     for key in state_keys:
         op, label = key[len(prefix_root):].split("/", 2)[:2]

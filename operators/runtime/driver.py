@@ -185,7 +185,7 @@ class JobRunner:
             raise ValueError(f"verify_restart must be one of {VERIFY_MODES}, got {verify_restart!r}")
         self.verify_restart = verify_restart
         self._recovery: dict | None = None  # a fallback, recorded in the next checkpoint
-        self._retention_damage: list[str] = []  # found by retention, recorded in the next checkpoint
+        self._retention_damage: list[str] = []  # found by retention, for the next checkpoint
         self.last_cleanup: CleanupReport | None = None
 
     def close(self) -> None:
@@ -249,8 +249,8 @@ class JobRunner:
 
     def run_to_end(self, max_epochs: int | None = None) -> list[EpochResult]:
         """Deprecated alias of ``run``."""
-        warnings.warn("JobRunner.run_to_end is deprecated; use JobRunner.run (same arguments and result)",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn("JobRunner.run_to_end is deprecated; use JobRunner.run (same arguments "
+                      "and result)", DeprecationWarning, stacklevel=2)
         return self.run(max_epochs)
 
     def epochs(self, max_epochs: int | None = None) -> Iterator[EpochResult]:
@@ -360,9 +360,10 @@ class JobRunner:
         metrics = self._metrics(events, results, flush)
         new = JobCheckpoint(
             job=self.job.name, epoch=epoch, watermark=watermark,
-            source_offsets={p: plan[p][1] for p in plan}, partition_max_ts=part_max, finished=finished,
-            key_groups=self.job.key_groups, parallelism=self.job.parallelism,
-            operators={op: {res.range_label: res.manifest_key for res in rs} for op, rs in results.items()},
+            source_offsets={p: plan[p][1] for p in plan}, partition_max_ts=part_max,
+            finished=finished, key_groups=self.job.key_groups, parallelism=self.job.parallelism,
+            operators={op: {res.range_label: res.manifest_key for res in rs}
+                       for op, rs in results.items()},
             outputs=outputs, metrics=metrics,
         )
         key = self._commit(new)
@@ -377,10 +378,10 @@ class JobRunner:
                  self.job.name, epoch, events.num_rows, watermark, seconds)
         return EpochResult(
             epoch=epoch, watermark=watermark, source_offsets=new.source_offsets,
-            checkpoint_uri=self.store.uri(key), events=events.num_rows, seconds=seconds, finished=finished,
-            tables=metrics["tables"], table_bytes=metrics["table_bytes"], keys=metrics["keys"],
-            output_rows=metrics["output_rows"], published=published, dead_letter=metrics["dead_letter"],
-            recovery=metrics.get("recovery"),
+            checkpoint_uri=self.store.uri(key), events=events.num_rows, seconds=seconds,
+            finished=finished, tables=metrics["tables"], table_bytes=metrics["table_bytes"],
+            keys=metrics["keys"], output_rows=metrics["output_rows"], published=published,
+            dead_letter=metrics["dead_letter"], recovery=metrics.get("recovery"),
         ), new
 
     def _run_stages(self, ckpt: JobCheckpoint, epoch: int, events: pa.Table, watermark: int,
@@ -423,24 +424,29 @@ class JobRunner:
             stage_input = forwarded
         return results_by_op
 
-    def _stage_error(self, operator: str, start_epoch: int, epoch: int, e: Exception) -> JobFailedError:
+    def _stage_error(self, operator: str, start_epoch: int, epoch: int,
+                     e: Exception) -> JobFailedError:
+        """The error to raise for a failed stage: fenced if another driver committed
+        ``epoch`` meanwhile, else a job failure."""
         newest = self._newest_epoch_elsewhere()
         if newest is not None and newest >= epoch:
             # A driver this far behind finds the files of its start checkpoint
             # deleted by the other's retention; fencing is what happened.
             return JobFencedError(
                 f"job {self.job.name}: epoch {epoch} was committed by another driver (the newest "
-                f"checkpoint is {self.store.uri(checkpoint_key(self.job.prefix, newest))}) while this "
-                f"driver ran it from epoch {start_epoch}, and its tasks failed ({_root_message(e)}); "
-                f"this driver stops without publishing. Run one driver per job.")
-        return JobFailedError(f"job {self.job.name}: epoch {epoch} failed in operator {operator}: {_root_message(e)}")
+                f"checkpoint is {self.store.uri(checkpoint_key(self.job.prefix, newest))}) while "
+                f"this driver ran it from epoch {start_epoch}, and its tasks failed "
+                f"({_root_message(e)}); this driver stops without publishing. Run one driver per job.")
+        return JobFailedError(f"job {self.job.name}: epoch {epoch} failed in operator {operator}: "
+                              f"{_root_message(e)}")
 
     def _stage_dead_letters(self, epoch: int) -> dict[str, list[str]]:
         """Step 4: the epoch's bad input rows as one staged file of the dead-letter
         output (``{}`` when there were none)."""
         if not self._dead_letters.num_rows:
             return {}
-        key = dead_letter.stage(self.store, self.job.prefix, epoch, self._dead_letters, uuid.uuid4().hex[:12])
+        key = dead_letter.stage(self.store, self.job.prefix, epoch, self._dead_letters,
+                                uuid.uuid4().hex[:12])
         return {dead_letter.DEAD_LETTER_OUTPUT: [key]}
 
     def _prepare_sinks(self, epoch: int, outputs: dict[str, list[str]]) -> None:
@@ -451,7 +457,8 @@ class JobRunner:
             except Exception as e:  # noqa: BLE001 - any sink check failing fails the epoch
                 raise JobFailedError(f"job {self.job.name}: epoch {epoch} refused by sink {name}: {e}") from e
 
-    def _metrics(self, events: pa.Table, results_by_op: dict[str, list[TaskResult]], flush: bool) -> dict:
+    def _metrics(self, events: pa.Table, results_by_op: dict[str, list[TaskResult]],
+                 flush: bool) -> dict:
         """Step 6: the checkpoint's ``metrics`` (``operators.runtime.checkpoints``)."""
         every = [res for rs in results_by_op.values() for res in rs]
         last_results = results_by_op[self.job.operators[-1].name]
@@ -510,7 +517,8 @@ class JobRunner:
         """
         if self.retain_checkpoints is None:
             return
-        self.last_cleanup = cleanup_job(self.store, self.job.prefix, self.retain_checkpoints, concurrent=True)
+        self.last_cleanup = cleanup_job(self.store, self.job.prefix, self.retain_checkpoints,
+                                        concurrent=True)
         self._retention_damage = list(self.last_cleanup.damaged)
 
     def _epoch_requests(self, results_by_op: dict[str, list[TaskResult]]) -> dict[str, dict[str, int]]:

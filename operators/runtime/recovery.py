@@ -135,7 +135,8 @@ def check_checkpoint(store: ObjectStore, job_prefix: str, epoch: int,
     return ckpt, errors
 
 
-def _visible_output_after(store: ObjectStore, job: Job, epoch: int, unknown_is_visible: bool = True) -> list[str]:
+def _visible_output_after(store: ObjectStore, job: Job, epoch: int,
+                          unknown_is_visible: bool = True) -> list[str]:
     """What the job's sinks published of epochs after ``epoch``; a sink that cannot tell
     counts as visible output unless ``unknown_is_visible`` is False."""
     sinks = [*job.sinks.values(), job.dead_letter.sink]
@@ -150,7 +151,8 @@ def _visible_output_after(store: ObjectStore, job: Job, epoch: int, unknown_is_v
     return out
 
 
-def _quarantine(store: ObjectStore, job_prefix: str, epochs: list[int], records_after: int) -> list[str]:
+def _quarantine(store: ObjectStore, job_prefix: str, epochs: list[int],
+                records_after: int) -> list[str]:
     """Moves the checkpoints of ``epochs`` aside and deletes the commit records of every
     epoch after ``records_after``: those epochs are to be committed again."""
     moved = []
@@ -197,9 +199,9 @@ def restart_checkpoint(
         if commits.newest_committed:
             raise RecoveryRefusedError(
                 f"job {job.name}: epochs up to {commits.newest_committed} were committed, but no "
-                f"checkpoint is left under {store.uri(paths.checkpoint_prefix(job.prefix))}. Restore the "
-                f"checkpoint objects, or delete everything under {store.uri(job.prefix + '/')} (state "
-                "and output) to run the job from the start.")
+                f"checkpoint is left under {store.uri(paths.checkpoint_prefix(job.prefix))}. "
+                "Restore the checkpoint objects, or delete everything under "
+                f"{store.uri(job.prefix + '/')} (state and output) to run the job from the start.")
         return None, None
     bad: list[str] = _missing(store, job.prefix, commits)
     for epoch in reversed(epochs):
@@ -217,19 +219,20 @@ def restart_checkpoint(
             visible = _visible_output_after(store, job, epoch, unknown_is_visible=False)
             if visible:
                 raise RecoveryRefusedError(
-                    f"job {job.name}: output of epochs after the newest checkpoint, epoch {epoch}, is "
-                    f"visible ({_first(visible)}), so newer checkpoints were committed and are missing "
-                    f"from {store.uri(paths.checkpoint_prefix(job.prefix))}; continuing from epoch {epoch} "
-                    "would duplicate or lose rows. Restore the missing checkpoint objects, or delete that "
-                    "output to have those epochs recomputed, and restart.")
+                    f"job {job.name}: output of epochs after the newest checkpoint, epoch {epoch}, "
+                    f"is visible ({_first(visible)}), so newer checkpoints were committed and are "
+                    f"missing from {store.uri(paths.checkpoint_prefix(job.prefix))}; continuing from "
+                    f"epoch {epoch} would duplicate or lose rows. Restore the missing checkpoint "
+                    "objects, or delete that output to have those epochs recomputed, and restart.")
         return ckpt, None
     visible = _visible_output_after(store, job, epoch)
     if visible:
         raise RecoveryRefusedError(
-            f"job {job.name}: checkpoint epoch {newest} cannot be used ({'; '.join(bad)}); falling back to "
-            f"epoch {epoch} would replay epochs {epoch + 1}..{newest}, whose output is already visible "
-            f"({_first(visible)}), and a replay that differs would duplicate or lose rows. Restore the "
-            "named objects, or delete that output to have those epochs recomputed, and restart.")
+            f"job {job.name}: checkpoint epoch {newest} cannot be used ({'; '.join(bad)}); falling "
+            f"back to epoch {epoch} would replay epochs {epoch + 1}..{newest}, whose output is already "
+            f"visible ({_first(visible)}), and a replay that differs would duplicate or lose rows. "
+            "Restore the named objects, or delete that output to have those epochs recomputed, and "
+            "restart.")
     moved = _quarantine(store, job.prefix, [e for e in epochs if e > epoch], records_after=epoch)
     fallback = Fallback(newest, epoch, bad, moved)
     log.warning("job %s: checkpoint epoch %d is unusable (%s); fell back to epoch %d, moved %s aside; "

@@ -3,6 +3,7 @@
 closing an hourly window, so each publishes output), with DKV sized so that every epoch
 flushes and compacts. In process: a run takes under a second. The oracle is pandas
 (``examples.keyed_count.keyed_count_oracle``)."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -13,19 +14,34 @@ from operators.runtime.driver import JobRunner
 from storage.dkv import DKVOptions
 
 EPOCHS = 8
-OPTIONS = DKVOptions(memtable_bytes=4 << 10, l0_compaction_trigger=2, target_file_bytes=16 << 10,
-                     level_base_bytes=64 << 10, block_cache_bytes=1 << 20, table_cache_bytes=1 << 20)
+OPTIONS = DKVOptions(
+    memtable_bytes=4 << 10,
+    l0_compaction_trigger=2,
+    target_file_bytes=16 << 10,
+    level_base_bytes=64 << 10,
+    block_cache_bytes=1 << 20,
+    table_cache_bytes=1 << 20,
+)
 
 
 def job(parallelism: int = 2) -> Job:
     """The job (a new instance each call: a driver's job is its own)."""
-    return keyed_count_job(3_000, 200, partitions=2, step_ms=6_000, events_per_epoch=750,
-                           parallelism=parallelism, name="small_count")
+    return keyed_count_job(
+        3_000,
+        200,
+        partitions=2,
+        step_ms=6_000,
+        events_per_epoch=750,
+        parallelism=parallelism,
+        name="small_count",
+    )
 
 
 def runner(root: str, retain: int | None = 2, parallelism: int = 2, **kw) -> JobRunner:
     """An in-process ``JobRunner`` of ``job(parallelism)`` on store ``root``."""
-    return JobRunner(job(parallelism), None, root, dkv_options=OPTIONS, retain_checkpoints=retain, **kw)
+    return JobRunner(
+        job(parallelism), None, root, dkv_options=OPTIONS, retain_checkpoints=retain, **kw
+    )
 
 
 def output(r: JobRunner) -> pd.DataFrame:
@@ -48,5 +64,9 @@ def assert_output_exact(r: JobRunner, what: str) -> None:
 
 
 def _sorted(df: pd.DataFrame) -> pd.DataFrame:
-    return df[["key", "window_start", "count", "amount"]].sort_values(
-        ["key", "window_start"]).reset_index(drop=True).astype({"count": "int64", "amount": "int64"})
+    return (
+        df[["key", "window_start", "count", "amount"]]
+        .sort_values(["key", "window_start"])
+        .reset_index(drop=True)
+        .astype({"count": "int64", "amount": "int64"})
+    )

@@ -2,6 +2,7 @@
 fence"): retention raises the floor before it deletes a checkpoint; a commit into a
 retired gap is withdrawn and refused; a commit of a new epoch is recorded; the markers
 do not grow with the job's age. In process, on the small keyed counting job."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,7 +26,11 @@ def test_markers_do_not_grow(tmp_path) -> None:
     runner.run()
     keys = runner.store.list(paths.checkpoint_prefix(runner.job.prefix))
     assert [k.rsplit("/", 1)[1] for k in keys] == [
-        "committed-0000000008.json", "epoch-0000000007.json", "epoch-0000000008.json", "retired-0000000006.json"]
+        "committed-0000000008.json",
+        "epoch-0000000007.json",
+        "epoch-0000000008.json",
+        "retired-0000000006.json",
+    ]
 
 
 def test_floor_is_raised_before_a_checkpoint_is_deleted(tmp_path) -> None:
@@ -52,7 +57,9 @@ def test_commit_into_a_retired_gap_is_withdrawn(tmp_path) -> None:
     store, prefix = runner.store, runner.job.prefix
     assert list_epochs(store, prefix) == [4] and not store.exists(paths.checkpoint_key(prefix, 2))
     stale = dataclasses.replace(read_checkpoint(store, prefix, 4), epoch=2)
-    with pytest.raises(JobFencedError, match="epoch 2 was committed before by another driver .*up to epoch 4"):
+    with pytest.raises(
+        JobFencedError, match="epoch 2 was committed before by another driver .*up to epoch 4"
+    ):
         commit_checkpoint(store, prefix, stale)
     assert not store.exists(paths.checkpoint_key(prefix, 2))
     log = read_commit_log(store, prefix)
@@ -67,7 +74,9 @@ def test_a_write_below_the_floor_is_never_listed(tmp_path) -> None:
     runner.run(max_epochs=4)
     store, prefix = runner.store, runner.job.prefix
     left = paths.checkpoint_key(prefix, 2)
-    store.put_if_absent(left, dataclasses.replace(read_checkpoint(store, prefix, 4), epoch=2).encode())
+    store.put_if_absent(
+        left, dataclasses.replace(read_checkpoint(store, prefix, 4), epoch=2).encode()
+    )
     assert list_epochs(store, prefix) == [4] and runner.latest().epoch == 4
     assert read_commit_log(store, prefix).withdrawn == [left]
     runner.run(max_epochs=1)

@@ -2,6 +2,7 @@
 the minimum over every partition's max event time minus the bound, a caught-up
 partition included (it may still receive older events), as in Flink without idleness.
 In process, against a topic of the log."""
+
 from __future__ import annotations
 
 import json
@@ -26,15 +27,24 @@ def _append(root: str, partition_records: dict[int, list[tuple[str, int]]]) -> N
     prod = log.producer()
     for p, records in partition_records.items():
         for key, ts in records:
-            prod.send("in", key.encode(), json.dumps({"amount": 1}).encode(), timestamp=ts, partition=p)
+            prod.send(
+                "in", key.encode(), json.dumps({"amount": 1}).encode(), timestamp=ts, partition=p
+            )
     prod.flush()
 
 
 def _job(root: str) -> Job:
     op = KeyedWindowCount()
-    return Job(name="live", source=TopicSource(root, "in", value_schema=SCHEMA, bounded=False),
-               operators=[op], sinks={name: ParquetSink(name, schema) for name, schema in op.outputs.items()},
-               key_groups=8, parallelism=1, events_per_epoch=100, max_out_of_orderness_ms=BOUND_MS)
+    return Job(
+        name="live",
+        source=TopicSource(root, "in", value_schema=SCHEMA, bounded=False),
+        operators=[op],
+        sinks={name: ParquetSink(name, schema) for name, schema in op.outputs.items()},
+        key_groups=8,
+        parallelism=1,
+        events_per_epoch=100,
+        max_out_of_orderness_ms=BOUND_MS,
+    )
 
 
 def _topic(root: str, partitions: int) -> None:
@@ -48,7 +58,9 @@ def test_catching_up_epoch_of_a_live_source_commits(tmp_path) -> None:
     _topic(root, 1)
     _append(root, {0: [(f"k{i % 3}", 1_000 * i) for i in range(10)]})
     results = JobRunner(_job(root), None, root).run()
-    assert [(r.epoch, r.events, r.watermark, r.finished) for r in results] == [(1, 10, 9_000 - BOUND_MS, False)]
+    assert [(r.epoch, r.events, r.watermark, r.finished) for r in results] == [
+        (1, 10, 9_000 - BOUND_MS, False)
+    ]
     # Caught up: a rerun has nothing to do and fails nothing.
     assert JobRunner(_job(root), None, root).run() == []
     _append(root, {0: [("k0", 12_000)]})
@@ -61,12 +73,20 @@ def test_caught_up_partition_still_holds_the_watermark(tmp_path) -> None:
     watermark stays at 3 s - bound (partition 0 may still receive events after 3 s)."""
     root = str(tmp_path)
     _topic(root, 2)
-    _append(root, {0: [("a", 1_000 * i) for i in range(4)],           # 4 records, max 3 s
-                   1: [("b", 100 * i) for i in range(201)]})          # 201 records, max 20 s
+    _append(
+        root,
+        {
+            0: [("a", 1_000 * i) for i in range(4)],  # 4 records, max 3 s
+            1: [("b", 100 * i) for i in range(201)],
+        },
+    )  # 201 records, max 20 s
     results = JobRunner(_job(root), None, root).run()
     # Epoch 1: 50 per partition (0 reads its 4); epoch 2: 100 of partition 1; epoch 3: the rest.
     assert [(r.events, r.watermark) for r in results] == [
-        (54, 3_000 - BOUND_MS), (100, 3_000 - BOUND_MS), (51, 3_000 - BOUND_MS)]
+        (54, 3_000 - BOUND_MS),
+        (100, 3_000 - BOUND_MS),
+        (51, 3_000 - BOUND_MS),
+    ]
     _append(root, {0: [("a", 30_000)]})
     [again] = JobRunner(_job(root), None, root).run()
     assert again.watermark == 20_000 - BOUND_MS  # now partition 1's max is the lower one

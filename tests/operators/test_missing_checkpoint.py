@@ -3,6 +3,7 @@ visible, so continuing from the checkpoint before would compute that epoch again
 another parallelism: under other file names, so every row twice); the restart must
 refuse and say what to do, whether or not the job has commit records (stores written
 before they existed have none). In process; oracle: the pandas answer of the job."""
+
 from __future__ import annotations
 
 import pytest
@@ -45,9 +46,13 @@ def test_restart_refuses_when_the_newest_checkpoint_is_lost(tmp_path, records) -
         assert "commit record" in message and "says epoch 8 was committed" in message, message
         assert "falling back to epoch 7 would replay epochs 8..8" in message, message
     else:
-        assert "output of epochs after the newest checkpoint, epoch 7, is visible" in message, message
+        assert "output of epochs after the newest checkpoint, epoch 7, is visible" in message, (
+            message
+        )
     assert "00000008/part-kg-0000-0127.parquet" in message, message  # the visible output, named
-    assert "Restore the" in message and "delete that output to have those epochs recomputed" in message
+    assert (
+        "Restore the" in message and "delete that output to have those epochs recomputed" in message
+    )
     small.assert_output_exact(runner, "after the refused restart")  # nothing was published
 
     # As the message says: without epoch 8's output, the restart recomputes it once.

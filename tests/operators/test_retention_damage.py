@@ -4,6 +4,7 @@ failing them); retention keeps what the damaged manifest could name, logs a warn
 reports it in its ``CleanupReport`` and in the next checkpoint's metrics, and the
 Dagster ``verified`` check fails naming that checkpoint. Once the checkpoint expires the
 job is clean again. In process; oracle: the pandas answer of the job."""
+
 from __future__ import annotations
 
 import logging
@@ -41,7 +42,10 @@ def test_damaged_older_manifest_does_not_fail_later_epochs(tmp_path, caplog) -> 
     verified = check(object_store=ObjectStoreResource(root_uri=root))
     assert not verified.passed
     assert verified.metadata["damaged_epochs"].value == [2]
-    assert any(e.startswith("epoch 2: ") and store.uri(manifest) in e for e in verified.metadata["errors"].value)
+    assert any(
+        e.startswith("epoch 2: ") and store.uri(manifest) in e
+        for e in verified.metadata["errors"].value
+    )
 
     assert [r.epoch for r in runner.run(max_epochs=1)] == [5]  # epoch 2 expires now
     assert read_checkpoint(store, prefix, 5).metrics["retention_damage"] == [damage]

@@ -1,6 +1,7 @@
 """``JobRunner.run()`` runs the job (as the README shows it) and returns the committed
 epochs; ``epochs()`` yields each as it commits; ``run_to_end`` is a deprecated alias.
 Oracle: the checkpoints in the store and the pandas answer of the keyed counting job."""
+
 from __future__ import annotations
 
 import pytest

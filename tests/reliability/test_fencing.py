@@ -104,7 +104,8 @@ class _Driver:
     (a new ``JobRunner``, as a supervisor would) after being fenced."""
 
     def __init__(self, name: str, root: str, retain: int, commits: list, restarts: int = 0) -> None:
-        self.name, self.root, self.retain, self.commits, self.restarts = name, root, retain, commits, restarts
+        self.name, self.root, self.retain = name, root, retain
+        self.commits, self.restarts = commits, restarts
         self.stops: set[tuple[str, int]] = set()
         self.fenced: list[str] = []
         self.error: BaseException | None = None
@@ -168,7 +169,8 @@ class _Driver:
         assert self.error is None, f"{self.name} failed: {self.error!r}"
 
 
-def _check_oracle(root: str, retain: int, commits: list[tuple[int, str]], *drivers: _Driver) -> None:
+def _check_oracle(root: str, retain: int, commits: list[tuple[int, str]],
+                  *drivers: _Driver) -> None:
     for d in drivers:
         d.finish()
     twice = {e: [n for ce, n in commits if ce == e] for e, _ in commits}
