@@ -15,8 +15,9 @@ from assets.resources import ObjectStoreResource
 from operators.api.job import Job
 from operators.api.operator import WATERMARK_MAX, WATERMARK_MIN
 from operators.paths import checkpoint_key
-from operators.runtime.checkpoints import JobCheckpoint, latest_checkpoint
+from operators.runtime.checkpoints import JobCheckpoint, latest_checkpoint, list_epochs
 from operators.runtime.driver import EpochResult
+from operators.runtime.recovery import check_checkpoint
 from storage.dkv.compaction import size_amplification
 from storage.dkv.manifest import load_manifest
 from storage.dkv.verify import VerifyReport, verify_manifest
@@ -134,12 +135,34 @@ def verify_checkpoint(store: ObjectStore, job_prefix: str, ckpt: JobCheckpoint) 
     return report
 
 
+def check_older_checkpoints(store: ObjectStore, job_prefix: str,
+                            newest: int) -> dict[int, list[str]]:
+    """The retained checkpoints before ``newest`` a restart could fall back to, checked
+    cheaply (``operators.runtime.recovery.check_checkpoint`` in ``"names"`` mode: each
+    checkpoint and range manifest verifies, each file it names exists at its size).
+
+    Returns:
+        ``{epoch: [error naming a URI, ...]}`` for each damaged checkpoint (empty: none).
+    """
+    damaged = {}
+    for epoch in list_epochs(store, job_prefix):
+        if epoch < newest:
+            _, errors = check_checkpoint(store, job_prefix, epoch, "names")
+            if errors:
+                damaged[epoch] = errors
+    return damaged
+
+
 def make_checkpoint_check(job: Job):
     """The asset check ``verified`` on ``<job>_checkpoint``: the newest checkpoint's files
-    all exist and their checksums verify. Fails with severity ERROR naming each bad file."""
+    all exist and their checksums verify, and every older retained checkpoint (a restart's
+    fallback) and the files it names are readable (``check_older_checkpoints``). Fails
+    with severity ERROR naming each bad file and, in ``damaged_epochs``, each older
+    checkpoint that is damaged."""
 
     @asset_check(asset=checkpoint_asset_key(job), name="verified",
-                 description="Every file the newest checkpoint names exists and its checksums verify")
+                 description="Every file the newest checkpoint names exists and its checksums "
+                             "verify; older retained checkpoints are readable")
     def verified(object_store: ObjectStoreResource) -> AssetCheckResult:
         store = object_store.open()
         try:
@@ -151,8 +174,10 @@ def make_checkpoint_check(job: Job):
             return AssetCheckResult(passed=True, metadata={"epoch": MetadataValue.int(0),
                                                            "note": "no committed checkpoint yet"})
         report = verify_checkpoint(store, job.prefix, ckpt)
+        older = check_older_checkpoints(store, job.prefix, ckpt.epoch)
+        errors = report.errors + [f"epoch {e}: {msg}" for e, msgs in older.items() for msg in msgs]
         return AssetCheckResult(
-            passed=report.ok, severity=AssetCheckSeverity.ERROR,
+            passed=not errors, severity=AssetCheckSeverity.ERROR,
             metadata={
                 "epoch": MetadataValue.int(ckpt.epoch),
                 "checkpoint_uri": MetadataValue.path(store.uri(checkpoint_key(job.prefix, ckpt.epoch))),
@@ -161,7 +186,8 @@ def make_checkpoint_check(job: Job):
                 "table_bytes": MetadataValue.int(report.table_bytes),
                 "blocks": MetadataValue.int(report.blocks),
                 "wal_objects": MetadataValue.int(report.wal_objects),
-                "errors": MetadataValue.json(report.errors[:20]),
+                "damaged_epochs": MetadataValue.json(sorted(older)),
+                "errors": MetadataValue.json(errors[:20]),
             })
 
     return verified

@@ -91,7 +91,7 @@ def job_assets(job: Job, group_name: str | None = None) -> list:
         runner = JobRunner(job, pyspark.spark_session, object_store.root_uri, dkv_options=dkv.options(),
                            retain_checkpoints=dkv.retain_checkpoints if dkv.inline_retention else None)
         epochs = 0
-        for result in runner.run(max_epochs=config.max_epochs or None):
+        for result in runner.epochs(max_epochs=config.max_epochs or None):
             epochs += 1
             stats = level_stats(runner.store, read_checkpoint(runner.store, job.prefix, result.epoch))
             context.log_event(AssetMaterialization(asset_key=ckpt_key, metadata=checkpoint_metadata(result, stats),

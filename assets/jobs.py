@@ -150,9 +150,12 @@ def cleanup(context: OpExecutionContext, config: StreamJobConfig, object_store: 
     report = cleanup_job(store, job_prefix(config.job), dkv.retain_checkpoints, concurrent=True)
     if report.deferred:
         context.log.warning(f"job {config.job}: files not collected: {report.deferred}")
+    for damage in report.damaged:  # what a damaged retained object could name was kept
+        context.log.warning(f"job {config.job}: {damage}")
     return Output({"bytes_freed": report.bytes_freed, "files_deleted": report.files_deleted,
                    "checkpoints_deleted": report.checkpoints_deleted, "deferred": report.deferred,
-                   "abandoned_writes_removed": report.abandoned_writes_removed},
+                   "abandoned_writes_removed": report.abandoned_writes_removed,
+                   "damaged": report.damaged},
                   metadata={
                       "bytes_freed": MetadataValue.int(report.bytes_freed),
                       "files_deleted": MetadataValue.int(report.files_deleted),
@@ -160,6 +163,7 @@ def cleanup(context: OpExecutionContext, config: StreamJobConfig, object_store: 
                       "abandoned_writes_removed": MetadataValue.int(report.abandoned_writes_removed),
                       "retained_epochs": MetadataValue.json(report.retained_epochs),
                       "deferred": MetadataValue.text(report.deferred or "no"),
+                      "damaged": MetadataValue.json(report.damaged),
                   })
 
 

@@ -125,7 +125,7 @@ def run_dkvstream(plan: EpochPlan, work_dir: str, spark, progress=print, batch: 
     started = last_report = time.perf_counter()
     runner = JobRunner(job, spark, work_dir)
     epoch_seconds, first_output_s, events = [], None, 0
-    for r in runner.run():
+    for r in runner.epochs():
         epoch_seconds.append(r.seconds)
         events += r.events
         if first_output_s is None and r.output_rows.get("main", 0) > 0:

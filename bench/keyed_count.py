@@ -65,7 +65,7 @@ def _run(kind: str, events: int, keys: int, epoch: int, zipf: float | None, batc
         cpu_started = time.process_time()
         done = 0
         epochs = 0
-        for res in runner.run():
+        for res in runner.epochs():
             epochs += 1
             done += res.events
             el = time.perf_counter() - started

@@ -129,18 +129,18 @@ def measure(root_uri: str, keys: int, epochs: int, events_per_epoch: int, table_
     steady = epochs * events_per_epoch
     job = _job(keys, keys, steady)
     load = JobRunner(job, None, root_uri, dkv_options=OPTIONS, retain_checkpoints=3)
-    load.run_to_end(max_epochs=1)  # the load epoch: K keys in state
+    load.run(max_epochs=1)  # the load epoch: K keys in state
     compactor_store = open_object_store(root_uri)
     while compact_job(compactor_store, job.prefix, OPTIONS):  # settle the load's L0
         JobRunner(_job(keys, 1, steady), None, root_uri, dkv_options=OPTIONS,
-                  retain_checkpoints=3).run_to_end(max_epochs=1)  # install the results
+                  retain_checkpoints=3).run(max_epochs=1)  # install the results
 
     job = _job(keys, events_per_epoch, steady)
     runner = JobRunner(job, None, root_uri, dkv_options=OPTIONS, retain_checkpoints=3)
     per_epoch, per_compaction = [], []
     compactions = 0
     started = time.perf_counter()
-    epochs_iter = runner.run(max_epochs=epochs)
+    epochs_iter = runner.epochs(max_epochs=epochs)
     for _ in epochs_iter:
         requests = latest_checkpoint(runner.store, job.prefix).metrics["requests"]
         per_epoch.append(sum_requests([requests["driver"], requests["tasks"]]))

@@ -4,6 +4,10 @@ Layout under the store root::
 
     jobs/<job>/
       checkpoints/epoch-<epoch:010d>.json       job checkpoint manifests (the commit point)
+      checkpoints/committed-<epoch:010d>.json   commit record: epoch was committed (the newest
+                                                 one is kept: which epoch was committed last)
+      checkpoints/retired-<epoch:010d>.json     retention floor: every epoch up to it was
+                                                 committed and retired (the newest one is kept)
       state/<operator>/<range label>/...         one DKV instance per operator and key-group
                                                  range (its own layout: storage.dkv.paths)
       staging/epoch=<epoch:010d>/<operator>/<range label>@<attempt>/<file>
@@ -21,6 +25,8 @@ from __future__ import annotations
 import re
 
 _CHECKPOINT_NAME = re.compile(r"epoch-(\d{10})\.json$")
+_COMMIT_RECORD_NAME = re.compile(r"committed-(\d{10})\.json$")
+_RETIRED_NAME = re.compile(r"retired-(\d{10})\.json$")
 _STAGED_EPOCH = re.compile(r"/staging/epoch=(\d+)/")
 
 
@@ -49,6 +55,31 @@ def checkpoint_key(job: str, epoch: int) -> str:
 def epoch_of_checkpoint(key: str) -> int | None:
     """The epoch of a checkpoint manifest key, or None for another key."""
     m = _CHECKPOINT_NAME.search(key)
+    return int(m.group(1)) if m else None
+
+
+def commit_record_key(job: str, epoch: int) -> str:
+    """Key of the commit record of ``epoch``: written after the epoch's checkpoint was
+    committed and found newer than every epoch committed before (``operators.runtime.
+    checkpoints``); the newest record says which epoch was committed last."""
+    return f"{checkpoint_prefix(job)}committed-{epoch:010d}.json"
+
+
+def epoch_of_commit_record(key: str) -> int | None:
+    """The epoch of a commit record key, or None for another key."""
+    m = _COMMIT_RECORD_NAME.search(key)
+    return int(m.group(1)) if m else None
+
+
+def retired_key(job: str, epoch: int) -> str:
+    """Key of the retention floor marker ``epoch``: every epoch up to ``epoch`` was
+    committed and its checkpoint is (being) deleted by retention."""
+    return f"{checkpoint_prefix(job)}retired-{epoch:010d}.json"
+
+
+def epoch_of_retired(key: str) -> int | None:
+    """The epoch of a retention floor marker key, or None for another key."""
+    m = _RETIRED_NAME.search(key)
     return int(m.group(1)) if m else None
 
 

@@ -1,7 +1,8 @@
-"""Job checkpoint manifests: the atomic commit point of an epoch.
+"""Job checkpoint manifests: the atomic commit point of an epoch, and the commit fence.
 
 One JSON object per committed epoch at ``jobs/<job>/checkpoints/epoch-<epoch:010d>.json``,
-written with ``put_if_absent`` so two drivers can never both commit an epoch. Layout::
+written with ``put_if_absent`` so two drivers can never both commit an epoch while its
+checkpoint exists. Layout::
 
     {"crc32c": <crc32c of body as compact sorted JSON>, "body": {
         "format": 1, "job": str, "epoch": int,
@@ -18,14 +19,40 @@ written with ``put_if_absent`` so two drivers can never both commit an epoch. La
 
 Everything a task wrote is garbage until a checkpoint names it (docs/design.md, "Epochs and
 checkpoints").
+
+**The fence.** Retention deletes old checkpoints, so ``put_if_absent`` alone cannot stop a
+driver that fell behind by the retention count from committing an old epoch number into
+the gap. Two kinds of small marker objects next to the checkpoints close it, both written
+before anything could depend on them and listed with the checkpoints in one LIST:
+
+* ``checkpoints/retired-<F>.json``, the **retention floor**: written by retention
+  (``operators.runtime.cleanup``) *before* it deletes the checkpoints of epochs up to F.
+  Epochs at or below the newest floor are not listed as committed (``read_commit_log``).
+* ``checkpoints/committed-<N>.json``, the **commit record**: written by the driver once
+  its checkpoint N passed the fence, before it publishes or cleans up anything; the
+  newest one says which epoch was committed last (a restart that finds checkpoints
+  missing after it refuses or falls back, ``operators.runtime.recovery``).
+
+``commit_checkpoint`` writes checkpoint N with ``put_if_absent`` and then lists: if N is at
+or below the floor or the newest commit record, or a newer checkpoint exists, the epoch
+was committed before (its checkpoint was retired meanwhile), so it deletes the object it
+just wrote and raises ``JobFencedError``. Why this is race-free: the gap at N only opens
+when retention deletes checkpoint N, after it wrote a floor >= N; so a ``put_if_absent``
+that succeeds in the gap is followed by a listing that shows that floor (stores list
+what was written before, as S3 and a local directory do). Retention never deletes the
+newest floor nor the newest commit record (older ones are deleted as garbage), so the
+markers do not grow with the job's age.
 """
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass, field
 
 import crc32c
 
+from operators import paths
+from operators.errors import JobFencedError
 from operators.paths import checkpoint_key, checkpoint_prefix, epoch_of_checkpoint
 from storage.errors import CorruptionError
 from storage.objectstore import ObjectStore
@@ -87,10 +114,56 @@ class JobCheckpoint:
             raise CorruptionError(f"{uri}: unreadable job checkpoint ({len(data)} bytes): {e}") from e
 
 
+@dataclass(frozen=True)
+class CommitLog:
+    """What one listing of ``checkpoints/`` says about a job's commits (module docstring).
+
+    Attributes:
+        epochs: epochs whose checkpoint exists and is above the retention floor, ascending.
+        retired_through: every epoch up to this one was committed and retired (0: none).
+        last_recorded: epoch of the newest commit record (0: none; stores written before
+            commit records existed have none until their next commit).
+        withdrawn: keys of checkpoint objects at or below the floor (a fenced driver's
+            write it did not delete), garbage for retention.
+        old_markers: keys of commit records and floors older than the newest of their
+            kind, garbage for retention.
+    """
+
+    epochs: list[int]
+    retired_through: int = 0
+    last_recorded: int = 0
+    withdrawn: list[str] = field(default_factory=list)
+    old_markers: list[str] = field(default_factory=list)
+
+    @property
+    def newest_committed(self) -> int:
+        """The newest epoch known to have been committed (0: none): a checkpoint, a
+        commit record or the retention floor, whichever is newest."""
+        return max(self.epochs[-1] if self.epochs else 0, self.retired_through, self.last_recorded)
+
+
+def read_commit_log(store: ObjectStore, job_prefix: str) -> CommitLog:
+    """Lists the job's checkpoints, commit records and retention floors (one LIST)."""
+    checkpoints, records, floors = {}, {}, {}
+    parsers = ((checkpoints, epoch_of_checkpoint), (records, paths.epoch_of_commit_record),
+               (floors, paths.epoch_of_retired))
+    for key in store.list(checkpoint_prefix(job_prefix)):
+        for found, parse in parsers:
+            epoch = parse(key)
+            if epoch is not None:
+                found[epoch] = key
+                break
+    floor = max(floors, default=0)
+    last = max(records, default=0)
+    old = [k for e, k in records.items() if e < last] + [k for e, k in floors.items() if e < floor]
+    withdrawn = sorted(k for e, k in checkpoints.items() if e <= floor)
+    return CommitLog(epochs=sorted(e for e in checkpoints if e > floor), retired_through=floor,
+                     last_recorded=last, withdrawn=withdrawn, old_markers=sorted(old))
+
+
 def list_epochs(store: ObjectStore, job_prefix: str) -> list[int]:
-    """Committed epochs, ascending."""
-    epochs = (epoch_of_checkpoint(key) for key in store.list(checkpoint_prefix(job_prefix)))
-    return sorted(e for e in epochs if e is not None)
+    """Committed epochs whose checkpoint exists, ascending (retired ones excluded)."""
+    return read_commit_log(store, job_prefix).epochs
 
 
 def read_checkpoint(store: ObjectStore, job_prefix: str, epoch: int) -> JobCheckpoint:
@@ -110,11 +183,45 @@ def latest_checkpoint(store: ObjectStore, job_prefix: str) -> JobCheckpoint | No
 
 
 def commit_checkpoint(store: ObjectStore, job_prefix: str, checkpoint: JobCheckpoint) -> str:
-    """Atomically commit ``checkpoint``; returns its object key.
+    """Atomically commit ``checkpoint`` if its epoch is newer than every epoch committed
+    before (module docstring, "The fence"); returns its object key.
+
+    Cost: one PUT (the checkpoint), one LIST (the fence), one PUT (the commit record).
 
     Raises:
-        ObjectExistsError: the epoch was already committed (another driver won).
+        ObjectExistsError: the epoch's checkpoint exists (another driver committed it).
+        JobFencedError: the epoch was committed before and its checkpoint retired since
+            (this driver fell behind another by the retention count), or a newer epoch
+            was committed; the object this driver wrote is deleted again (at or below the
+            retention floor no reader ever lists it).
     """
     key = checkpoint_key(job_prefix, checkpoint.epoch)
     store.put_if_absent(key, checkpoint.encode())
+    commits = read_commit_log(store, job_prefix)
+    epoch = checkpoint.epoch
+    newest = commits.newest_committed
+    if epoch < newest or epoch <= max(commits.retired_through, commits.last_recorded):
+        store.delete(key)  # our own object
+        raise JobFencedError(
+            f"job {checkpoint.job}: epoch {epoch} was committed before by another driver (the job "
+            f"has committed up to epoch {newest}, and had deleted the old "
+            f"checkpoint {store.uri(key)}, as retention does: this driver's write of it was "
+            "withdrawn); this driver fell behind and stops without publishing. Run one driver "
+            "per job.")
+    record_commit(store, job_prefix, epoch)
     return key
+
+
+def record_commit(store: ObjectStore, job_prefix: str, epoch: int) -> None:
+    """Writes the commit record of ``epoch`` (idempotent); the newest record tells a
+    restart which epoch was committed last."""
+    body = {"epoch": epoch, "checkpoint": checkpoint_key(job_prefix, epoch),
+            "recorded_at_ms": time.time_ns() // 1_000_000}
+    store.put(paths.commit_record_key(job_prefix, epoch), json.dumps(body, sort_keys=True).encode())
+
+
+def retire_through(store: ObjectStore, job_prefix: str, epoch: int) -> None:
+    """Raises the retention floor to ``epoch``: call before deleting the checkpoints of
+    epochs up to it, so a driver that writes one of them again finds itself fenced."""
+    body = {"retired_through": epoch, "written_at_ms": time.time_ns() // 1_000_000}
+    store.put(paths.retired_key(job_prefix, epoch), json.dumps(body, sort_keys=True).encode())

@@ -1,25 +1,39 @@
 """The driver: plans micro-batch epochs, runs each operator as a Spark stage, commits.
 
-Per epoch (docs/design.md, "Epochs and checkpoints"):
+The design is in docs/design.md, "Epochs and checkpoints". Per epoch
+(``JobRunner._run_epoch``, one method per step):
 
 1. Plan: for each source partition the offset range ``[committed, end)`` (an equal
-   share of ``events_per_epoch`` per unfinished partition) and the watermark the epoch
-   reaches (bounded out-of-orderness: min over unfinished partitions of the max event
-   time seen, minus the bound; +infinity once a bounded source is fully read).
-2. Run: the events, tagged with key group and range, are cut into one Arrow payload
-   per key-group range and one Spark stage runs ``operators.runtime.task.run_task`` once per
-   range (``operators.spark.stage``; a range without events still runs, so it fires
-   its timers). An operator's ``main`` output is re-keyed and fed to the next
+   share of ``events_per_epoch`` per unfinished partition); a live source with nothing
+   new ends the run.
+2. Read: the planned slices, bad rows screened out to the dead-letter table, and the
+   watermark the epoch reaches (bounded out-of-orderness: min over the partitions of the
+   max event time seen, minus the bound; a bounded source's fully read partitions do not
+   count, and once all are read it is +infinity; a live source's caught-up partitions
+   do count, as they may still receive older events).
+3. Run stages: the events, tagged with key group and range, are cut into one Arrow
+   payload per key-group range and one Spark stage runs ``operators.runtime.task.run_task``
+   once per range (``operators.spark.stage``; a range without events still runs, so it
+   fires its timers). An operator's ``main`` output is re-keyed and fed to the next
    operator's stage.
-3. Commit: one job checkpoint manifest, written with put-if-absent, names the source
-   offsets, the watermark, every DKV range manifest and every staged output file.
-4. Publish: staged sink files of the committed epoch get their final names
+4. Stage dead letters: the epoch's bad input rows as one staged file.
+5. Prepare sinks: each sink checks the staged files of the epoch (``Sink.prepare``).
+6. Metrics: events, timers, DKV shape, requests, recorded in the checkpoint.
+7. Commit: one job checkpoint manifest, written with put-if-absent, names the source
+   offsets, the watermark, every DKV range manifest and every staged output file; it
+   counts only if its epoch is newer than every epoch committed before (the fence,
+   ``operators.runtime.checkpoints``), else this driver stops with ``JobFencedError``.
+8. Publish: staged sink files of the committed epoch get their final names
    (idempotent; redone on restart for the newest checkpoint).
+9. Retention: older checkpoints and the files only they named are deleted
+   (``operators.runtime.cleanup``, re-checking that no other epoch is in flight).
 
 Restart = read the newest checkpoint and continue from its offsets; files of failed
-attempts are never named and never published. A restart with another parallelism
-rescales: each new key-group range opens DKV from the old ranges it overlaps, reading
-only its own key interval (key groups themselves are fixed for a job's lifetime).
+attempts are never named and never published (``operators.runtime.recovery``: an
+unusable or missing newest checkpoint is fallen back from only where that is correct).
+A restart with another parallelism rescales: each new key-group range opens DKV from
+the old ranges it overlaps, reading only its own key interval (key groups themselves
+are fixed for a job's lifetime).
 """
 from __future__ import annotations
 
@@ -27,6 +41,7 @@ import contextlib
 import logging
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -44,7 +59,8 @@ from operators.runtime.checkpoints import (
     JobCheckpoint,
     commit_checkpoint,
     latest_checkpoint,
-    list_epochs,
+    read_commit_log,
+    record_commit,
 )
 from operators.runtime.cleanup import CleanupReport, cleanup_job
 from operators.runtime.control import (
@@ -73,11 +89,10 @@ from storage.objectstore import ObjectStore, open_object_store, subtract_request
 log = logging.getLogger(__name__)
 
 # Fault injection for crash tests: called with (point, epoch); points are
-# "after_tasks" (tasks done, nothing committed) and "after_commit" (committed, not
-# published). Raising there simulates a driver crash at that step.
+# "after_tasks" (tasks done, nothing committed), "after_commit" (committed, not
+# published) and "before_cleanup" (published, retention not applied). Raising there
+# simulates a driver crash at that step; blocking there pauses the driver.
 Failpoint = Callable[[str, int], None]
-
-
 
 
 @dataclass
@@ -170,6 +185,7 @@ class JobRunner:
             raise ValueError(f"verify_restart must be one of {VERIFY_MODES}, got {verify_restart!r}")
         self.verify_restart = verify_restart
         self._recovery: dict | None = None  # a fallback, recorded in the next checkpoint
+        self._retention_damage: list[str] = []  # found by retention, for the next checkpoint
         self.last_cleanup: CleanupReport | None = None
 
     def close(self) -> None:
@@ -211,31 +227,36 @@ class JobRunner:
                 for p in ckpt.source_offsets}
 
     # ------------------------------------------------------------------ running
-    def run(self, max_epochs: int | None = None) -> Iterator[EpochResult]:
-        """Run epochs until the source is drained (bounded) or has no new events.
+    def run(self, max_epochs: int | None = None) -> list[EpochResult]:
+        """Runs the job until a bounded source is drained or a live one has nothing new.
 
         Args:
             max_epochs: stop after this many committed epochs (None: no limit).
 
-        Yields:
-            An ``EpochResult`` after each committed epoch.
+        Returns:
+            The committed epochs' ``EpochResult``s, in order (empty if there was nothing
+            to do). ``epochs`` yields each as it commits instead.
 
         Raises:
             JobFailedError: an epoch failed (the previous checkpoint stays newest).
             JobFencedError: another driver committed an epoch this one ran (found at the
                 commit, or when this driver's tasks failed because the other's
                 retention deleted the files of the checkpoint it started from).
-            RecoveryRefusedError: the newest checkpoint is unusable and falling back
-                is not safe (``operators.runtime.recovery``).
+            RecoveryRefusedError: the newest checkpoint is unusable or missing and
+                falling back is not safe (``operators.runtime.recovery``).
         """
-        ckpt, fallback = restart_checkpoint(self.store, self.job, self.verify_restart)
-        if fallback is not None:
-            self._recovery = fallback.as_metrics()
-        if ckpt is None:
-            ckpt = self._initial()
-        else:
-            self._check_compatible(ckpt)
-            self._publish(ckpt)  # idempotent: finishes a publish a crash interrupted
+        return list(self.epochs(max_epochs))
+
+    def run_to_end(self, max_epochs: int | None = None) -> list[EpochResult]:
+        """Deprecated alias of ``run``."""
+        warnings.warn("JobRunner.run_to_end is deprecated; use JobRunner.run (same arguments "
+                      "and result)", DeprecationWarning, stacklevel=2)
+        return self.run(max_epochs)
+
+    def epochs(self, max_epochs: int | None = None) -> Iterator[EpochResult]:
+        """``run`` as an iterator: yields an ``EpochResult`` after each committed epoch
+        (after its publish and retention). Arguments and errors as ``run``."""
+        ckpt = self._restart()
         done = 0
         while not ckpt.finished and (max_epochs is None or done < max_epochs):
             plan = self._plan_offsets(ckpt)
@@ -260,9 +281,19 @@ class JobRunner:
             done += 1
             yield result
 
-    def run_to_end(self, max_epochs: int | None = None) -> list[EpochResult]:
-        """``list(run(max_epochs))``."""
-        return list(self.run(max_epochs))
+    def _restart(self) -> JobCheckpoint:
+        """The checkpoint to continue from (``operators.runtime.recovery``), its commit
+        record written if a crash lost it, its publish finished; or the initial one."""
+        ckpt, fallback = restart_checkpoint(self.store, self.job, self.verify_restart)
+        if fallback is not None:
+            self._recovery = fallback.as_metrics()
+        if ckpt is None:
+            return self._initial()
+        self._check_compatible(ckpt)
+        if read_commit_log(self.store, self.job.prefix).last_recorded < ckpt.epoch:
+            record_commit(self.store, self.job.prefix, ckpt.epoch)  # a crash came between
+        self._publish(ckpt)  # idempotent: finishes a publish a crash interrupted
+        return ckpt
 
     def _read_events(self, plan: dict[str, tuple[int, int]], epoch: int) -> tuple[pa.Table, dict[str, int]]:
         """Reads the planned slices; bad rows go to ``self._dead_letters`` (not to the
@@ -296,36 +327,89 @@ class JobRunner:
         return events, max_ts
 
     def _watermark(self, ckpt: JobCheckpoint, plan, max_ts: dict[str, int]) -> tuple[int, dict[str, int], bool]:
+        """``(watermark, max event time per partition, finished)`` after reading ``plan``.
+
+        The watermark is min over the input partitions of their max event time, minus
+        the bound (never below the previous one). Input partitions: a bounded source's
+        partitions not read to the end (none left: finished, +infinity); a live
+        source's every partition, caught up or not (Flink's rule without idleness)."""
         ends = self.job.source.end_offsets()
         part_max = {p: max(ckpt.partition_max_ts[p], max_ts.get(p, WATERMARK_MIN)) for p in ckpt.partition_max_ts}
-        unfinished = [p for p in plan if plan[p][1] < ends[p]]
-        finished = self.job.source.bounded and not unfinished
-        if finished:
-            return WATERMARK_MAX, part_max, True
-        low = min(part_max[p] for p in unfinished)
+        if self.job.source.bounded:
+            inputs = [p for p in plan if plan[p][1] < ends[p]]
+            if not inputs:
+                return WATERMARK_MAX, part_max, True
+        else:
+            inputs = list(plan)
+        low = min((part_max[p] for p in inputs), default=WATERMARK_MIN)
         if low == WATERMARK_MIN:
             return ckpt.watermark, part_max, False
         return max(ckpt.watermark, low - self.job.max_out_of_orderness_ms), part_max, False
 
     def _run_epoch(self, ckpt: JobCheckpoint, plan, flush: bool = False) -> tuple[EpochResult, JobCheckpoint]:
+        """Runs, commits, publishes and retains epoch ``ckpt.epoch + 1`` (module docstring)."""
         started = time.perf_counter()
         epoch = ckpt.epoch + 1
         events, max_ts = self._read_events(plan, epoch)
         watermark, part_max, finished = self._watermark(ckpt, plan, max_ts)
+        results = self._run_stages(ckpt, epoch, events, watermark, flush)
+        self.failpoint("after_tasks", epoch)
+        fault_point("after_tasks")
+        outputs = _staged_outputs(results[self.job.operators[-1].name])
+        outputs.update(self._stage_dead_letters(epoch))
+        self._prepare_sinks(epoch, outputs)
+        metrics = self._metrics(events, results, flush)
+        new = JobCheckpoint(
+            job=self.job.name, epoch=epoch, watermark=watermark,
+            source_offsets={p: plan[p][1] for p in plan}, partition_max_ts=part_max,
+            finished=finished, key_groups=self.job.key_groups, parallelism=self.job.parallelism,
+            operators={op: {res.range_label: res.manifest_key for res in rs}
+                       for op, rs in results.items()},
+            outputs=outputs, metrics=metrics,
+        )
+        key = self._commit(new)
+        self.failpoint("after_commit", epoch)
+        fault_point("after_commit")
+        published = self._publish(new)
+        self.failpoint("before_cleanup", epoch)
+        fault_point("before_cleanup")
+        self._apply_retention()
+        seconds = time.perf_counter() - started
+        log.info("job %s: committed epoch %d (%d events, watermark %d, %.1f s)",
+                 self.job.name, epoch, events.num_rows, watermark, seconds)
+        return EpochResult(
+            epoch=epoch, watermark=watermark, source_offsets=new.source_offsets,
+            checkpoint_uri=self.store.uri(key), events=events.num_rows, seconds=seconds,
+            finished=finished, tables=metrics["tables"], table_bytes=metrics["table_bytes"],
+            keys=metrics["keys"], output_rows=metrics["output_rows"], published=published,
+            dead_letter=metrics["dead_letter"], recovery=metrics.get("recovery"),
+        ), new
+
+    def _run_stages(self, ckpt: JobCheckpoint, epoch: int, events: pa.Table, watermark: int,
+                    flush: bool) -> dict[str, list[TaskResult]]:
+        """Step 3: one stage per operator, each fed the previous one's ``main`` output.
+
+        Returns:
+            ``{operator name: [TaskResult per range]}``.
+
+        Raises:
+            JobFencedError: a stage failed and another driver has committed this epoch.
+            JobFailedError: a stage failed.
+        """
         ranges = key_group_ranges(self.job.key_groups, self.job.parallelism)
         old_ranges = key_group_ranges(self.job.key_groups, ckpt.parallelism)
         rescaled = old_ranges != ranges
-
         results_by_op: dict[str, list[TaskResult]] = {}
         stage_input = events
         for i, op in enumerate(self.job.operators):
             last = i == len(self.job.operators) - 1
+            previous = ckpt.operators.get(op.name, {})
             specs = [
                 TaskSpec(
                     job_prefix=self.job.prefix, epoch=epoch, op_index=i, range_index=r,
                     key_group_range=kr,
-                    manifest_key=None if rescaled else ckpt.operators.get(op.name, {}).get(kr.label),
-                    parent_manifests=_parents(ckpt.operators.get(op.name, {}), old_ranges, kr) if rescaled else (),
+                    manifest_key=None if rescaled else previous.get(kr.label),
+                    parent_manifests=_parents(previous, old_ranges, kr) if rescaled else (),
                     watermark_before=ckpt.watermark, watermark_after=watermark,
                     next_key_groups=None if last else self.job.key_groups,
                     next_parallelism=None if last else self.job.parallelism,
@@ -336,93 +420,107 @@ class JobRunner:
             try:
                 results, forwarded = self._run_stage(i, specs, stage_input, last)
             except Exception as e:  # noqa: BLE001 - Spark wraps task errors in many types
-                newest = self._newest_epoch_elsewhere()
-                if newest is not None and newest >= epoch:
-                    # A driver this far behind finds the files of its start checkpoint
-                    # deleted by the other's retention; fencing is what happened.
-                    raise JobFencedError(
-                        f"job {self.job.name}: epoch {epoch} was committed by another driver (the newest "
-                        f"checkpoint is {self.store.uri(checkpoint_key(self.job.prefix, newest))}) while this "
-                        f"driver ran it from epoch {ckpt.epoch}, and its tasks failed ({_root_message(e)}); "
-                        f"this driver stops without publishing. Run one driver per job.") from e
-                raise JobFailedError(
-                    f"job {self.job.name}: epoch {epoch} failed in operator {op.name}: {_root_message(e)}"
-                ) from e
+                raise self._stage_error(op.name, ckpt.epoch, epoch, e) from e
             results_by_op[op.name] = results
             stage_input = forwarded
+        return results_by_op
 
-        self.failpoint("after_tasks", epoch)
-        fault_point("after_tasks")
-        last_results = results_by_op[self.job.operators[-1].name]
-        outputs: dict[str, list[str]] = {}
-        for res in sorted(last_results, key=lambda r: r.range_index):
-            for name, key in res.staged_outputs.items():
-                outputs.setdefault(name, []).append(key)
-        if self._dead_letters.num_rows:
-            outputs[dead_letter.DEAD_LETTER_OUTPUT] = [dead_letter.stage(
-                self.store, self.job.prefix, epoch, self._dead_letters, uuid.uuid4().hex[:12])]
+    def _stage_error(self, operator: str, start_epoch: int, epoch: int,
+                     e: Exception) -> JobFailedError:
+        """The error to raise for a failed stage: fenced if another driver committed
+        ``epoch`` meanwhile, else a job failure."""
+        newest = self._newest_epoch_elsewhere()
+        if newest is not None and newest >= epoch:
+            # A driver this far behind finds the files of its start checkpoint
+            # deleted by the other's retention; fencing is what happened.
+            return JobFencedError(
+                f"job {self.job.name}: epoch {epoch} was committed by another driver (the newest "
+                f"checkpoint is {self.store.uri(checkpoint_key(self.job.prefix, newest))}) while "
+                f"this driver ran it from epoch {start_epoch}, and its tasks failed "
+                f"({_root_message(e)}); this driver stops without publishing. Run one driver per job.")
+        return JobFailedError(f"job {self.job.name}: epoch {epoch} failed in operator {operator}: "
+                              f"{_root_message(e)}")
+
+    def _stage_dead_letters(self, epoch: int) -> dict[str, list[str]]:
+        """Step 4: the epoch's bad input rows as one staged file of the dead-letter
+        output (``{}`` when there were none)."""
+        if not self._dead_letters.num_rows:
+            return {}
+        key = dead_letter.stage(self.store, self.job.prefix, epoch, self._dead_letters,
+                                uuid.uuid4().hex[:12])
+        return {dead_letter.DEAD_LETTER_OUTPUT: [key]}
+
+    def _prepare_sinks(self, epoch: int, outputs: dict[str, list[str]]) -> None:
+        """Step 5: every sink checks its staged files; a refusal fails the epoch."""
         for name, staged in outputs.items():
             try:
                 self.job.output_sink(name).prepare(self.store, self.job.prefix, epoch, staged)
             except Exception as e:  # noqa: BLE001 - any sink check failing fails the epoch
                 raise JobFailedError(f"job {self.job.name}: epoch {epoch} refused by sink {name}: {e}") from e
-        dkv = [res.metrics["dkv"] for rs in results_by_op.values() for res in rs]
+
+    def _metrics(self, events: pa.Table, results_by_op: dict[str, list[TaskResult]],
+                 flush: bool) -> dict:
+        """Step 6: the checkpoint's ``metrics`` (``operators.runtime.checkpoints``)."""
+        every = [res for rs in results_by_op.values() for res in rs]
+        last_results = results_by_op[self.job.operators[-1].name]
+        dkv = [res.metrics["dkv"] for res in every]
         metrics = {
             "events": events.num_rows,
-            "timers_fired": sum(res.metrics["timers_fired"] for rs in results_by_op.values() for res in rs),
+            "timers_fired": sum(res.metrics["timers_fired"] for res in every),
             "output_rows": {name: sum(res.metrics["emitted"].get(name, 0) for res in last_results)
                             for name in self.job.sinks},
             "tables": sum(sum(s["tables_per_level"]) for s in dkv),
             "table_bytes": sum(sum(s["bytes_per_level"]) for s in dkv),
             "keys": sum(int(s.get("approx_live_keys", 0)) for s in dkv),
             "remote_compactions": {
-                kind: sum(res.metrics["remote_compactions"].get(kind, 0) for rs in results_by_op.values() for res in rs)
+                kind: sum(res.metrics["remote_compactions"].get(kind, 0) for res in every)
                 for kind in ("installed", "discarded")},
             "flushed": flush,
             "dead_letter": dead_letter.counts(self._dead_letters),
             **({"recovery": self._recovery} if self._recovery else {}),
-            "task_seconds_max": max((res.metrics["seconds"] for rs in results_by_op.values() for res in rs), default=0.0),
+            **({"retention_damage": self._retention_damage} if self._retention_damage else {}),
+            "task_seconds_max": max((res.metrics["seconds"] for res in every), default=0.0),
         }
         metrics["requests"] = self._epoch_requests(results_by_op)
-        new = JobCheckpoint(
-            job=self.job.name, epoch=epoch, watermark=watermark,
-            source_offsets={p: plan[p][1] for p in plan}, partition_max_ts=part_max, finished=finished,
-            key_groups=self.job.key_groups, parallelism=self.job.parallelism,
-            operators={op: {res.range_label: res.manifest_key for res in rs} for op, rs in results_by_op.items()},
-            outputs=outputs, metrics=metrics,
-        )
+        return metrics
+
+    def _commit(self, new: JobCheckpoint) -> str:
+        """Step 7: commits ``new`` behind the fence (``operators.runtime.checkpoints``);
+        returns the checkpoint's key.
+
+        Raises:
+            JobFencedError: the epoch was committed by another driver, now or before.
+        """
         try:
             key = commit_checkpoint(self.store, self.job.prefix, new)
         except ObjectExistsError:
             raise JobFencedError(
-                f"job {self.job.name}: epoch {epoch} was committed by another driver "
-                f"({self.store.uri(checkpoint_key(self.job.prefix, epoch))} already exists); "
+                f"job {self.job.name}: epoch {new.epoch} was committed by another driver "
+                f"({self.store.uri(checkpoint_key(self.job.prefix, new.epoch))} already exists); "
                 f"this driver stops without publishing. Run one driver per job.") from None
         self._recovery = None
-        self.failpoint("after_commit", epoch)
-        fault_point("after_commit")
-        published = self._publish(new)
-        fault_point("before_cleanup")
-        if self.retain_checkpoints is not None:
-            self.last_cleanup = cleanup_job(self.store, self.job.prefix, self.retain_checkpoints)
-        seconds = time.perf_counter() - started
-        result = EpochResult(
-            epoch=epoch, watermark=watermark, source_offsets=new.source_offsets,
-            checkpoint_uri=self.store.uri(key), events=events.num_rows, seconds=seconds, finished=finished,
-            tables=metrics["tables"], table_bytes=metrics["table_bytes"], keys=metrics["keys"],
-            output_rows=metrics["output_rows"], published=published, dead_letter=metrics["dead_letter"],
-            recovery=metrics.get("recovery"),
-        )
-        log.info("job %s: committed epoch %d (%d events, watermark %d, %.1f s)",
-                 self.job.name, epoch, events.num_rows, watermark, seconds)
-        return result, new
+        self._retention_damage = []
+        return key
 
     def _publish(self, ckpt: JobCheckpoint) -> list[str]:
+        """Step 8: the committed epoch's staged files get their final names (idempotent)."""
         published = []
         for name, staged in ckpt.outputs.items():
             published += self.job.output_sink(name).publish(self.store, self.job.prefix, ckpt.epoch, staged)
             fault_point("publish_file")
         return published
+
+    def _apply_retention(self) -> None:
+        """Step 9: keeps the newest ``retain_checkpoints`` checkpoints, frees the rest.
+
+        In the concurrent mode: another driver of the job may have an epoch in flight
+        (``operators.runtime.cleanup``). Damage found is recorded in the next checkpoint.
+        """
+        if self.retain_checkpoints is None:
+            return
+        self.last_cleanup = cleanup_job(self.store, self.job.prefix, self.retain_checkpoints,
+                                        concurrent=True)
+        self._retention_damage = list(self.last_cleanup.damaged)
 
     def _epoch_requests(self, results_by_op: dict[str, list[TaskResult]]) -> dict[str, dict[str, int]]:
         """Object-store requests by kind and bytes since the previous commit (or start):
@@ -439,13 +537,12 @@ class JobRunner:
     # -------------------------------------------------------------------- Spark
     def _newest_epoch_elsewhere(self) -> int | None:
         """The newest committed epoch (a driver that sees one at or past the epoch it
-        runs was overtaken), or None when none is listed or the store cannot say (the
+        runs was overtaken), or None when none is known or the store cannot say (the
         stage's own error is then the one to report)."""
         try:
-            epochs = list_epochs(self.store, self.job.prefix)
+            return read_commit_log(self.store, self.job.prefix).newest_committed or None
         except Exception:  # noqa: BLE001 - a failing store is reported through the stage's error
             return None
-        return epochs[-1] if epochs else None
 
     def _run_stage(self, op_index: int, specs: list[TaskSpec], events: pa.Table, last: bool):
         if self.spark is None:
@@ -474,6 +571,15 @@ def _parents(manifests: dict[str, str], old_ranges, new_range) -> tuple[str, ...
     """Manifests of the old ranges whose key groups overlap ``new_range`` (rescaling)."""
     return tuple(manifests[o.label] for o in old_ranges
                  if o.label in manifests and o.start < new_range.end and new_range.start < o.end)
+
+
+def _staged_outputs(last_results: list[TaskResult]) -> dict[str, list[str]]:
+    """``{output name: [staged key per range, in range order]}`` of the last operator."""
+    outputs: dict[str, list[str]] = {}
+    for res in sorted(last_results, key=lambda r: r.range_index):
+        for name, key in res.staged_outputs.items():
+            outputs.setdefault(name, []).append(key)
+    return outputs
 
 
 def _root_message(e: BaseException) -> str:

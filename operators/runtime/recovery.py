@@ -21,11 +21,20 @@ exactly-once holds as after a crash before publishing. Otherwise the restart ref
 (``RecoveryRefusedError``) and says what to do: restore the named objects, or delete the
 published output of epochs M+1..N so they are recomputed.
 
+**Missing checkpoints** are treated the same way: the newest commit record
+(``operators.runtime.checkpoints``) says which epoch was committed last; when it is newer
+than the newest checkpoint left (someone deleted the newest checkpoint objects), the
+epochs in between count as unusable, so the restart refuses if their output is visible
+and otherwise recomputes them. A store without commit records (written before they
+existed, or with them deleted too) cannot tell: the restart refuses if any sink has
+published output of an epoch after the newest checkpoint.
+
 A fallback moves the checkpoints after M to ``jobs/<job>/quarantine/`` (so epoch M+1
-can be committed again; their files become garbage for cleanup), logs a warning naming
-every bad object and the epoch fallen back to, and the next committed checkpoint records
-it under ``metrics["recovery"]``. A corrupt table shared by every retained checkpoint
-cannot be fallen back from: the restart refuses, naming it.
+can be committed again; their files become garbage for cleanup) and deletes their
+commit records, logs a warning naming every bad object and the epoch fallen back to,
+and the next committed checkpoint records it under ``metrics["recovery"]``. A corrupt
+table shared by every retained checkpoint cannot be fallen back from: the restart
+refuses, naming it.
 """
 from __future__ import annotations
 
@@ -37,7 +46,7 @@ from typing import TYPE_CHECKING
 from operators import paths
 from operators.errors import RecoveryRefusedError
 from operators.paths import checkpoint_key
-from operators.runtime.checkpoints import JobCheckpoint, list_epochs, read_checkpoint
+from operators.runtime.checkpoints import CommitLog, JobCheckpoint, read_checkpoint, read_commit_log
 from storage.dkv.invariants import check_manifest
 from storage.dkv.manifest import load_manifest
 from storage.dkv.verify import verify_manifest
@@ -126,21 +135,32 @@ def check_checkpoint(store: ObjectStore, job_prefix: str, epoch: int,
     return ckpt, errors
 
 
-def _visible_output_after(store: ObjectStore, job: Job, epoch: int) -> list[str]:
+def _visible_output_after(store: ObjectStore, job: Job, epoch: int,
+                          unknown_is_visible: bool = True) -> list[str]:
+    """What the job's sinks published of epochs after ``epoch``; a sink that cannot tell
+    counts as visible output unless ``unknown_is_visible`` is False."""
     sinks = [*job.sinks.values(), job.dead_letter.sink]
     out = []
     for sink in sinks:
         found = sink.published_after(store, job.prefix, epoch)
         if found is None:
-            out.append(f"sink {sink.name}: cannot tell which epochs it published")
+            if unknown_is_visible:
+                out.append(f"sink {sink.name}: cannot tell which epochs it published")
         else:
             out += found
     return out
 
 
-def _quarantine(store: ObjectStore, job_prefix: str, epochs: list[int]) -> list[str]:
+def _quarantine(store: ObjectStore, job_prefix: str, epochs: list[int],
+                records_after: int) -> list[str]:
+    """Moves the checkpoints of ``epochs`` aside and deletes the commit records of every
+    epoch after ``records_after``: those epochs are to be committed again."""
     moved = []
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    for key in store.list(paths.checkpoint_prefix(job_prefix)):
+        recorded = paths.epoch_of_commit_record(key)
+        if recorded is not None and recorded > records_after:
+            store.delete(key)
     for e in epochs:
         key = checkpoint_key(job_prefix, e)
         dest = paths.quarantine_key(job_prefix, stamp, key)
@@ -173,10 +193,17 @@ def restart_checkpoint(
     """
     if mode not in VERIFY_MODES:
         raise ValueError(f"verify mode must be one of {VERIFY_MODES}, got {mode!r}")
-    epochs = list_epochs(store, job.prefix)
+    commits = read_commit_log(store, job.prefix)
+    epochs = commits.epochs
     if not epochs:
+        if commits.newest_committed:
+            raise RecoveryRefusedError(
+                f"job {job.name}: epochs up to {commits.newest_committed} were committed, but no "
+                f"checkpoint is left under {store.uri(paths.checkpoint_prefix(job.prefix))}. "
+                "Restore the checkpoint objects, or delete everything under "
+                f"{store.uri(job.prefix + '/')} (state and output) to run the job from the start.")
         return None, None
-    bad: list[str] = []
+    bad: list[str] = _missing(store, job.prefix, commits)
     for epoch in reversed(epochs):
         ckpt, errors = check_checkpoint(store, job.prefix, epoch, mode)
         if not errors:
@@ -186,18 +213,27 @@ def restart_checkpoint(
         raise RecoveryRefusedError(
             f"job {job.name}: no retained checkpoint (epochs {epochs[0]}..{epochs[-1]}) verifies; "
             f"restore these objects: {'; '.join(bad)}")
-    newest = epochs[-1]
+    newest = commits.newest_committed
     if epoch == newest:
+        if not commits.last_recorded:  # no record to go by: published output says it all
+            visible = _visible_output_after(store, job, epoch, unknown_is_visible=False)
+            if visible:
+                raise RecoveryRefusedError(
+                    f"job {job.name}: output of epochs after the newest checkpoint, epoch {epoch}, "
+                    f"is visible ({_first(visible)}), so newer checkpoints were committed and are "
+                    f"missing from {store.uri(paths.checkpoint_prefix(job.prefix))}; continuing from "
+                    f"epoch {epoch} would duplicate or lose rows. Restore the missing checkpoint "
+                    "objects, or delete that output to have those epochs recomputed, and restart.")
         return ckpt, None
     visible = _visible_output_after(store, job, epoch)
     if visible:
         raise RecoveryRefusedError(
-            f"job {job.name}: checkpoint epoch {newest} is unusable ({'; '.join(bad)}); falling back to "
-            f"epoch {epoch} would replay epochs {epoch + 1}..{newest}, whose output is already visible "
-            f"({'; '.join(visible[:5])}{' ...' if len(visible) > 5 else ''}), and a replay that differs "
-            "would duplicate or lose rows. Restore the named objects, or delete that output to have "
-            "those epochs recomputed, and restart.")
-    moved = _quarantine(store, job.prefix, [e for e in epochs if e > epoch])
+            f"job {job.name}: checkpoint epoch {newest} cannot be used ({'; '.join(bad)}); falling "
+            f"back to epoch {epoch} would replay epochs {epoch + 1}..{newest}, whose output is already "
+            f"visible ({_first(visible)}), and a replay that differs would duplicate or lose rows. "
+            "Restore the named objects, or delete that output to have those epochs recomputed, and "
+            "restart.")
+    moved = _quarantine(store, job.prefix, [e for e in epochs if e > epoch], records_after=epoch)
     fallback = Fallback(newest, epoch, bad, moved)
     log.warning("job %s: checkpoint epoch %d is unusable (%s); fell back to epoch %d, moved %s aside; "
                 "no output of the skipped epochs was visible, so they are recomputed exactly once",
@@ -205,3 +241,17 @@ def restart_checkpoint(
     return ckpt, fallback
 
 
+def _missing(store: ObjectStore, job_prefix: str, commits: CommitLog) -> list[str]:
+    """One message if the newest commit record is newer than the newest checkpoint."""
+    if commits.last_recorded <= commits.epochs[-1]:
+        return []
+    record = store.uri(paths.commit_record_key(job_prefix, commits.last_recorded))
+    first, last = commits.epochs[-1] + 1, commits.last_recorded
+    span = f"epoch {last}" if first == last else f"epochs {first}..{last}"
+    message = (f"{span}: checkpoint {store.uri(checkpoint_key(job_prefix, last))} is missing (the "
+               f"commit record {record} says epoch {last} was committed)")
+    return [message]
+
+
+def _first(visible: list[str], n: int = 5) -> str:
+    return "; ".join(visible[:n]) + (" ..." if len(visible) > n else "")

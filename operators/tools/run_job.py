@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                 "ui": spark.sparkContext.uiWebUrl, "master": spark.sparkContext.master})
     try:
         with JobRunner(job, spark, a.store, retain_checkpoints=a.retain_checkpoints or None) as runner:
-            for result in runner.run(a.max_epochs):
+            for result in runner.epochs(a.max_epochs):
                 requests = read_checkpoint(runner.store, job.prefix, result.epoch).metrics["requests"]
                 _print({"event": "committed", "epoch": result.epoch, "events": result.events,
                         "seconds": round(result.seconds, 3), "finished": result.finished,

@@ -63,7 +63,7 @@ def _op_metadata(result, op_name: str) -> dict:
 def test_compaction_job_publishes_results_the_job_installs(tmp_path, reference) -> None:
     ref_state, ref_output = reference
     runner = _runner(tmp_path)
-    runner.run_to_end(max_epochs=3)
+    runner.run(max_epochs=3)
     ckpt = runner.latest()
     l0 = {label: len(load_manifest(runner.store, m).levels.l0) for label, m in ckpt.operators["key_window_count"].items()}
     expected = sum(plan_compaction(load_manifest(runner.store, m).levels, SMALL_DKV.options()) is not None
@@ -79,7 +79,7 @@ def test_compaction_job_publishes_results_the_job_installs(tmp_path, reference) 
     assert len(keys) == expected and all(runner.store.exists(k) for k in keys)
     assert _op_metadata(result, "compact")["output_tables"] >= 2
 
-    [after] = runner.run_to_end(max_epochs=1)
+    [after] = runner.run(max_epochs=1)
     ckpt = runner.latest()
     assert ckpt.metrics["remote_compactions"] == {"installed": expected, "discarded": 0}
     l0_after = {label: len(load_manifest(runner.store, m).levels.l0)
@@ -87,14 +87,14 @@ def test_compaction_job_publishes_results_the_job_installs(tmp_path, reference) 
     assert all(l0_after[r] < l0[r] for r in l0), (l0, l0_after)
     assert state(runner.store) == ref_state[after.epoch]
     assert verify_checkpoint(runner.store, PREFIX, ckpt).ok
-    runner.run_to_end()
+    runner.run()
     assert _output(runner).equals(ref_output)
 
 
 def test_cleanup_job_frees_expired_checkpoints_and_unreferenced_files(tmp_path, reference) -> None:
     ref_state, ref_output = reference
     runner = _runner(tmp_path)
-    runner.run_to_end(max_epochs=4)
+    runner.run(max_epochs=4)
     store = runner.store
     sizes = {k: store.size(k) for k in store.list(PREFIX + "/")}
     # What two puts killed before their rename left: one hours ago, one just now.
@@ -115,7 +115,7 @@ def test_cleanup_job_frees_expired_checkpoints_and_unreferenced_files(tmp_path, 
     assert set(store.list(f"{PREFIX}/state/")) == _named_by_retained(store)
     for e in (3, 4):
         assert state(store, e) == ref_state[e]
-    runner.run_to_end()
+    runner.run()
     assert _output(runner).equals(ref_output)
 
 
@@ -125,14 +125,14 @@ def test_cleanup_during_an_epoch_in_flight(tmp_path, concurrent) -> None:
     must keep the in-flight files; the inline mode (for the driver only) shows the hazard
     is real: the committed checkpoint then names deleted files."""
     runner = _runner(tmp_path)
-    runner.run_to_end(max_epochs=2)
+    runner.run(max_epochs=2)
     reports = []
 
     def cleanup_mid_epoch(point: str, epoch: int) -> None:
         if point == "after_tasks" and epoch == 3:
             reports.append(cleanup_job(runner.store, PREFIX, 1, concurrent=concurrent))
 
-    _runner(tmp_path, failpoint=cleanup_mid_epoch).run_to_end(max_epochs=1)
+    _runner(tmp_path, failpoint=cleanup_mid_epoch).run(max_epochs=1)
     [report] = reports
     newest = latest_checkpoint(runner.store, PREFIX)
     verified = verify_checkpoint(runner.store, PREFIX, newest)
@@ -162,7 +162,7 @@ class _HookedStore(LocalObjectStore):
 
 @pytest.mark.parametrize("during_listing", ["file-written", "epoch-started"])
 def test_concurrent_cleanup_never_deletes_what_appears_after_its_listing(tmp_path, during_listing) -> None:
-    _runner(tmp_path).run_to_end(max_epochs=2)
+    _runner(tmp_path).run(max_epochs=2)
     orphan = f"{PREFIX}/state/key_window_count/kg-0000-0031/sst/orphan-000001.sst"
     late = f"{PREFIX}/state/key_window_count/kg-0000-0031/sst/late-000001.sst"
     LocalObjectStore(tmp_path).put(orphan, b"failed attempt")
@@ -187,7 +187,7 @@ def test_flush_job_flushes_memtables_at_the_next_epoch(tmp_path, reference) -> N
                                 max_inline_compaction_bytes=0, wal_flush_bytes=8 << 20,
                                 target_file_bytes=8 << 20, retain_checkpoints=2)
     runner = _runner(tmp_path, roomy)
-    runner.run_to_end(max_epochs=2)
+    runner.run(max_epochs=2)
     assert runner.latest().metrics["tables"] == 0  # everything still in memtables and WAL
 
     result = flush_job.execute_in_process(run_config=op_config("flush", NAME), resources=_resources(tmp_path, roomy),
@@ -195,20 +195,20 @@ def test_flush_job_flushes_memtables_at_the_next_epoch(tmp_path, reference) -> N
     assert result.success
     assert pending_flush_requests(runner.store, PREFIX) == [result.output_for_node("flush")]
 
-    runner.run_to_end(max_epochs=1)
+    runner.run(max_epochs=1)
     ckpt = runner.latest()
     assert ckpt.metrics["flushed"] is True and pending_flush_requests(runner.store, PREFIX) == []
     for m in ckpt.operators["key_window_count"].values():
         manifest = load_manifest(runner.store, m)
         assert len(manifest.levels.l0) == 1 and manifest.wal == ()
     assert state(runner.store) == ref_state[3]
-    runner.run_to_end(max_epochs=1)
+    runner.run(max_epochs=1)
     assert runner.latest().metrics["flushed"] is False  # one request, one flush
 
 
 def test_checkpoint_check_verifies_the_newest_checkpoint(tmp_path) -> None:
     runner = _runner(tmp_path)
-    runner.run_to_end(max_epochs=2)
+    runner.run(max_epochs=2)
     check = make_checkpoint_check(small_job())
     resource = ObjectStoreResource(root_uri=str(tmp_path))
     ok = check(object_store=resource)

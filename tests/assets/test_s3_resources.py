@@ -29,7 +29,7 @@ def test_maintenance_jobs_on_s3_through_s3resource(s3_server, monkeypatch) -> No
     del resources["pyspark"]
 
     runner = JobRunner(small_job(), None, uri, dkv_options=SMALL_DKV.options(), retain_checkpoints=None)
-    runner.run_to_end(max_epochs=4)
+    runner.run(max_epochs=4)
     instance = DagsterInstance.ephemeral()
     compacted = compaction.execute_in_process(run_config=op_config("plan_compaction", NAME), resources=resources,
                                               instance=instance)
@@ -41,7 +41,7 @@ def test_maintenance_jobs_on_s3_through_s3resource(s3_server, monkeypatch) -> No
     store = open_object_store(uri)
     assert list_epochs(store, f"jobs/{NAME}") == [3, 4]
     assert verify_checkpoint(store, f"jobs/{NAME}", latest_checkpoint(store, f"jobs/{NAME}")).ok
-    [after] = runner.run_to_end(max_epochs=1)
+    [after] = runner.run(max_epochs=1)
     assert latest_checkpoint(store, f"jobs/{NAME}").metrics["remote_compactions"]["installed"] == 2
     check = make_checkpoint_check(small_job())
     result = check(object_store=resources["object_store"])

@@ -84,7 +84,7 @@ def test_compaction_sensor_skips_a_checkpoint_while_a_compaction_runs(compaction
 @pytest.fixture(scope="module")
 def four_checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("store")
-    JobRunner(small_job(), None, str(root), dkv_options=SMALL_DKV.options(), retain_checkpoints=None).run_to_end(
+    JobRunner(small_job(), None, str(root), dkv_options=SMALL_DKV.options(), retain_checkpoints=None).run(
         max_epochs=4)
     return root
 
@@ -107,7 +107,7 @@ def test_cleanup_sensor_fires_when_retention_has_something_to_delete(tmp_path, f
     assert t.tick() == []  # not twice for the same newest epoch
     cleanup_job(store.open(), f"jobs/{NAME}", 3, concurrent=True)
     assert t.tick() == []  # retention applied: nothing left to do
-    JobRunner(small_job(), None, str(root), dkv_options=SMALL_DKV.options(), retain_checkpoints=None).run_to_end(
+    JobRunner(small_job(), None, str(root), dkv_options=SMALL_DKV.options(), retain_checkpoints=None).run(
         max_epochs=1)
     assert len(t.tick()) == 1  # the next commit expires the next checkpoint
 
@@ -119,7 +119,7 @@ def test_source_sensor_starts_a_run_when_new_input_arrives(tmp_path) -> None:
     [request] = t.tick()  # input and no checkpoint
     assert request.tags["dkvstream/new_events"] == "2000"
     assert t.tick() == []  # same input: not twice
-    JobRunner(job, None, str(tmp_path), retain_checkpoints=None).run_to_end()
+    JobRunner(job, None, str(tmp_path), retain_checkpoints=None).run()
     assert t.tick() == []  # all input processed
     job.source.events = 1_500  # the source grows
     [request] = t.tick()

@@ -35,7 +35,7 @@ def test_sensor_and_compaction_of_a_table_sink(tmp_path) -> None:
     target = TableCompactionConfig(job=job.name).target_bytes
 
     fired_at = None
-    for result in runner.run(max_epochs=8):
+    for result in runner.epochs(max_epochs=8):
         n = small_files(uri, target)
         requests = ticker.tick()
         assert bool(requests) == (n >= threshold), f"epoch {result.epoch}: {n} small files"
@@ -57,7 +57,7 @@ def test_sensor_and_compaction_of_a_table_sink(tmp_path) -> None:
     assert as_model(sink.scan(store, prefix, as_of_epoch=fired_at - 1)) == model_after(rows[:40 * (fired_at - 1)])
     assert ticker.tick() == []
 
-    JobRunner(job, None, str(tmp_path)).run_to_end()  # merges into the compacted table
+    JobRunner(job, None, str(tmp_path)).run()  # merges into the compacted table
     assert as_model(sink.read(store, prefix)) == model_after(rows)
     assert as_model(sink.scan(store, prefix, as_of_epoch=fired_at)) == model_after(rows[:40 * fired_at])
 

@@ -21,7 +21,7 @@ def assert_frames_equal(got: pd.DataFrame, exp: pd.DataFrame, keys: list[str], f
 def test_aircraft_table_and_carrier_totals_equal_the_oracle(tmp_path) -> None:
     job = aircraft_job(days=DAYS, events_per_epoch=700, rolling=ROLLING)
     runner = JobRunner(job, None, str(tmp_path))
-    results = runner.run_to_end()
+    results = runner.run()
     epochs = len(results)
     assert epochs >= 4
     flights = aircraft_oracle.with_epochs(aircraft_oracle.replay(DAYS), [r.source_offsets for r in results])

@@ -36,7 +36,7 @@ def test_flights_batch_form_equals_oracle(tmp_path, check_flights_output) -> Non
     # In-process (the batch form on Spark is covered by the counting job below).
     job = flights_job(events_per_epoch=60_000, batch=True, name="flights_batch")
     runner = JobRunner(job, None, str(tmp_path / "store"))
-    runner.run_to_end()
+    runner.run()
     out = job.sinks["main"].read(runner.store, job.prefix)
     check_flights_output(out)  # the on_event form meets the same oracle in test_flights_job
     assert job.sinks["late"].read(runner.store, job.prefix).num_rows == 0
@@ -49,7 +49,7 @@ def test_keyed_count_forms_agree_with_pandas(tmp_path, zipf) -> None:
         job = keyed_count_job(6_000, 500, batch=batch, zipf=zipf, step_ms=1_000, events_per_epoch=2_500,
                               parallelism=3, name=f"kc_{batch}")
         runner = JobRunner(job, None, str(tmp_path / "store"))
-        runner.run_to_end()
+        runner.run()
         outs[batch] = _sorted(_output(job, runner), COUNT_KEYS)
         assert _output(job, runner, "late").empty
     exp = _sorted(keyed_count_oracle(job.source), COUNT_KEYS)
@@ -67,7 +67,7 @@ def test_keyed_count_with_state_capped_equals_uncapped(tmp_path) -> None:
     for options in (None, capped):
         job = keyed_count_job(5_000, 2_000, step_ms=1_000, events_per_epoch=2_000, parallelism=2)
         runner = JobRunner(job, None, str(tmp_path / f"store{len(outs)}"), dkv_options=options)
-        runner.run_to_end()
+        runner.run()
         outs.append(_sorted(_output(job, runner), COUNT_KEYS))
         tables = [k for k in runner.store.list(job.prefix + "/state/") if k.endswith(".sst")]
         if options is capped:
@@ -80,7 +80,7 @@ def test_keyed_count_with_state_capped_equals_uncapped(tmp_path) -> None:
 def test_keyed_count_batch_form_on_spark(spark, tmp_path) -> None:
     job = keyed_count_job(4_000, 300, step_ms=1_000, events_per_epoch=3_000, parallelism=2)
     runner = JobRunner(job, spark, str(tmp_path / "store"))
-    runner.run_to_end()
+    runner.run()
     got = _sorted(_output(job, runner), COUNT_KEYS)
     exp = _sorted(keyed_count_oracle(job.source), COUNT_KEYS)
     pd.testing.assert_frame_equal(got[exp.columns], exp, check_dtype=False)
@@ -153,7 +153,7 @@ def test_timers_that_set_timers_agree_in_both_forms(tmp_path) -> None:
                   sinks={"main": ParquetSink("chain", CHAIN_SCHEMA)}, key_groups=32, parallelism=2,
                   events_per_epoch=150, max_out_of_orderness_ms=100)
         runner = JobRunner(job, None, str(tmp_path / "store"))
-        runner.run_to_end()
+        runner.run()
         outs[type(op).__name__] = _sorted(_output(job, runner), ["key", "hop"])
     # Replay oracle: every key fires HOPS timers, HOP_MS apart from its first event.
     events = pd.concat([source.full_partition(p).to_pandas() for p in source.partitions()])

@@ -42,7 +42,7 @@ def _check(job: Job, runner: JobRunner) -> None:
 def test_two_operator_chain_on_spark(spark, tmp_path) -> None:
     job = _job(parallelism=2)
     runner = JobRunner(job, spark, str(tmp_path / "store"))
-    results = runner.run_to_end()
+    results = runner.run()
     assert len(results) >= 5
     _check(job, runner)
     ckpt = runner.latest()
@@ -53,5 +53,5 @@ def test_two_operator_chain_on_spark(spark, tmp_path) -> None:
 def test_two_operator_chain_in_process(tmp_path) -> None:
     job = _job(parallelism=3)
     runner = JobRunner(job, None, str(tmp_path / "store"))
-    runner.run_to_end()
+    runner.run()
     _check(job, runner)

@@ -111,7 +111,7 @@ def test_bad_rows_go_to_dead_letter_with_reason(use_spark, request, tmp_path) ->
     spark = request.getfixturevalue("spark") if use_spark else None
     job = _job()
     runner = JobRunner(job, spark, str(tmp_path / "store"))
-    results = runner.run_to_end()
+    results = runner.run()
     assert results[-1].finished and len(results) >= 2  # several epochs, job kept running
 
     got = job.sinks["main"].read(runner.store, job.prefix).to_pandas()
@@ -157,10 +157,10 @@ def test_dead_letter_rows_are_exactly_once_across_a_crash(tmp_path) -> None:
 
     for fp in (crash_after_commit, crash_after_tasks):
         with pytest.raises(RuntimeError, match="crash"):
-            JobRunner(_job(events_per_epoch=120), None, root, failpoint=fp).run_to_end()
+            JobRunner(_job(events_per_epoch=120), None, root, failpoint=fp).run()
     job = _job(events_per_epoch=120)
     runner = JobRunner(job, None, root)
-    runner.run_to_end()
+    runner.run()
     dead = job.dead_letter.sink.read(runner.store, job.prefix).to_pandas()
     assert sorted(zip(dead["partition"], dead["offset"])) == sorted(BAD)
     got = job.sinks["main"].read(runner.store, job.prefix).to_pandas()
@@ -171,7 +171,7 @@ def test_tolerance_none_fails_before_any_stage(tmp_path) -> None:
     job = _job(tolerance="none")
     runner = JobRunner(job, None, str(tmp_path / "store"))
     with pytest.raises(BadInputError, match="partition p0 offset 3: unparseable_value"):
-        runner.run_to_end()
+        runner.run()
     assert runner.latest() is None
     assert not runner.store.list(f"{job.prefix}/state/")  # nothing ran
 
@@ -220,7 +220,7 @@ def test_topic_values_that_do_not_decode_go_to_dead_letter(tmp_path) -> None:
               operators=[KeyWindowCount()], sinks={"main": ParquetSink("counts", WINDOW_COUNT_SCHEMA)},
               key_groups=8, parallelism=2, events_per_epoch=15)
     runner = JobRunner(job, None, root)
-    runner.run_to_end()
+    runner.run()
     dead = job.dead_letter.sink.read(runner.store, job.prefix).to_pandas()
     assert sorted(zip(dead["offset"], dead["reason"])) == sorted(reasons.items())
     assert dict(zip(dead["offset"], dead["value"])) == {i: v for i, (_, v) in broken.items()}

@@ -35,22 +35,22 @@ def test_failed_epoch_keeps_last_checkpoint(use_spark, request, tmp_path, check_
     root = str(tmp_path / "store")
     runner = JobRunner(_job(FailsInSecondEpoch()), spark, root)
     with pytest.raises(JobFailedError, match="boom on JFK-LAX") as err:
-        runner.run_to_end()
+        runner.run()
     assert "epoch 3" in str(err.value)
     assert runner.latest().epoch == 2
     # Fixed code resumes from the intact checkpoint and the output is exactly-once.
     fixed = JobRunner(_job(RouteDailyDelays()), spark, root)
-    assert fixed.run_to_end()[0].epoch == 3
+    assert fixed.run()[0].epoch == 3
     check_flights_output(fixed.job.sinks["main"].read(fixed.store, fixed.job.prefix))
 
 
 def test_corrupt_job_checkpoint_is_named(tmp_path) -> None:
     root = tmp_path / "store"
     job = flights_job(events_per_epoch=100_000)
-    JobRunner(job, None, str(root)).run_to_end(max_epochs=1)
+    JobRunner(job, None, str(root)).run(max_epochs=1)
     path = root / checkpoint_key(job.prefix, 1)
     data = bytearray(path.read_bytes())
     data[data.index(b'"watermark"') + 14] ^= 0x01
     path.write_bytes(bytes(data))
     with pytest.raises(CorruptionError, match="epoch-0000000001.json"):
-        JobRunner(job, None, str(root)).run_to_end()
+        JobRunner(job, None, str(root)).run()

@@ -11,7 +11,7 @@ from operators.runtime.driver import JobRunner
 def test_flights_job_on_spark_equals_oracle(spark, tmp_path, check_flights_output) -> None:
     job = flights_job(events_per_epoch=60_000)
     runner = JobRunner(job, spark, str(tmp_path / "store"))
-    results = runner.run_to_end()
+    results = runner.run()
 
     assert sum(r.events for r in results) == FLIGHT_COUNT
     assert len(results) >= 5, "the job must run several epochs"
@@ -24,7 +24,7 @@ def test_flights_job_on_spark_equals_oracle(spark, tmp_path, check_flights_outpu
     check_flights_output(job.sinks["main"].read(runner.store, job.prefix))
     assert job.sinks["late"].read(runner.store, job.prefix).num_rows == 0  # spec: none with this replay order
     # A finished job has nothing left to do.
-    assert runner.run_to_end() == []
+    assert runner.run() == []
 
 
 def test_sink_directory_is_plain_parquet(spark, tmp_path, flights_oracle) -> None:
@@ -33,7 +33,7 @@ def test_sink_directory_is_plain_parquet(spark, tmp_path, flights_oracle) -> Non
 
     job = flights_job(events_per_epoch=120_000)
     store_root = tmp_path / "store"
-    JobRunner(job, spark, str(store_root)).run_to_end()
+    JobRunner(job, spark, str(store_root)).run()
     table = ds.dataset(store_root / job.prefix / "sinks" / "route_daily_delays", format="parquet",
                        partitioning="hive").to_table()
     assert table.num_rows == len(flights_oracle)

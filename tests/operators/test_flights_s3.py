@@ -28,7 +28,7 @@ def local_output(tmp_path_factory) -> pa.Table:
     """The main sink of one in-process run on the local directory store."""
     job = flights_job(events_per_epoch=EPOCH_EVENTS)
     runner = JobRunner(job, None, str(tmp_path_factory.mktemp("local")))
-    runner.run_to_end()
+    runner.run()
     return job.sinks["main"].read(runner.store, job.prefix)
 
 
@@ -112,7 +112,7 @@ def test_flights_on_s3_spark_survives_a_stopped_server(spark_with_s3_env, s3_ser
     faulty = dataclasses.replace(job, source=StopServerOnEpoch2(job.source, s3_server))
     try:
         with pytest.raises((JobFailedError, S3RequestError)) as failed:
-            JobRunner(faulty, spark_with_s3_env, root).run_to_end()
+            JobRunner(faulty, spark_with_s3_env, root).run()
     finally:
         s3_server.start()
     # The task's error, naming the object it could not reach (an error raised while the
@@ -127,7 +127,7 @@ def test_flights_on_s3_spark_survives_a_stopped_server(spark_with_s3_env, s3_ser
 
     resumed = JobRunner(job, spark_with_s3_env, root)
     assert resumed.latest().epoch == 1
-    results = resumed.run_to_end()
+    results = resumed.run()
     assert [r.epoch for r in results] == list(range(2, 2 + len(results)))
     output = job.sinks["main"].read(resumed.store, job.prefix)
     check_flights_output(output)  # every flight counted once: exactly-once across the fault
@@ -149,14 +149,14 @@ def test_commit_fails_clearly_when_server_stops_then_resumes_exactly_once(
     try:
         with pytest.raises(S3RequestError, match=rf"{root}/jobs/flights/\S+ failed after 2 attempts: "
                                                  r"Could not connect"):
-            JobRunner(job, None, root, failpoint=stop_server_after_tasks).run_to_end()
+            JobRunner(job, None, root, failpoint=stop_server_after_tasks).run()
         with pytest.raises(S3RequestError, match=rf"{root}/jobs/flights/"):
-            JobRunner(job, None, root).run_to_end()  # still down: fails at once, clearly
+            JobRunner(job, None, root).run()  # still down: fails at once, clearly
     finally:
         s3_server.start()
 
     resumed = JobRunner(job, None, root)
     assert resumed.latest().epoch == 1
-    resumed.run_to_end()
+    resumed.run()
     assert_same_rows(job.sinks["main"].read(resumed.store, job.prefix), local_output)
     _assert_requests_recorded(resumed)

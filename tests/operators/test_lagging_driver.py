@@ -20,7 +20,7 @@ def _fall_behind(lagging: JobRunner, ahead: JobRunner, epochs: int) -> None:
     read = lagging._read_events
 
     def read_after_the_other_ran(plan, epoch):
-        ahead.run_to_end(max_epochs=epochs)
+        ahead.run(max_epochs=epochs)
         return read(plan, epoch)
 
     lagging._read_events = read_after_the_other_ran
@@ -28,11 +28,11 @@ def _fall_behind(lagging: JobRunner, ahead: JobRunner, epochs: int) -> None:
 
 def test_driver_lagging_past_retention_is_fenced(tmp_path) -> None:
     root = str(tmp_path / "store")
-    _runner(root).run_to_end(max_epochs=1)
+    _runner(root).run(max_epochs=1)
     lagging, ahead = _runner(root), _runner(root)
     _fall_behind(lagging, ahead, epochs=3)  # epochs 2-4; retention keeps only epoch 4
     with pytest.raises(JobFencedError) as err:
-        next(lagging.run())
+        next(lagging.epochs())
     message = str(err.value)
     assert "epoch 2 was committed by another driver" in message, message
     assert "the newest checkpoint is" in message and "checkpoints/epoch-0000000004.json" in message, message
@@ -41,13 +41,13 @@ def test_driver_lagging_past_retention_is_fenced(tmp_path) -> None:
     latest = latest_checkpoint(ahead.store, ahead.job.prefix)
     assert latest.epoch == 4  # the lagging driver committed nothing
     # ... and the job goes on from the other driver's checkpoint.
-    assert next(_runner(root).run()).epoch == 5
+    assert next(_runner(root).epochs()).epoch == 5
 
 
 def test_failed_epoch_nobody_committed_stays_a_job_failure(tmp_path) -> None:
     """The same task error with no other driver: the state is lost, not overtaken."""
     root = str(tmp_path / "store")
-    _runner(root).run_to_end(max_epochs=1)
+    _runner(root).run(max_epochs=1)
     runner = _runner(root)
     read = runner._read_events
 
@@ -58,6 +58,6 @@ def test_failed_epoch_nobody_committed_stays_a_job_failure(tmp_path) -> None:
 
     runner._read_events = read_after_losing_a_manifest
     with pytest.raises(JobFailedError) as err:
-        next(runner.run())
+        next(runner.epochs())
     assert not isinstance(err.value, JobFencedError)
     assert "epoch 2 failed in operator route_daily_delays: object not found" in str(err.value)

@@ -115,7 +115,7 @@ def test_job_with_two_workers_caching_state(batch, tmp_path, monkeypatch) -> Non
         for parallelism, epochs in ((2, 3), (3, 3)):
             runner = JobRunner(flights_job(events_per_epoch=40_000, parallelism=parallelism, batch=batch), None,
                                root, retain_checkpoints=None)
-            runner.run_to_end(max_epochs=epochs)
+            runner.run(max_epochs=epochs)
         monkeypatch.setattr(runtime, "run_task", run_task)
         return runner
 
@@ -151,11 +151,11 @@ def test_in_process_runner_keeps_ranges_open(tmp_path, monkeypatch) -> None:
 
     monkeypatch.setattr(runtime, "run_task", recording)
     job = keyed_count_job(6_000, 500, events_per_epoch=2_000, parallelism=2, step_ms=1_000)
-    JobRunner(job, None, str(tmp_path)).run_to_end(max_epochs=3)
+    JobRunner(job, None, str(tmp_path)).run(max_epochs=3)
     assert reused == [(1, False)] * 2 + [(2, True)] * 2 + [(3, True)] * 2
     reused.clear()
     runner = JobRunner(job, None, str(tmp_path))
-    runner.run_to_end()
+    runner.run()
     assert reused[:2] == [(4, False)] * 2 and all(r for _, r in reused[2:])
     got = job.sinks["main"].read(runner.store, job.prefix).to_pandas()
     cols = ["key", "window_start"]
@@ -174,7 +174,7 @@ def test_in_process_runner_keeps_one_instance_per_range_and_closes_them(tmp_path
     job = keyed_count_job(4_000, 200, events_per_epoch=1_000, parallelism=8, step_ms=1_000)
     assert len(job.operators) == 1
     with JobRunner(job, None, str(tmp_path)) as runner:
-        runner.run_to_end(max_epochs=3)
+        runner.run(max_epochs=3)
         cache = runner._open_state
         assert cache.capacity == 8 and len(cache) == 8
         kept = list(cache._entries.values())

@@ -32,7 +32,7 @@ def _job(parallelism: int):
 @pytest.fixture(scope="module")
 def unscaled(tmp_path_factory):
     runner = JobRunner(_job(2), None, str(tmp_path_factory.mktemp("unscaled")), retain_checkpoints=None)
-    results = runner.run_to_end()
+    results = runner.run()
     return runner, {r.epoch: _state(runner, r.epoch) for r in results}
 
 
@@ -54,7 +54,7 @@ def test_rescale_keeps_state_and_output(plan, tmp_path, unscaled, check_flights_
     epoch = 0
     for parallelism, epochs in zip(plan, (3, 3, None)):
         runner = JobRunner(_job(parallelism), None, root, retain_checkpoints=2)
-        results = runner.run_to_end(max_epochs=epochs)
+        results = runner.run(max_epochs=epochs)
         epoch = results[-1].epoch
         ckpt = runner.latest()
         assert ckpt.parallelism == parallelism and len(ckpt.operators["route_daily_delays"]) == parallelism
@@ -67,7 +67,7 @@ def test_retention_keeps_last_n_and_frees_files(tmp_path, unscaled, check_flight
     _, clean_state = unscaled
     runner = JobRunner(_job(2), None, str(tmp_path / "store"), retain_checkpoints=3,
                        dkv_options=DKVOptions(memtable_bytes=256 << 10, wal_flush_bytes=64 << 10))
-    runner.run_to_end()
+    runner.run()
     epochs = list_epochs(runner.store, runner.job.prefix)
     assert epochs == sorted(clean_state)[-3:]
     assert runner.last_cleanup is not None and runner.last_cleanup.retained_epochs == epochs
@@ -88,7 +88,7 @@ def test_remote_compaction_between_epochs(tmp_path, unscaled, check_flights_outp
     runner = JobRunner(_job(2), None, str(tmp_path / "store"), dkv_options=opts, retain_checkpoints=None)
     published, installed, discarded = 0, 0, 0
     while True:
-        results = runner.run_to_end(max_epochs=1)
+        results = runner.run(max_epochs=1)
         assert _state(runner) == clean_state[results[-1].epoch]
         remote = latest_checkpoint(runner.store, runner.job.prefix).metrics["remote_compactions"]
         installed, discarded = installed + remote["installed"], discarded + remote["discarded"]
@@ -104,9 +104,9 @@ def test_remote_compaction_between_epochs(tmp_path, unscaled, check_flights_outp
 def test_rescale_on_spark(spark, tmp_path, unscaled, check_flights_output) -> None:
     _, clean_state = unscaled
     root = str(tmp_path / "store")
-    JobRunner(_job(2), spark, root).run_to_end(max_epochs=3)
+    JobRunner(_job(2), spark, root).run(max_epochs=3)
     runner = JobRunner(_job(3), spark, root)
-    results = runner.run_to_end(max_epochs=1)
+    results = runner.run(max_epochs=1)
     assert _state(runner) == clean_state[results[-1].epoch]
-    runner.run_to_end()
+    runner.run()
     check_flights_output(runner.job.sinks["main"].read(runner.store, runner.job.prefix))

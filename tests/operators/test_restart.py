@@ -32,7 +32,7 @@ def clean_run(tmp_path_factory):
     job = flights_job(events_per_epoch=EPOCH_EVENTS)
     root = str(tmp_path_factory.mktemp("clean"))
     runner = JobRunner(job, None, root)
-    results = runner.run_to_end()
+    results = runner.run()
     state = {r.epoch: _state(runner, r.epoch) for r in results}
     return job, runner, state
 
@@ -48,11 +48,11 @@ def test_crash_then_restart_is_exactly_once(point, epoch, tmp_path, clean_run, c
     job, clean, clean_state = clean_run
     root = str(tmp_path / "store")
     if point == "stop":
-        JobRunner(job, None, root).run_to_end(max_epochs=epoch)
+        JobRunner(job, None, root).run(max_epochs=epoch)
         committed = epoch
     else:
         with pytest.raises(Crash):
-            JobRunner(job, None, root, failpoint=crash_at(point, epoch)).run_to_end()
+            JobRunner(job, None, root, failpoint=crash_at(point, epoch)).run()
         committed = epoch if point == "after_commit" else epoch - 1
     restarted = JobRunner(job, None, root)
     latest = restarted.latest()
@@ -60,7 +60,7 @@ def test_crash_then_restart_is_exactly_once(point, epoch, tmp_path, clean_run, c
     if committed:
         assert _state(restarted, committed) == clean_state[committed], "restored state differs"
 
-    rest = restarted.run_to_end()
+    rest = restarted.run()
     assert [r.epoch for r in rest] == list(range(committed + 1, max(clean_state) + 1))
     check_flights_output(job.sinks["main"].read(restarted.store, job.prefix))
     assert _state(restarted, max(clean_state)) == clean_state[max(clean_state)]
@@ -70,16 +70,16 @@ def test_restart_on_spark_after_tasks_before_commit(spark, tmp_path, clean_run, 
     job, _, clean_state = clean_run
     root = str(tmp_path / "store")
     with pytest.raises(Crash):
-        JobRunner(job, spark, root, failpoint=crash_at("after_tasks", 4)).run_to_end()
+        JobRunner(job, spark, root, failpoint=crash_at("after_tasks", 4)).run()
     runner = JobRunner(job, spark, root)
     assert runner.latest().epoch == 3
     assert _state(runner, 3) == clean_state[3], "state written by Spark tasks differs from in-process state"
-    runner.run_to_end()
+    runner.run()
     check_flights_output(job.sinks["main"].read(runner.store, job.prefix))
 
 
 def test_incompatible_restart_is_refused(tmp_path) -> None:
     root = str(tmp_path / "store")
-    JobRunner(flights_job(events_per_epoch=EPOCH_EVENTS), None, root).run_to_end(max_epochs=1)
+    JobRunner(flights_job(events_per_epoch=EPOCH_EVENTS), None, root).run(max_epochs=1)
     with pytest.raises(Exception, match="key_groups"):
-        JobRunner(flights_job(events_per_epoch=EPOCH_EVENTS, key_groups=128), None, root).run_to_end()
+        JobRunner(flights_job(events_per_epoch=EPOCH_EVENTS, key_groups=128), None, root).run()

@@ -15,7 +15,7 @@ from operators.tools.state_reader import list_timers, main, read_state, to_spark
 def two_epochs(tmp_path_factory):
     job = flights_job(events_per_epoch=60_000)
     runner = JobRunner(job, None, str(tmp_path_factory.mktemp("store")))
-    runner.run_to_end(max_epochs=2)
+    runner.run(max_epochs=2)
     return job, runner, runner.latest()
 
 

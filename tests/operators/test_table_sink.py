@@ -111,7 +111,7 @@ def run_drained(rows: list[dict], root) -> tuple[Job, TableSink, JobRunner]:
     """``make_job(rows)`` run to the end in process under ``root``."""
     job, sink = make_job(rows)
     runner = JobRunner(job, None, str(root))
-    runner.run_to_end()
+    runner.run()
     return job, sink, runner
 
 
@@ -119,7 +119,7 @@ def test_table_equals_model_now_and_as_of_every_epoch(tmp_path) -> None:
     rows = random_changes(240, keys=30, seed=3)
     job, sink = make_job(rows)
     runner = JobRunner(job, None, str(tmp_path))
-    results = runner.run_to_end()
+    results = runner.run()
     assert len(results) == 6
     store, prefix = runner.store, job.prefix
     assert as_model(sink.read(store, prefix)) == model_after(rows)
@@ -181,11 +181,11 @@ def test_crash_between_commit_and_publish_then_redone_publish(tmp_path) -> None:
     rows = random_changes(240, keys=30, seed=11)
     job, sink = make_job(rows)
     with pytest.raises(RuntimeError, match="injected crash"):
-        JobRunner(job, None, str(tmp_path), failpoint=crash_at("after_commit", 3), retain_checkpoints=2).run_to_end()
+        JobRunner(job, None, str(tmp_path), failpoint=crash_at("after_commit", 3), retain_checkpoints=2).run()
     runner = JobRunner(job, None, str(tmp_path), retain_checkpoints=2)  # retention collects staged files
     assert runner.latest().epoch == 3
     assert sink.open(runner.store, job.prefix).transaction_version(sink.app_id(job.prefix)) == 2
-    runner.run_to_end()  # publishes epoch 3 on restart, then runs 4..6
+    runner.run()  # publishes epoch 3 on restart, then runs 4..6
     store, prefix = runner.store, job.prefix
     assert as_model(sink.read(store, prefix)) == model_after(rows)
     assert as_model(sink.scan(store, prefix, as_of_epoch=3)) == model_after(rows[:120])
@@ -205,7 +205,7 @@ def test_insert_of_existing_key_fails_the_epoch_before_commit(tmp_path) -> None:
     job, sink = make_job(rows)
     runner = JobRunner(job, None, str(tmp_path))
     with pytest.raises(JobFailedError, match=r"epoch 2 .*primary key \{'id': 7, 'day': 0\}"):
-        runner.run_to_end()
+        runner.run()
     assert runner.latest().epoch == 1
     assert as_model(sink.read(runner.store, job.prefix)) == model_after(rows[:40])
 
@@ -243,7 +243,7 @@ def test_compaction_racing_a_publish_loses_no_change(tmp_path) -> None:
     sink = CompactingSink("items", TABLE_SCHEMA, primary_key=["id", "day"], hash_buckets=4, range_column="day")
     job.sinks = {"main": sink}
     runner = JobRunner(job, None, str(tmp_path))
-    runner.run_to_end()
+    runner.run()
     assert CompactingSink.raced == 1
     store, prefix = runner.store, job.prefix
     assert as_model(sink.read(store, prefix)) == model_after(rows)
@@ -260,9 +260,9 @@ def test_table_on_s3_equals_model_with_time_travel(s3_server) -> None:
     rows = random_changes(160, keys=30, seed=17)
     job, sink = make_job(rows)
     with pytest.raises(RuntimeError, match="injected crash"):
-        JobRunner(job, None, root, failpoint=crash_at("after_commit", 2)).run_to_end()
+        JobRunner(job, None, root, failpoint=crash_at("after_commit", 2)).run()
     runner = JobRunner(job, None, root)
-    runner.run_to_end()
+    runner.run()
     store, prefix = runner.store, job.prefix
     assert sink.table_uri(store, prefix).startswith(f"s3://{s3_server.bucket}/")
     assert as_model(sink.read(store, prefix)) == model_after(rows)
@@ -318,12 +318,12 @@ def test_restart_fallback_with_a_table_sink(tmp_path) -> None:
     rows = random_changes(240, keys=30, seed=5)
     job, sink = make_job(rows)
     with pytest.raises(RuntimeError, match="injected crash"):
-        JobRunner(job, None, str(tmp_path), failpoint=crash_at("after_commit", 3)).run_to_end()
+        JobRunner(job, None, str(tmp_path), failpoint=crash_at("after_commit", 3)).run()
     runner = JobRunner(job, None, str(tmp_path))
     store, prefix = runner.store, job.prefix
     key = checkpoint_key(prefix, 3)
     store.put(key, store.get(key)[:50])
-    assert [r.epoch for r in runner.run_to_end()] == [3, 4, 5, 6]
+    assert [r.epoch for r in runner.run()] == [3, 4, 5, 6]
     assert as_model(sink.read(store, prefix)) == model_after(rows)
     for epoch in range(1, 7):
         assert as_model(sink.scan(store, prefix, as_of_epoch=epoch)) == model_after(rows[:40 * epoch])
@@ -331,4 +331,4 @@ def test_restart_fallback_with_a_table_sink(tmp_path) -> None:
     key = checkpoint_key(prefix, 6)
     store.put(key, store.get(key)[:50])
     with pytest.raises(RecoveryRefusedError, match=r"already visible.*Delta table .*epoch 6 applied"):
-        JobRunner(job, None, str(tmp_path)).run_to_end()
+        JobRunner(job, None, str(tmp_path)).run()

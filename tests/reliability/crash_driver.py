@@ -82,7 +82,7 @@ def main() -> int:
     if cfg.get("fail_first_attempt"):
         runner.job.operators = [FailsOnFirstAttempt(cfg["fail_first_attempt"])]
     try:
-        for res in runner.run():
+        for res in runner.epochs():
             print(json.dumps({"epoch": res.epoch, "seconds": res.seconds}), flush=True)
     except JobFencedError as e:
         print(f"FENCED: {e}", file=sys.stderr, flush=True)

@@ -88,7 +88,7 @@ def reference_run(root: Path) -> Reference:
     faults.trace_to(str(trace))
     started = time.perf_counter()
     try:
-        for res in r.run():
+        for res in r.epochs():
             states[res.epoch] = state(r.store, r.job.prefix, res.epoch)
     finally:
         faults.disarm_all()
@@ -148,7 +148,7 @@ def check_recovery(store_uri: str, ref: Reference, **job_kw) -> int:
         assert state(r.store, r.job.prefix, committed) == ref.states[committed], \
             f"state of surviving checkpoint {committed} differs from the fault-free run"
         assert_named_files_exist(r.store, r.job.prefix)
-    for res in r.run():
+    for res in r.epochs():
         assert state(r.store, r.job.prefix, res.epoch) == ref.states[res.epoch], \
             f"state after re-run epoch {res.epoch} differs from the fault-free run"
         assert_named_files_exist(r.store, r.job.prefix)

@@ -134,7 +134,7 @@ def test_soak_with_sensors_and_s3_restarts(s3_server, s3_store) -> None:
             start_again_if_down(now)
             try:
                 runner = JobRunner(job, None, uri, dkv_options=DKV.options(), retain_checkpoints=None)
-                results = list(runner.run(max_epochs=1))
+                results = runner.run(max_epochs=1)
                 for res in results:
                     ckpt = runner.latest()
                     instance.report_runless_asset_event(AssetMaterialization(
@@ -168,7 +168,7 @@ def test_soak_with_sensors_and_s3_restarts(s3_server, s3_store) -> None:
     for attempt in range(5):
         try:
             runner = JobRunner(job, None, uri, dkv_options=DKV.options(), retain_checkpoints=None)
-            runner.run_to_end()
+            runner.run()
             break
         except Exception as e:  # noqa: BLE001
             print(f"final run retry {attempt}: {e}", flush=True)

@@ -41,7 +41,7 @@ def test_duplicate_attempts_leave_no_trace(reference, tmp_path, monkeypatch) -> 
     monkeypatch.setattr(runtime, "run_task", twice)
     store = str(tmp_path / "store")
     r = harness.runner(store)
-    for res in r.run():
+    for res in r.epochs():
         assert harness.state(r.store, r.job.prefix, res.epoch) == reference.states[res.epoch]
         harness.assert_named_files_exist(r.store, r.job.prefix)
     assert len(chosen) == 2 * reference.epochs and 0 < sum(chosen) < len(chosen)

@@ -271,12 +271,12 @@ def test_restart_falls_back_when_bad_epoch_output_is_not_visible(what: str, tmp_
     root = str(tmp_path / "store")
     job = _job()
     with pytest.raises(RuntimeError, match="crash after committing epoch 2"):
-        JobRunner(job, None, root, dkv_options=SMALL, failpoint=_crash_after_commit(2)).run_to_end()
+        JobRunner(job, None, root, dkv_options=SMALL, failpoint=_crash_after_commit(2)).run()
     runner = JobRunner(job, None, root, dkv_options=SMALL, verify_restart="full")
     name = _damage(runner.store, job, 2, what)
 
     with caplog.at_level(logging.WARNING, logger="operators.runtime.recovery"):
-        results = runner.run_to_end()
+        results = runner.run()
     warning = " ".join(r.getMessage() for r in caplog.records)
     assert "checkpoint epoch 2 is unusable" in warning and name in warning and "fell back to epoch 1" in warning
     assert results[0].epoch == 2 and results[-1].finished
@@ -300,11 +300,11 @@ def test_data_block_flip_without_full_verification_fails_the_epoch_naming_it(tmp
     root = str(tmp_path / "store")
     job = _job()
     with pytest.raises(RuntimeError, match="crash"):
-        JobRunner(job, None, root, dkv_options=SMALL, failpoint=_crash_after_commit(2)).run_to_end()
+        JobRunner(job, None, root, dkv_options=SMALL, failpoint=_crash_after_commit(2)).run()
     runner = JobRunner(job, None, root, dkv_options=SMALL)
     name = _damage(runner.store, job, 2, "SSTable data block bit flip")
     with pytest.raises(JobFailedError, match=rf"{re.escape(name)}: .*offset \d+"):
-        runner.run_to_end()
+        runner.run()
 
 
 def test_fallback_refused_when_bad_epoch_output_is_visible(tmp_path: Path) -> None:
@@ -316,19 +316,19 @@ def test_fallback_refused_when_bad_epoch_output_is_visible(tmp_path: Path) -> No
     root = str(tmp_path / "store")
     job = _job()
     runner = JobRunner(job, None, root, dkv_options=SMALL)
-    last = runner.run_to_end()[-1].epoch
+    last = runner.run()[-1].epoch
     key = checkpoint_key(job.prefix, last)
     _truncate(runner.store, key, 100)
     with pytest.raises(RecoveryRefusedError, match=rf"epoch-{last:010d}\.json: .*offset \d+.*already visible"
                                                    rf".*sinks/counts/epoch(=|%3D){last:08d}"):
-        JobRunner(job, None, root, dkv_options=SMALL).run_to_end()
+        JobRunner(job, None, root, dkv_options=SMALL).run()
     assert list_epochs(runner.store, job.prefix) == list(range(1, last + 1)) and runner.store.size(key) == 100
 
     for k in runner.store.list(f"{job.prefix}/sinks/"):
         if f"/epoch={last:08d}/" in k:
             runner.store.delete(k)
     again = JobRunner(job, None, root, dkv_options=SMALL)
-    assert [r.epoch for r in again.run_to_end()] == [last]
+    assert [r.epoch for r in again.run()] == [last]
     assert _output(again).equals(_oracle(job.source))
 
 
@@ -336,18 +336,18 @@ def test_no_verifying_checkpoint_is_refused_naming_every_bad_object(tmp_path: Pa
     root = str(tmp_path / "store")
     job = _job()
     runner = JobRunner(job, None, root, dkv_options=SMALL, retain_checkpoints=1)
-    runner.run_to_end(max_epochs=2)
+    runner.run(max_epochs=2)
     assert list_epochs(runner.store, job.prefix) == [2]
     _truncate(runner.store, checkpoint_key(job.prefix, 2), 10)
     with pytest.raises(RecoveryRefusedError, match=r"no retained checkpoint .*epoch-0000000002\.json: .*offset 10"):
-        JobRunner(job, None, root).run_to_end()
+        JobRunner(job, None, root).run()
 
 
 def test_check_checkpoint_reports_torn_table_size(tmp_path: Path) -> None:
     root = str(tmp_path / "store")
     job = _job()
     runner = JobRunner(job, None, root, dkv_options=SMALL)
-    runner.run_to_end(max_epochs=2)
+    runner.run(max_epochs=2)
     ckpt = read_checkpoint(runner.store, job.prefix, 2)
     mkey = sorted(ckpt.operators["key_window_count"].values())[0]
     table = next(iter(load_manifest(runner.store, mkey).levels.all_tables()))

@@ -82,16 +82,16 @@ def test_topic_to_topic_exactly_once_across_a_crash(tmp_path, point, epoch) -> N
     root = str(tmp_path / "store")
     expected = oracle(make_input(root))
     with pytest.raises(Crash):
-        JobRunner(make_job(root), None, root, failpoint=crash_at(point, epoch)).run_to_end()
+        JobRunner(make_job(root), None, root, failpoint=crash_at(point, epoch)).run()
     visible = len(output(root))
     # an unpublished epoch is invisible: only the epochs before the crashed one are out
     assert visible == (epoch - 1) * 120
-    JobRunner(make_job(root), None, root).run_to_end()
+    JobRunner(make_job(root), None, root).run()
     got = output(root)
     assert not got.duplicated(["key", "seq"]).any()
     pd.testing.assert_frame_equal(got, expected, check_dtype=False)
     # publishing the newest checkpoint again adds nothing
-    JobRunner(make_job(root), None, root).run_to_end()
+    JobRunner(make_job(root), None, root).run()
     assert len(output(root)) == EVENTS
 
 
@@ -105,9 +105,9 @@ def test_topic_to_topic_on_spark(spark, tmp_path) -> None:
     root = str(tmp_path / "store")
     expected = oracle(make_input(root))
     with pytest.raises(Crash):  # two epochs of 300 events, a crash before publishing the first
-        JobRunner(make_job(root, 300), spark, root, failpoint=crash_at("after_commit", 1)).run_to_end()
+        JobRunner(make_job(root, 300), spark, root, failpoint=crash_at("after_commit", 1)).run()
     assert len(output(root)) == 0
-    JobRunner(make_job(root, 300), spark, root).run_to_end()
+    JobRunner(make_job(root, 300), spark, root).run()
     pd.testing.assert_frame_equal(output(root), expected, check_dtype=False)
 
 
@@ -115,7 +115,7 @@ def test_source_offsets_are_topic_offsets(tmp_path) -> None:
     root = str(tmp_path / "store")
     make_input(root)
     runner = JobRunner(make_job(root), None, root)
-    runner.run_to_end(max_epochs=2)
+    runner.run(max_epochs=2)
     offsets = runner.latest().source_offsets
     assert sum(offsets.values()) == 240 and set(offsets) == {"in-0", "in-1", "in-2"}
     log = Log(open_object_store(root))

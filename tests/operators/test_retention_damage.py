@@ -1,0 +1,56 @@
+"""Damage only retention trips over: a range manifest of an older retained checkpoint
+that no longer reads. The epochs after it commit (the damage cannot be repaired by
+failing them); retention keeps what the damaged manifest could name, logs a warning,
+reports it in its ``CleanupReport`` and in the next checkpoint's metrics, and the
+Dagster ``verified`` check fails naming that checkpoint. Once the checkpoint expires the
+job is clean again. In process; oracle: the pandas answer of the job."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from assets.checkpoints import make_checkpoint_check
+from assets.resources import ObjectStoreResource
+from operators.runtime.checkpoints import read_checkpoint
+from tests.operators import small_keyed_count as small
+
+RETAIN = 3
+
+
+def test_damaged_older_manifest_does_not_fail_later_epochs(tmp_path, caplog) -> None:
+    root = str(tmp_path)
+    runner = small.runner(root, retain=RETAIN)
+    runner.run(max_epochs=3)  # retained: 1, 2, 3
+    store, prefix = runner.store, runner.job.prefix
+    manifest = min(read_checkpoint(store, prefix, 2).operators["keyed_window_count"].values())
+    path = Path(store.uri(manifest).removeprefix("file://"))
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    path.write_bytes(bytes(raw))
+
+    with caplog.at_level(logging.WARNING, logger="operators.runtime.cleanup"):
+        [fourth] = runner.run(max_epochs=1)  # retention keeps 2, 3, 4: reads the damaged manifest
+    assert fourth.epoch == 4 and runner.latest().epoch == 4
+    [damage] = runner.last_cleanup.damaged
+    assert "retained checkpoint epoch 2" in damage and store.uri(manifest) in damage, damage
+    assert "no file of operator keyed_window_count is collected" in damage, damage
+    assert store.exists(manifest)  # kept, with everything it may name
+    assert any(store.uri(manifest) in r.getMessage() for r in caplog.records), caplog.text
+
+    check = make_checkpoint_check(runner.job)
+    verified = check(object_store=ObjectStoreResource(root_uri=root))
+    assert not verified.passed
+    assert verified.metadata["damaged_epochs"].value == [2]
+    assert any(
+        e.startswith("epoch 2: ") and store.uri(manifest) in e
+        for e in verified.metadata["errors"].value
+    )
+
+    assert [r.epoch for r in runner.run(max_epochs=1)] == [5]  # epoch 2 expires now
+    assert read_checkpoint(store, prefix, 5).metrics["retention_damage"] == [damage]
+    assert runner.last_cleanup.damaged == [] and not store.exists(manifest)
+    assert check(object_store=ObjectStoreResource(root_uri=root)).passed
+    runner.run()
+    assert "retention_damage" not in runner.latest().metrics
+    small.assert_output_exact(runner, "after retention met a damaged manifest")
