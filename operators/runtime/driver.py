@@ -41,7 +41,6 @@ import contextlib
 import logging
 import time
 import uuid
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -246,12 +245,6 @@ class JobRunner:
                 falling back is not safe (``operators.runtime.recovery``).
         """
         return list(self.epochs(max_epochs))
-
-    def run_to_end(self, max_epochs: int | None = None) -> list[EpochResult]:
-        """Deprecated alias of ``run``."""
-        warnings.warn("JobRunner.run_to_end is deprecated; use JobRunner.run (same arguments "
-                      "and result)", DeprecationWarning, stacklevel=2)
-        return self.run(max_epochs)
 
     def epochs(self, max_epochs: int | None = None) -> Iterator[EpochResult]:
         """``run`` as an iterator: yields an ``EpochResult`` after each committed epoch

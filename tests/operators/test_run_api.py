@@ -1,10 +1,8 @@
 """``JobRunner.run()`` runs the job (as the README shows it) and returns the committed
-epochs; ``epochs()`` yields each as it commits; ``run_to_end`` is a deprecated alias.
+epochs; ``epochs()`` yields each as it commits.
 Oracle: the checkpoints in the store and the pandas answer of the keyed counting job."""
 
 from __future__ import annotations
-
-import pytest
 
 from operators.runtime.checkpoints import list_epochs
 from operators.runtime.driver import EpochResult
@@ -35,10 +33,3 @@ def test_epochs_yields_each_epoch_as_it_commits(tmp_path) -> None:
     first = next(it)
     assert first.epoch == 1 and list_epochs(runner.store, runner.job.prefix) == [1]
     assert [r.epoch for r in it] == list(range(2, 9))
-
-
-def test_run_to_end_is_a_deprecated_alias(tmp_path) -> None:
-    runner = small.runner(str(tmp_path))
-    with pytest.warns(DeprecationWarning, match="use JobRunner.run"):
-        results = runner.run_to_end(max_epochs=2)
-    assert [r.epoch for r in results] == [1, 2]

@@ -47,7 +47,7 @@ def _input(source: SyntheticSource) -> pd.DataFrame:
 
 def _run(job: Job, tmp_path) -> tuple[JobRunner, pd.DataFrame]:
     runner = JobRunner(job, None, str(tmp_path / "store"))
-    runner.run_to_end()
+    runner.run()
     return runner, job.sinks["main"].read(runner.store, job.prefix).to_pandas()
 
 
@@ -139,7 +139,7 @@ def test_misspelled_emitted_field_fails_the_epoch(form, tmp_path) -> None:
     runner = JobRunner(job, None, str(tmp_path / "store"))
     with pytest.raises(JobFailedError, match=r"operator daily_echo output 'main'.* field "
                                              r"'day_start' is not in the output schema"):
-        runner.run_to_end()
+        runner.run()
     _assert_nothing_committed(runner, job)
 
 
@@ -150,7 +150,7 @@ def test_extra_emitted_field_fails_the_epoch(form, tmp_path) -> None:
     runner = JobRunner(job, None, str(tmp_path / "store"))
     with pytest.raises(JobFailedError,
                        match=r"operator daily_echo output 'main'.* field 'comment' is not in"):
-        runner.run_to_end()
+        runner.run()
     _assert_nothing_committed(runner, job)
 
 
@@ -165,7 +165,7 @@ def test_missing_non_nullable_field_fails_the_epoch(form, tmp_path) -> None:
     runner = JobRunner(job, None, str(tmp_path / "store"))
     with pytest.raises(JobFailedError,
                        match=r"operator daily_echo output 'main'.* field 'day' is not nullable"):
-        runner.run_to_end()
+        runner.run()
     _assert_nothing_committed(runner, job)
 
 
@@ -195,7 +195,7 @@ def test_emitted_value_of_wrong_type_names_operator_output_and_field(tmp_path) -
     job = _daily_job(Wrong())
     runner = JobRunner(job, None, str(tmp_path / "store"))
     with pytest.raises(JobFailedError, match=r"operator daily_echo output 'main': field 'day'"):
-        runner.run_to_end()
+        runner.run()
     _assert_nothing_committed(runner, job)
 
 
@@ -252,7 +252,7 @@ def _refused(source: SyntheticSource, tmp_path, match: str) -> None:
     job = _echo_job(source)
     runner = JobRunner(job, None, str(tmp_path / "store"))
     with pytest.raises(TypeError, match=match):
-        runner.run_to_end()
+        runner.run()
     _assert_nothing_committed(runner, job)
 
 

@@ -189,7 +189,7 @@ def test_values_the_schema_cannot_represent_are_dead_letters(tmp_path) -> None:
               sinks={"main": ParquetSink("echo", Echo.outputs["main"])},
               key_groups=8, parallelism=2, events_per_epoch=12)
     runner = JobRunner(job, None, root)
-    runner.run_to_end()
+    runner.run()
 
     dead = job.dead_letter.sink.read(runner.store, job.prefix).to_pandas()
     dead = dead.set_index("offset").sort_index()
@@ -255,7 +255,7 @@ def test_keyless_records_into_a_compacted_topic_are_refused(tmp_path, key_column
     runner = JobRunner(job, None, root)
     with pytest.raises(JobFailedError, match=r"topic 'compacted' is compacted.* (key_column=None|"
                                              r"null in column 'owner').* give every record a key"):
-        runner.run_to_end()
+        runner.run()
     assert runner.latest() is None
     assert Log(open_object_store(root)).end_offsets("compacted") == [0, 0]  # nothing written
 
@@ -265,7 +265,7 @@ def test_keyless_records_into_a_plain_topic_are_spread(tmp_path) -> None:
     expected = oracle(make_input(root))
     job = make_job(root)
     job.sinks = {"main": TopicSink("out", key_column=None, timestamp_column="ts")}
-    JobRunner(job, None, root).run_to_end()
+    JobRunner(job, None, root).run()
     table = TopicSink("out").read(open_object_store(root), "jobs/topics")
     assert set(table.column("key").to_pylist()) == {None}
     assert set(table.column("partition").to_pylist()) == {0, 1}  # round-robin over both
