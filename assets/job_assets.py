@@ -87,21 +87,26 @@ def job_assets(job: Job, group_name: str | None = None) -> list:
     @multi_asset(name=f"run_{job.name}", specs=sink_specs, required_resource_keys=set(), pool=pool_name(job))
     def run_job(context: AssetExecutionContext, config: RunJobConfig, object_store: ObjectStoreResource,
                 pyspark: PySparkResource, dkv: DKVSettingsResource):
-        # Retention and compaction are the cleanup and compaction sensors' runs, not inline.
-        runner = JobRunner(job, pyspark.spark_session, object_store.root_uri, dkv_options=dkv.options(),
-                           retain_checkpoints=dkv.retain_checkpoints if dkv.inline_retention else None)
-        epochs = 0
-        for result in runner.run(max_epochs=config.max_epochs or None):
-            epochs += 1
-            stats = level_stats(runner.store, read_checkpoint(runner.store, job.prefix, result.epoch))
-            context.log_event(AssetMaterialization(asset_key=ckpt_key, metadata=checkpoint_metadata(result, stats),
-                                                   description=f"epoch {result.epoch}"))
-            context.log.info(
-                f"epoch {result.epoch} committed: {result.events:,} events in {result.seconds:.1f} s "
-                f"({result.events_per_second:,.0f} events/s), watermark {format_watermark(result.watermark)}")
+        spark = pyspark.spark_session
+        # The store of the object_store resource, as the maintenance ops open it: the
+        # driver and the Spark tasks reopen it from its URI (see uri_for_run).
+        with object_store.uri_for_run(spark) as store_uri:
+            # Retention and compaction are the cleanup and compaction sensors' runs, not inline.
+            runner = JobRunner(job, spark, store_uri, dkv_options=dkv.options(),
+                               retain_checkpoints=dkv.retain_checkpoints if dkv.inline_retention else None)
+            epochs = 0
+            for result in runner.run(max_epochs=config.max_epochs or None):
+                epochs += 1
+                stats = level_stats(runner.store, read_checkpoint(runner.store, job.prefix, result.epoch))
+                context.log_event(AssetMaterialization(asset_key=ckpt_key,
+                                                       metadata=checkpoint_metadata(result, stats),
+                                                       description=f"epoch {result.epoch}"))
+                context.log.info(
+                    f"epoch {result.epoch} committed: {result.events:,} events in {result.seconds:.1f} s "
+                    f"({result.events_per_second:,.0f} events/s), watermark {format_watermark(result.watermark)}")
         store = runner.store
         latest = runner.latest()
-        for output, sink in job.sinks.items():
+        for sink in job.sinks.values():
             table = sink.read(store, job.prefix)
             yield MaterializeResult(asset_key=sink.name, metadata={
                 "rows": MetadataValue.int(table.num_rows),

@@ -4,12 +4,20 @@
 deployment resource dicts): ``DKVSTREAM_STORE`` is a local directory (``.dkvstream`` by
 default) or ``s3://bucket/prefix``; for S3 the store is configured through dagster-aws's
 ``S3Resource`` whose endpoint, region and credentials come from ``EnvVar`` (never from
-code or YAML). Spark tasks reopen the store from its URI, so they read the same AWS
-environment variables (``storage/objectstore/s3.py``).
+code or YAML).
+
+One store for the epochs and the maintenance ops: the ops open it with
+``ObjectStoreResource.open()``; a job run hands its driver and Spark tasks the store's
+URI, which ``open_object_store`` turns into a store configured from the AWS environment
+variables (``storage/objectstore/s3.py``), so for the run's duration
+``ObjectStoreResource.uri_for_run`` sets those variables to the configuration of
+``open()``'s store, in this process and in the Spark context's task environment.
 """
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import fields
 
 from dagster import ConfigurableResource, EnvVar
@@ -49,6 +57,61 @@ class ObjectStoreResource(ConfigurableResource):
             bucket, prefix = parse_s3_uri(self.root_uri)
             return S3ObjectStore.from_s3_resource(self.s3, bucket, prefix)
         return open_object_store(self.root_uri)
+
+    @contextmanager
+    def uri_for_run(self, spark=None) -> Iterator[str]:
+        """``root_uri``, which reopens ``open()``'s store inside the block, in this process
+        (``open_object_store``, as ``JobRunner`` does) and in every Python task of
+        ``spark`` on any executor: the store's AWS variables (``store_environment``) are
+        set in ``os.environ`` and in ``spark.sparkContext.environment`` (which Spark
+        ships with each task), and restored on exit.
+
+        Args:
+            spark: a ``SparkSession``, or None when nothing runs on Spark.
+
+        Yields:
+            ``root_uri``.
+        """
+        env = store_environment(self.open())
+        targets = [os.environ] + ([spark.sparkContext.environment] if spark is not None else [])
+        saved = [{k: target.get(k) for k in env} for target in targets]
+        try:
+            for target in targets:
+                target.update(env)
+            yield self.root_uri
+        finally:
+            for target, before in zip(targets, saved):
+                for k, v in before.items():
+                    if v is None:
+                        target.pop(k, None)
+                    else:
+                        target[k] = v
+
+
+def store_environment(store: ObjectStore) -> dict[str, str]:
+    """The AWS environment variables under which ``open_object_store(store.root_uri)``
+    opens a store like ``store``: its endpoint, region, credentials, retry attempts and
+    mode. Empty for a store that is not S3. Credentials are only set when the store has
+    its own (else botocore's chain, the environment included, finds them as it found
+    the store's); then ``AWS_SESSION_TOKEN`` is set too, empty when it has none, so a
+    token in the environment is not paired with other keys."""
+    from storage.objectstore.s3 import S3ObjectStore
+
+    if not isinstance(store, S3ObjectStore):
+        return {}
+    cfg = store._config  # what the store was built with (see S3ObjectStore.__reduce__)
+    env = {"AWS_REGION": store.region}
+    if store.endpoint_url:
+        env["AWS_ENDPOINT_URL_S3"] = store.endpoint_url
+    if cfg.get("access_key_id"):
+        env["AWS_ACCESS_KEY_ID"] = cfg["access_key_id"]
+        env["AWS_SECRET_ACCESS_KEY"] = cfg.get("secret_access_key") or ""
+        env["AWS_SESSION_TOKEN"] = cfg.get("session_token") or ""
+    if cfg.get("max_attempts"):
+        env["AWS_MAX_ATTEMPTS"] = str(cfg["max_attempts"])
+    if cfg.get("retry_mode"):
+        env["AWS_RETRY_MODE"] = cfg["retry_mode"]
+    return env
 
 
 def _env_default(name: str, default):
