@@ -167,7 +167,9 @@ class TableReader(TableLayout):
         """A ``pyarrow.dataset.Dataset`` of the table (current, as of an epoch or a
         time); it still has the ``_bucket`` column. DuckDB reads it after
         ``con.register(name, ds)``. A filter on a string or binary column pushed into it
-        directly may fail on view-typed files (module docstring): ``scan`` does not."""
+        (a DuckDB ``WHERE`` on such a column too) fails on view-typed files (module
+        docstring) with pyarrow's ``NotImplemented ... (string, string_view)``: filter
+        those columns through ``scan`` (or register its result)."""
         return self.open(store, job_prefix, as_of_epoch, as_of_time).to_pyarrow_dataset()
 
     def scan(self, store: ObjectStore, job_prefix: str, columns: list[str] | None = None,
