@@ -87,25 +87,23 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
-def newest_checkpoint(store: ObjectStore, job_prefix: str) -> tuple[JobCheckpoint | None, str]:
-    """The job's newest checkpoint and its identity ``e<epoch>-<digest>`` (``"none"``
-    without one): the digest is the first 16 hex digits of the SHA-256 of its bytes, so a
-    job reset and run to the same epoch again yields another identity (module docstring).
-
-    Raises:
-        CorruptionError: the newest checkpoint does not verify.
-    """
+def newest_checkpoint(store: ObjectStore, job_prefix: str) -> tuple[str, str | None, bytes | None]:
+    """The identity, key and bytes of the job's newest checkpoint, as stored (not
+    decoded: a corrupt one still has an identity); ``("none", None, None)`` without one.
+    The identity is ``e<epoch>-<digest>``, the digest the first 16 hex digits of the
+    SHA-256 of its bytes, so a job reset and run to the same epoch again yields another
+    identity (module docstring)."""
     for _ in range(3):
         epochs = list_epochs(store, job_prefix)
         if not epochs:
-            return None, "none"
+            break
         key = checkpoint_key(job_prefix, epochs[-1])
         try:
             data = store.get(key)
         except ObjectNotFoundError:
             continue  # deleted since the listing (a reset): list again
-        return JobCheckpoint.decode(data, store.uri(key)), f"e{epochs[-1]}-{_digest(data)}"
-    return None, "none"
+        return f"e{epochs[-1]}-{_digest(data)}", key, data
+    return "none", None, None
 
 
 def compaction_trigger(l0_tables: int, size_amp: float, dkv: DKVSettingsResource) -> str:
@@ -167,7 +165,7 @@ def make_cleanup_sensor(job: Job):
         epochs = list_epochs(store, job.prefix)
         if len(epochs) <= dkv.retain_checkpoints:
             return SkipReason(f"{len(epochs)} checkpoints, retention keeps {dkv.retain_checkpoints}")
-        _, newest = newest_checkpoint(store, job.prefix)
+        newest, _, _ = newest_checkpoint(store, job.prefix)
         state = f"{newest}:{dkv.retain_checkpoints}"
         if context.cursor == state:
             return SkipReason(f"already cleaned up at checkpoint {newest}")
@@ -188,8 +186,9 @@ def make_source_sensor(job: Job, asset_job):
             description=f"Run {job.name}'s epochs when its source has new input")
     def source_sensor(context: SensorEvaluationContext, object_store: ObjectStoreResource):
         ends = job.source.end_offsets()
-        ckpt, newest = newest_checkpoint(object_store.open(), job.prefix)
-        done = ckpt.source_offsets if ckpt else {}
+        store = object_store.open()
+        newest, key, data = newest_checkpoint(store, job.prefix)
+        done = JobCheckpoint.decode(data, store.uri(key)).source_offsets if data is not None else {}
         if all(ends[p] <= done.get(p, 0) for p in ends):
             return SkipReason("no new input")
         # The newest checkpoint event Dagster recorded: after a reset the store has no
