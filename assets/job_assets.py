@@ -87,8 +87,10 @@ def job_assets(job: Job, group_name: str | None = None) -> list:
     @multi_asset(name=f"run_{job.name}", specs=sink_specs, required_resource_keys=set(), pool=pool_name(job))
     def run_job(context: AssetExecutionContext, config: RunJobConfig, object_store: ObjectStoreResource,
                 pyspark: PySparkResource, dkv: DKVSettingsResource):
-        # Retention and compaction are the cleanup and compaction sensors' runs, not inline.
-        runner = JobRunner(job, pyspark.spark_session, object_store.root_uri, dkv_options=dkv.options(),
+        # The store of the object_store resource, as the maintenance ops open it; the Spark
+        # tasks receive it pickled (its configuration, credentials included), not a URI.
+        runner = JobRunner(job, pyspark.spark_session, object_store.open(), dkv_options=dkv.options(),
+                           # Retention and compaction are the cleanup and compaction sensors' runs.
                            retain_checkpoints=dkv.retain_checkpoints if dkv.inline_retention else None)
         epochs = 0
         for result in runner.epochs(max_epochs=config.max_epochs or None):
@@ -101,7 +103,7 @@ def job_assets(job: Job, group_name: str | None = None) -> list:
                 f"({result.events_per_second:,.0f} events/s), watermark {format_watermark(result.watermark)}")
         store = runner.store
         latest = runner.latest()
-        for output, sink in job.sinks.items():
+        for sink in job.sinks.values():
             table = sink.read(store, job.prefix)
             yield MaterializeResult(asset_key=sink.name, metadata={
                 "rows": MetadataValue.int(table.num_rows),

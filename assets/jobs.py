@@ -24,13 +24,8 @@ from dagster import Config, MetadataValue, OpExecutionContext, Out, Output, job,
 
 from assets.resources import DKVSettingsResource, ObjectStoreResource
 from operators import paths
-from operators.io.table_sink import (
-    compact_table,
-    delta_tables,
-    small_files,
-    storage_options,
-    vacuum_table,
-)
+from operators.io.table_layout import storage_options
+from operators.io.table_maintenance import compact_table, delta_tables, small_files, vacuum_table
 from operators.runtime.checkpoints import latest_checkpoint
 from operators.runtime.cleanup import cleanup_job
 from operators.runtime.control import pending_flush_requests, request_flush

@@ -4,8 +4,12 @@
 deployment resource dicts): ``DKVSTREAM_STORE`` is a local directory (``.dkvstream`` by
 default) or ``s3://bucket/prefix``; for S3 the store is configured through dagster-aws's
 ``S3Resource`` whose endpoint, region and credentials come from ``EnvVar`` (never from
-code or YAML). Spark tasks reopen the store from its URI, so they read the same AWS
-environment variables (``storage/objectstore/s3.py``).
+code or YAML).
+
+One store for the epochs and the maintenance ops: both open it with
+``ObjectStoreResource.open()``; a job run hands that store to ``JobRunner``, whose Spark
+tasks receive it pickled (its endpoint, region and credentials), so the driver and every
+executor use the configured store whatever their own environment.
 """
 from __future__ import annotations
 

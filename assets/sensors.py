@@ -9,20 +9,32 @@
   (its tables are the ones being compacted).
 * ``<job>_cleanup_sensor`` lists the job's checkpoints and requests a ``cleanup`` run
   whenever retention has something to delete (more than ``retain_checkpoints``
-  committed) for a newest epoch or retention setting it has not cleaned up for (cursor
-  ``<newest epoch>:<retain>``).
+  committed) for a newest checkpoint or retention setting it has not cleaned up for
+  (cursor ``<newest checkpoint's identity>:<retain>``).
 * ``<job>_table_compaction_sensor`` (jobs with a ``TableSink``) counts the small files
   of each Delta table sink's current version and requests a ``table_compaction`` run
   when one has at least ``min_small_files`` (``TableCompactionConfig``); cursor: the
-  table versions it last requested a run for.
+  tables (Delta table id and version) it last requested a run for.
 * ``<job>_source_sensor`` compares the source's end offsets with the newest checkpoint's
   and starts a run of the job's asset job when new input arrived (cursor: the end
-  offsets it last started a run for). Off by default: the bundled flights source is a
-  finished replay.
+  offsets, the newest checkpoint's identity and the job's newest checkpoint event it
+  last started a run for). Off by default: the bundled flights source is a finished
+  replay.
+
+Cursors and run keys name things that never come back. A job reset (its prefix deleted)
+numbers its epochs from 1 again and recreates its Delta tables at version 0, so an epoch
+or a table version alone would repeat: the sensor would take the new checkpoints for
+ones it already handled, and Dagster skips a run request whose run key an earlier run
+had. A checkpoint is named by its epoch and a digest of its bytes (a committed
+checkpoint is written once and names DKV manifests under the committing task attempts'
+fresh ids, so a later incarnation's epoch e differs from an earlier one's); a Delta table
+by its table id (a fresh uuid when the table is created) and version; a commit seen by
+Dagster by its event's storage id, which only grows.
 
 Thresholds are the ``dkv`` resource's settings (``$DKVSTREAM_DKV_*``); tick intervals
 come from ``$DKVSTREAM_SENSOR_INTERVAL_S`` (default 15 s).
 """
+import hashlib
 import json
 import os
 
@@ -47,8 +59,13 @@ from assets.jobs import (
 )
 from assets.resources import DKVSettingsResource, ObjectStoreResource
 from operators.api.job import Job
-from operators.io.table_sink import TableSink, small_files, storage_options
-from operators.runtime.checkpoints import latest_checkpoint, list_epochs
+from operators.io.table_layout import storage_options
+from operators.io.table_maintenance import small_files
+from operators.io.table_sink import TableSink
+from operators.paths import checkpoint_key
+from operators.runtime.checkpoints import JobCheckpoint, list_epochs
+from storage.errors import ObjectNotFoundError
+from storage.objectstore import ObjectStore
 
 IN_PROGRESS = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
                DagsterRunStatus.STARTED]
@@ -64,6 +81,29 @@ def _in_progress(context: SensorEvaluationContext, job_name: str, stream_job: st
     records = context.instance.get_run_records(
         RunsFilter(job_name=job_name, statuses=IN_PROGRESS, tags={STREAM_JOB_TAG: stream_job}), limit=1)
     return bool(records)
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def newest_checkpoint(store: ObjectStore, job_prefix: str) -> tuple[str, str | None, bytes | None]:
+    """The identity, key and bytes of the job's newest checkpoint, as stored (not
+    decoded: a corrupt one still has an identity); ``("none", None, None)`` without one.
+    The identity is ``e<epoch>-<digest>``, the digest the first 16 hex digits of the
+    SHA-256 of its bytes, so a job reset and run to the same epoch again yields another
+    identity (module docstring)."""
+    for _ in range(3):
+        epochs = list_epochs(store, job_prefix)
+        if not epochs:
+            break
+        key = checkpoint_key(job_prefix, epochs[-1])
+        try:
+            data = store.get(key)
+        except ObjectNotFoundError:
+            continue  # deleted since the listing (a reset): list again
+        return f"e{epochs[-1]}-{_digest(data)}", key, data
+    return "none", None, None
 
 
 def compaction_trigger(l0_tables: int, size_amp: float, dkv: DKVSettingsResource) -> str:
@@ -121,12 +161,14 @@ def make_cleanup_sensor(job: Job):
             description=f"Apply checkpoint retention and collect garbage of {job.name} when checkpoints expire")
     def cleanup_sensor(context: SensorEvaluationContext, object_store: ObjectStoreResource,
                        dkv: DKVSettingsResource):
-        epochs = list_epochs(object_store.open(), job.prefix)
+        store = object_store.open()
+        epochs = list_epochs(store, job.prefix)
         if len(epochs) <= dkv.retain_checkpoints:
             return SkipReason(f"{len(epochs)} checkpoints, retention keeps {dkv.retain_checkpoints}")
-        state = f"{epochs[-1]}:{dkv.retain_checkpoints}"
+        newest, _, _ = newest_checkpoint(store, job.prefix)
+        state = f"{newest}:{dkv.retain_checkpoints}"
         if context.cursor == state:
-            return SkipReason(f"already cleaned up at epoch {epochs[-1]}")
+            return SkipReason(f"already cleaned up at checkpoint {newest}")
         if _in_progress(context, cleanup_job_def.name, job.name):
             return SkipReason("a cleanup is already running")
         return SensorResult(
@@ -144,19 +186,24 @@ def make_source_sensor(job: Job, asset_job):
             description=f"Run {job.name}'s epochs when its source has new input")
     def source_sensor(context: SensorEvaluationContext, object_store: ObjectStoreResource):
         ends = job.source.end_offsets()
-        ckpt = latest_checkpoint(object_store.open(), job.prefix)
-        done = ckpt.source_offsets if ckpt else {}
+        store = object_store.open()
+        newest, key, data = newest_checkpoint(store, job.prefix)
+        done = JobCheckpoint.decode(data, store.uri(key)).source_offsets if data is not None else {}
         if all(ends[p] <= done.get(p, 0) for p in ends):
             return SkipReason("no new input")
-        state = json.dumps(ends, sort_keys=True)
+        # The newest checkpoint event Dagster recorded: after a reset the store has no
+        # checkpoint again, as before the first run, but this has grown since then.
+        events = context.instance.fetch_materializations(checkpoint_asset_key(job), limit=1).records
+        commits = events[0].storage_id if events else 0
+        state = json.dumps({"ends": ends, "from": newest, "commits": commits}, sort_keys=True)
         if context.cursor == state:
             return SkipReason("a run was already started for this input")
         if _in_progress(context, asset_job.name, job.name):
             return SkipReason(f"{asset_job.name} is already running")
         new = sum(ends[p] - done.get(p, 0) for p in ends)
         return SensorResult(
-            run_requests=[RunRequest(run_key=f"{job.name}-input-{state}", tags={STREAM_JOB_TAG: job.name,
-                                                                                 "dkvstream/new_events": str(new)})],
+            run_requests=[RunRequest(run_key=f"{job.name}-input-{_digest(state.encode())}",
+                                     tags={STREAM_JOB_TAG: job.name, "dkvstream/new_events": str(new)})],
             cursor=state)
 
     return source_sensor
@@ -188,7 +235,8 @@ def make_table_compaction_sensor(job: Job, min_small_files: int | None = None, t
             uri = sink.table_uri(store, job.prefix)
             if not DeltaTable.is_deltatable(uri, storage_options=opts):
                 continue
-            versions[sink.name] = DeltaTable(uri, storage_options=opts).version()
+            dt = DeltaTable(uri, storage_options=opts)
+            versions[sink.name] = f"{dt.metadata().id}@v{dt.version()}"
             n = small_files(uri, defaults.target_bytes, opts)
             if n >= defaults.min_small_files:
                 crowded.append(f"{sink.name}: {n} small files")
@@ -196,11 +244,11 @@ def make_table_compaction_sensor(job: Job, min_small_files: int | None = None, t
             return SkipReason(f"no table has {defaults.min_small_files} small files")
         state = json.dumps(versions, sort_keys=True)
         if context.cursor == state:
-            return SkipReason(f"a compaction was already requested at versions {state}")
+            return SkipReason(f"a compaction was already requested at table versions {state}")
         if _in_progress(context, table_compaction_job.name, job.name):
             return SkipReason("a table compaction is already running")
         return SensorResult(
-            run_requests=[RunRequest(run_key=f"{job.name}-tables-{state}",
+            run_requests=[RunRequest(run_key=f"{job.name}-tables-{_digest(state.encode())}",
                                      run_config=op_config("compact_tables", job.name,
                                                           min_small_files=defaults.min_small_files,
                                                           target_bytes=defaults.target_bytes),

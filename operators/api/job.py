@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 from operators import paths
 from operators.api.keygroups import DEFAULT_KEY_GROUPS
-from operators.api.operator import MAIN_OUTPUT, Operator
+from operators.api.operator import Operator
 from operators.io.sinks import Sink
 from operators.io.sources import Source
 from operators.runtime.dead_letter import DEAD_LETTER_OUTPUT, DeadLetter
@@ -33,8 +33,10 @@ class Job:
 
     Raises:
         InvalidJobError: (a ``ValueError``) from ``validate()`` on an inconsistent
-            definition: zero key groups, parallelism above key groups, a state spec
-            whose codec is not a ``Codec``, a negative watermark bound, ...
+            definition: a bad name, no operators or one that is not an ``Operator``,
+            duplicate operator names, an output without a sink, zero key groups,
+            parallelism above key groups, a state spec whose codec is not a ``Codec``,
+            a negative watermark bound, ...
     """
 
     name: str
@@ -52,30 +54,14 @@ class Job:
         self.validate()
 
     def validate(self) -> None:
-        """Check the definition; raise ``InvalidJobError`` (a ``ValueError``) naming the problem."""
+        """Check the definition (``operators.api.validation.check_job``).
+
+        Raises:
+            InvalidJobError: (a ``ValueError``) naming the job, the problem and what to do.
+        """
         from operators.api.validation import check_job  # imports state specs and codecs
 
-        if not self.name or "/" in self.name:
-            raise ValueError(f"job name must be non-empty without '/': {self.name!r}")
-        if not self.operators:
-            raise ValueError(f"job {self.name}: needs at least one operator")
         check_job(self)
-        names = [op.name for op in self.operators]
-        if len(set(names)) != len(names):
-            raise ValueError(f"job {self.name}: operator names must be unique, got {names}")
-        for op in self.operators[:-1]:
-            if set(op.outputs) != {MAIN_OUTPUT}:
-                raise ValueError(
-                    f"job {self.name}: intermediate operator {op.name} may only declare the "
-                    f"'main' output, got {sorted(op.outputs)}"
-                )
-        last = self.operators[-1]
-        missing = set(last.outputs) - set(self.sinks)
-        if missing:
-            raise ValueError(f"job {self.name}: outputs {sorted(missing)} of {last.name} have no sink")
-        extra = set(self.sinks) - set(last.outputs)
-        if extra:
-            raise ValueError(f"job {self.name}: sinks {sorted(extra)} name no output of {last.name}")
 
     def output_sink(self, output: str) -> Sink:
         """The sink of a checkpoint output name (a last-operator output or the dead-letter table)."""

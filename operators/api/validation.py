@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from operators.api import codecs as codecs_module
+from operators.api.batch import BatchOperator
 from operators.api.codecs import Codec
 from operators.api.keygroups import MAX_KEY_GROUPS
-from operators.api.operator import Operator
+from operators.api.operator import MAIN_OUTPUT, Operator
 from operators.api.state import ListSpec, MapSpec, ValueSpec, state_specs
 from operators.errors import InvalidJobError
 from operators.io.sinks import Sink
@@ -57,8 +58,15 @@ def check_operator(job: Job, op) -> None:
     Raises:
         InvalidJobError: naming the operator and the bad field.
     """
-    if not isinstance(op, Operator) and not hasattr(op, "on_batch"):
-        raise InvalidJobError(f"job {job.name}: {op!r} is not an Operator")
+    # By type, not by its methods: the runtime picks the per-event or the vectorised
+    # form by class (``BatchOperator`` is an ``Operator``), and reads name/outputs/state.
+    if isinstance(op, type) and issubclass(op, Operator):
+        raise InvalidJobError(f"job {job.name}: operator {op.__name__} is a class, not an "
+                              f"instance; write {op.__name__}()")
+    if not isinstance(op, (Operator, BatchOperator)):
+        raise InvalidJobError(
+            f"job {job.name}: {op!r} is not an Operator; subclass operators.Operator "
+            f"(on_event per event) or operators.BatchOperator (on_batch per epoch)")
     for out, schema in op.outputs.items():
         if not isinstance(schema, pa.Schema):
             raise InvalidJobError(f"job {job.name}: operator {op.name} output {out!r} schema is "
@@ -72,12 +80,63 @@ def check_operator(job: Job, op) -> None:
             _check_codec(job, f"{where} codec", spec.codec)
 
 
+def _check_name(job: Job) -> None:
+    if not isinstance(job.name, str) or not job.name or "/" in job.name:
+        raise InvalidJobError(f"job name {job.name!r} is not usable: its files live under "
+                              f"jobs/<name>/, so give a non-empty string without '/'")
+
+
+def check_structure(job: Job) -> None:
+    """Checks how operators and sinks connect: at least one operator, each an
+    ``Operator``, unique names, intermediate operators emitting only to ``"main"``, and
+    exactly one sink per output of the last operator.
+
+    Raises:
+        InvalidJobError: naming the job, the operator or output, and what to do.
+    """
+    if not isinstance(job.operators, (list, tuple)):
+        raise InvalidJobError(f"job {job.name}: operators must be a list of operators, got "
+                              f"{job.operators!r}; write operators=[...]")
+    if not job.operators:
+        raise InvalidJobError(f"job {job.name}: needs at least one operator; pass "
+                              f"operators=[MyOperator()]")
+    for op in job.operators:
+        check_operator(job, op)
+    names = [op.name for op in job.operators]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise InvalidJobError(f"job {job.name}: operator names must be unique (checkpoints "
+                              f"keep state by name), {twice} appear more than once in {names}; "
+                              f"give each operator its own name")
+    for op in job.operators[:-1]:
+        if set(op.outputs) != {MAIN_OUTPUT}:
+            raise InvalidJobError(
+                f"job {job.name}: intermediate operator {op.name} may only declare the "
+                f"'{MAIN_OUTPUT}' output (it feeds the next operator), got {sorted(op.outputs)}; "
+                f"declare other outputs on the last operator")
+    if not isinstance(job.sinks, dict):
+        raise InvalidJobError(f"job {job.name}: sinks must be a dict of output name -> Sink, got "
+                              f"{job.sinks!r}")
+    last = job.operators[-1]
+    missing = sorted(set(last.outputs) - set(job.sinks))
+    if missing:
+        raise InvalidJobError(f"job {job.name}: outputs {missing} of {last.name} have no sink; "
+                              f"add them to sinks, e.g. sinks={{{missing[0]!r}: ParquetSink(...)}}")
+    extra = sorted(set(job.sinks) - set(last.outputs))
+    if extra:
+        raise InvalidJobError(f"job {job.name}: sinks {extra} name no output of {last.name} "
+                              f"(its outputs: {sorted(last.outputs)}); remove them or declare "
+                              f"the output in {type(last).__name__}.outputs")
+
+
 def check_job(job: Job) -> None:
-    """Checks the numeric settings, source, sinks, operators and dead-letter settings.
+    """Checks the name, the numeric settings, source, sinks, operators (how they connect
+    and each one's state) and dead-letter settings.
 
     Raises:
         InvalidJobError: naming the job and the first bad field (a ``ValueError``).
     """
+    _check_name(job)
     _check_int(job, "key_groups", job.key_groups, 1, MAX_KEY_GROUPS)
     _check_int(job, "parallelism", job.parallelism, 1, job.key_groups,
                " (at most key_groups: a task owns at least one key group)")
@@ -86,11 +145,10 @@ def check_job(job: Job) -> None:
                why=" (a negative bound would put the watermark ahead of the events)")
     if not isinstance(job.source, Source):
         raise InvalidJobError(f"job {job.name}: source {job.source!r} is not a Source")
+    check_structure(job)
     for name, sink in job.sinks.items():
         if not isinstance(sink, Sink):
             raise InvalidJobError(f"job {job.name}: sink {name!r} is {sink!r}, not a Sink")
-    for op in job.operators:
-        check_operator(job, op)
     dl = job.dead_letter
     if dl.max_future_ms is not None:
         _check_int(job, "dead_letter.max_future_ms", dl.max_future_ms, 0)

@@ -143,7 +143,10 @@ class JobRunner:
         job: the job definition.
         spark: a ``SparkSession`` (see ``operators.spark.session.get_spark``), or None to run
             every stage in this process, range after range (tests, debugging).
-        store_uri: object-store root URI or path (``.dkvstream`` by default).
+        store: the object store, or its root URI or path (``.dkvstream`` by default;
+            ``storage.objectstore.open_object_store``). Spark tasks receive the store
+            pickled (its configuration, e.g. an S3 endpoint and credentials), so they use
+            the same store as the driver whatever their environment.
         dkv_options: DKV tuning passed to every task.
         failpoint: fault injection for tests (see ``Failpoint``).
         retain_checkpoints: keep this many newest checkpoints and, after each epoch,
@@ -162,14 +165,13 @@ class JobRunner:
             nothing has been written.
     """
 
-    def __init__(self, job: Job, spark, store_uri: str = ".dkvstream",
+    def __init__(self, job: Job, spark, store: ObjectStore | str = ".dkvstream",
                  dkv_options: DKVOptions | None = None, failpoint: Failpoint | None = None,
                  retain_checkpoints: int | None = 10, verify_restart: str = "names") -> None:
         job.validate()  # again: fields may have changed since construction; fail before any write
         self.job = job
         self.spark = spark
-        self.store_uri = store_uri
-        self.store: ObjectStore = open_object_store(store_uri)
+        self.store: ObjectStore = store if isinstance(store, ObjectStore) else open_object_store(store)
         # Driver requests are counted from here to each commit (checkpoint metric "requests").
         self._requests_mark = self.store.stats.snapshot()
         self.dkv_options = dkv_options
@@ -540,7 +542,7 @@ class JobRunner:
     def _run_stage(self, op_index: int, specs: list[TaskSpec], events: pa.Table, last: bool):
         if self.spark is None:
             return self._run_stage_in_process(op_index, specs, events, last)
-        return spark_stage.run_stage(self.spark, self.job.operators[op_index], specs, events, self.store_uri,
+        return spark_stage.run_stage(self.spark, self.job.operators[op_index], specs, events, self.store,
                                      self.job.sinks if last else None, self.dkv_options)
 
     def _run_stage_in_process(self, op_index: int, specs: list[TaskSpec], events: pa.Table, last: bool):

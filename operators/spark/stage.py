@@ -29,7 +29,7 @@ from operators.io.sinks import Sink
 from operators.runtime.open_state import OpenState
 from operators.runtime.task import RANGE_COLUMN, TaskResult, TaskSpec, run_task
 from storage.dkv import DKVOptions
-from storage.objectstore import ObjectStore, open_object_store, subtract_requests
+from storage.objectstore import ObjectStore, subtract_requests
 
 
 def to_ipc(table: pa.Table) -> bytes:
@@ -60,7 +60,7 @@ def split_by_range(events: pa.Table, parallelism: int) -> list[pa.Table]:
     return [ordered.slice(int(bounds[i]), int(bounds[i + 1] - bounds[i])) for i in range(parallelism)]
 
 
-def run_stage(spark, operator: Operator, specs: list[TaskSpec], events: pa.Table, store_uri: str,
+def run_stage(spark, operator: Operator, specs: list[TaskSpec], events: pa.Table, store: ObjectStore,
               sinks: dict[str, Sink] | None, dkv_options: DKVOptions | None
               ) -> tuple[list[TaskResult], pa.Table | None]:
     """Run ``operator`` for every range of ``specs`` as one Spark stage.
@@ -70,7 +70,7 @@ def run_stage(spark, operator: Operator, specs: list[TaskSpec], events: pa.Table
         operator: the operator the stage runs.
         specs: one ``TaskSpec`` per range, ``specs[i].range_index == i``.
         events: the stage's events with their ``_range`` column (see ``operators.runtime.task``).
-        store_uri: object-store root the tasks reopen.
+        store: the job's object store; each task gets it pickled (its configuration).
         sinks: the job's sinks for the last operator (tasks stage files), else None.
         dkv_options: DKV tuning.
 
@@ -86,7 +86,7 @@ def run_stage(spark, operator: Operator, specs: list[TaskSpec], events: pa.Table
     parts = split_by_range(events, len(specs))
     payloads = [(spec, to_ipc(part)) for spec, part in zip(specs, parts)]
     rdd = spark.sparkContext.parallelize(payloads, len(payloads))
-    task = functools.partial(_run_partition, operator, store_uri, sinks, dkv_options)
+    task = functools.partial(_run_partition, operator, store, sinks, dkv_options)
     rows = rdd.mapPartitions(task).collect()
     results, forwarded = [], []
     for res, fwd in sorted(rows, key=lambda row: row[0].range_index):
@@ -100,18 +100,17 @@ def run_stage(spark, operator: Operator, specs: list[TaskSpec], events: pa.Table
 
 
 # Per Spark Python worker process (workers are reused, spark.python.worker.reuse): the
-# object stores tasks opened, by root URI, and the ranges' open DKV instances.
+# object stores of the tasks it ran, by root URI, and the ranges' open DKV instances.
 _STORES: dict[str, ObjectStore] = {}
 _OPEN_STATE = OpenState()
 
 
-def _run_partition(operator: Operator, store_uri: str, sinks: dict[str, Sink] | None,
+def _run_partition(operator: Operator, store: ObjectStore, sinks: dict[str, Sink] | None,
                    dkv_options: DKVOptions | None,
                    payloads: Iterable[tuple[TaskSpec, bytes]]) -> Iterator[tuple[TaskResult, bytes | None]]:
     """The body of one Spark task: each of its ranges (exactly one with ``parallelize``)."""
-    store = _STORES.get(store_uri)
-    if store is None:
-        store = _STORES[store_uri] = open_object_store(store_uri)
+    # One store per root in a worker: its clients and stats live as long as the worker.
+    store = _STORES.setdefault(store.root_uri, store)
     for spec, data in payloads:
         before = store.stats.snapshot()
         res = run_task(operator, spec, from_ipc(data), store, sinks=sinks, dkv_options=dkv_options,

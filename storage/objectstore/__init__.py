@@ -13,8 +13,9 @@ Keys are ``/``-separated relative paths (no leading ``/``, no ``..``). Every req
 counted in ``ObjectStore.stats`` so tests and benchmarks can report GETs and PUTs.
 
 Implementations are picked by URI scheme with ``open_object_store`` (like pyiceberg's
-``load_file_io``). Spark tasks receive ``store.root_uri`` and call ``open_object_store``
-again, so a store never needs to be pickled (it can be, though: it holds only its root).
+``load_file_io``). A store pickles as its configuration (a local root; an S3 bucket,
+prefix, endpoint, region and credentials), so Spark tasks get the driver's store and
+rebuild its clients; its request counts start afresh in each process.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from assets.sensors import (
     make_compaction_sensor,
     make_source_sensor,
 )
+from operators.runtime.checkpoints import list_epochs
 from operators.runtime.cleanup import cleanup_job
 from operators.runtime.driver import JobRunner
 from tests.assets.small_job import NAME, SMALL_DKV, small_job
@@ -22,18 +23,30 @@ TRIGGERS = DKVSettingsResource(l0_compaction_trigger=4, size_amp_threshold=0.5)
 
 
 class Ticker:
-    """Evaluates one sensor tick after tick, carrying the cursor like the daemon does."""
+    """Evaluates one sensor tick after tick as the daemon does: carries the cursor, and
+    drops a run request whose run key an earlier request of this sensor had (the daemon
+    launches no run for it)."""
 
     def __init__(self, sensor_def, instance: DagsterInstance, resources: dict) -> None:
         self.sensor_def, self.instance, self.resources = sensor_def, instance, resources
         self.cursor: str | None = None
+        self.run_keys: set[str] = set()
 
     def tick(self):
         with build_sensor_context(instance=self.instance, cursor=self.cursor, resources=self.resources) as ctx:
             data = self.sensor_def.evaluate_tick(ctx)
         if data.cursor is not None:
             self.cursor = data.cursor
-        return data.run_requests
+        launched = [r for r in data.run_requests if r.run_key not in self.run_keys]
+        self.run_keys.update(r.run_key for r in data.run_requests)
+        return launched
+
+
+def reset(root, job_name: str = NAME) -> None:
+    """A job reset: everything under its prefix deleted."""
+    store = ObjectStoreResource(root_uri=str(root)).open()
+    for key in store.list(f"jobs/{job_name}/"):
+        store.delete(key)
 
 
 def _checkpoint(instance: DagsterInstance, epoch: int, l0: int, amp: float) -> None:
@@ -112,6 +125,33 @@ def test_cleanup_sensor_fires_when_retention_has_something_to_delete(tmp_path, f
     assert len(t.tick()) == 1  # the next commit expires the next checkpoint
 
 
+def test_cleanup_sensor_fires_again_after_the_job_is_reset(tmp_path) -> None:
+    """After a reset the epochs start from 1 again: the sensor still fires when the new
+    checkpoints reach the old epochs, with run keys no earlier run had."""
+    store = ObjectStoreResource(root_uri=str(tmp_path))
+    t = Ticker(make_cleanup_sensor(small_job()), DagsterInstance.ephemeral(),
+               {"object_store": store, "dkv": DKVSettingsResource(retain_checkpoints=2)})
+
+    def run(epochs: int) -> None:
+        JobRunner(small_job(), None, str(tmp_path), dkv_options=SMALL_DKV.options(),
+                  retain_checkpoints=None).run_to_end(max_epochs=epochs)
+
+    run(3)
+    assert len(t.tick()) == 1  # 3 checkpoints, keep 2
+    cleanup_job(store.open(), f"jobs/{NAME}", 2, concurrent=True)
+    assert t.tick() == []
+    reset(tmp_path)
+    assert t.tick() == []  # no checkpoint: nothing to delete
+    run(3)  # epochs 1..3 again
+    assert list_epochs(store.open(), f"jobs/{NAME}") == [1, 2, 3]
+    [request] = t.tick()
+    assert request.run_config == {"ops": {"cleanup": {"config": {"job": NAME}}}}
+    cleanup_job(store.open(), f"jobs/{NAME}", 2, concurrent=True)
+    assert t.tick() == []
+    run(1)
+    assert len(t.tick()) == 1  # and on
+
+
 def test_source_sensor_starts_a_run_when_new_input_arrives(tmp_path) -> None:
     job = small_job(events=1_000)
     t = Ticker(make_source_sensor(job, compaction), DagsterInstance.ephemeral(),
@@ -124,3 +164,19 @@ def test_source_sensor_starts_a_run_when_new_input_arrives(tmp_path) -> None:
     job.source.events = 1_500  # the source grows
     [request] = t.tick()
     assert request.tags["dkvstream/new_events"] == "1000"
+
+
+def test_source_sensor_starts_a_run_again_after_the_job_is_reset(tmp_path) -> None:
+    """A reset job has all its input to process again: the sensor starts a run for the
+    same end offsets it started the first run for (the Dagster run logged checkpoints)."""
+    job = small_job(events=1_000)
+    t = Ticker(make_source_sensor(job, compaction), DagsterInstance.ephemeral(),
+               {"object_store": ObjectStoreResource(root_uri=str(tmp_path))})
+    [first] = t.tick()
+    for result in JobRunner(job, None, str(tmp_path), retain_checkpoints=None).run():
+        _checkpoint(t.instance, result.epoch, l0=0, amp=0.0)  # what the run's asset logs
+    assert t.tick() == []
+    reset(tmp_path)
+    [again] = t.tick()
+    assert again.tags["dkvstream/new_events"] == first.tags["dkvstream/new_events"] == "2000"
+    assert t.tick() == []  # once

@@ -12,7 +12,7 @@ from assets.resources import ObjectStoreResource
 from assets.sensors import make_table_compaction_sensor
 from operators.io.table_sink import SnapshotVacuumedError, small_files
 from operators.runtime.driver import JobRunner
-from tests.assets.test_sensors import Ticker
+from tests.assets.test_sensors import Ticker, reset
 from tests.operators.test_table_sink import (
     as_model,
     make_job,
@@ -60,6 +60,23 @@ def test_sensor_and_compaction_of_a_table_sink(tmp_path) -> None:
     JobRunner(job, None, str(tmp_path)).run()  # merges into the compacted table
     assert as_model(sink.read(store, prefix)) == model_after(rows)
     assert as_model(sink.scan(store, prefix, as_of_epoch=fired_at)) == model_after(rows[:40 * fired_at])
+
+
+def test_table_compaction_sensor_fires_again_after_the_job_is_reset(tmp_path) -> None:
+    """A reset job recreates its tables at version 0: the same versions as before are a
+    new table (another Delta table id), and the sensor requests a compaction again."""
+    rows = random_changes(120, keys=3000, seed=21)
+    job, _ = make_job(rows)
+    ticker = Ticker(make_table_compaction_sensor(job, min_small_files=2), DagsterInstance.ephemeral(),
+                    {"object_store": ObjectStoreResource(root_uri=str(tmp_path))})
+    JobRunner(job, None, str(tmp_path)).run_to_end()
+    [first] = ticker.tick()
+    assert ticker.tick() == []
+    reset(tmp_path, job.name)
+    assert ticker.tick() == []  # no table
+    JobRunner(job, None, str(tmp_path)).run_to_end()  # the same versions again
+    [again] = ticker.tick()
+    assert again.run_config == first.run_config
 
 
 def test_definitions_of_a_job_with_a_table_sink_load() -> None:

@@ -67,6 +67,6 @@ def test_to_spark_and_cli(two_epochs, spark, capsys) -> None:
     job, runner, _ = two_epochs
     table = read_state(runner.store, job, "windows")
     assert to_spark(spark, table).count() == table.num_rows
-    main(["--store", runner.store_uri, "--job", "examples.flights:flights_job", "--timers"])
+    main(["--store", runner.store.root_uri, "--job", "examples.flights:flights_job", "--timers"])
     out = capsys.readouterr().out
     assert f"{list_timers(runner.store, job).num_rows:,} rows" in out

@@ -39,6 +39,21 @@ class NotACodec(KeyWindowCount):
     buffer = ListSpec(object())
 
 
+class LooksLikeABatchOperator:
+    """Has what a BatchOperator has (name, outputs, on_batch) but is not one."""
+
+    name = "duck"
+    outputs = {"main": WINDOW_COUNT_SCHEMA}
+
+    def on_batch(self, ctx, events) -> None:
+        pass
+
+
+class TwoOutputs(KeyWindowCount):
+    name = "two_outputs"
+    outputs = {"main": WINDOW_COUNT_SCHEMA, "late": WINDOW_COUNT_SCHEMA}
+
+
 BAD = {
     "zero key groups": ({"key_groups": 0}, r"key_groups=0 must be in \[1, 32768\]"),
     "negative key groups": ({"key_groups": -4}, r"key_groups=-4"),
@@ -58,6 +73,23 @@ BAD = {
     "sink that is not a Sink": ({"sinks": {"main": "counts.parquet"}}, r"sink 'main' is 'counts.parquet', not a Sink"),
     "output schema not a schema": ({"operators": [type("BadOut", (KeyWindowCount,), {
         "name": "bad_out", "outputs": {"main": [("group", pa.string())]}})()]}, r"output 'main' schema is list"),
+    "empty name": ({"name": ""}, r"job name '' is not usable.*non-empty string without '/'"),
+    "name with a slash": ({"name": "a/b"}, r"job name 'a/b' is not usable"),
+    "no operators": ({"operators": []}, r"needs at least one operator; pass operators=\[MyOperator\(\)\]"),
+    "one operator, not a list": ({"operators": KeyWindowCount()}, r"operators must be a list.*operators=\[\.\.\.\]"),
+    "operator class, not instance": ({"operators": [KeyWindowCount]},
+                                     r"operator KeyWindowCount is a class, not an instance; write KeyWindowCount\(\)"),
+    "duck-typed operator": ({"operators": [LooksLikeABatchOperator()]},
+                            r"is not an Operator; subclass operators.Operator .* or operators.BatchOperator"),
+    "duplicate operator names": ({"operators": [KeyWindowCount(), KeyWindowCount()]},
+                                 r"operator names must be unique.*\['key_window_count'\] appear more than once"),
+    "intermediate operator with two outputs": ({"operators": [TwoOutputs(), KeyWindowCount()]},
+                                               r"intermediate operator two_outputs may only declare the 'main'"),
+    "output without a sink": ({"operators": [TwoOutputs()]},
+                              r"outputs \['late'\] of two_outputs have no sink; add them to sinks"),
+    "sink of no output": ({"sinks": {"main": ParquetSink("counts", WINDOW_COUNT_SCHEMA),
+                                     "extra": ParquetSink("x")}},
+                          r"sinks \['extra'\] name no output of key_window_count .*remove them"),
 }
 
 
