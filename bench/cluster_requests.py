@@ -53,7 +53,8 @@ def main() -> int:
     p.add_argument("--parallelism", type=int, nargs="+", default=[2, 4])
     p.add_argument("--events-per-epoch", type=int, default=60_000)
     p.add_argument("--retain-checkpoints", type=int, default=3)
-    p.add_argument("--plot", metavar="PATH", help="write requests per epoch by parallelism as a PNG")
+    p.add_argument("--plot", metavar="PATH",
+                   help="write requests per epoch by parallelism as a PNG")
     a = p.parse_args()
     plotted: list[tuple[int, dict]] = []
     kinds = list(REQUEST_KINDS)
@@ -80,7 +81,8 @@ def main() -> int:
         labels = [f"P = {par}" for par, _ in plotted]
         bar_panels(a.plot, "Object-store requests per steady epoch of the flights job", [
             {"title": side, "labels": labels, "xlabel": "requests (all kinds, median)",
-             "values": [sum(med[side].values()) for _, med in plotted]} for side in ("driver", "tasks")],
+             "values": [sum(med[side].values()) for _, med in plotted]}
+            for side in ("driver", "tasks")],
             caption=f"Counts, not times; {a.events_per_epoch:,} events per epoch.")
         print(f"plot written to {a.plot}")
     return 0
