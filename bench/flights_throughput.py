@@ -383,13 +383,14 @@ def print_table(title: str, rows: list[dict], per_epoch: bool = False, load: str
         print(f"load average (1 / 5 / 15 min): {load}; machine: {os.cpu_count()} cores, shared")
 
 
-def write_plot(path: str, tables: list[tuple[str, list[dict]]], load: str) -> None:
+def write_plot(path: str, tables: list[tuple[str, list[dict], str]]) -> None:
     """The tables as one PNG: per scale, events/s of every row (prefix rows hatched) and
-    each row's steady-state and whole-run ratio against dkvstream over the same events."""
+    each row's steady-state and whole-run ratio against dkvstream over the same events.
+    ``tables``: ``(title, rows, load average text)`` per scale."""
     from bench.plot import bar_panels
 
     panels = []
-    for title, rows in tables:
+    for title, rows, _load in tables:
         ok = [r for r in rows if "error" not in r]
         labels = [r["engine"] + ("" if r.get("full") else f" ({r['events']:,} prefix)") for r in ok]
         headers, ratios = ratio_columns(ok)
@@ -403,7 +404,8 @@ def write_plot(path: str, tables: list[tuple[str, list[dict]]], load: str) -> No
     bar_panels(path, "Flights route daily delays: dkvstream, Spark TWS, Bytewax", panels,
                columns=max(1, len(panels) // len(tables)),
                caption="Wall clock, source open to last output visible, session start excluded; "
-                       f"ratios over the same events. Load average {load}; "
+                       "ratios over the same events. Load average "
+                       + "; ".join(f"{t}: {load}" for t, _, load in tables) + "; "
                        f"{os.cpu_count()} cores, shared.")
     print(f"plot written to {path}")
 
@@ -504,9 +506,9 @@ def _run(args, tmp: str) -> int:
                  f"{args.events_per_epoch:,} events per epoch")
         load = f"{load_start} at start, {load_average()} at end"
         print_table(title, rows, load=load)
-        tables.append((f"--scale {scale}", rows))
+        tables.append((f"--scale {scale}", rows, load))
     if args.plot:
-        write_plot(args.plot, tables, load)
+        write_plot(args.plot, tables)
     return 1 if failed else 0
 
 
