@@ -168,7 +168,7 @@ def main() -> None:
 
         bar_panels(args.plot, f"Log cleaner on {args.mib} MiB of batches, {args.keys:,} keys", [
             {"labels": [r for r, _ in rates], "values": [v for _, v in rates],
-             "xlabel": "MB/s of batch bytes in (higher is faster)"}],
+             "xlabel": "MB/s of batch bytes in (log; higher is faster)", "log": True}],
             caption="Wall clock; baselines: GET, GET + decode of the same files. "
                     f"Load average {load}; {os.cpu_count()} cores, shared.")
         print(f"plot written to {args.plot}")
