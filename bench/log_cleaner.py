@@ -33,7 +33,6 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
 from bench.plot import load_average
-
 from storage.log import COMPACT, CleanerConfig, Log, ProducerConfig, TopicConfig
 from storage.log.offset_map import SLOT_BYTES, OffsetMap, hash_keys
 from storage.log.records import iter_batches

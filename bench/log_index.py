@@ -25,7 +25,6 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
 from bench.plot import load_average
-
 from storage.log.index import OFFSET_ENTRY, PAGE_BYTES, OffsetIndex
 
 
