@@ -69,6 +69,12 @@ def bar_panels(path: str, title: str, panels: list[dict], caption: str = "",
         ax.set_yticks(list(ys), labels, fontsize=8)
         if p.get("log"):
             ax.set_xscale("log")
+        else:  # few ticks, with thousands separators, so large values do not overlap
+            from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+            ax.xaxis.set_major_locator(MaxNLocator(4))
+            ax.xaxis.set_major_formatter(
+                FuncFormatter(lambda x, _pos: f"{x:,.0f}" if x >= 10 else f"{x:g}"))
         fmt = p.get("fmt", "{:,.0f}")
         for y, v in zip(ys, values):
             ax.annotate("-" if v is None else fmt.format(v), (v or 0, y), xytext=(3, 0),
