@@ -1,6 +1,7 @@
 """Object-store requests per epoch of the flights job on a Spark cluster, by parallelism.
 
-Usage (a cluster and an S3 server running, the AWS variables of the server set)::
+Usage (a cluster and an S3 server running, the AWS variables of the server set; ``--plot
+PATH`` writes requests per epoch as a PNG)::
 
     eval "$(platform/s3-server.sh start)"
     master=$(platform/spark-cluster.sh start)
@@ -52,7 +53,10 @@ def main() -> int:
     p.add_argument("--parallelism", type=int, nargs="+", default=[2, 4])
     p.add_argument("--events-per-epoch", type=int, default=60_000)
     p.add_argument("--retain-checkpoints", type=int, default=3)
+    p.add_argument("--plot", metavar="PATH",
+                   help="write requests per epoch by parallelism as a PNG")
     a = p.parse_args()
+    plotted: list[tuple[int, dict]] = []
     kinds = list(REQUEST_KINDS)
     print(f"| P | epochs | driver {'/'.join(kinds)} | tasks {'/'.join(kinds)} | tasks per range "
           f"| checkpoint bytes | range manifest bytes |")
@@ -70,6 +74,17 @@ def main() -> int:
         per_range = {k: v / parallelism for k, v in med["tasks"].items()}
         print(f"| {parallelism} | {len(records)} | {fmt(med['driver'])} | {fmt(med['tasks'])} | {fmt(per_range)} "
               f"| {store.size(checkpoint_key(prefix, newest)):,} | {store.size(manifest):,} |", flush=True)
+        plotted.append((parallelism, med))
+    if a.plot:
+        from bench.plot import bar_panels
+
+        labels = [f"P = {par}" for par, _ in plotted]
+        bar_panels(a.plot, "Object-store requests per steady epoch of the flights job", [
+            {"title": side, "labels": labels, "xlabel": "requests (all kinds, median)",
+             "values": [sum(med[side].values()) for _, med in plotted]}
+            for side in ("driver", "tasks")],
+            caption=f"Counts, not times; {a.events_per_epoch:,} events per epoch.")
+        print(f"plot written to {a.plot}")
     return 0
 
 

@@ -1,7 +1,8 @@
 """DKV against RocksDB (via rocksdict) on the same workload, each engine in its own process.
 
 Usage: ``.venv/bin/python bench/dkv_rocksdb.py [--keys 1000000] [--repeat 1] [--quick]
-[--clock cpu|wall] [--pure-python] [--profile PHASE]`` (needs the ``bench`` extra: ``pip install -e '.[bench]'``).
+[--clock cpu|wall] [--cache-mib 320] [--pure-python] [--profile PHASE] [--plot PATH]``
+(needs the ``bench`` extra: ``pip install -e '.[bench]'``).
 ``--pure-python`` adds a third child, DKV with its C module off (``DKVSTREAM_DKV_NATIVE=0``),
 and a column with DKV's speed-up over it.
 
@@ -41,8 +42,11 @@ same digest of sampled results.
 Comparable settings (see ``_open_rocksdb``): DKV's defaults (``DKVOptions()``) and for
 RocksDB a 64 MiB write buffer (DKV ``memtable_bytes``), 4 KiB blocks, a full Bloom filter
 of 10 bits/key, zstd (RocksDB's default level maps to zstd level 3, as DKV's
-``zstd_level``), a 64 MiB block cache (DKV ``block_cache_bytes``, which holds decompressed
-blocks), L0 trigger 4, 8 MiB target files, raw mode (bytes in, bytes out; no pickling),
+``zstd_level``), the same total cache bytes for both (``--cache-mib``, default 320 MiB,
+DKV's default budgets): RocksDB's block cache gets all of it, DKV splits it as its
+defaults do, a fifth to ``block_cache_bytes`` (decompressed blocks) and four fifths to
+``table_cache_bytes`` (whole compressed tables), L0 trigger 4, 8 MiB target files, raw
+mode (bytes in, bytes out; no pickling),
 and the WAL disabled: DKV buffers WAL records in memory until ``checkpoint``, so neither
 engine writes a log per put. Differences that remain: RocksDB flushes and compacts on up
 to 2 background threads (so part of its put cost runs on the second core), DKV does both
@@ -54,6 +58,14 @@ With ``--quick`` everything fits one memtable, so the compaction has one table t
 Memory: each child reports its peak RSS (``ru_maxrss``), the RSS once the workload is built
 (identical for both engines, ~260 MiB at 1,000,000 keys) and the difference, which is what
 the engine itself added at its peak (memtables, caches, readers, allocator slack).
+
+Clocks: every phase is timed twice, by the child's CPU time (``time.process_time``: all
+its threads, so RocksDB's background flushes and compactions count) and by wall time
+(``time.perf_counter``: RocksDB's background threads may run on the second core, DKV
+works in the caller). The table prints both ratios; ops/s and the target verdicts use
+``--clock`` (default ``cpu``, which a shared, loaded machine disturbs far less). The load
+average before and after the runs is printed. ``--plot PATH`` writes both ratios per
+phase as a PNG.
 
 ``--profile PHASE`` runs only the DKV child, with cProfile enabled around that phase, and
 prints the top functions by own time and by cumulative time.
@@ -78,6 +90,8 @@ from pathlib import Path
 # importable in the spawned children too.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.plot import load_average  # noqa: E402
+
 SEED = 20240601
 VALUE_FILLER = b"state:" + b"\x00" * 20 + b"0123456789" * 2 + b"\xff" * 4  # 50 bytes
 assert len(VALUE_FILLER) == 50
@@ -100,6 +114,19 @@ PHASES = [
     ("get present (compacted)", "gets/s", 0.5),
 ]
 PHASE_NAMES = [p[0] for p in PHASES]
+DEFAULT_CACHE_BYTES = 320 << 20  # DKVOptions' defaults: 64 MiB block cache + 256 MiB table cache
+
+
+def _cache_bytes() -> int:
+    """Each engine's total cache bytes (the parent passes ``--cache-mib`` in the environment)."""
+    return int(os.environ.get("DKV_BENCH_CACHE_BYTES", DEFAULT_CACHE_BYTES))
+
+
+def cache_split(total: int) -> tuple[int, int]:
+    """DKV's ``(block_cache_bytes, table_cache_bytes)`` for ``total`` cache bytes: a fifth
+    and four fifths, the proportions of ``DKVOptions``' defaults (64 and 256 MiB)."""
+    block = total // 5
+    return block, total - block
 
 
 # -- workload -----------------------------------------------------------------------------
@@ -174,7 +201,8 @@ class DKVEngine(_Engine):
         from storage.dkv import DKV, DKVOptions
         from storage.objectstore.local import LocalObjectStore
 
-        self.options = DKVOptions()
+        block, table = cache_split(_cache_bytes())
+        self.options = DKVOptions(block_cache_bytes=block, table_cache_bytes=table)
         self.db = DKV.open(LocalObjectStore(root), "bench", None, self.options)
         self.notes: list[str] = []
         self._ckpt = 0
@@ -258,7 +286,8 @@ def _open_rocksdb(r, root: str):
     table = r.BlockBasedOptions()
     table.set_block_size(4096)  # DKV block_bytes
     table.set_bloom_filter(10, False)  # full filter, 10 bits/key
-    table.set_block_cache(r.Cache(64 << 20))  # DKV block_cache_bytes
+    # DKV's block cache + table cache (cache_split): the same total bytes.
+    table.set_block_cache(r.Cache(_cache_bytes()))
     opts.set_block_based_table_factory(table)
     db = r.Rdict(root, opts)
     wo = r.WriteOptions()
@@ -297,37 +326,41 @@ def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
 
-def _clock() -> float:
-    """Seconds on the clock ``--clock`` chose (the parent passes it in the environment):
-    ``cpu`` is the process's CPU time, all threads (RocksDB's background flushes and
-    compactions included), which a shared, loaded machine disturbs far less than ``wall``;
-    it leaves out time blocked on I/O (fsync, cold reads)."""
-    if os.environ.get("DKV_BENCH_CLOCK", "cpu") == "wall":
-        return time.perf_counter()
-    return time.process_time()
+def _clock() -> tuple[float, float]:
+    """``(CPU seconds, wall seconds)``: the process's CPU time, all threads (RocksDB's
+    background flushes and compactions included; time blocked on I/O, such as fsync or
+    cold reads, left out), and ``time.perf_counter``."""
+    return time.process_time(), time.perf_counter()
+
+
+def _since(t: tuple[float, float]) -> tuple[float, float]:
+    cpu, wall = _clock()
+    return cpu - t[0], wall - t[1]
 
 
 def _chunked(label: str, fn, n: int, chunks: int = CHUNKS) -> tuple[float, list]:
     """Calls ``fn(lo, hi)`` over ``chunks`` slices of ``range(n)``; times only ``fn``.
 
-    Returns ``(seconds, concatenated results)``; prints progress on long phases.
+    Returns ``((CPU seconds, wall seconds), concatenated results)``; prints progress on
+    long phases.
     """
     step = max(1, -(-n // chunks))
-    total = 0.0
+    cpu = wall = 0.0
     out: list = []
     last_print = time.perf_counter()
     for lo in range(0, n, step):
         hi = min(n, lo + step)
         t = _clock()
         res = fn(lo, hi)
-        total += _clock() - t
+        dc, dw = _since(t)
+        cpu, wall = cpu + dc, wall + dw
         now = time.perf_counter()
         if res is not None:
             out += res
         if hi < n and now - last_print >= PROGRESS_EVERY_S:
-            print(f"    {label}: {hi:,}/{n:,}  {hi / total:,.0f}/s", flush=True)
+            print(f"    {label}: {hi:,}/{n:,}  {hi / max(cpu, 1e-9):,.0f}/CPU s", flush=True)
             last_print = now
-    return total, out
+    return (cpu, wall), out
 
 
 def _check(cond: bool, what: str) -> None:
@@ -376,15 +409,16 @@ def _child(engine_name: str, n_keys: int, profile_phase: str | None) -> dict:
                 profiler.enable()
             t = _clock()
             res = fn()
-            secs = _clock() - t
+            secs = _since(t)
             if profiler is not None and name == profile_phase:
                 profiler.disable()
-            if isinstance(res, tuple):  # (seconds measured inside, results)
+            if isinstance(res, tuple):  # ((CPU s, wall s) measured inside, results)
                 secs, res = res
-            times[name] = (n_ops, secs)
+            times[name] = (n_ops, *secs)
             rss_after[name] = _rss()
-            print(f"{tag} {name}: {secs:.2f} s, {n_ops / secs:,.0f}/s, RSS "
-                  f"{rss_after[name] / 2**20:,.0f} MiB", flush=True)
+            print(f"{tag} {name}: {secs[0]:.2f} CPU s, {secs[1]:.2f} wall s, "
+                  f"{n_ops / secs[0]:,.0f}/CPU s, RSS {rss_after[name] / 2**20:,.0f} MiB",
+                  flush=True)
             return res
 
         keys, values = w.keys, w.values
@@ -495,57 +529,78 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="100,000 keys (smoke run)")
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
-                        help="time phases by process CPU time (default) or wall time")
+                        help="the clock of ops/s and target verdicts: process CPU time "
+                             "(default) or wall time; both ratios are printed")
+    parser.add_argument("--cache-mib", type=int, default=DEFAULT_CACHE_BYTES >> 20,
+                        help="total cache of each engine, MiB (RocksDB block cache = DKV block "
+                             "cache + table cache)")
     parser.add_argument("--pure-python", action="store_true",
                         help="also run DKV without its C module; adds a DKV/DKV-py column")
     parser.add_argument("--profile", metavar="PHASE", choices=PHASE_NAMES,
                         help="run only the DKV child, with cProfile on PHASE; print the top")
+    parser.add_argument("--plot", metavar="PATH", help="write the ratios per phase as a PNG")
     args = parser.parse_args()
     n_keys = 100_000 if args.quick else args.keys
-    os.environ["DKV_BENCH_CLOCK"] = args.clock  # the spawned children inherit it
+    cache_bytes = args.cache_mib << 20
+    os.environ["DKV_BENCH_CACHE_BYTES"] = str(cache_bytes)  # the spawned children inherit it
     ctx = mp.get_context("spawn")
+    clock = 1 if args.clock == "cpu" else 2  # index in a phase's (ops, CPU s, wall s)
 
     if args.profile:
         res = run_child(ctx, "dkv", n_keys, args.profile)
-        n, secs = res["times"][args.profile]
-        print(f"\nDKV {args.profile!r} under cProfile: {n:,} ops in {secs:.2f} s "
-              f"({n / secs:,.0f}/s; profiling slows it)\n")
+        n, cpu, wall = res["times"][args.profile]
+        print(f"\nDKV {args.profile!r} under cProfile: {n:,} ops in {cpu:.2f} CPU s, "
+              f"{wall:.2f} wall s "
+              f"({n / cpu:,.0f}/CPU s; profiling slows it)\n")
         print(res["profile"])
         return
 
+    load_before = load_average()
     engines = ("dkv", "rocksdb", "dkv-py") if args.pure_python else ("dkv", "rocksdb")
     runs: dict[str, list[dict]] = {eng: [] for eng in engines}
     for i in range(args.repeat):
         for eng in engines:
             print(f"== run {i + 1}/{args.repeat}: {ENGINES[eng].name} ==", flush=True)
             runs[eng].append(run_child(ctx, eng, n_keys, None))
+    load_after = load_average()
 
     digests = {eng: {r["digest"] for r in rs} for eng, rs in runs.items()}
     if len(set().union(*digests.values())) != 1:
         raise SystemExit(f"engines disagree on sampled results: {digests}")
 
-    def median_rate(eng: str, phase: str) -> tuple[float, float]:
-        secs = statistics.median(r["times"][phase][1] for r in runs[eng])
-        n = runs[eng][0]["times"][phase][0]
-        return n / secs, secs
+    def secs(eng: str, phase: str, which: int) -> float:
+        return statistics.median(r["times"][phase][which] for r in runs[eng])
 
+    def rate(eng: str, phase: str, which: int) -> float:
+        return runs[eng][0]["times"][phase][0] / secs(eng, phase, which)
+
+    block, table = cache_split(cache_bytes)
     print()
     counts = runs["dkv"][0]["times"]
     print(f"{n_keys:,} keys (16 B keys, 100 B values), {counts['get present'][0]:,} gets, "
           f"{counts['scan prefix'][0]:,} prefix scans; "
           f"{'median of ' + str(args.repeat) + ' runs' if args.repeat > 1 else '1 run'}; "
-          f"{args.clock} time; "
           "each engine in its own process; results verified, both engines agree")
+    print(f"cache: {_mib(cache_bytes)} each (RocksDB block cache; DKV block cache {_mib(block)} "
+          f"+ table cache {_mib(table)}); ops/s and targets on {args.clock} time; "
+          f"CPU = time.process_time (all threads), wall = time.perf_counter; "
+          f"load average (1 / 5 / 15 min) {load_before} before, {load_after} after; "
+          f"{os.cpu_count()} cores, shared")
     head = (f"{'phase':26} {'unit':8} {'DKV ops/s':>12} {'RocksDB ops/s':>14} "
-            f"{'DKV/RocksDB':>12} {'DKV s':>8} {'RocksDB s':>10}  {'target':22}"
+            f"{'ratio CPU':>10} {'ratio wall':>10} {'DKV CPU s':>10} {'DKV wall s':>10} "
+            f"{'RDB CPU s':>10} {'RDB wall s':>10}  {'target':22}"
             + (f"{'DKV/DKV-py':>14}" if args.pure_python else ""))
+    print("(ratio = DKV ops/s / RocksDB ops/s on that clock)")
     print(head)
     print("-" * len(head))
     misses = []
+    plot_rows = []
     for name, unit, target in PHASES:
-        d, ds = median_rate("dkv", name)
-        r, rs = median_rate("rocksdb", name)
+        d, r = rate("dkv", name, clock), rate("rocksdb", name, clock)
         ratio = d / r
+        ratio_cpu = rate("dkv", name, 1) / rate("rocksdb", name, 1)
+        ratio_wall = rate("dkv", name, 2) / rate("rocksdb", name, 2)
+        plot_rows.append((name, ratio_cpu, ratio_wall))
         if name == "compact all" and any(r["compact_fallback"] for r in runs["dkv"]):
             verdict = "DKV fallback, see note"
         elif target is None:
@@ -557,9 +612,11 @@ def main() -> None:
             misses.append(name)
         py = ""
         if args.pure_python:
-            py = f"{d / median_rate('dkv-py', name)[0]:14.2f}"
-        print(f"{name:26} {unit:8} {d:12,.0f} {r:14,.0f} {ratio:12.3f} {ds:8.2f} {rs:10.2f}"
-              f"  {verdict:22}{py}")
+            py = f"{d / rate('dkv-py', name, clock):14.2f}"
+        print(f"{name:26} {unit:8} {d:12,.0f} {r:14,.0f} {ratio_cpu:10.3f} {ratio_wall:10.3f} "
+              f"{secs('dkv', name, 1):10.2f} {secs('dkv', name, 2):10.2f} "
+              f"{secs('rocksdb', name, 1):10.2f} {secs('rocksdb', name, 2):10.2f}  "
+              f"{verdict:22}{py}")
     print()
     for eng, rs in runs.items():
         peak = max(r["peak_rss"] for r in rs)
@@ -571,6 +628,21 @@ def main() -> None:
     for n in notes:
         print(f"note: {n}")
     print("targets missed: " + (", ".join(misses) if misses else "none"))
+    if args.plot:
+        from bench.plot import bar_panels
+
+        labels = [p[0] for p in plot_rows]
+        bar_panels(args.plot, f"DKV / RocksDB, {n_keys:,} keys, {_mib(cache_bytes)} cache each", [
+            {"title": "CPU time (process_time, all threads)", "labels": labels, "ref": 1.0,
+             "fmt": "{:.2f}x", "xlabel": "DKV ops/s / RocksDB ops/s", "log": True,
+             "values": [p[1] for p in plot_rows]},
+            {"title": "wall time (perf_counter)", "labels": labels, "ref": 1.0, "fmt": "{:.2f}x",
+             "xlabel": "DKV ops/s / RocksDB ops/s", "log": True,
+             "values": [p[2] for p in plot_rows]}],
+            caption=f"Each engine in its own process; median of {args.repeat} run(s). "
+                    f"Load average {load_before} before, {load_after} after; "
+                    f"{os.cpu_count()} cores, shared.")
+        print(f"plot written to {args.plot}")
 
 
 if __name__ == "__main__":

@@ -1,19 +1,22 @@
 """The flights job on dkvstream against Spark 4 ``transformWithStateInPandas`` and Bytewax.
 
-Usage (needs the ``bench`` extra for Bytewax and psutil: ``pip install -e '.[bench]'``)::
+Usage (needs the ``bench`` extra for Bytewax, psutil and matplotlib:
+``pip install -e '.[bench]'``)::
 
     .venv/bin/python bench/flights_throughput.py                       # --scales 1,10
     .venv/bin/python bench/flights_throughput.py --scales 1 --spark-max-events 100000
     .venv/bin/python bench/flights_throughput.py --epoch-overhead      # 10 epochs of 1 event
+    .venv/bin/python bench/flights_throughput.py --plot docs/img/flights.png
 
 Every engine runs the same events in the same micro-batches (the epoch plan and Parquet
 files of ``bench/baselines/flights_input.py``: dkvstream's planning rule,
-``--events-per-epoch`` events per epoch) in its own child process, so the peak memory
-measured is its own: ``psutil`` samples the child's process tree every 0.2 s, "driver" is
-the child Python process plus its JVM, "workers" the Python processes the JVM starts
-(Spark's Python workers). Each engine's output is checked against the oracle
-(``prefix_oracle``: the spec's pandas oracle for a full run) before its time counts; an
-engine whose check fails is reported as FAILED, not timed.
+``--events-per-epoch`` events per epoch) and reads them from the same Parquet files
+inside its clock (dkvstream through ``EpochFilesSource``), in its own child process, so
+the peak memory measured is its own: ``psutil`` samples the child's process tree every
+0.2 s, "driver" is the child Python process plus its JVM, "workers" the Python processes
+the JVM starts (Spark's Python workers). Each engine's output is checked against the
+oracle (``prefix_oracle``: the spec's pandas oracle for a full run) before its time
+counts; an engine whose check fails is reported as FAILED, not timed.
 
 Engines: ``dkvstream`` (``examples/flights.py``, the vectorised form
 ``flights_job(batch=True)``, on ``JobRunner``, local[2]; the reference row),
@@ -28,30 +31,38 @@ bytewax_flights.py``: one worker, SQLite recovery snapshots each second).
 Spark runs ~1,000 events/s: a full scale-10 run would take about an hour, so
 ``--spark-max-events N`` (default 200,000 at scale > 1) runs Spark on the whole epochs
 covering the first N events, checked against an oracle over exactly those events
-(every window closed at the end, as at end of input). The table says when a row is a
-prefix; events/s of a prefix and of a full run are compared as rates.
+(every window closed at the end, as at end of input). The reference rows (dkvstream,
+dkvstream-in-process, when selected) then run that prefix too, so every ratio is taken
+over the same events: a ratio column compares an engine only with the reference row of
+the same run (same events, same epochs).
+
+Two ratios per reference: whole run (events/s of the reference over the engine's, start-up
+and first epoch included) and steady state (the engine's median seconds per epoch over
+the reference's, epochs after the first: the first carries each engine's one-off start,
+e.g. Spark's first job and its Python workers).
 
 ``--epoch-overhead``: ``--epochs`` epochs of one event each (one partition, EWR), dkvstream
 (on Spark and in process) against Spark TWS: the median seconds per epoch is the fixed
 cost of a micro-batch (planning, a Spark stage, state commit, checkpoint).
 
-What each engine's clock covers (events/s = events / those seconds): dkvstream, from
-just before ``JobRunner`` is constructed (its start-up counts; the Spark session is up,
-the source's replay tables are built) until the last epoch's commit and publish;
-Bytewax, from ``cli_main`` (the flow built, the recovery store initialised) until it
-returns; Spark TWS, from just before the streaming query is started until it terminates.
-Every clock excludes the process's imports and the Spark session start-up; none excludes
-an engine's first micro-batch (for dkvstream on Spark: the session's first job, which
-starts Spark's Python workers, and the imports in those workers).
-One difference in what is timed: dkvstream's source serves the replay tables it built in
-memory before its clock starts, while Bytewax and Spark read each epoch's Parquet files
-(``bench/baselines/flights_input.py``) inside theirs (about 10 ms per file, one file per
-partition and epoch).
+What each engine's clock covers (wall clock, ``time.perf_counter``; events/s = events /
+those seconds; ``CLOCKS`` is the text the table prints): dkvstream, from just before
+``JobRunner`` is constructed (the source has not listed or read any file yet) until the
+last epoch's commit and publish (its output visible); Bytewax, from ``cli_main`` (the flow
+built, the recovery store initialised; no file opened) until it returns (every window
+written to its sink); Spark TWS, from just before the streaming query is started (the
+file source lists the files after that) until it terminates (the file sink's last batch
+committed). Every clock excludes the process's imports and the Spark session start-up;
+none excludes an engine's first micro-batch (for dkvstream on Spark: the session's
+first job, which starts Spark's Python workers, and the imports in those workers).
+Columns read: dkvstream reads every column its job carries (route, event time and the 10
+``EVENT_COLUMNS``), Spark the 6 its processor uses, Bytewax 4.
 
 Output: progress lines while running, then one table per scale: engine, events, events/s,
-median seconds per epoch, time to first output (s from the start of the clock), peak
-RSS of driver and of workers (MiB), and per dkvstream row run (on Spark, in process) its
-events/s divided by the engine's.
+median seconds per epoch (all epochs, and steady state), time to first output (s from the
+start of the clock), peak RSS of driver and of workers (MiB), the ratio columns, the load
+average at the start and end of the scale's runs, and what each clock covers.
+``--plot PATH`` writes the tables as a PNG (events/s and steady-state ratios per scale).
 """
 from __future__ import annotations
 
@@ -70,6 +81,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
 from bench.baselines.flights_input import (
+    EpochFilesSource,
     EpochPlan,
     add_run_arguments,
     check_output,
@@ -77,21 +89,35 @@ from bench.baselines.flights_input import (
     run_engine_cli,
     write_input_files,
 )
+from bench.plot import load_average
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 ENGINES = ("dkvstream", "dkvstream-in-process", "dkvstream-on-event", "spark-tws-textbook", "spark-tws-batched",
            "bytewax")
 OVERHEAD_ENGINES = ("dkvstream", "dkvstream-in-process", "spark-tws-textbook")
 MIB = 1024 * 1024
+# What each engine's clock covers, printed under every table (see the module docstring).
+CLOCKS = {
+    "dkvstream": "wall clock from JobRunner construction (before the source lists or reads a "
+                 "file) to the last epoch's commit and publish (output visible)",
+    "spark-tws": "wall clock from the streaming query's start (before the file source lists "
+                 "the files) to its termination (the file sink's last batch committed)",
+    "bytewax": "wall clock from cli_main (no file opened yet) to its return (every window "
+               "in the sink)",
+}
+CLOCK_NOTE = ("Every clock: Spark session start-up and imports excluded, the first "
+              "micro-batch included; every engine reads the same Parquet files inside it.")
 
 
 # ---------------------------------------------------------------- dkvstream child
-def run_dkvstream(plan: EpochPlan, work_dir: str, spark, progress=print, batch: bool = True,
-                  engine: str | None = None) -> dict:
-    """The flights job on dkvstream over the plan's rows, checked against the oracle.
+def run_dkvstream(plan: EpochPlan, input_dir: str, work_dir: str, spark, progress=print,
+                  batch: bool = True, engine: str | None = None) -> dict:
+    """The flights job on dkvstream over the plan's files, checked against the oracle.
 
     Args:
-        plan: epochs and partition ends (the source is cut at ``plan.ends``).
+        plan: epochs and partition ends ``input_dir`` was written from.
+        input_dir: ``write_input_files`` output; the job's source (``EpochFilesSource``)
+            reads it inside the clock.
         work_dir: object-store root (a local directory), emptied first.
         spark: the SparkSession (None: stages run in this process, the
             ``dkvstream-in-process`` engine).
@@ -102,26 +128,20 @@ def run_dkvstream(plan: EpochPlan, work_dir: str, spark, progress=print, batch: 
     Returns:
         ``{"engine", "events", "seconds", "epochs", "epoch_seconds", "first_output_s", "late",
         "correct": True}``; seconds from just before ``JobRunner`` is constructed (Spark
-        session start-up excluded) to the last epoch's end.
+        session start-up excluded; no input file read yet) to the last epoch's end.
 
     Raises:
         AssertionError: output differs from the oracle, the run's epochs differ from the
             plan, or an event was late.
     """
-    from examples.flights import FlightsSource, flights_job
+    from examples.flights import flights_job
     from operators.runtime.driver import JobRunner
-    class PrefixFlightsSource(FlightsSource):
-        """The flights replay cut at ``plan.ends`` (a bounded source that ends there)."""
-
-        def end_offsets(self) -> dict[str, int]:
-            return dict(plan.ends)
 
     shutil.rmtree(work_dir, ignore_errors=True)
     engine = engine or ("dkvstream" if batch else "dkvstream-on-event")
     job = flights_job(scale=plan.scale, events_per_epoch=plan.events_per_epoch, parallelism=2,
                       name="flights_bench", batch=batch)
-    job.source = PrefixFlightsSource(plan.scale)
-    job.source.read(job.source.partitions()[0], 0, 0)  # build the replay tables before timing
+    job.source = EpochFilesSource(input_dir)  # lists and reads the files inside the clock
     started = last_report = time.perf_counter()
     runner = JobRunner(job, spark, work_dir)
     epoch_seconds, first_output_s, events = [], None, 0
@@ -157,13 +177,14 @@ def _dkvstream_main(argv: list[str]) -> int:
     engine = "dkvstream-in-process" if args.runner == "in-process" else (
         "dkvstream" if batch else "dkvstream-on-event")
 
-    def run(plan: EpochPlan, _input_dir: str, work_dir: str) -> dict:
+    def run(plan: EpochPlan, input_dir: str, work_dir: str) -> dict:
         spark = None
         if args.runner == "spark":
             from operators.spark.session import get_spark
 
             spark = get_spark({"spark.master": "local[2]"})
-        return run_dkvstream(plan, work_dir, spark, progress=lambda line: print(line, file=sys.stderr, flush=True),
+        return run_dkvstream(plan, input_dir, work_dir, spark,
+                             progress=lambda line: print(line, file=sys.stderr, flush=True),
                              batch=batch, engine=engine)
 
     return run_engine_cli(args, engine, run)
@@ -263,45 +284,130 @@ def _fmt(v, spec: str, none: str = "-") -> str:
     return none if v is None else format(v, spec)
 
 
-REFERENCES = ("dkvstream", "dkvstream-in-process")  # a ratio column each, when run
+REFERENCES = ("dkvstream", "dkvstream-in-process")  # ratio columns each, when run
 
 
-def print_table(title: str, rows: list[dict], per_epoch: bool = False) -> None:
-    """One table, with a ratio column per reference row present (``REFERENCES``: dkvstream
-    on Spark, dkvstream in process): the reference's events/s over the engine's, or with
-    ``per_epoch`` the engine's median s/epoch over the reference's (how many times the
-    reference's fixed cost per epoch fits in the engine's)."""
+def median_epoch(r: dict) -> float | None:
+    """Median seconds per epoch over all of the row's epochs (None without epochs)."""
+    return statistics.median(r["epoch_seconds"]) if r.get("epoch_seconds") else None
+
+
+def steady_epoch(r: dict) -> float | None:
+    """Median seconds per epoch after the first (the first carries the engine's one-off
+    start); the only epoch's time when the run has one."""
+    e = r.get("epoch_seconds") or []
+    return statistics.median(e[1:] if len(e) > 1 else e) if e else None
+
+
+def ratio_columns(rows: list[dict]) -> tuple[list[str], dict[int, list[float | None]]]:
+    """Ratio headers and, per row index, its ratios against each reference present.
+
+    A row is compared only with the reference row over the same events (same plan):
+    a prefix row with the reference's prefix row, a full row with the full one. Per
+    reference two ratios: whole run (reference events/s over the engine's) and steady
+    state (the engine's steady s/epoch over the reference's).
+    """
+    ok = [r for r in rows if "error" not in r]
+    names = [n for n in REFERENCES if any(r["engine"] == n for r in ok)]
+    headers = [h for n in names
+               for h in (f"{n} / engine, whole run", f"{n} / engine, steady s/epoch")]
+    out: dict[int, list[float | None]] = {}
+    for i, r in enumerate(rows):
+        if "error" in r:
+            continue
+        ratios: list[float | None] = []
+        for n in names:
+            ref = next((x for x in ok if x["engine"] == n and x["events"] == r["events"]), None)
+            if ref is None:
+                ratios += [None, None]
+                continue
+            mine, theirs = steady_epoch(r), steady_epoch(ref)
+            ratios += [ref["events"] / ref["seconds"] / (r["events"] / r["seconds"]),
+                       mine / theirs if mine and theirs else None]
+        out[i] = ratios
+    return headers, out
+
+
+def clock_lines(rows: list[dict]) -> list[str]:
+    """What each engine's clock in ``rows`` covers (``CLOCKS``), one line per engine family."""
+    seen = []
+    for r in rows:
+        family = next((f for f in CLOCKS if r["engine"].startswith(f)), None)
+        if family is not None and family not in seen:
+            seen.append(family)
+    return [f"clock, {f}: {CLOCKS[f]}" for f in seen] + [CLOCK_NOTE]
+
+
+def print_table(title: str, rows: list[dict], per_epoch: bool = False, load: str = "") -> None:
+    """One table, with ratio columns per reference row present (``REFERENCES``: dkvstream
+    on Spark, dkvstream in process; see ``ratio_columns``), or with ``per_epoch`` one
+    column per reference: the engine's median s/epoch over the reference's (how many times
+    the reference's fixed cost per epoch fits in the engine's). ``load``: the load
+    averages to print under the table."""
     from tabulate import tabulate
 
-    def median_epoch(r: dict) -> float | None:
-        return statistics.median(r["epoch_seconds"]) if r.get("epoch_seconds") else None
-
-    refs = [r for name in REFERENCES for r in rows if r["engine"] == name and "error" not in r]
+    if per_epoch:
+        refs = [r for name in REFERENCES for r in rows if r["engine"] == name and "error" not in r]
+        headers = [f"{ref['engine']} / engine, s/epoch" for ref in refs]
+        ratios = {i: [median_epoch(r) / median_epoch(ref) if median_epoch(r) and median_epoch(ref)
+                      else None for ref in refs]
+                  for i, r in enumerate(rows) if "error" not in r}
+    else:
+        headers, ratios = ratio_columns(rows)
     body = []
-    for r in rows:
+    for i, r in enumerate(rows):
         if "error" in r:
-            body.append([r["engine"], "FAILED: " + r["error"][:60]] + [""] * (5 + len(refs)))
+            body.append([r["engine"], "FAILED: " + r["error"][:60]] + [""] * (6 + len(headers)))
             continue
         rate = r["events"] / r["seconds"]
         events = f"{r['events']:,}" + ("" if r.get("full") else " (prefix)")
-        ratios = []
-        for ref in refs:
-            if per_epoch:
-                mine, theirs = median_epoch(r), median_epoch(ref)
-                ratios.append(mine / theirs if mine and theirs else None)
-            else:
-                ratios.append(ref["events"] / ref["seconds"] / rate)
         body.append([
-            r["engine"], events, f"{rate:,.0f}" if rate >= 100 else f"{rate:.2f}", _fmt(median_epoch(r), ".3f"),
-            _fmt(r.get("first_output_s"), ".1f"), f"{r['driver_rss'] / MIB:,.0f}",
-            f"{r['workers_rss'] / MIB:,.0f}", *(_fmt(x, ",.1f" if x is None or x >= 0.1 else ".2f") + "x"
-                                                for x in ratios)])
+            r["engine"], events, f"{rate:,.0f}" if rate >= 100 else f"{rate:.2f}",
+            _fmt(median_epoch(r), ".3f"), _fmt(steady_epoch(r), ".3f"),
+            _fmt(r.get("first_output_s"), ".1f"),
+            f"{r['driver_rss'] / MIB:,.0f}", f"{r['workers_rss'] / MIB:,.0f}",
+            *(_fmt(x, ",.1f" if x is None or x >= 0.1 else ".2f") + ("x" if x is not None else "")
+              for x in ratios[i])])
     print(f"\n{title}")
-    print(tabulate(body, headers=["engine", "events", "events/s", "s/epoch (median)", "first output s",
-                                  "driver RSS MiB", "workers RSS MiB", *(f"{ref['engine']} / engine" for ref in refs)],
-                   disable_numparse=True))
+    print(tabulate(body, headers=["engine", "events", "events/s", "s/epoch (median)",
+                                  "s/epoch (steady)", "first output s", "driver RSS MiB",
+                                  "workers RSS MiB", *headers], disable_numparse=True))
     if per_epoch:
         print("(ratio columns: the engine's median s/epoch over the reference's)")
+    else:
+        print("(ratios compare rows over the same events only; '-': no reference row over "
+              "those events. steady s/epoch: median of the epochs after the first)")
+    for line in clock_lines(rows):
+        print(line)
+    if load:
+        print(f"load average (1 / 5 / 15 min): {load}; machine: {os.cpu_count()} cores, shared")
+
+
+def write_plot(path: str, tables: list[tuple[str, list[dict], str]]) -> None:
+    """The tables as one PNG: per scale, events/s of every row (prefix rows hatched) and
+    each row's steady-state and whole-run ratio against dkvstream over the same events.
+    ``tables``: ``(title, rows, load average text)`` per scale."""
+    from bench.plot import bar_panels
+
+    panels = []
+    for title, rows, _load in tables:
+        ok = [r for r in rows if "error" not in r]
+        labels = [r["engine"] + ("" if r.get("full") else f" ({r['events']:,} prefix)") for r in ok]
+        headers, ratios = ratio_columns(ok)
+        panels.append({"title": title, "labels": labels, "log": True, "xlabel": "events/s (log)",
+                       "values": [r["events"] / r["seconds"] for r in ok],
+                       "hatched": [lab for lab, r in zip(labels, ok) if not r.get("full")]})
+        for col in (1, 0)[:len(headers)]:  # the first reference: steady state, whole run
+            panels.append({"title": f"{title}: {headers[col]}", "labels": labels, "log": True,
+                           "ref": 1.0, "fmt": "{:,.2f}x", "xlabel": "ratio (log)",
+                           "values": [ratios[i][col] for i in range(len(ok))]})
+    bar_panels(path, "Flights route daily delays: dkvstream, Spark TWS, Bytewax", panels,
+               columns=max(1, len(panels) // len(tables)),
+               caption="Wall clock, source open to last output visible, session start excluded; "
+                       "ratios over the same events. Load average "
+                       + "; ".join(f"{t}: {load}" for t, _, load in tables) + "; "
+                       f"{os.cpu_count()} cores, shared.")
+    print(f"plot written to {path}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -313,10 +419,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--events-per-epoch", type=int, default=50_000)
     ap.add_argument("--max-events", type=int, help="cut every engine's run to a prefix")
     ap.add_argument("--spark-max-events", type=int, default=None,
-                    help="cut the Spark runs (default: 200,000 at scale > 1, all at scale 1)")
+                    help="cut the Spark runs (default: 200,000 at scale > 1, all at scale 1); "
+                         "the reference rows run the same prefix too")
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--epoch-overhead", action="store_true", help="epochs of one event instead")
     ap.add_argument("--epochs", type=int, default=10, help="epochs in --epoch-overhead mode")
+    ap.add_argument("--plot", metavar="PATH", help="write the tables as a PNG")
     args = ap.parse_args(argv)
 
     tmp = tempfile.mkdtemp(prefix="flights-bench-")
@@ -326,7 +434,33 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def run_list(engines: list[str], scale: int, max_events: int | None,
+             spark_max_events: int | None) -> list[tuple[str, int | None]]:
+    """``[(engine, event limit)]`` in run order: each engine at its limit (Spark at
+    ``spark_max_events``, default 200,000 at scale > 1), then the reference engines
+    again at every other limit in use, so each ratio has a reference over the same events.
+    """
+    plan = []
+    for engine in engines:
+        limit = max_events
+        if engine.startswith("spark-tws"):
+            cut = spark_max_events if spark_max_events is not None else (
+                200_000 if scale > 1 else None)
+            limit = min(x for x in (limit, cut) if x is not None) if cut is not None else limit
+        plan.append((engine, limit))
+    limits = list(dict.fromkeys(limit for _, limit in plan))
+    for ref in REFERENCES:
+        if ref in engines:
+            plan += [(ref, limit) for limit in limits if (ref, limit) not in plan]
+    return plan
+
+
 def _run(args, tmp: str) -> int:
+    engines = args.engines.split(",")
+    unknown = [e for e in engines if e not in ENGINES]
+    if unknown:
+        raise SystemExit(f"unknown engines {unknown}; known: {', '.join(ENGINES)}")
+    load_start = load_average()
     if args.epoch_overhead:
         plan = plan_epochs(1, 1, partitions=("EWR",), max_per_partition=args.epochs)
         input_dir = os.path.join(tmp, "overhead")
@@ -334,20 +468,30 @@ def _run(args, tmp: str) -> int:
         plan_args = ["--scale", "1", "--events-per-epoch", "1", "--partitions", "EWR",
                      "--max-per-partition", str(args.epochs)]
         rows = [run_child(engine, plan_args, input_dir, "overhead")
-                for engine in [e for e in args.engines.split(",") if e in OVERHEAD_ENGINES] or OVERHEAD_ENGINES]
-        print_table(f"Per-epoch overhead: {args.epochs} epochs of 1 event (median s/epoch is the fixed cost)",
-                    rows, per_epoch=True)
+                for engine in [e for e in engines if e in OVERHEAD_ENGINES] or OVERHEAD_ENGINES]
+        title = (f"Per-epoch overhead: {args.epochs} epochs of 1 event "
+                 "(median s/epoch is the fixed cost)")
+        load = f"{load_start} at start, {load_average()} at end"
+        print_table(title, rows, per_epoch=True, load=load)
+        if args.plot:
+            from bench.plot import bar_panels
+
+            ok = [r for r in rows if "error" not in r]
+            bar_panels(args.plot, title, [{"labels": [r["engine"] for r in ok], "fmt": "{:.3f} s",
+                                           "values": [median_epoch(r) for r in ok], "log": True,
+                                           "xlabel": "median s per epoch (log)"}],
+                       caption=f"Wall clock per epoch. Load average {load}; "
+                               f"{os.cpu_count()} cores, shared.")
+            print(f"plot written to {args.plot}")
         return 0
 
     failed = False
+    tables = []
     for scale in [int(s) for s in args.scales.split(",")]:
         rows = []
         inputs: dict[int | None, str] = {}
-        for engine in args.engines.split(","):
-            limit = args.max_events
-            if engine.startswith("spark-tws") and limit is None:
-                limit = args.spark_max_events if args.spark_max_events is not None else (
-                    200_000 if scale > 1 else None)
+        load_start = load_average()
+        for engine, limit in run_list(engines, scale, args.max_events, args.spark_max_events):
             if limit not in inputs:
                 inputs[limit] = os.path.join(tmp, f"scale{scale}-{limit or 'all'}")
                 print(f"scale {scale}: writing input files ({'all' if limit is None else f'first {limit:,}'} "
@@ -358,8 +502,13 @@ def _run(args, tmp: str) -> int:
                 plan_args += ["--max-events", str(limit)]
             rows.append(run_child(engine, plan_args, inputs[limit], f"scale {scale}"))
         failed |= any("error" in r for r in rows)
-        print_table(f"Flights route daily delays, --scale {scale}, {args.events_per_epoch:,} events per epoch",
-                    rows)
+        title = (f"Flights route daily delays, --scale {scale}, "
+                 f"{args.events_per_epoch:,} events per epoch")
+        load = f"{load_start} at start, {load_average()} at end"
+        print_table(title, rows, load=load)
+        tables.append((f"--scale {scale}", rows, load))
+    if args.plot:
+        write_plot(args.plot, tables)
     return 1 if failed else 0
 
 

@@ -1,7 +1,7 @@
 """Keyed counting throughput: events/s per core, state in memory and state capped.
 
 Usage: ``.venv/bin/python bench/keyed_count.py [--events 10000000] [--keys 1000000]
-[--epoch 1000000] [--event-form-events 1000000] [--skip-capped]``
+[--epoch 1000000] [--event-form-events 1000000] [--skip-capped] [--plot PATH]``
 
 The job (``examples/keyed_count.py``): per key and one-hour event-time window,
 count events and sum an amount; a timer at the window's end emits the row and drops the
@@ -24,12 +24,16 @@ spark=None)``: one core, no Spark), and prints a table:
 Every run's output is checked against the pandas oracle before its time counts. Events/s
 per core = events / wall seconds of the run (the runner uses one core); on a shared
 machine the wall clock includes time spent waiting for a core, so events per CPU second
-of the run's process (``time.process_time``, all its threads) is printed as well.
+of the run's process (``time.process_time``, all its threads) is printed as well. Each
+clock runs from the first epoch's start (``JobRunner`` constructed; the synthetic input
+is generated before) to the last epoch's commit. The load average before and after the
+runs is printed; ``--plot PATH`` writes events per CPU second per run as a PNG.
 """
 from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import resource
 import sys
 import tempfile
@@ -37,6 +41,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.plot import load_average  # noqa: E402
 
 CAP_BYTES = 64 << 20
 
@@ -103,11 +109,13 @@ def main() -> None:
     ap.add_argument("--epoch", type=int, default=1_000_000, help="events per epoch")
     ap.add_argument("--event-form-events", type=int, default=1_000_000)
     ap.add_argument("--skip-capped", action="store_true")
+    ap.add_argument("--plot", metavar="PATH", help="write events per CPU second per run as a PNG")
     ap.add_argument("--memtable-mib", type=int, default=1024,
                     help="uncapped runs: DKV memtable budget (MiB), sized so the state fits")
     ap.add_argument("--wal-flush-mib", type=int, default=256,
                     help="uncapped runs: WAL objects a checkpoint may list before it flushes (MiB)")
     a = ap.parse_args()
+    load_before = load_average()
     common = {"keys": a.keys, "epoch": a.epoch, "memtable_mib": a.memtable_mib, "wal_flush_mib": a.wal_flush_mib}
     results = [
         run("vectorised, uniform", events=a.events, zipf=None, batch=True, capped=False, **common),
@@ -122,6 +130,10 @@ def main() -> None:
     print(f"\n{a.events:,} events, {a.keys:,} keys, {a.epoch:,} events per epoch, in-process (1 core); "
           f"uncapped: {a.memtable_mib} MiB memtable, WAL flushed at {a.wal_flush_mib} MiB; "
           "outputs checked against pandas")
+    load = f"{load_before} before, {load_average()} after"
+    print(f"wall clock: time.perf_counter, CPU: time.process_time of the run's process; "
+          f"load average (1 / 5 / 15 min) {load}; {os.cpu_count()} cores, shared; "
+          "target >= 100,000 events per CPU s")
     print(f"{'run':34s} {'events':>11s} {'seconds':>8s} {'events/s/core':>14s} {'vs vectorised':>14s} "
           f"{'CPU s':>7s} {'events/CPU s':>13s} {'epochs':>6s} {'SSTables':>8s} {'peak RSS':>9s}")
     for r in results:
@@ -129,7 +141,18 @@ def main() -> None:
         print(f"{r['kind']:34s} {r['events']:>11,} {r['seconds']:>8.1f} {eps:>14,.0f} {eps / base:>13.2f}x "
               f"{r['cpu_seconds']:>7.1f} {r['events'] / r['cpu_seconds']:>13,.0f} "
               f"{r['epochs']:>6} {r['tables']:>8} {r['peak_rss'] / 2**20:>8.0f}M")
+    if a.plot:
+        from bench.plot import bar_panels
 
+        bar_panels(a.plot, f"Keyed count, {a.keys:,} keys, in process (1 core)", [
+            {"title": "events per CPU second", "labels": [r["kind"] for r in results],
+             "ref": 100_000, "xlabel": "events / CPU s",
+             "values": [r["events"] / r["cpu_seconds"] for r in results]},
+            {"title": "events per wall second", "labels": [r["kind"] for r in results],
+             "values": [r["events"] / r["seconds"] for r in results], "xlabel": "events / s"}],
+            caption=f"Dashed line: the 100,000 events per CPU s target. Load average {load}; "
+                    f"{os.cpu_count()} cores, shared.")
+        print(f"plot written to {a.plot}")
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,7 @@
 """The log cleaner: keys per dedupe buffer against Kafka, throughput against reading.
 
-Usage: ``.venv/bin/python bench/log_cleaner.py [--mib 32] [--keys 200000] [--fill-full]``
+Usage: ``.venv/bin/python bench/log_cleaner.py [--mib 32] [--keys 200000] [--fill-full]
+[--plot PATH]``
 
 Prints three tables:
 
@@ -20,12 +21,18 @@ Prints three tables:
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import tempfile
 import time
 
 import numpy as np
 from tabulate import tabulate
 
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
+
+from bench.plot import load_average
 from storage.log import COMPACT, CleanerConfig, Log, ProducerConfig, TopicConfig
 from storage.log.offset_map import SLOT_BYTES, OffsetMap, hash_keys
 from storage.log.records import iter_batches
@@ -102,7 +109,9 @@ def read_only(log: Log, files: list[str]) -> tuple[float, float, int]:
     return t_get, t_get + time.perf_counter() - t, size
 
 
-def run(mib: int, keys: int) -> tuple[str, str]:
+def run(mib: int, keys: int) -> tuple[str, str, list[tuple[str, float]]]:
+    """The throughput and beyond-the-buffer tables (Markdown), and ``[(row, MB/s)]`` of
+    the throughput table (wall clock, ``time.perf_counter``)."""
     with tempfile.TemporaryDirectory() as tmp:
         log = build_topic(tmp, mib, keys)
         files = sorted(log.metadata().files())
@@ -112,6 +121,7 @@ def run(mib: int, keys: int) -> tuple[str, str]:
                 ["GET + decode every batch", f"{t_dec:.2f}", f"{size / t_dec / 1e6:.0f}", "-"],
                 ["clean (2 passes, 128 MiB map)", f"{rep.seconds:.2f}", f"{rep.bytes_in / rep.seconds / 1e6:.0f}",
                  f"{rep.seconds / t_dec:.1f}x decode, {rep.seconds / t_get:.0f}x GET"]]
+        rates = [(r[0], float(r[2])) for r in rows]
         t1 = tabulate(rows, headers=["", "s", "MB/s", "cleaner cost"], tablefmt="github")
         t1 += (f"\n{size / MIB:.1f} MiB of batches, {rep.records_in:,} records, {rep.records_out:,} kept, "
                f"{len(rep.input_files)} input files, {rep.gets} GETs, collision bound {rep.collision_bound:.1e}")
@@ -131,7 +141,7 @@ def run(mib: int, keys: int) -> tuple[str, str]:
         t2 = tabulate(rows, headers=["buffer MiB", "map keys", "distinct keys", "map passes", "hash ranges",
                                      "input files", "GETs/file", "MiB fetched", "MiB decoded", "s",
                                      "every duplicate removed"], tablefmt="github")
-    return t1, t2
+    return t1, t2, rates
 
 
 def main() -> None:
@@ -139,14 +149,28 @@ def main() -> None:
     ap.add_argument("--mib", type=int, default=32, help="MiB of batches in the topic (default 32)")
     ap.add_argument("--keys", type=int, default=200_000, help="distinct keys (default 200000)")
     ap.add_argument("--fill-full", action="store_true", help="fill the real 128 MiB map (~9 M keys)")
+    ap.add_argument("--plot", metavar="PATH", help="write the throughput table as a PNG")
     args = ap.parse_args()
+    load_before = load_average()
     print("## Keys per 128 MiB dedupe buffer\n")
     print(keys_table(args.fill_full))
-    t1, t2 = run(args.mib, args.keys)
+    t1, t2, rates = run(args.mib, args.keys)
     print("\n## Cleaner throughput vs reading the same bytes\n")
     print(t1)
     print("\n## Keys beyond the buffer (a quarter of each partition's keys fit)\n")
     print(t2)
+    load = f"{load_before} before, {load_average()} after"
+    print(f"\nwall clock (time.perf_counter); load average (1 / 5 / 15 min) {load}; "
+          f"{os.cpu_count()} cores, shared")
+    if args.plot:
+        from bench.plot import bar_panels
+
+        bar_panels(args.plot, f"Log cleaner on {args.mib} MiB of batches, {args.keys:,} keys", [
+            {"labels": [r for r, _ in rates], "values": [v for _, v in rates],
+             "xlabel": "MB/s of batch bytes in (log; higher is faster)", "log": True}],
+            caption="Wall clock; baselines: GET, GET + decode of the same files. "
+                    f"Load average {load}; {os.cpu_count()} cores, shared.")
+        print(f"plot written to {args.plot}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Offset-index lookups: pages touched per tail lookup as the index grows.
 
-Usage: ``.venv/bin/python bench/log_index.py [--lookups 1000]``
+Usage: ``.venv/bin/python bench/log_index.py [--lookups 1000] [--plot PATH]``
 
 For indexes of 10^3 .. 10^7 entries (8-byte offset entries, 4 KiB pages), looks up
 the ``--lookups`` newest offsets (a consumer at the tail) with Kafka's warm/cold
@@ -14,11 +14,17 @@ a real page cache means page faults on cold pages.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
 import numpy as np
 from tabulate import tabulate
 
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
+
+from bench.plot import load_average
 from storage.log.index import OFFSET_ENTRY, PAGE_BYTES, OffsetIndex
 
 
@@ -74,11 +80,28 @@ def run(lookups: int) -> list[list]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lookups", type=int, default=1000, help="tail lookups per index size (default 1000)")
+    ap.add_argument("--plot", metavar="PATH", help="write pages per lookup as a PNG")
     args = ap.parse_args()
+    load_before = load_average()
     rows = run(args.lookups)
     print(tabulate(rows, headers=["entries", "index MiB", "warm/cold: pages touched", "pages/lookup", "us/lookup",
                                   "plain: pages touched", "pages/lookup", "us/lookup", "plain/warm pages"],
                    tablefmt="github"))
+    load = f"{load_before} before, {load_average()} after"
+    print(f"\nus/lookup: wall clock (time.perf_counter); load average (1 / 5 / 15 min) {load}; "
+          f"{os.cpu_count()} cores, shared")
+    if args.plot:
+        from bench.plot import bar_panels
+
+        labels = [f"{r[0]} entries" for r in rows]
+        bar_panels(args.plot, f"Offset index: {args.lookups:,} tail lookups per index size", [
+            {"title": "warm/cold search (storage.log.index)", "labels": labels, "fmt": "{:.1f}",
+             "xlabel": "index pages touched per lookup", "values": [float(r[3]) for r in rows]},
+            {"title": "plain bisection (baseline)", "labels": labels, "fmt": "{:.1f}",
+             "xlabel": "index pages touched per lookup", "values": [float(r[6]) for r in rows]}],
+            caption=f"Pages are counted, not timed. Load average {load}; "
+                    f"{os.cpu_count()} cores, shared.")
+        print(f"plot written to {args.plot}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Object-store requests per epoch and per compaction as the state grows.
 
 Usage: ``.venv/bin/python bench/objectstore_requests.py [--keys 10000 100000 1000000]
-[--epochs 4] [--events-per-epoch 20000] [--local] [--quick]``
+[--epochs 4] [--events-per-epoch 20000] [--local] [--quick] [--plot PATH]``
 
 For each state size K, one job (one operator keeping a running total per key in a
 ``ValueSpec``, 2 key-group ranges, run in-process) is driven against the object store:
@@ -198,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="DKV target_file_bytes settings to compare (default: DKV's 8 MiB and 256 KiB)")
     parser.add_argument("--local", action="store_true", help="a temporary directory instead of S3")
     parser.add_argument("--quick", action="store_true", help="keys 5,000 50,000 200,000; 3 epochs")
+    parser.add_argument("--plot", metavar="PATH",
+                        help="write requests per epoch and per compaction as a PNG")
     args = parser.parse_args(argv)
     if args.quick:
         args.keys, args.epochs = [5_000, 50_000, 200_000], 3
@@ -233,6 +235,20 @@ def main(argv: list[str] | None = None) -> int:
               f"per compaction (compact_job), medians of {args.epochs} steady epochs; ratios against "
               f"{min(args.keys):,} keys:")
         print(_table(rows))
+    if args.plot:
+        from bench.plot import bar_panels
+
+        panels = []
+        for table_bytes, rows in results.items():
+            labels = [f"{r['keys']:,} keys" for r in rows]
+            for what in ("epoch", "compaction"):
+                panels.append({"title": f"tables of {table_bytes / 2**20:g} MiB: per {what}",
+                               "labels": labels, "xlabel": "object-store requests (all kinds)",
+                               "values": [sum(r[what][k] for k in REQUEST_KINDS) for r in rows]})
+        bar_panels(args.plot, "Object-store requests as the state grows", panels, columns=2,
+                   caption=f"Counts, not times; medians of {args.epochs} steady epochs; "
+                           f"{args.events_per_epoch:,} events per epoch, 2 ranges.")
+        print(f"plot written to {args.plot}")
     return 0
 
 

@@ -25,6 +25,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
+
+from bench.plot import load_average
+
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("bucket", pa.int32()),
                     pa.field("value", pa.float64()), pa.field("epoch", pa.int64()),
                     pa.field("note", pa.string())])
@@ -193,7 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=1_000)
     ap.add_argument("--lookups", type=int, default=50)
     ap.add_argument("--formats", default="delta,iceberg,iceberg-delete-append")
+    ap.add_argument("--plot", metavar="PATH", help="write commit, lookup and scan times as a PNG")
     args = ap.parse_args(argv)
+    load_before = load_average()
     warnings.filterwarnings("ignore", message="Delete operation did not match any records")
     states = model_states(args.epochs, args.keys, args.rows)
     results = {}
@@ -208,7 +215,11 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         results[fmt] = r
     print(f"{args.epochs} epochs x {args.rows:,} upserts (+1 % deletes) into {args.keys:,} keys, "
-          f"{BUCKETS} hash buckets; checked against a dict model (final and as of epoch {args.epochs // 2})\n")
+          f"{BUCKETS} hash buckets; checked against a dict model "
+          f"(final and as of epoch {args.epochs // 2})")
+    load = f"{load_before} before, {load_average()} after"
+    print(f"wall clock (time.perf_counter), one process; load average (1 / 5 / 15 min) {load}; "
+          f"{os.cpu_count()} cores, shared\n")
     print("| format | commit s/epoch (median) | commit s (first / last) | point lookup ms | scan ms "
           "(projection + predicate) | time travel ms | Parquet files on disk | live files | compact s "
           "| live files after compact |")
@@ -225,6 +236,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{name} / delta: commit {statistics.median(i['commit_s']) / statistics.median(d['commit_s']):.2f}x, "
               f"lookup {i['lookup_s'] / d['lookup_s']:.2f}x, scan {i['scan_s'] / d['scan_s']:.2f}x, "
               f"live files {i['live'] / d['live']:.2f}x")
+    if args.plot:
+        from bench.plot import bar_panels
+
+        names = list(results)
+        bar_panels(args.plot, f"Upsert table: {args.epochs} epochs x {args.rows:,} upserts, "
+                              f"{args.keys:,} keys", [
+            {"title": "commit, s per epoch (median)", "labels": names, "fmt": "{:.3f}",
+             "xlabel": "s", "values": [statistics.median(r["commit_s"]) for r in results.values()]},
+            {"title": "point lookup", "labels": names, "fmt": "{:.1f}", "xlabel": "ms",
+             "values": [r["lookup_s"] * 1e3 for r in results.values()]},
+            {"title": "scan (projection + predicate)", "labels": names, "fmt": "{:.1f}",
+             "xlabel": "ms", "values": [r["scan_s"] * 1e3 for r in results.values()]}],
+            caption=f"Wall clock; lower is better. Load average {load}; "
+                    f"{os.cpu_count()} cores, shared.")
+        print(f"plot written to {args.plot}")
     return 0
 
 

@@ -6,7 +6,7 @@ open partitions)``, of every unfinished source partition) is replayed here, and 
 ``i``'s share of partition ``p`` becomes the Parquet file ``<dir>/<p>/<i:06d>.parquet``.
 A streaming reader that takes one file per partition per trigger (Spark:
 ``maxFilesPerTrigger=1`` on one source per partition) then runs exactly dkvstream's
-micro-batches.
+micro-batches. dkvstream reads the same files through ``EpochFilesSource``.
 
 ``--max-events N`` runs a prefix: the whole epochs that cover the first N events of
 the plan. The prefix oracle is a pandas groupby over exactly those rows with every
@@ -14,6 +14,7 @@ window closed, the same end-of-input semantics as the full run (watermark to +in
 """
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import shutil
@@ -29,6 +30,7 @@ import pyarrow.parquet as pq
 # dkvstream job carries with each event (examples/flights.py EVENT_COLUMNS).
 from examples.flights import EVENT_COLUMNS
 from examples.flights_data import DAY_MS, ORIGINS, replay_partitions
+from operators.io.sources import KEY_COLUMN, TIMESTAMP_COLUMN, Source
 
 ROUTE_COLUMN = "route"
 EVENT_TIME_COLUMN = "event_time"
@@ -158,6 +160,92 @@ def write_input_files(plan: EpochPlan, directory: str) -> dict[str, list[str]]:
             os.utime(path, ns=(1_700_000_000_000_000_000 + i * 1_000_000_000,) * 2)
             files.setdefault(p, []).append(path)
     return files
+
+
+class EpochFilesSource(Source):
+    """dkvstream's source over the files ``write_input_files`` wrote: the same Parquet
+    files Spark and Bytewax read, read inside the run's clock.
+
+    Nothing is read at construction: the first ``end_offsets`` call lists each
+    partition's files and reads their footers (row counts); each ``read`` reads the
+    files its offset range overlaps (every column the job carries, ``EVENT_COLUMNS``,
+    plus the route and the event time) and converts them to the runtime's columns. The
+    end-of-input row that closes each partition's last file is not an event: it is
+    dropped, and the partition's end offset is one less than its files' rows. A run
+    whose epochs follow the plan reads each file exactly once.
+
+    Args:
+        directory: ``write_input_files`` output (``<directory>/<partition>/*.parquet``).
+    """
+
+    name = "flights_files"
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self._index: dict[str, tuple[list[int], list[str]]] | None = None
+        self._last: tuple[str, pa.Table] | None = None  # the file read last, for split reads
+
+    def partitions(self) -> list[str]:
+        return list(ORIGINS)
+
+    def _files(self) -> dict[str, tuple[list[int], list[str]]]:
+        """``{partition: (start offset of each file, paths)}``; the last start is the end."""
+        if self._index is None:
+            index = {}
+            for p in ORIGINS:
+                d = os.path.join(self.directory, p)
+                names = sorted(os.listdir(d)) if os.path.isdir(d) else []
+                paths = [os.path.join(d, f) for f in names]
+                starts = [0]
+                for path in paths:
+                    starts.append(starts[-1] + pq.read_metadata(path).num_rows)
+                if paths:
+                    starts[-1] -= 1  # the end-of-input row
+                index[p] = (starts, paths)
+            self._index = index
+        return self._index
+
+    def end_offsets(self) -> dict[str, int]:
+        return {p: starts[-1] for p, (starts, _) in self._files().items()}
+
+    @property
+    def value_schema(self) -> pa.Schema:
+        return pa.schema([INPUT_SCHEMA.field(c) for c in EVENT_COLUMNS])
+
+    def _read_file(self, path: str) -> pa.Table:
+        if self._last is None or self._last[0] != path:
+            self._last = (path, pq.read_table(path, columns=[f.name for f in INPUT_SCHEMA]))
+        return self._last[1]
+
+    def read(self, partition: str, start: int, end: int) -> pa.Table:
+        """Events ``[start, end)`` of ``partition`` as ``key`` (binary route), ``timestamp``
+        (int64 ms) and ``EVENT_COLUMNS``.
+
+        Raises:
+            KeyError: unknown partition.
+            IndexError: range outside ``[0, end_offsets()[partition]]``.
+            ValueError: a partition's last file does not end with the end-of-input row.
+        """
+        if partition not in ORIGINS:
+            raise KeyError(f"{self.name}: unknown partition {partition!r}; known: {ORIGINS}")
+        starts, paths = self._files()[partition]
+        if not 0 <= start <= end <= starts[-1]:
+            raise IndexError(f"{self.name}/{partition}: offsets [{start}, {end}) outside "
+                             f"[0, {starts[-1]}]")
+        pieces = []
+        i = bisect.bisect_right(starts, start) - 1
+        while start < end:
+            table = self._read_file(paths[i])
+            if i == len(paths) - 1 and table.column(ROUTE_COLUMN)[-1].as_py() != END_OF_INPUT_ROUTE:
+                raise ValueError(f"{paths[i]}: the last file of {partition} does not end with the "
+                                 "end-of-input row; rewrite the input with write_input_files")
+            stop = min(end, starts[i + 1])
+            pieces.append(table.slice(start - starts[i], stop - start))
+            start, i = stop, i + 1
+        t = pa.concat_tables(pieces) if pieces else INPUT_SCHEMA.empty_table()
+        return pa.table({KEY_COLUMN: t.column(ROUTE_COLUMN).cast(pa.binary()),
+                         TIMESTAMP_COLUMN: t.column(EVENT_TIME_COLUMN).cast(pa.int64()),
+                         **{c: t.column(c) for c in EVENT_COLUMNS}})
 
 
 def prefix_oracle(plan: EpochPlan) -> pd.DataFrame:

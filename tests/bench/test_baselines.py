@@ -7,7 +7,13 @@ import dataclasses
 import pyarrow as pa
 import pytest
 
-from bench.baselines.flights_input import EpochPlan, plan_epochs, prefix_oracle, write_input_files
+from bench.baselines.flights_input import (
+    EpochFilesSource,
+    EpochPlan,
+    plan_epochs,
+    prefix_oracle,
+    write_input_files,
+)
 from examples.flights_data import FLIGHT_COUNT
 
 # The first 3,000 flights in epochs of 1,500 (500 per origin): two micro-batches, so
@@ -16,13 +22,72 @@ SMALL = dict(scale=1, events_per_epoch=1_500, max_events=3_000)
 
 
 def test_plan_is_dkvstreams_epoch_plan(tmp_path) -> None:
-    """The runtime, run in-process on the prefix, reads exactly the planned offset ranges."""
+    """The runtime, run in-process on the prefix's files, reads exactly the planned offset
+    ranges, and its source reads each file once."""
     from bench.flights_throughput import run_dkvstream
 
     plan = plan_epochs(**SMALL)
     assert plan.events == 3_000 and len(plan.epochs) == 2 and not plan.full
-    result = run_dkvstream(plan, str(tmp_path / "store"), spark=None)  # checks the oracle
+    write_input_files(plan, str(tmp_path / "input"))
+    # run_dkvstream checks the output against the oracle
+    result = run_dkvstream(plan, str(tmp_path / "input"), str(tmp_path / "store"), spark=None)
     assert result["epochs"] == 2 and result["events"] == 3_000
+
+
+def test_files_source_serves_the_replay_rows(tmp_path) -> None:
+    """EpochFilesSource over the written files returns what FlightsSource returns for the
+    same offsets, across file boundaries and without the end-of-input rows."""
+    from examples.flights import FlightsSource
+
+    plan = plan_epochs(**SMALL)
+    write_input_files(plan, str(tmp_path))
+    files, replay = EpochFilesSource(str(tmp_path)), FlightsSource(1)
+    assert files.end_offsets() == plan.ends == {"EWR": 1_000, "JFK": 1_000, "LGA": 1_000}
+    ranges = [("EWR", 0, 500), ("JFK", 300, 1_000), ("LGA", 499, 501), ("EWR", 1_000, 1_000)]
+    for part, start, end in ranges:
+        got, want = files.read(part, start, end), replay.read(part, start, end)
+        assert got.num_rows == end - start
+        assert got.select(want.column_names).equals(want), (part, start, end)
+    assert files.value_schema.names == replay.value_schema.names
+    with pytest.raises(IndexError, match="EWR"):
+        files.read("EWR", 900, 1_001)
+    with pytest.raises(KeyError, match="SFO"):
+        files.read("SFO", 0, 1)
+
+
+def test_files_source_refuses_input_without_the_end_row(tmp_path) -> None:
+    import os
+
+    import pyarrow.parquet as pq
+
+    plan = plan_epochs(**SMALL)
+    files = write_input_files(plan, str(tmp_path))
+    last = files["EWR"][-1]
+    pq.write_table(pq.read_table(last).slice(0, 500), last)  # the end-of-input row cut off
+    source = EpochFilesSource(str(tmp_path))
+    with pytest.raises(ValueError, match=os.path.basename(last)):
+        source.read("EWR", 500, 999)
+
+
+def test_every_ratio_has_a_reference_over_the_same_events() -> None:
+    """Spark's prefix gets dkvstream rows over that prefix; ratios pair rows by events."""
+    from bench.flights_throughput import ratio_columns, run_list
+
+    runs = run_list(["dkvstream", "spark-tws-textbook", "bytewax"], 10, None, 100_000)
+    assert runs == [("dkvstream", None), ("spark-tws-textbook", 100_000), ("bytewax", None),
+                    ("dkvstream", 100_000)]
+
+    def row(engine, events, seconds, epochs):
+        return {"engine": engine, "events": events, "seconds": seconds, "epoch_seconds": epochs}
+
+    rows = [row("dkvstream", 1_000, 10.0, [5.0, 1.0, 1.0]),
+            row("spark-tws-textbook", 100, 50.0, [30.0, 20.0]),
+            row("bytewax", 1_000, 20.0, [2.0, 2.0, 2.0]), row("dkvstream", 100, 5.0, [4.0, 1.0])]
+    headers, ratios = ratio_columns(rows)
+    assert headers == ["dkvstream / engine, whole run", "dkvstream / engine, steady s/epoch"]
+    assert ratios[1] == [10.0, 20.0]  # against the 100-event dkvstream row, not the full one
+    assert ratios[2] == [2.0, 2.0]
+    assert ratios[0] == [1.0, 1.0]
 
 
 def test_uneven_partitions_take_the_finished_ones_share() -> None:
