@@ -18,6 +18,9 @@ from dagster import (
     Config,
     MaterializeResult,
     MetadataValue,
+    TableColumn,
+    TableRecord,
+    TableSchema,
     asset,
     multi_asset,
 )
@@ -110,10 +113,20 @@ def job_assets(job: Job, group_name: str | None = None) -> list:
                 "epochs_this_run": MetadataValue.int(epochs),
                 "committed_epoch": MetadataValue.int(latest.epoch if latest else 0),
                 "location": MetadataValue.path(store.uri(sink.table_prefix(job.prefix))),
-                "preview": MetadataValue.md(table.slice(0, 5).to_pandas().to_markdown(index=False))
-                if table.num_rows else MetadataValue.text("(empty)"),
+                "preview": _preview(table.slice(0, 5)),
             })
 
     ckpt_spec = AssetSpec(ckpt_key, deps=[source_key], group_name=group,
                           description=f"State checkpoints of job {job.name}: one materialization per committed epoch")
     return [source_asset, run_job, ckpt_spec]
+
+
+def _preview(table) -> MetadataValue:
+    """The first rows of a sink table as Dagster table metadata (values other than
+    numbers, strings and booleans shown as text)."""
+    def cell(v):
+        return v if v is None or isinstance(v, (bool, int, float, str)) else str(v)
+
+    schema = TableSchema(columns=[TableColumn(f.name, str(f.type)) for f in table.schema])
+    return MetadataValue.table([TableRecord({k: cell(v) for k, v in row.items()}) for row in table.to_pylist()],
+                               schema=schema)

@@ -81,7 +81,7 @@ def test_job_run_uses_the_configured_s3_resource(spark, s3_server, monkeypatch, 
     assert spark.sparkContext.environment["AWS_ENDPOINT_URL_S3"] == elsewhere["AWS_ENDPOINT_URL_S3"]  # restored
 
     oracle = JobRunner(small_job(), None, str(tmp_path), dkv_options=SMALL_DKV.options(), retain_checkpoints=None)
-    oracle.run_to_end(max_epochs=4)
+    oracle.run(max_epochs=4)
     store = resources["object_store"].open()
     assert state(store) == state(oracle.store)
     sink = job.sinks["main"]

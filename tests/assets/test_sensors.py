@@ -134,7 +134,7 @@ def test_cleanup_sensor_fires_again_after_the_job_is_reset(tmp_path) -> None:
 
     def run(epochs: int) -> None:
         JobRunner(small_job(), None, str(tmp_path), dkv_options=SMALL_DKV.options(),
-                  retain_checkpoints=None).run_to_end(max_epochs=epochs)
+                  retain_checkpoints=None).run(max_epochs=epochs)
 
     run(3)
     assert len(t.tick()) == 1  # 3 checkpoints, keep 2

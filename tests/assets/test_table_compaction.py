@@ -69,12 +69,12 @@ def test_table_compaction_sensor_fires_again_after_the_job_is_reset(tmp_path) ->
     job, _ = make_job(rows)
     ticker = Ticker(make_table_compaction_sensor(job, min_small_files=2), DagsterInstance.ephemeral(),
                     {"object_store": ObjectStoreResource(root_uri=str(tmp_path))})
-    JobRunner(job, None, str(tmp_path)).run_to_end()
+    JobRunner(job, None, str(tmp_path)).run()
     [first] = ticker.tick()
     assert ticker.tick() == []
     reset(tmp_path, job.name)
     assert ticker.tick() == []  # no table
-    JobRunner(job, None, str(tmp_path)).run_to_end()  # the same versions again
+    JobRunner(job, None, str(tmp_path)).run()  # the same versions again
     [again] = ticker.tick()
     assert again.run_config == first.run_config
 
