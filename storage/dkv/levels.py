@@ -60,7 +60,7 @@ class LevelList:
 
         Raises:
             ValueError: An input is no longer live (the result must be discarded; see
-                DESIGN.md "DKV files"), or the outputs would overlap a remaining table.
+                docs/design.md, "DKV files"), or the outputs would overlap a remaining table.
         """
         inputs = set(inputs)
         live = {t.key for t in self.all_tables()}

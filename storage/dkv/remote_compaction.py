@@ -25,7 +25,7 @@ from storage.dkv.invariants import check_manifest
 from storage.dkv.levels import LevelList
 from storage.dkv.manifest import RemoteResult, decode_result, encode_result, load_manifest
 from storage.dkv.options import DKVOptions
-from storage.dkv.paths import PathResolver, compaction_result_key
+from storage.dkv.paths import PathResolver, compaction_result_key, compactions_dir, parse_result_key
 from storage.dkv.tablestore import TableStore
 from storage.objectstore import ObjectStore
 
@@ -76,6 +76,17 @@ def compact_checkpoint(
     return key
 
 
+def list_results(store: ObjectStore, prefix: str) -> dict[str, str]:
+    """Returns ``{id: result object key}`` of every result published under ``prefix``
+    (one LIST of ``<prefix>/compactions/``; output directories are skipped)."""
+    listed: dict[str, str] = {}
+    for key in store.list(compactions_dir(prefix)):
+        cid = parse_result_key(prefix, key)
+        if cid is not None:
+            listed[cid] = key
+    return listed
+
+
 def load_result(store: ObjectStore, key: str) -> RemoteResult:
     """Reads and verifies a published result."""
     return decode_result(store.get(key), store.uri(key))
@@ -110,4 +121,4 @@ def can_install(levels: LevelList, r: RemoteResult) -> bool:
     return True
 
 
-__all__ = ["CompactionPlan", "can_install", "compact_checkpoint", "load_result"]
+__all__ = ["CompactionPlan", "can_install", "compact_checkpoint", "list_results", "load_result"]
