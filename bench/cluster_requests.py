@@ -14,7 +14,7 @@ driver's cleanup runs as in production). Printed per P: the median over the stea
 epochs (2 to the second-to-last: epoch 1 starts from empty state and the last one only
 drains) of each request kind, for the driver and the tasks, then the size of the newest
 job checkpoint and of one range manifest. The capacity estimate in
-``docs/proposed-readme-issue-9.md`` starts from these numbers.
+``docs/capacity.md`` starts from these numbers.
 """
 from __future__ import annotations
 

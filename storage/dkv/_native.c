@@ -1,7 +1,7 @@
 /* storage.dkv._native: compiled inner loops of DKV's read path and memtable writes.
  *
  * Loops that cost a Python bytecode per bit, field or entry and dominate point gets and
- * prefix scans (README, "DKV against RocksDB"):
+ * prefix scans (docs/benchmarks.md, DKV against RocksDB):
  *
  *   bloom_first(rows, start, key, h) -> int
  *       the first filter row at or after `start` whose key range holds `key` and whose
