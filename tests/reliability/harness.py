@@ -31,6 +31,7 @@ from storage import faults
 from storage.dkv import DKVOptions
 from storage.dkv.verify import verify_manifest
 from storage.objectstore import ObjectStore
+from tests.ci_env import in_ci
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("crash_driver.py")
@@ -64,7 +65,7 @@ def rng(salt: str = "") -> tuple[random.Random, int]:
     is reproducible), else a new seed per run (printed by the tests, so a failure can be
     replayed with ``DKVSTREAM_FAULT_SEED=<seed>``)."""
     seed = os.environ.get("DKVSTREAM_FAULT_SEED")
-    seed = int(seed) if seed else (0 if os.environ.get("CI") else random.SystemRandom().randrange(1 << 30))
+    seed = int(seed) if seed else (0 if in_ci() else random.SystemRandom().randrange(1 << 30))
     return random.Random(f"{seed}:{salt}"), seed
 
 
