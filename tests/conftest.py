@@ -10,14 +10,15 @@ from hypothesis import settings
 
 from examples.flights_oracle import assert_equals_oracle
 from operators.spark.session import ensure_python_workers_use_this_interpreter
+from tests.ci_env import in_ci
 
 ensure_python_workers_use_this_interpreter()
 
 # CI explores the same examples on every run (a red CI is then reproducible, never a
-# coin toss); developers' runs keep exploring new ones.
+# coin toss); developers' runs keep exploring new ones. Hypothesis loads its own "ci"
+# profile whenever CI is set at all (CI=false too), so the profile is chosen here.
 settings.register_profile("ci", derandomize=True, print_blob=True)
-if os.environ.get("CI"):
-    settings.load_profile("ci")
+settings.load_profile("ci" if in_ci() else "default")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -14,7 +14,9 @@ Usage: ``python crash_driver.py '<json config>'`` with keys
   and DKV manifest, in the others while processing events;
 * ``job``: keyword arguments of ``harness.job``.
 
-Exit code 0 after the job's end; a fenced driver exits 3 with the error on stderr.
+Prints a JSON line to stdout per epoch committed (``{"epoch": n, "seconds": s}``) and
+``{"completed": true}`` when the job ran to its end. Exit code 0 after the job's end; a
+fenced driver exits 3 with the error on stderr.
 """
 from __future__ import annotations
 
@@ -87,6 +89,8 @@ def main() -> int:
     except JobFencedError as e:
         print(f"FENCED: {e}", file=sys.stderr, flush=True)
         return 3
+    # The job ran to its end: a kill from outside after this line did not interrupt it.
+    print(json.dumps({"completed": True}), flush=True)
     return 0
 
 

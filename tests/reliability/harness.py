@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import time
@@ -31,6 +32,7 @@ from storage import faults
 from storage.dkv import DKVOptions
 from storage.dkv.verify import verify_manifest
 from storage.objectstore import ObjectStore
+from tests.ci_env import in_ci
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("crash_driver.py")
@@ -64,7 +66,7 @@ def rng(salt: str = "") -> tuple[random.Random, int]:
     is reproducible), else a new seed per run (printed by the tests, so a failure can be
     replayed with ``DKVSTREAM_FAULT_SEED=<seed>``)."""
     seed = os.environ.get("DKVSTREAM_FAULT_SEED")
-    seed = int(seed) if seed else (0 if os.environ.get("CI") else random.SystemRandom().randrange(1 << 30))
+    seed = int(seed) if seed else (0 if in_ci() else random.SystemRandom().randrange(1 << 30))
     return random.Random(f"{seed}:{salt}"), seed
 
 
@@ -161,17 +163,30 @@ def check_recovery(store_uri: str, ref: Reference, **job_kw) -> int:
 
 @dataclass
 class DriverRun:
-    """One driver subprocess: exit code (-9 = killed), the fault points it passed in order,
-    and its stderr."""
+    """One driver subprocess: exit code (-9 = SIGKILL), the fault points it passed in order,
+    its stderr and stdout (a JSON line per committed epoch, then ``{"completed": true}``
+    when the job ran to its end), its duration and, for a kill from outside, the delay."""
 
     returncode: int
     passed: list[str] = field(default_factory=list)
     stderr: str = ""
     seconds: float = 0.0
+    stdout: str = ""
+    delay_s: float | None = None
+    seconds_after_first_point: float | None = None
+    # kill_at_random_time: (delay s, seconds the job ran after its first point) of the
+    # attempts whose kill came after the job's end.
+    missed: list[tuple[float, float]] = field(default_factory=list)
+
+    @property
+    def completed(self) -> bool:
+        """The driver reported that the job ran to its end."""
+        return '{"completed": true}' in self.stdout.splitlines()
 
     @property
     def killed(self) -> bool:
-        return self.returncode == -signal.SIGKILL
+        """Died by SIGKILL before it reported the job's end: the kill interrupted the job."""
+        return self.returncode == -signal.SIGKILL and not self.completed
 
     @property
     def last_point(self) -> str:
@@ -187,13 +202,14 @@ def driver_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def start_driver(cfg: dict, workdir: Path, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Path]:
-    """Starts ``crash_driver.py`` with ``cfg`` (see its docstring) in its own process group."""
+    """Starts ``crash_driver.py`` with ``cfg`` (see its docstring) in its own process group,
+    stdout and stderr piped."""
     workdir.mkdir(parents=True, exist_ok=True)
     trace = workdir / f"trace-{time.time_ns()}.txt"
     trace.touch()
     cfg = {**cfg, "trace": str(trace)}
     proc = subprocess.Popen([str(PYTHON), str(DRIVER), json.dumps(cfg)], env=driver_env(env), cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     return proc, trace
 
@@ -202,19 +218,66 @@ def run_driver(cfg: dict, workdir: Path, kill_after_s: float | None = None, time
                env: dict[str, str] | None = None) -> DriverRun:
     """Runs the driver to its end, or SIGKILLs its process group (the driver and its Spark
     JVM, if any) ``kill_after_s`` seconds after it passed its first fault point (so the
-    random delay is spent in the job, not in Python's imports)."""
+    random delay is spent in the job, not in Python's imports). Whether the kill landed
+    is ``DriverRun.killed``: a driver that ended before it is not killed."""
     started = time.perf_counter()
     proc, trace = start_driver(cfg, workdir, env)
+    after_first = None
     if kill_after_s is not None:
         while proc.poll() is None and trace.stat().st_size == 0:
             time.sleep(0.005)
-        time.sleep(kill_after_s)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        first = time.perf_counter()
+        while proc.poll() is None and (left := first + kill_after_s - time.perf_counter()) > 0:
+            time.sleep(min(left, 0.005))
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        after_first = time.perf_counter() - first
     try:
-        _, err = proc.communicate(timeout=timeout_s)
+        out, err = proc.communicate(timeout=timeout_s)
     finally:
         # A named fault kills only the driver: also end a Spark JVM it leaves behind.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
-    return DriverRun(proc.returncode, trace.read_text().split(), err, time.perf_counter() - started)
+    return DriverRun(proc.returncode, trace.read_text().split(), err,
+                     time.perf_counter() - started, out, kill_after_s, after_first)
+
+
+def kill_at_random_time(cfg: dict, workdir: Path, rnd: random.Random, max_delay_s: float,
+                        attempts: int = 6) -> DriverRun:
+    """Runs the driver on the local store ``cfg["store"]`` and SIGKILLs it a random
+    ``uniform(0, max_delay_s)`` seconds after its first fault point, until a kill lands.
+
+    A delay that outlasts the job would leave a fault-free run, so a driver that ends
+    before the kill does not count: the store is put back as it was before the attempt
+    and the next delay is drawn below half the time the job ran after its first point.
+
+    Returns:
+        The killed run (``killed`` is true; ``delay_s`` is the delay that landed,
+        ``missed`` the attempts before it).
+
+    Raises:
+        AssertionError: the driver failed (an exit other than 0 or the kill), or no kill
+            landed in ``attempts`` attempts (e.g. the job had nothing left to run).
+    """
+    store = Path(cfg["store"])
+    snapshot = workdir / f"{store.name}-before-kill"
+    shutil.rmtree(snapshot, ignore_errors=True)
+    if store.exists():
+        shutil.copytree(store, snapshot)
+    bound, missed = max_delay_s, []
+    for _ in range(attempts):
+        run = run_driver(cfg, workdir, kill_after_s=rnd.uniform(0, bound))
+        if run.killed:
+            shutil.rmtree(snapshot, ignore_errors=True)
+            run.missed = missed
+            return run
+        assert run.returncode in (0, -signal.SIGKILL) and run.completed, (
+            f"driver failed: rc={run.returncode}\n{run.stderr[-2000:]}")
+        missed.append((round(run.delay_s, 3), round(run.seconds_after_first_point, 3)))
+        shutil.rmtree(store)
+        if snapshot.exists():
+            shutil.copytree(snapshot, store)
+        bound = min(bound, run.seconds_after_first_point) / 2
+    raise AssertionError(f"no kill landed in {attempts} attempts: the job ended first each time "
+                         f"(delay s, seconds the job ran after its first fault point): {missed}")

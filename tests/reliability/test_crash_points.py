@@ -5,10 +5,12 @@ flush and compaction, retention of 2 checkpoints) and kills it with SIGKILL eith
 random pass of a named fault point (``storage.faults``: inside a task, between an
 SSTable or compaction output and its install, before a DKV manifest, after the tasks and
 before the commit, after the commit, between sink publishes, during cleanup and GC) or
-at a random time (points nobody named). After each kill: the surviving checkpoint's
-state equals the fault-free run's at that epoch and every file a retained checkpoint
-names exists and verifies; a restart to the end matches the fault-free state after every
-epoch and its output equals the pandas oracle exactly (``harness.check_recovery``).
+at a random time (points nobody named; a kill that would come after the job's end is
+retried from the same store with a shorter delay until one lands,
+``harness.kill_at_random_time``). After each kill: the surviving checkpoint's state
+equals the fault-free run's at that epoch and every file a retained checkpoint names
+exists and verifies; a restart to the end matches the fault-free state after every epoch
+and its output equals the pandas oracle exactly (``harness.check_recovery``).
 
 The default suite kills once at each of the 14 named points and once at a random time; the slow
 test (``-m slow``) makes ``DKVSTREAM_CRASH_RUNS`` runs (default 40) of up to 3
@@ -21,6 +23,8 @@ from __future__ import annotations
 import collections
 import json
 import os
+import random
+import signal
 from pathlib import Path
 
 import pytest
@@ -59,11 +63,31 @@ def test_sigkill_at_fault_point_then_restart(point, reference, tmp_path) -> None
 
 def test_sigkill_at_random_time_then_restart(reference, tmp_path) -> None:
     rnd, seed = harness.rng("time")
-    delay = rnd.uniform(0, reference.seconds)
     store = str(tmp_path / "store")
-    run = harness.run_driver({"store": store}, tmp_path, kill_after_s=delay)
-    print(f"seed {seed}: SIGKILL {delay:.2f} s in, after {run.last_point} (pass {len(run.passed)})")
-    assert run.killed or run.returncode == 0, run.stderr[-2000:]
+    run = harness.kill_at_random_time({"store": store}, tmp_path, rnd, reference.seconds)
+    print(f"seed {seed}: SIGKILL {run.delay_s:.2f} s in, after {run.last_point} "
+          f"(pass {len(run.passed)}; missed first: {run.missed})")
+    assert run.killed and not run.completed, run.stdout  # the kill interrupted the job
+    harness.check_recovery(store, reference)
+
+
+class _AtTheBound(random.Random):
+    """Draws every delay at 90 % of its upper bound."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return a + 0.9 * (b - a)
+
+
+def test_kill_after_the_jobs_end_is_retried_until_it_lands(reference, tmp_path) -> None:
+    """A delay far beyond the job's end (600 s for a job of seconds): the driver completes
+    first, which must not count as a kill; the store is put back and a shorter delay
+    lands; recovery from that kill is exact."""
+    store = str(tmp_path / "store")
+    run = harness.kill_at_random_time({"store": store}, tmp_path, _AtTheBound(), 600.0)
+    print(f"missed: {run.missed}; landed {run.delay_s:.2f} s in, after {run.last_point}")
+    assert run.missed and run.missed[0][0] == 540.0, run.missed
+    assert run.killed and not run.completed and run.returncode == -signal.SIGKILL
+    assert run.delay_s < run.missed[0][1], "the delay that landed is shorter than the job"
     harness.check_recovery(store, reference)
 
 
@@ -79,10 +103,13 @@ def test_many_randomized_sigkills(reference, tmp_path) -> None:
     positions: set[tuple[str, int]] = set()
     timed: collections.Counter = collections.Counter()
     committed_after_kill: collections.Counter = collections.Counter()
-    kills = 0
+    kills = named_missed = 0
     for i in range(runs):
         store = str(tmp_path / f"run{i}")
         for k in range(rnd.randint(1, 3)):
+            latest = harness.runner(store).latest()
+            if latest is not None and latest.finished:
+                break  # nothing left to kill: a kill can land only in a job that runs
             # The first kill of run i < 14 is at named point i, so every point is killed
             # at least once whatever the seed; every other kill is drawn at random.
             first_of_its_point = k == 0 and i < len(faults.POINTS)
@@ -94,11 +121,14 @@ def test_many_randomized_sigkills(reference, tmp_path) -> None:
                 if run.killed:
                     named[point] += 1
                     positions.add((point, hit))
+                else:  # the rest of the job passed the point fewer times: it ran to its end
+                    named_missed += 1
             else:
-                run = harness.run_driver({"store": store}, tmp_path,
-                                         kill_after_s=rnd.uniform(0, reference.seconds))
-                if run.killed:
-                    timed[f"after {run.last_point}"] += 1
+                # Retried with a shorter delay when the job ends first: a kill that never
+                # lands would count a fault-free run as a crash survived.
+                run = harness.kill_at_random_time({"store": store}, tmp_path, rnd,
+                                                  reference.seconds)
+                timed[f"after {run.last_point}"] += 1
             assert run.killed or run.returncode == 0, run.stderr[-2000:]
             kills += run.killed
             r = harness.runner(store)
@@ -112,7 +142,7 @@ def test_many_randomized_sigkills(reference, tmp_path) -> None:
     summary = {
         "seed": seed, "runs": runs, "kills": kills,
         "named_points_hit": dict(sorted(named.items())), "distinct_named_points": len(named),
-        "distinct_named_positions": len(positions),
+        "distinct_named_positions": len(positions), "named_kills_missed": named_missed,
         "random_time_kills_landed_after": dict(sorted(timed.items())),
         "distinct_random_time_intervals": len(timed),
         "surviving_checkpoint_epochs": dict(sorted(committed_after_kill.items())),
@@ -134,8 +164,8 @@ def test_sigkill_driver_on_spark_then_restart(reference, tmp_path) -> None:
     print(f"seed {seed}: Spark driver SIGKILL at pass {hit} of {point}")
     store = str(tmp_path / "store")
     _kill_at(point, hit, store, tmp_path, spark="local[2]")
-    run = harness.run_driver({"store": store, "spark": "local[2]"}, tmp_path,
-                             kill_after_s=rnd.uniform(0, 8.0))  # Spark epochs take seconds
-    print(f"then SIGKILL of the process group after {run.last_point}: rc={run.returncode}")
-    assert run.killed or run.returncode == 0, run.stderr[-2000:]
+    run = harness.kill_at_random_time({"store": store, "spark": "local[2]"}, tmp_path, rnd,
+                                      8.0)  # Spark epochs take seconds
+    print(f"then SIGKILL of the process group {run.delay_s:.2f} s in, after {run.last_point}")
+    assert run.killed and not run.completed, run.stdout
     harness.check_recovery(store, reference)
