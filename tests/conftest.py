@@ -17,8 +17,11 @@ ensure_python_workers_use_this_interpreter()
 # CI explores the same examples on every run (a red CI is then reproducible, never a
 # coin toss); developers' runs keep exploring new ones. Hypothesis loads its own "ci"
 # profile whenever CI is set at all (CI=false too), so the profile is chosen here.
-settings.register_profile("ci", derandomize=True, print_blob=True)
-settings.load_profile("ci" if in_ci() else "default")
+# Neither profile has Hypothesis's per-example deadline: on a shared machine it is a timed
+# assertion that fails for the machine's load, not for the code.
+settings.register_profile("ci", derandomize=True, print_blob=True, deadline=None)
+settings.register_profile("dev", deadline=None)
+settings.load_profile("ci" if in_ci() else "dev")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
