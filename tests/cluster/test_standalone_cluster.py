@@ -267,6 +267,24 @@ def _executor_pid(cluster: Cluster, app_id: str, executor_id: str) -> int:
     raise LookupError(f"no executor {executor_id} of {app_id} under workers {cluster.worker_pids()}")
 
 
+def _task_lost(driver: Driver, executor: str, deadline: float) -> bool:
+    """Whether the driver logged a task lost with killed ``executor``: it logs the
+    executor lost first and, in the same handler, each task that was running on it."""
+    lost_executor = re.compile(rf"Lost executor {executor} on ")
+    lost_task = re.compile(rf"Lost task \S+ in stage \S+ \(TID \d+\) \(\S+ executor {executor}\): ExecutorLostFailure")
+    seen_at = None
+    while time.monotonic() < deadline:
+        log = "".join(driver.stderr)
+        if lost_task.search(log):
+            return True
+        if seen_at is None and (lost_executor.search(log) or driver.proc.poll() is not None):
+            seen_at = time.monotonic()
+        if seen_at is not None and time.monotonic() - seen_at > 5:
+            return False
+        time.sleep(0.1)
+    return False
+
+
 def _busy_executor(ui: str, app_id: str) -> str | None:
     """An executor of the app running a task now, from the driver's REST API (None also
     when the driver, busy on a loaded machine, does not answer in time)."""
@@ -290,22 +308,23 @@ def test_executor_killed_mid_epoch_commits_once(cluster, s3_server, check_flight
         time.sleep(0.2)
     assert driver.committed(), f"epoch 1 did not commit:\n{''.join(driver.stderr[-40:])}"
     started = driver.started()
-    killed = None
-    while killed is None and driver.proc.poll() is None and time.monotonic() < deadline:
+    # A SIGKILL can land just after the executor's task ended (the poll saw it busy, the
+    # task finished before the signal): then nothing was lost and the kill did not test
+    # anything. Kill again, a replacement executor, until one kill loses a running task.
+    landed, kills = None, []
+    while landed is None and driver.proc.poll() is None and time.monotonic() < deadline:
         executor = _busy_executor(started["ui"], started["app_id"])
-        if executor is not None:
-            in_flight = driver.committed()[-1]["epoch"] + 1
-            os.kill(_executor_pid(cluster, started["app_id"], executor), signal.SIGKILL)
-            killed = executor
-        else:
+        if executor is None or executor in kills:
             time.sleep(0.1)
-    assert killed is not None, "no executor was busy before the driver finished"
+            continue
+        in_flight = driver.committed()[-1]["epoch"] + 1
+        os.kill(_executor_pid(cluster, started["app_id"], executor), signal.SIGKILL)
+        kills.append(executor)
+        if _task_lost(driver, executor, deadline):
+            landed = executor
+    assert landed is not None, f"no kill ({kills}) lost a running task before the driver finished"
     records = driver.wait()
 
-    log = "".join(driver.stderr)
-    # A task was running on the killed executor and Spark ran it again elsewhere.
-    assert re.search(rf"Lost task \S+ in stage \S+ \(TID \d+\) \(\S+ executor {killed}\): ExecutorLostFailure",
-                     log), log[-3000:]
     epochs = [r["epoch"] for r in records]
     # Each epoch committed once, none lost, the killed one among them.
     assert epochs == list(range(1, len(epochs) + 1)) and records[-1]["finished"] and in_flight in epochs
