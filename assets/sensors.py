@@ -185,8 +185,9 @@ def make_source_sensor(job: Job, asset_job):
     @sensor(name=f"{job.name}_source_sensor", job=asset_job, minimum_interval_seconds=sensor_interval_s(),
             description=f"Run {job.name}'s epochs when its source has new input")
     def source_sensor(context: SensorEvaluationContext, object_store: ObjectStoreResource):
-        ends = job.source.end_offsets()
         store = object_store.open()
+        job.source.attach(store, job.prefix)
+        ends = job.source.end_offsets()
         newest, key, data = newest_checkpoint(store, job.prefix)
         done = JobCheckpoint.decode(data, store.uri(key)).source_offsets if data is not None else {}
         if all(ends[p] <= done.get(p, 0) for p in ends):

@@ -16,6 +16,8 @@ Layout under the store root::
       control/flush/<id>.json, control/lease.json
                                                  flush requests and the epoch lease
       quarantine/<UTC stamp>/epoch-<epoch>.json  checkpoints a recovery fell back from
+      sources/<source>/...                       a source's own metadata (``Source.attach``),
+                                                 e.g. a file source's list of discovered files
 
 Every function returns a key or prefix relative to the store root; prefixes of a
 "directory" end with ``/``, prefixes a caller extends with its own name do not (they say so).
@@ -130,6 +132,11 @@ def range_label_of(staged_key: str) -> str:
 
 
 # ----------------------------------------------------------------------------------- sinks
+def source_prefix(job: str, source: str) -> str:
+    """``jobs/<job>/sources/<source>/``: metadata a source keeps for the job."""
+    return f"{job}/sources/{source}/"
+
+
 def sinks_root(job: str) -> str:
     """``<job>/sinks/``: every published output of the job."""
     return f"{job}/sinks/"

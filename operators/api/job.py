@@ -30,6 +30,20 @@ class Job:
             source partitions of the max event time seen, minus this (>= 0).
         dead_letter: where malformed events go and the future-timestamp bound
             (``operators.runtime.dead_letter.DeadLetter``).
+        trigger_interval_ms: a continuous run (``JobRunner.epochs(continuous=True)``)
+            starts an epoch at most this often, ms (Spark's processing-time trigger);
+            0 starts the next epoch as soon as the previous one commits and input waits.
+        idle_timeout_ms: a source partition without new events for this long (wall
+            clock, ms) stops holding back the watermark until it receives events again
+            (Flink's ``withIdleness``); None: never idle.
+        max_watermark_drift_ms: watermark alignment: a partition whose event time is
+            more than this ahead of the slowest non-idle partition reads nothing until
+            the others catch up (Flink's ``withWatermarkAlignment``); None: no alignment.
+        on_operator_error: ``"fail"`` (an operator raising fails the epoch) or
+            ``"dead_letter"`` (the event goes to the dead-letter table with the
+            operator, the exception and its source position, its state changes are
+            discarded, and the rest of the epoch commits: Kafka Streams' processing
+            exception handler).
 
     Raises:
         InvalidJobError: (a ``ValueError``) from ``validate()`` on an inconsistent
@@ -49,6 +63,10 @@ class Job:
     max_out_of_orderness_ms: int = 0
     tags: dict[str, str] = field(default_factory=dict)
     dead_letter: DeadLetter = field(default_factory=DeadLetter)
+    trigger_interval_ms: int = 1_000
+    idle_timeout_ms: int | None = None
+    max_watermark_drift_ms: int | None = None
+    on_operator_error: str = "fail"
 
     def __post_init__(self) -> None:
         self.validate()

@@ -143,6 +143,14 @@ def check_job(job: Job) -> None:
     _check_int(job, "events_per_epoch", job.events_per_epoch, 1)
     _check_int(job, "max_out_of_orderness_ms", job.max_out_of_orderness_ms, 0,
                why=" (a negative bound would put the watermark ahead of the events)")
+    _check_int(job, "trigger_interval_ms", job.trigger_interval_ms, 0)
+    if job.idle_timeout_ms is not None:
+        _check_int(job, "idle_timeout_ms", job.idle_timeout_ms, 1)
+    if job.max_watermark_drift_ms is not None:
+        _check_int(job, "max_watermark_drift_ms", job.max_watermark_drift_ms, 0)
+    if job.on_operator_error not in ("fail", "dead_letter"):
+        raise InvalidJobError(f"job {job.name}: on_operator_error must be 'fail' or 'dead_letter', "
+                              f"got {job.on_operator_error!r}")
     if not isinstance(job.source, Source):
         raise InvalidJobError(f"job {job.name}: source {job.source!r} is not a Source")
     check_structure(job)

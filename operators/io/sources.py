@@ -18,6 +18,14 @@ TIMESTAMP_COLUMN = "timestamp"
 # table (``operators.runtime.dead_letter``); the columns never reach an operator.
 ERROR_COLUMN = "_error"
 RAW_VALUE_COLUMN = "_raw_value"
+# Optional column of ``Source.read`` for a source whose offsets have gaps (a Kafka topic:
+# transaction markers, compaction; a compacted log topic): each row's offset, int64,
+# strictly increasing within ``[start, end)``. Without it row i is offset ``start + i``.
+OFFSET_COLUMN = "_offset"
+# Optional column of ``Source.read``: when the event became readable (a Kafka record's
+# broker timestamp, a file's modification time), int64 ms since the Unix epoch. The
+# runtime measures end-to-end latency from it; it never reaches an operator.
+INGEST_TIME_COLUMN = "_ingest_time"
 
 
 class Source(ABC):
@@ -35,9 +43,22 @@ class Source(ABC):
 
     name: str = "source"
 
+    def attach(self, store, job_prefix: str) -> None:
+        """Called once by the runtime (``JobRunner``, sensors) before any other method,
+        with the job's object store and prefix: a source that keeps its own metadata
+        (a file source's list of discovered files) keeps it under
+        ``operators.paths.source_prefix(job_prefix, self.name)``. Default: nothing."""
+
     @abstractmethod
     def partitions(self) -> list[str]:
-        """Partition names, in a fixed order."""
+        """Partition names, in a fixed order. A live source may add partitions later
+        (never remove or reorder them); the runtime reads a new one from
+        ``start_offset``."""
+
+    def start_offset(self, partition: str) -> int:
+        """The first offset a job reads of ``partition`` when no checkpoint has it
+        (Kafka: the log start offset). Default 0."""
+        return 0
 
     @abstractmethod
     def end_offsets(self) -> dict[str, int]:
@@ -56,7 +77,10 @@ class Source(ABC):
 
     @abstractmethod
     def read(self, partition: str, start: int, end: int) -> pa.Table:
-        """Events at offsets ``[start, end)`` of ``partition``, in offset order.
+        """Events at offsets ``[start, end)`` of ``partition``, in offset order: one row
+        per offset, or, for a source whose offsets have gaps, fewer rows with their
+        offsets in an ``_offset`` column (``OFFSET_COLUMN``). Optionally an
+        ``_ingest_time`` column (``INGEST_TIME_COLUMN``).
 
         Raises:
             KeyError: unknown partition.
@@ -69,8 +93,8 @@ def check_slice(source: Source, partition: str, start: int, end: int, table: pa.
     schema, and returns it in that schema.
 
     The schema: ``key`` binary, ``timestamp`` int64 (ms since the Unix epoch, UTC), the
-    fields of ``source.value_schema`` in their order, then ``_error`` (string) and
-    ``_raw_value`` (binary) if present. Every slice of every partition comes out in this
+    fields of ``source.value_schema`` in their order, then ``_error`` (string),
+    ``_raw_value`` (binary), ``_offset`` (int64) and ``_ingest_time`` (int64) if present. Every slice of every partition comes out in this
     one schema, so the driver can concatenate them. The check compares types only (no
     per-row work); null, empty or out-of-range keys and timestamps are row-level and go
     to the dead-letter table later (``operators.runtime.dead_letter``).
@@ -101,16 +125,20 @@ def check_slice(source: Source, partition: str, start: int, end: int, table: pa.
         ``table`` with its columns in the schema above (no data copied unless cast).
 
     Raises:
-        ValueError: ``table`` has not one row per offset.
+        ValueError: ``table`` has not one row per offset (without ``_offset``), or its
+            ``_offset`` column is null, not strictly increasing or outside ``[start, end)``.
         TypeError: a column is missing, unknown, repeated, or of a type that does not
             cast losslessly; the message names source, partition, offsets and column and
             says what to do.
     """
     where = f"source {source.name} partition {partition} offsets [{start}, {end})"
-    if table.num_rows != end - start:
-        raise ValueError(f"{where}: {table.num_rows} rows for {end - start} offsets; read must "
-                         f"return one row per offset, in offset order")
     names = table.column_names
+    if OFFSET_COLUMN in names:
+        _check_offsets(where, start, end, table.column(OFFSET_COLUMN))
+    elif table.num_rows != end - start:
+        raise ValueError(f"{where}: {table.num_rows} rows for {end - start} offsets; read must "
+                         f"return one row per offset, in offset order (or an {OFFSET_COLUMN} "
+                         f"column if offsets have gaps)")
     if len(set(names)) != len(names):
         twice = next(n for n in names if names.count(n) > 1)
         raise TypeError(f"{where}: column {twice!r} appears twice; read must return each column "
@@ -121,6 +149,8 @@ def check_slice(source: Source, partition: str, start: int, end: int, table: pa.
               *value_schema]
     fields += [pa.field(ERROR_COLUMN, pa.string())] * (ERROR_COLUMN in names)
     fields += [pa.field(RAW_VALUE_COLUMN, pa.binary())] * (RAW_VALUE_COLUMN in names)
+    fields += [pa.field(OFFSET_COLUMN, pa.int64())] * (OFFSET_COLUMN in names)
+    fields += [pa.field(INGEST_TIME_COLUMN, pa.int64())] * (INGEST_TIME_COLUMN in names)
     known = {f.name for f in fields}
     for name in names:
         if name not in known:
@@ -143,6 +173,22 @@ def check_slice(source: Source, partition: str, start: int, end: int, table: pa.
     return pa.Table.from_arrays(columns, schema=pa.schema(fields))
 
 
+def _check_offsets(where: str, start: int, end: int, offsets: pa.ChunkedArray) -> None:
+    """The ``_offset`` column of a slice: no nulls, strictly increasing, in ``[start, end)``."""
+    if offsets.null_count:
+        raise ValueError(f"{where}: column {OFFSET_COLUMN!r} has nulls; every row needs its offset")
+    if not len(offsets):
+        return
+    values = offsets.to_numpy().astype("int64", copy=False)
+    if values[0] < start or values[-1] >= end:
+        raise ValueError(f"{where}: offsets {values[0]}..{values[-1]} in column {OFFSET_COLUMN!r} "
+                         f"are outside the slice read")
+    if len(values) > 1 and not (values[1:] > values[:-1]).all():
+        i = int((values[1:] <= values[:-1]).argmax())
+        raise ValueError(f"{where}: column {OFFSET_COLUMN!r} is not strictly increasing at row "
+                         f"{i + 1} ({values[i]} then {values[i + 1]})")
+
+
 def _what_to_do(field: pa.Field, have: pa.DataType) -> str:
     """The rest of a refused column's message: what the runtime wants, what to do."""
     if field.name == KEY_COLUMN:
@@ -153,7 +199,7 @@ def _what_to_do(field: pa.Field, have: pa.DataType) -> str:
                 "truncate)" if pa.types.is_temporal(have) else "")
         return (f" but the runtime wants int64 milliseconds since the Unix epoch (UTC): cast the "
                 f"timestamp column to int64 milliseconds in read{hint}")
-    if field.name in (ERROR_COLUMN, RAW_VALUE_COLUMN):
+    if field.name in (ERROR_COLUMN, RAW_VALUE_COLUMN, OFFSET_COLUMN, INGEST_TIME_COLUMN):
         return f" but must be {field.type}"
     return (f", value_schema says {field.type}; cast it in the source's read, or declare {have} "
             f"in value_schema (only lossless widenings, such as int32 to int64, are applied here)")

@@ -51,7 +51,7 @@ from operators.api.job import Job
 from operators.api.keygroups import key_group_ranges, key_groups_of_column, range_indexes_of
 from operators.api.operator import WATERMARK_MAX, WATERMARK_MIN
 from operators.errors import JobFailedError, JobFencedError
-from operators.io.sources import KEY_COLUMN, TIMESTAMP_COLUMN, check_slice
+from operators.io.sources import INGEST_TIME_COLUMN, KEY_COLUMN, OFFSET_COLUMN, TIMESTAMP_COLUMN, check_slice
 from operators.paths import checkpoint_key
 from operators.runtime import dead_letter
 from operators.runtime.checkpoints import (
@@ -72,7 +72,6 @@ from operators.runtime.open_state import OpenState
 from operators.runtime.recovery import VERIFY_MODES, restart_checkpoint
 from operators.runtime.task import (
     KEY_GROUP_COLUMN,
-    OFFSET_COLUMN,
     PART_COLUMN,
     RANGE_COLUMN,
     TaskResult,
@@ -185,6 +184,7 @@ class JobRunner:
         if verify_restart not in VERIFY_MODES:
             raise ValueError(f"verify_restart must be one of {VERIFY_MODES}, got {verify_restart!r}")
         self.verify_restart = verify_restart
+        job.source.attach(self.store, job.prefix)
         self._recovery: dict | None = None  # a fallback, recorded in the next checkpoint
         self._retention_damage: list[str] = []  # found by retention, for the next checkpoint
         self.last_cleanup: CleanupReport | None = None
@@ -296,20 +296,30 @@ class JobRunner:
         source, parts = self.job.source, self.job.source.partitions()
         tables, max_ts, dead = [], {}, [dead_letter.DEAD_LETTER_SCHEMA.empty_table()]
         now_ms = int(time.time() * 1000)
+        ingest = []
         for i, p in enumerate(parts):
             start, end = plan[p]
             if end <= start:
                 continue
-            t, bad, offsets = dead_letter.screen(
-                check_slice(source, p, start, end, source.read(p, start, end)),
-                np.arange(start, end, dtype=np.int64), self.job.dead_letter,
-                source=source.name, partition=p, epoch=epoch, now_ms=now_ms)
+            t = check_slice(source, p, start, end, source.read(p, start, end))
+            if OFFSET_COLUMN in t.column_names:  # a source with offset gaps names them
+                offsets = t.column(OFFSET_COLUMN).to_numpy().astype(np.int64, copy=False)
+                t = t.drop_columns([OFFSET_COLUMN])
+            else:
+                offsets = np.arange(start, end, dtype=np.int64)
+            if INGEST_TIME_COLUMN in t.column_names:  # for the latency metric, not operators
+                ingest.append(t.column(INGEST_TIME_COLUMN))
+                t = t.drop_columns([INGEST_TIME_COLUMN])
+            t, bad, offsets = dead_letter.screen(t, offsets, self.job.dead_letter, source=source.name,
+                                                 partition=p, epoch=epoch, now_ms=now_ms)
             dead.append(bad)
             if t.num_rows:
                 max_ts[p] = pa.compute.max(t.column(TIMESTAMP_COLUMN)).as_py()
             t = t.append_column(PART_COLUMN, pa.array(np.full(t.num_rows, i, np.int32)))
             t = t.append_column(OFFSET_COLUMN, pa.array(offsets))
             tables.append(t)
+        # Ingest times of the epoch's input (ms), for end-to-end latency metrics.
+        self._ingest_times = pa.chunked_array([c for col in ingest for c in col.chunks], pa.int64())
         self._dead_letters = pa.concat_tables(dead)
         if not tables:
             events = _empty_events(source.value_schema)

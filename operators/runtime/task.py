@@ -24,7 +24,7 @@ from operators.api.keygroups import KeyGroupRange, key_groups_of, range_indexes_
 from operators.api.operator import MAIN_OUTPUT, KeyedEvent, Operator, Subject
 from operators.api.state import subject_prefix
 from operators.io.sinks import Sink
-from operators.io.sources import KEY_COLUMN, TIMESTAMP_COLUMN
+from operators.io.sources import KEY_COLUMN, OFFSET_COLUMN, TIMESTAMP_COLUMN
 from operators.paths import staging_prefix
 from operators.runtime.open_state import OpenState
 from operators.runtime.timers import TimerService
@@ -32,9 +32,9 @@ from storage.dkv import DKV, DKVOptions
 from storage.faults import fault_point
 from storage.objectstore import ObjectStore
 
-# Columns the runtime adds to events; everything else besides key/timestamp is value.
+# Columns the runtime adds to events (and the source offset, ``OFFSET_COLUMN``);
+# everything else besides key/timestamp is value.
 PART_COLUMN = "_part"
-OFFSET_COLUMN = "_offset"
 KEY_GROUP_COLUMN = "_kg"
 RANGE_COLUMN = "_range"
 INTERNAL_COLUMNS = (KEY_COLUMN, TIMESTAMP_COLUMN, PART_COLUMN, OFFSET_COLUMN, KEY_GROUP_COLUMN, RANGE_COLUMN)
