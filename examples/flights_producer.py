@@ -1,0 +1,153 @@
+"""Replays the 2013 New York flights into a Kafka topic at a steady rate, as a live feed.
+
+One partition per origin (EWR, JFK, LGA: partition 0, 1, 2), record key ``origin-dest``,
+value the flight as a JSON object of ``examples.flights.EVENT_COLUMNS``, record timestamp
+the scheduled departure (the event time of ``examples.flights.FlightsSource``). Records
+are produced in event-time order over all origins, in ticks of 100 ms, so the topic
+fills like a live feed: ``rate`` events per second of wall time, not as fast as possible.
+
+Usage::
+
+    python -m examples.flights_producer --bootstrap 127.0.0.1:9092 --topic flights \\
+        [--rate 20000] [--scale 1] [--limit N]
+
+Prints one JSON line when done: ``{"produced": n, "seconds": s, "rate": events/s}``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from examples.flights import EVENT_COLUMNS
+from examples.flights_data import ORIGINS, replay_partitions
+
+TICK_S = 0.1  # the producer releases rate * TICK_S records per tick
+
+
+def replay_order(scale: int = 1) -> tuple[pa.Table, np.ndarray]:
+    """Every flight in the order a live feed would carry them.
+
+    Returns:
+        ``(table, partitions)``: the flights (``EVENT_COLUMNS`` plus ``event_time_ms``)
+        sorted by event time (stable: each origin keeps its replay order), and the topic
+        partition of each row (the index of its origin in ``ORIGINS``), int32.
+    """
+    parts = replay_partitions(scale)
+    table = pa.concat_tables([parts[o].select([*EVENT_COLUMNS, "event_time_ms"]) for o in ORIGINS])
+    partition = np.concatenate([np.full(parts[o].num_rows, i, np.int32) for i, o in enumerate(ORIGINS)])
+    order = np.argsort(table.column("event_time_ms").to_numpy(), kind="stable")
+    return table.take(order), partition[order]
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int = len(ORIGINS), timeout_s: float = 30) -> None:
+    """Creates ``topic`` with ``partitions`` partitions; an existing topic is kept.
+
+    Raises:
+        confluent_kafka.KafkaException: the broker refused or did not answer.
+    """
+    from confluent_kafka import KafkaError
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    future = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic]
+    try:
+        future.result(timeout=timeout_s)
+    except Exception as e:  # noqa: BLE001 - a KafkaException carrying a KafkaError
+        err = e.args[0] if e.args else None
+        if getattr(err, "code", lambda: None)() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise
+
+
+def produce(bootstrap: str, topic: str, rate: float = 20_000, scale: int = 1, limit: int | None = None,
+            log=None) -> int:
+    """Produces the flights into ``topic`` (see module docstring) at ``rate`` events/s.
+
+    Args:
+        bootstrap: Kafka bootstrap servers, ``host:port``.
+        topic: an existing topic with at least ``len(ORIGINS)`` partitions.
+        rate: events per second of wall time (> 0).
+        scale: copies of the year (``examples.flights_data.replay_partitions``).
+        limit: produce only the first ``limit`` flights of the replay order.
+        log: called with a progress line about every 10 s (default: nothing).
+
+    Returns:
+        Records produced (all acknowledged by the broker).
+
+    Raises:
+        RuntimeError: the broker failed to acknowledge a record (its error in the message).
+    """
+    from confluent_kafka import Producer
+
+    if rate <= 0:
+        raise ValueError(f"rate must be > 0 events/s, got {rate}")
+    table, partition = replay_order(scale)
+    if limit is not None:
+        table, partition = table.slice(0, limit), partition[:limit]
+    # Nullable integers stay integers in JSON (a cancelled flight's dep_time is null, not NaN).
+    rows = table.drop_columns(["event_time_ms"]).to_pandas(
+        types_mapper=lambda t: pd.Int64Dtype() if pa.types.is_integer(t) else None)
+    values = rows.to_json(orient="records", lines=True).splitlines()
+    keys = (rows["origin"] + "-" + rows["dest"]).tolist()
+    timestamps = table.column("event_time_ms").to_pylist()
+    failed: list[str] = []
+
+    def delivered(err, _msg) -> None:
+        if err is not None:
+            failed.append(str(err))
+
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20})
+    per_tick = max(1, int(rate * TICK_S))
+    started = time.monotonic()
+    last_log = started
+    for tick, lo in enumerate(range(0, len(values), per_tick)):
+        for i in range(lo, min(lo + per_tick, len(values))):
+            while True:
+                try:
+                    producer.produce(topic, values[i].encode(), keys[i].encode(), partition=int(partition[i]),
+                                     timestamp=timestamps[i], on_delivery=delivered)
+                    break
+                except BufferError:  # the local queue is full: let librdkafka send
+                    producer.poll(0.05)
+        producer.poll(0)
+        if failed:
+            raise RuntimeError(f"topic {topic}: the broker did not acknowledge a record: {failed[0]}")
+        now = time.monotonic()
+        if log is not None and now - last_log >= 10:
+            log(f"produced {min(lo + per_tick, len(values)):,} of {len(values):,} flights")
+            last_log = now
+        # Steady rate: tick k ends at started + (k + 1) * TICK_S.
+        time.sleep(max(0.0, started + (tick + 1) * TICK_S - now))
+    left = producer.flush(60)
+    if left or failed:
+        raise RuntimeError(f"topic {topic}: {left} records unacknowledged after 60 s"
+                           + (f"; first error: {failed[0]}" if failed else ""))
+    return len(values)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m examples.flights_producer", description=__doc__.split("\n")[0])
+    p.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers, host:port")
+    p.add_argument("--topic", default="flights")
+    p.add_argument("--rate", type=float, default=20_000, help="events per second (default 20,000)")
+    p.add_argument("--scale", type=int, default=1, help="copies of the 2013 data")
+    p.add_argument("--limit", type=int, help="produce only the first N flights")
+    p.add_argument("--create", action="store_true", help=f"create the topic ({len(ORIGINS)} partitions) first")
+    args = p.parse_args(argv)
+    if args.create:
+        create_topic(args.bootstrap, args.topic)
+    started = time.monotonic()
+    n = produce(args.bootstrap, args.topic, args.rate, args.scale, args.limit,
+                log=lambda line: print(line, file=sys.stderr, flush=True))
+    seconds = time.monotonic() - started
+    print(json.dumps({"produced": n, "seconds": round(seconds, 3), "rate": round(n / seconds, 1)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
