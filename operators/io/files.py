@@ -155,11 +155,14 @@ class FileSource(Source):
             ``"fail"`` raises ``SourceFileChangedError``; ``"dead_letter"`` sends each of
             its offsets to the dead-letter table and goes on.
         compact_every: compact the file log every this many batches (>= 1).
+        max_files_per_discovery: log at most this many new files per discovery, the
+            oldest first (Spark's ``maxFilesPerTrigger``): bounds the driver's work
+            when a backlog lands; None: every new file.
 
     Raises:
-        ValueError: a bad format, unit, name, policy or ``compact_every``, or a key or
-            timestamp column named ``key``/``timestamp``-clashing in ``value_schema`` with
-            another meaning (the message says which argument to fix).
+        ValueError: a bad format, unit, name, policy, ``compact_every`` or
+            ``max_files_per_discovery``, or a ``value_schema`` column named ``key`` or
+            ``timestamp`` (the runtime's own columns).
 
     Picklable: holds store configurations and the log it loaded, no open client.
     """
@@ -167,7 +170,8 @@ class FileSource(Source):
     def __init__(self, location: str | ObjectStore, format: str, value_schema: pa.Schema,
                  key_column: str, timestamp_column: str, *, timestamp_unit: str | None = None,
                  prefix: str = "", suffix: str | None = None, name: str = "files",
-                 on_changed_file: str = "fail", compact_every: int = 10) -> None:
+                 on_changed_file: str = "fail", compact_every: int = 10,
+                 max_files_per_discovery: int | None = None) -> None:
         if format not in FORMATS:
             raise ValueError(f"file source {name}: format must be one of {FORMATS}, got {format!r}")
         if timestamp_unit is not None and timestamp_unit not in TIMESTAMP_UNITS:
@@ -180,6 +184,9 @@ class FileSource(Source):
                              f"got {on_changed_file!r}")
         if compact_every < 1:
             raise ValueError(f"file source {name}: compact_every must be >= 1, got {compact_every}")
+        if max_files_per_discovery is not None and max_files_per_discovery < 1:
+            raise ValueError(f"file source {name}: max_files_per_discovery must be >= 1 or None, "
+                             f"got {max_files_per_discovery}")
         for reserved in (KEY_COLUMN, TIMESTAMP_COLUMN):
             if reserved in value_schema.names:
                 raise ValueError(f"file source {name}: value_schema may not hold a column named "
@@ -188,6 +195,7 @@ class FileSource(Source):
         self.format, self.key_column, self.timestamp_column = format, key_column, timestamp_column
         self.timestamp_unit, self.prefix, self.suffix, self.name = timestamp_unit, prefix, suffix, name
         self.on_changed_file, self.compact_every = on_changed_file, compact_every
+        self.max_files_per_discovery = max_files_per_discovery
         self._value_schema = value_schema
         self._meta: ObjectStore | None = None
         self._log_prefix = ""
@@ -271,6 +279,7 @@ class FileSource(Source):
             seen = {f.name for f in files}
             new = sorted(((mtime, key, size) for key, size, mtime in self._listing()
                           if key not in seen), key=lambda t: (t[0], t[1]))
+            new = new[:self.max_files_per_discovery]
             if not new:
                 return []
             entries, start = [], self._end()
@@ -340,7 +349,16 @@ class FileSource(Source):
         return self._files
 
     def _load(self) -> tuple[list[LoggedFile], int]:
-        """The log from the store: the newest compact object, then the batches after it."""
+        """The log from the store: the newest compact object, then the batches after it.
+        A compaction by another process may delete a listed object: list again."""
+        for _ in range(3):
+            try:
+                return self._load_once()
+            except ObjectNotFoundError:
+                continue
+        return self._load_once()
+
+    def _load_once(self) -> tuple[list[LoggedFile], int]:
         keys = self._meta.list(self._log_prefix)
         compacts = [k for k in keys if k.rsplit("/", 1)[1].startswith(_COMPACT)]
         base = _number(compacts[-1]) if compacts else 0

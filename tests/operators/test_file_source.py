@@ -6,15 +6,19 @@ for their rename, and the file log stays a bounded number of objects."""
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 import pickle
+import tempfile
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from examples.keyed_count import WINDOW_MS, KeyedWindowCount
 from operators.api.job import Job
@@ -328,3 +332,49 @@ def test_s3_prefix_on_seaweedfs(s3_server, s3_store) -> None:
     assert [f.name for f in source.logged_files()] == [f"landing/w{w}-{j}.parquet" for w in range(2) for j in range(2)]
     assert s3_store.list(source_prefix(job_prefix("s3files"), source.name))
     runner.close()
+
+
+@settings(max_examples=25, deadline=None)
+@given(waves=st.lists(st.lists(st.integers(0, 40), min_size=1, max_size=3), min_size=1, max_size=4),
+       events_per_epoch=st.integers(1, 120), fmt=st.sampled_from(["parquet", "csv", "jsonl"]),
+       slice_rows=st.integers(1, 50))
+def test_any_waves_and_epoch_sizes_give_the_oracle(waves, events_per_epoch, fmt, slice_rows) -> None:
+    """Property: files of any row counts (empty ones too) landing in any waves, read in
+    epochs of any size, a new runner (restart) for every other wave: every row is read
+    once, the output equals the oracle, and slices of the log read as its rows."""
+    with tempfile.TemporaryDirectory() as tmp:
+        inbox, root = os.path.join(tmp, "in"), os.path.join(tmp, "store")
+        os.mkdir(inbox)
+        written, results, runner = [], [], None
+        for w, sizes in enumerate(waves):
+            for n in sizes:
+                df = _rows(sum(len(d) for d in written), n)
+                _write(inbox, f"f{len(written):03d}.{fmt}", _encode(df, fmt), 1e9 + len(written))
+                written.append(df)
+            if runner is None or w % 2:
+                if runner is not None:
+                    runner.close()
+                runner = JobRunner(_job(_source(inbox, fmt), events_per_epoch=events_per_epoch), None, root)
+            results += runner.run()
+        everything = pd.concat(written, ignore_index=True)
+        assert sum(r.events for r in results) == len(everything)
+        if results:
+            pd.testing.assert_frame_equal(_sorted(_output(runner)),
+                                          _oracle(everything, results[-1].watermark))
+        source = runner.job.source
+        cuts = sorted({0, len(everything), *range(0, len(everything), slice_rows)})
+        keys = [k for a, b in itertools.pairwise(cuts) for k in source.read("files", a, b).column("key").to_pylist()]
+        assert keys == [u.encode() for u in everything.user]
+        runner.close()
+
+
+def test_max_files_per_discovery_logs_the_oldest_first(tmp_path) -> None:
+    """A backlog of 5 files with at most 2 per discovery: logged 2, 2, 1, oldest first."""
+    inbox = tmp_path / "in"
+    inbox.mkdir()
+    for i in range(5):
+        _write(inbox, f"{i}.csv", _encode(_rows(i, 1), "csv"), 1e9 + 5 - i)
+    source = _source(str(inbox), "csv", max_files_per_discovery=2)
+    source.attach(open_object_store(str(tmp_path / "store")), job_prefix("backlog"))
+    assert [[f.name for f in source.discover()] for _ in range(4)] == [
+        ["4.csv", "3.csv"], ["2.csv", "1.csv"], ["0.csv"], []]
