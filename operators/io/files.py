@@ -25,7 +25,7 @@ under one ordinal (the loser reloads the log and discovers again). Every
 ``compact_every`` batches the whole log is written as one compact object and the
 batches and compact objects it covers are deleted: the log holds at most
 ``compact_every + 1`` objects however long the job runs (its bytes grow with the number
-of files, about 150 bytes per file, as Spark's seen-files list does without
+of files, about 130 bytes per file plus its name, as Spark's seen-files list does without
 ``maxFileAge``).
 
 Order of arrival, and files still being written
@@ -48,7 +48,7 @@ timestamp with a zone offset. The key becomes binary (strings as UTF-8, other ty
 their string form), the timestamp int64 ms since the Unix epoch (UTC; a naive timestamp
 is taken as UTC; finer units are floored to ms).
 
-Bad input never stops the job: a CSV or JSON-lines line that does not parse or whose
+A malformed row never stops the job: a CSV or JSON-lines line that does not parse or whose
 values do not fit the declared types becomes a dead-letter row whose error names the file
 and line and whose value is the raw line (the runtime's dead-letter table, with
 partition and offset). Offsets of CSV/JSON-lines files are their non-blank data lines,
@@ -514,6 +514,11 @@ class FileSource(Source):
         def parse(chunk: list[tuple[int, bytes]]) -> pa.Table:
             body = b"\n".join(line for _, line in chunk) + b"\n"
             if self.format == "csv":
+                # A record on one line has balanced quotes ("" escapes one); an odd count is
+                # a field with a line break, which the parser would silently cut short.
+                if any(line.count(b'"') % 2 for _, line in chunk):
+                    raise ValueError("unbalanced quotes: a quoted field with a line break? "
+                                     "(records must be one line each)")
                 t = pa_csv.read_csv(io.BytesIO(header + b"\n" + body), convert_options=pa_csv.ConvertOptions(
                     column_types=types, include_columns=list(types)))
             else:

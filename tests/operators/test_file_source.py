@@ -378,3 +378,22 @@ def test_max_files_per_discovery_logs_the_oldest_first(tmp_path) -> None:
     source.attach(open_object_store(str(tmp_path / "store")), job_prefix("backlog"))
     assert [[f.name for f in source.discover()] for _ in range(4)] == [
         ["4.csv", "3.csv"], ["2.csv", "1.csv"], ["0.csv"], []]
+
+
+def test_csv_field_with_a_line_break_is_two_bad_lines_not_a_cut_value(tmp_path) -> None:
+    """A quoted CSV field holding a line break: both of its lines are dead letters (the
+    parser alone would keep the first half as a good row, silently cut); a naive
+    timestamp column declared in value_schema is read as UTC and kept as a value."""
+    inbox = tmp_path / "in"
+    inbox.mkdir()
+    (inbox / "a.csv").write_bytes(b'user,ts,amount,note\nu1,2024-01-01T00:00:00,5,"two\nlines"\n'
+                                  b'u2,2024-01-01T00:00:01,6,"one, quoted ""line"""\n')
+    schema = pa.schema([("amount", pa.int64()), ("ts", pa.timestamp("ms")), ("note", pa.string())])
+    source = FileSource(str(inbox), "csv", schema, key_column="user", timestamp_column="ts")
+    source.attach(open_object_store(str(tmp_path / "store")), job_prefix("quotes"))
+    assert source.end_offsets() == {"files": 3}
+    t = source.read("files", 0, 3).to_pylist()
+    assert [r["_raw_value"] for r in t[:2]] == [b'u1,2024-01-01T00:00:00,5,"two', b'lines"']
+    assert all("a.csv line" in r["_error"] and "unbalanced quotes" in r["_error"] for r in t[:2])
+    assert (t[2]["key"], t[2]["timestamp"], t[2]["note"], t[2]["_error"]) == (
+        b"u2", 1_704_067_201_000, 'one, quoted "line"', None)
