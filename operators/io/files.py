@@ -20,8 +20,11 @@ Log layout (as Spark's ``HDFSMetadataLog`` with its compacted ``CompactibleFileS
     sources/<name>/log/batch-<n:010d>.json     the files discovery n found
     sources/<name>/log/compact-<n:010d>.json   every file of batches 1..n
 
-Batch n is written with put-if-absent, so two drivers can never log different files
-under one ordinal (the loser reloads the log and discovers again). Every
+Batch n is written with put-if-absent, so two processes discovering at once (a driver
+and a sensor) never log different files under one number: the loser reloads the log
+and discovers again. A writer whose view is older than a compaction that deleted batch
+n could still put a batch n; it checks for a compact object numbered n or more after
+its put, and readers check that no compaction ran while they read the log. Every
 ``compact_every`` batches the whole log is written as one compact object and the
 batches and compact objects it covers are deleted: the log holds at most
 ``compact_every + 1`` objects however long the job runs (its bytes grow with the number
@@ -58,8 +61,8 @@ naming the file; one whose columns are missing or do not cast to the declared ty
 dead-letters all of its rows.
 
 Requests per discovery: one LIST (per 1,000 files) of the watched prefix, one GET per
-new file (the driver reads it to count rows and checksum it), one PUT of the batch when
-files were found, and every ``compact_every`` batches one PUT and ``compact_every``
+new file (the driver reads it to count rows and checksum it), one PUT of the batch and
+one LIST of the log when files were found, and every ``compact_every`` batches one PUT and ``compact_every``
 DELETEs. Reads: one GET per file (the newest decoded file is kept for the next slice).
 """
 from __future__ import annotations
@@ -296,6 +299,12 @@ class FileSource(Source):
             except ObjectExistsError:
                 self._files = None  # another driver logged batch n: reload, discover again
                 continue
+            if self._newest_compact() >= batch:
+                # Our view was stale: another process logged batch n, compacted over it
+                # and deleted it before our put. Ours is ignored by readers (it is not
+                # after the newest compact object) and deleted by the next compaction.
+                self._files = None
+                continue
             files.extend(entries)
             self._batches = batch
             if batch % self.compact_every == 0:
@@ -351,14 +360,27 @@ class FileSource(Source):
     def _load(self) -> tuple[list[LoggedFile], int]:
         """The log from the store: the newest compact object, then the batches after it.
         A compaction by another process may delete a listed object: list again."""
-        for _ in range(3):
+        for _ in range(5):
             try:
-                return self._load_once()
+                files, batches, base = self._load_once()
             except ObjectNotFoundError:
                 continue
-        return self._load_once()
+            # A compaction during the load may have deleted a batch read and let a stale
+            # writer put another under its number (see discover): the load counts only if
+            # no compaction happened meanwhile.
+            if self._newest_compact() == base:
+                return files, batches
+        raise RuntimeError(f"file source {self.name}: the file log under "
+                           f"{self._meta.uri(self._log_prefix)} kept changing while it was read; "
+                           f"run one driver per job")
 
-    def _load_once(self) -> tuple[list[LoggedFile], int]:
+    def _newest_compact(self) -> int:
+        """Number of the newest compact object of the log, 0 if none."""
+        return max((_number(k) for k in self._meta.list(self._log_prefix)
+                    if k.rsplit("/", 1)[1].startswith(_COMPACT)), default=0)
+
+    def _load_once(self) -> tuple[list[LoggedFile], int, int]:
+        """``(files, last batch number, newest compact number)`` as stored now."""
         keys = self._meta.list(self._log_prefix)
         compacts = [k for k in keys if k.rsplit("/", 1)[1].startswith(_COMPACT)]
         base = _number(compacts[-1]) if compacts else 0
@@ -368,7 +390,7 @@ class FileSource(Source):
                 k for k in keys if k.rsplit("/", 1)[1].startswith(_BATCH) and _number(k) > base]:
             files.extend(self._decode_log_object(key, len(files)))
             batches = max(batches, _number(key))
-        return files, batches
+        return files, batches, base
 
     def _decode_log_object(self, key: str, ordinal: int) -> list[LoggedFile]:
         doc = json.loads(self._meta.get(key))

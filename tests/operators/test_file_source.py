@@ -397,3 +397,30 @@ def test_csv_field_with_a_line_break_is_two_bad_lines_not_a_cut_value(tmp_path) 
     assert all("a.csv line" in r["_error"] and "unbalanced quotes" in r["_error"] for r in t[:2])
     assert (t[2]["key"], t[2]["timestamp"], t[2]["note"], t[2]["_error"]) == (
         b"u2", 1_704_067_201_000, 'one, quoted "line"', None)
+
+
+def test_two_discoverers_never_log_a_file_twice(tmp_path) -> None:
+    """Two instances of the source (a driver and a sensor) discover on one log with
+    compaction every 2 batches; one falls behind while the other logs and compacts
+    over the batch it would write next. Every file is logged once, offsets dense, and
+    every instance and a fresh one see the same log."""
+    inbox = tmp_path / "in"
+    inbox.mkdir()
+    store = open_object_store(str(tmp_path / "store"))
+    a, b = (_source(str(inbox), "csv", compact_every=2) for _ in range(2))
+    for s in (a, b):
+        s.attach(store, job_prefix("race"))
+    for i in range(9):
+        # Each file older than the one before: a stale writer would log them in another
+        # order than the log has them (the log's order is discovery, then mtime).
+        _write(inbox, f"f{i}.csv", _encode(_rows(i, i + 1), "csv"), 1e9 - i)
+        (a if i % 3 == 0 else b).discover()  # a falls behind b, which compacts
+    a.discover()
+    fresh = _source(str(inbox), "csv", compact_every=2)
+    fresh.attach(store, job_prefix("race"))
+    want = [f"f{i}.csv" for i in range(9)]
+    for s in (a, b, fresh):
+        s.end_offsets()
+        files = s.logged_files()
+        assert [f.name for f in files] == want
+        assert [f.start for f in files] == [i * (i + 1) // 2 for i in range(9)]
