@@ -47,7 +47,8 @@ columns, then one record per line) and ``jsonl`` (``pyarrow.json``: one JSON obj
 line). Columns are read with the declared types: ``value_schema`` for the value columns,
 the key column as its ``value_schema`` type or else as a string, the timestamp column
 as its ``value_schema`` type, or int64 with ``timestamp_unit``, or else an ISO-8601
-timestamp with a zone offset. The key becomes binary (strings as UTF-8, other types as
+timestamp with a zone offset (a CSV timestamp without one: declare the column in
+``value_schema`` as a naive ``pa.timestamp``). The key becomes binary (strings as UTF-8, other types as
 their string form), the timestamp int64 ms since the Unix epoch (UTC; a naive timestamp
 is taken as UTC; finer units are floored to ms).
 
@@ -164,8 +165,9 @@ class FileSource(Source):
 
     Raises:
         ValueError: a bad format, unit, name, policy, ``compact_every`` or
-            ``max_files_per_discovery``, or a ``value_schema`` column named ``key`` or
-            ``timestamp`` (the runtime's own columns).
+            ``max_files_per_discovery``, a ``value_schema`` column named ``key`` or
+            ``timestamp`` (the runtime's own columns), or a timestamp column declared in
+            ``value_schema`` as neither a timestamp nor an integer with ``timestamp_unit``.
 
     Picklable: holds store configurations and the log it loaded, no open client.
     """
@@ -194,6 +196,12 @@ class FileSource(Source):
             if reserved in value_schema.names:
                 raise ValueError(f"file source {name}: value_schema may not hold a column named "
                                  f"{reserved!r} (the runtime's own column); rename it in the files")
+        declared = value_schema.field(timestamp_column).type if timestamp_column in value_schema.names else None
+        if declared is not None and not pa.types.is_timestamp(declared) and not (
+                pa.types.is_integer(declared) and timestamp_unit is not None):
+            raise ValueError(f"file source {name}: value_schema declares the timestamp column "
+                             f"{timestamp_column!r} as {declared}: declare a pa.timestamp type, or "
+                             f"an integer type and give timestamp_unit")
         self.store = location if isinstance(location, ObjectStore) else open_object_store(location)
         self.format, self.key_column, self.timestamp_column = format, key_column, timestamp_column
         self.timestamp_unit, self.prefix, self.suffix, self.name = timestamp_unit, prefix, suffix, name
@@ -205,10 +213,11 @@ class FileSource(Source):
         self._files: list[LoggedFile] | None = None  # the log, loaded on first use
         self._batches = 0  # batches logged (the last batch number)
         self._decoded: tuple[int, pa.Table] | None = None  # the newest decoded file
+        self._starts: list[int] = []  # first offset of each logged file, for bisect
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_files"], state["_decoded"] = None, None  # reloaded from the store
+        state["_files"], state["_decoded"], state["_starts"] = None, None, []  # reloaded
         return state
 
     # ------------------------------------------------------------- Source API
@@ -258,7 +267,9 @@ class FileSource(Source):
             raise IndexError(f"file source {self.name}: offsets [{start}, {end}) outside [0, "
                              f"{self._end()}]")
         parts = [self._output_schema().empty_table()]
-        i = max(0, bisect.bisect_right([f.start for f in files], start) - 1)
+        if len(self._starts) != len(files):  # the log only grows: extend the index
+            self._starts += [f.start for f in files[len(self._starts):]]
+        i = max(0, bisect.bisect_right(self._starts, start) - 1)
         while i < len(files) and files[i].start < end:
             f = files[i]
             lo, hi = max(start, f.start), min(end, f.end)
@@ -355,6 +366,7 @@ class FileSource(Source):
                                f"(JobRunner calls it; call it yourself to use the source alone)")
         if self._files is None:
             self._files, self._batches = self._load()
+            self._starts, self._decoded = [], None  # derived from the log: rebuilt
         return self._files
 
     def _load(self) -> tuple[list[LoggedFile], int]:

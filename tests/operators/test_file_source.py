@@ -424,3 +424,17 @@ def test_two_discoverers_never_log_a_file_twice(tmp_path) -> None:
         files = s.logged_files()
         assert [f.name for f in files] == want
         assert [f.start for f in files] == [i * (i + 1) // 2 for i in range(9)]
+
+
+def test_user_mistakes_are_refused_with_what_to_do(tmp_path) -> None:
+    """A declared timestamp column that is neither a timestamp nor an integer with a
+    unit, a reserved column name, an unknown format: a ValueError naming the fix."""
+    inbox = str(tmp_path)
+    with pytest.raises(ValueError, match="declare a pa.timestamp type, or an integer type and give timestamp_unit"):
+        FileSource(inbox, "csv", pa.schema([("ts", pa.int64())]), key_column="k", timestamp_column="ts")
+    with pytest.raises(ValueError, match="may not hold a column named 'key'"):
+        FileSource(inbox, "csv", pa.schema([("key", pa.string())]), key_column="key", timestamp_column="ts")
+    with pytest.raises(ValueError, match="format must be one of"):
+        FileSource(inbox, "xml", SCHEMA, key_column="k", timestamp_column="ts")
+    with pytest.raises(RuntimeError, match=r"attach\(store, job_prefix\) was not called"):
+        FileSource(inbox, "csv", SCHEMA, key_column="k", timestamp_column="ts").end_offsets()
