@@ -222,6 +222,17 @@ class FileSource(Source):
 
     # ------------------------------------------------------------- Source API
     def attach(self, store: ObjectStore, job_prefix: str) -> None:
+        """Keeps the file log under ``source_prefix(job_prefix, name)`` of ``store``.
+
+        Raises:
+            ValueError: the job's own files are under the watched location (they would
+                be read as input).
+        """
+        watched, own = self._location(), f"{store.root_uri.rstrip('/')}/{job_prefix}/"
+        if own.startswith(watched) and not _hidden(own[len(watched):]):
+            raise ValueError(f"file source {self.name}: the job's files ({own}) are under the "
+                             f"watched location {watched}; watch a prefix of their own "
+                             f"(prefix='landing/'), or keep the job's store elsewhere")
         self._meta = store
         self._log_prefix = f"{source_prefix(job_prefix, self.name)}log/"
         self._files = None
@@ -334,8 +345,7 @@ class FileSource(Source):
         now = int(time.time() * 1000)
         out = []
         for key, size, mtime in _list_with_times(self.store, self.prefix):
-            rel = key[len(self.prefix):]
-            if any(part.startswith(("_", ".")) for part in rel.split("/")):
+            if _hidden(key[len(self.prefix):]):
                 continue
             if self.suffix is not None and not key.endswith(self.suffix):
                 continue
@@ -576,6 +586,11 @@ class FileSource(Source):
                 return [self._error_rows(1, [f"file {uri} line {number}: {e}"], [raw])]
         mid = len(lines) // 2
         return self._parse_bisect(uri, lines[:mid], parse) + self._parse_bisect(uri, lines[mid:], parse)
+
+
+def _hidden(path: str) -> bool:
+    """True if a component of ``path`` starts with ``_`` or ``.`` (Hadoop's rule)."""
+    return any(part.startswith(("_", ".")) for part in path.split("/"))
 
 
 def _lines(data: bytes) -> list[tuple[int, bytes]]:

@@ -334,9 +334,9 @@ def test_s3_prefix_on_seaweedfs(s3_server, s3_store) -> None:
     runner.close()
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(waves=st.lists(st.lists(st.integers(0, 40), min_size=1, max_size=3), min_size=1, max_size=4),
-       events_per_epoch=st.integers(1, 120), fmt=st.sampled_from(["parquet", "csv", "jsonl"]),
+       events_per_epoch=st.integers(10, 120), fmt=st.sampled_from(["parquet", "csv", "jsonl"]),
        slice_rows=st.integers(1, 50))
 def test_any_waves_and_epoch_sizes_give_the_oracle(waves, events_per_epoch, fmt, slice_rows) -> None:
     """Property: files of any row counts (empty ones too) landing in any waves, read in
@@ -436,5 +436,9 @@ def test_user_mistakes_are_refused_with_what_to_do(tmp_path) -> None:
         FileSource(inbox, "csv", pa.schema([("key", pa.string())]), key_column="key", timestamp_column="ts")
     with pytest.raises(ValueError, match="format must be one of"):
         FileSource(inbox, "xml", SCHEMA, key_column="k", timestamp_column="ts")
+    inside = FileSource(inbox, "csv", SCHEMA, key_column="k", timestamp_column="ts")
+    with pytest.raises(ValueError, match="the job's files .* are under the watched location"):
+        inside.attach(open_object_store(str(tmp_path / "store")), job_prefix("mine"))
+    inside.attach(open_object_store(str(tmp_path / ".store")), job_prefix("mine"))  # hidden: fine
     with pytest.raises(RuntimeError, match=r"attach\(store, job_prefix\) was not called"):
         FileSource(inbox, "csv", SCHEMA, key_column="k", timestamp_column="ts").end_offsets()
