@@ -99,7 +99,7 @@ from storage.objectstore import ObjectStore, open_object_store
 
 PARTITION = "files"
 FORMATS = ("parquet", "csv", "jsonl")
-TIMESTAMP_UNITS = {"s": 1000, "ms": 1, "us": 1 / 1000, "ns": 1 / 1_000_000}
+TIMESTAMP_UNITS = ("s", "ms", "us", "ns")
 _BATCH = "batch-"
 _COMPACT = "compact-"
 # What pyarrow's readers and casts raise on bad bytes or values (ArrowInvalid is a
@@ -181,7 +181,7 @@ class FileSource(Source):
             raise ValueError(f"file source {name}: format must be one of {FORMATS}, got {format!r}")
         if timestamp_unit is not None and timestamp_unit not in TIMESTAMP_UNITS:
             raise ValueError(f"file source {name}: timestamp_unit must be one of "
-                             f"{tuple(TIMESTAMP_UNITS)} or None, got {timestamp_unit!r}")
+                             f"{TIMESTAMP_UNITS} or None, got {timestamp_unit!r}")
         if not name or "/" in name:
             raise ValueError(f"file source name {name!r}: non-empty, without '/'")
         if on_changed_file not in ("fail", "dead_letter"):
@@ -314,6 +314,8 @@ class FileSource(Source):
                     continue
                 entries.append(entry)
                 start = entry.end
+            if not entries:
+                return []
             batch = self._batches + 1
             try:
                 self._meta.put_if_absent(f"{self._log_prefix}{_BATCH}{batch:010d}.json",
