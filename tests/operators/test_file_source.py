@@ -442,3 +442,42 @@ def test_user_mistakes_are_refused_with_what_to_do(tmp_path) -> None:
     inside.attach(open_object_store(str(tmp_path / ".store")), job_prefix("mine"))  # hidden: fine
     with pytest.raises(RuntimeError, match=r"attach\(store, job_prefix\) was not called"):
         FileSource(inbox, "csv", SCHEMA, key_column="k", timestamp_column="ts").end_offsets()
+
+
+def test_a_load_racing_a_compaction_and_a_stale_writer_reloads(tmp_path) -> None:
+    """While a reader loads the log, a writer compacts over the batches it listed and a
+    stale writer puts its own batch 2 (other files, other order) where the deleted one
+    was. The reader must not take that batch: it sees the compaction and reloads."""
+    from storage.objectstore.local import LocalObjectStore
+
+    class HookedStore(LocalObjectStore):
+        hook = None
+
+        def get(self, key: str) -> bytes:
+            data = super().get(key)
+            if self.hook is not None and key.endswith("batch-0000000001.json"):
+                hook, self.hook = self.hook, None
+                hook()
+            return data
+
+    inbox, root = tmp_path / "in", str(tmp_path / "store")
+    inbox.mkdir()
+    writer, stale, reader = (_source(str(inbox), "csv", compact_every=3) for _ in range(3))
+    hooked = HookedStore(root)
+    for s, store in ((writer, open_object_store(root)), (stale, open_object_store(root)),
+                     (reader, hooked)):
+        s.attach(store, job_prefix("race"))
+    _write(inbox, "f0.csv", _encode(_rows(0, 1), "csv"), 1e9)
+    writer.discover()
+    stale.logged_files()  # its view: batch 1
+    _write(inbox, "f1.csv", _encode(_rows(1, 2), "csv"), 1e9 + 10)
+    writer.discover()  # batch 2
+
+    def race():
+        _write(inbox, "f2.csv", _encode(_rows(3, 3), "csv"), 1e9 + 5)  # older than f1
+        writer.discover()  # batch 3, compacts: batches 1-3 deleted
+        stale.discover()  # puts batch 2 = [f2, f1], sees compact 3, reloads
+
+    hooked.hook = race
+    assert [f.name for f in reader.logged_files()] == ["f0.csv", "f1.csv", "f2.csv"]
+    assert [f.name for f in stale.logged_files()] == ["f0.csv", "f1.csv", "f2.csv"]
