@@ -32,6 +32,12 @@ class BadInputError(ValueError):
     """Raised with ``tolerance="none"`` on the first bad row; names partition, offset, reason."""
 
 
+class SourceFileChangedError(RuntimeError):
+    """Raised when a file a file source logged has since changed or vanished, so its
+    offsets can no longer be read as they were logged; names the file, what was logged
+    and what is there now (``operators.io.files``)."""
+
+
 class InsertConflictError(RuntimeError):
     """Raised when an insert names a primary key the table (or the same epoch) already holds."""
 
