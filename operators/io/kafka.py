@@ -31,7 +31,7 @@ publish finding its marker does nothing. Each record carries the headers
 ``dkvstream-seq`` (its index in that range's rows of the epoch). A crash after some or
 all records of epoch e were produced but before the marker makes the restart produce
 epoch e again: the topic then holds duplicates, which a consumer drops exactly with
-``deduplicate``. The sink is thus exactly-once for a consumer that deduplicates, and
+``deduplicate`` (a record whose ``(range, epoch, seq)`` came before in its partition). The sink is thus exactly-once for a consumer that deduplicates, and
 at-least-once for one that does not (docs/kafka.md says why transactions are not used).
 """
 from __future__ import annotations
@@ -380,14 +380,15 @@ class KafkaSource(Source):
             consumer.unassign()
 
     def _decode(self, messages: list) -> pa.Table:
-        from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, TIMESTAMP_NOT_AVAILABLE
+        from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
 
         now = int(time.time() * 1000)
         raw = [m.value() for m in messages]
         stamps = [m.timestamp() for m in messages]
         event_ts = [ts if kind != TIMESTAMP_NOT_AVAILABLE else None for kind, ts in stamps]
-        ingest = [ts if kind == TIMESTAMP_LOG_APPEND_TIME else (ts if kind != TIMESTAMP_NOT_AVAILABLE else now)
-                  for kind, ts in stamps]
+        # LogAppendTime is the broker's clock; CreateTime the producer's, the best a
+        # record says about its arrival; a record without a timestamp: the read.
+        ingest = [ts if kind != TIMESTAMP_NOT_AVAILABLE else now for kind, ts in stamps]
         columns, errors = self._values(raw)
         keys = pa.array([m.key() for m in messages], pa.binary())
         if self.key is not None:
@@ -597,11 +598,11 @@ class KafkaSink(Sink):
 def deduplicate(records: Iterable[dict]) -> Iterator[dict]:
     """Drops the duplicates a re-produced epoch leaves in a ``KafkaSink`` topic.
 
-    Within one topic partition, the records one key-group range produced for one epoch
-    come in ``seq`` order, and epochs follow each other; a re-produced epoch repeats
-    (part of) the same records after them. So a record is new iff its ``(epoch, seq)``
-    is greater than that of the last record kept from its range in its partition. A
-    consumer keeps that one pair per (partition, range) and applies the same rule.
+    A record is a duplicate iff an earlier record of its topic partition has the same
+    ``(range, epoch, seq)``. Epochs are produced one after the other (a re-produced
+    epoch before the next epoch), so per partition and range only the newest epoch's
+    ``seq`` values need remembering: a record of an older epoch is a duplicate. The rule
+    holds whatever subset and order of an epoch's records a crashed attempt left.
 
     Args:
         records: dicts with ``partition``, ``epoch``, ``range`` and ``seq`` (the
@@ -611,13 +612,17 @@ def deduplicate(records: Iterable[dict]) -> Iterator[dict]:
     Yields:
         The records kept, in the order given.
     """
-    last: dict[tuple, tuple[int, int]] = {}
+    newest: dict[tuple, tuple[int, set[int]]] = {}  # (partition, range) -> (epoch, seqs)
     for r in records:
         if r.get("epoch") is None or r.get("range") is None or r.get("seq") is None:
             yield r
             continue
-        where, at = (r["partition"], r["range"]), (r["epoch"], r["seq"])
-        if where in last and at <= last[where]:
+        where = (r["partition"], r["range"])
+        epoch, seqs = newest.get(where, (-1, set()))
+        if r["epoch"] < epoch or (r["epoch"] == epoch and r["seq"] in seqs):
             continue
-        last[where] = at
+        if r["epoch"] > epoch:
+            seqs = set()
+            newest[where] = (r["epoch"], seqs)
+        seqs.add(r["seq"])
         yield r

@@ -358,9 +358,11 @@ def test_sink_exactly_once_after_a_crash(kafka_broker, tmp_path, crash) -> None:
 def test_deduplicate_keeps_the_first_copy_of_each_record() -> None:
     def rec(p, e, r, s):
         return {"partition": p, "epoch": e, "range": r, "seq": s}
-    # Epoch 2 of range a was produced partly (seq 0, 2 in partition 0), then again in full.
+    # Epoch 2 of range a was produced partly (seq 0 and 2, not 1, in partition 0), then
+    # again in full; a copy of epoch 1 after epoch 2 is a duplicate too.
     stream = [rec(0, 1, "a", 0), rec(0, 2, "a", 0), rec(0, 2, "a", 2), rec(0, 2, "a", 0),
-              rec(0, 2, "a", 2), rec(0, 2, "a", 3), rec(0, 2, "b", 0), rec(1, 2, "a", 1),
-              rec(0, 3, "a", 0), {"partition": 0, "epoch": None, "range": None, "seq": None}]
+              rec(0, 2, "a", 1), rec(0, 2, "a", 2), rec(0, 2, "a", 3), rec(0, 2, "b", 0),
+              rec(1, 2, "a", 1), rec(0, 1, "a", 0), rec(0, 3, "a", 0),
+              {"partition": 0, "epoch": None, "range": None, "seq": None}]
     kept = list(deduplicate(stream))
-    assert kept == [stream[i] for i in (0, 1, 2, 5, 6, 7, 8, 9)]
+    assert kept == [stream[i] for i in (0, 1, 2, 4, 6, 7, 8, 10, 11)]
