@@ -88,6 +88,8 @@ def test_source_reads_exact_offset_ranges(kafka_broker) -> None:
                 want["key"], want["timestamp"], json.loads(want["value"])["amount"])
             assert r["_error"] is None and r["_ingest_time"] == want["timestamp"]
     # Picklable (Spark ships the job): the copy opens its own consumer.
+    sink = pickle.loads(pickle.dumps(KafkaSink(kafka_broker.bootstrap, topic, AMOUNT)))
+    assert sink.topic == topic
     copy = pickle.loads(pickle.dumps(source))
     assert copy._consumer is None
     assert copy.read(f"{topic}-1", 5, 8).column("amount").to_pylist() == [11, 13, 15]
@@ -366,3 +368,29 @@ def test_deduplicate_keeps_the_first_copy_of_each_record() -> None:
               {"partition": 0, "epoch": None, "range": None, "seq": None}]
     kept = list(deduplicate(stream))
     assert kept == [stream[i] for i in (0, 1, 2, 4, 6, 7, 8, 10, 11)]
+
+
+def test_broker_command_line_start_status_stop(tmp_path) -> None:
+    """``platform/kafka-broker.sh`` runs this module: start prints the bootstrap
+    address, status finds the broker, stop ends its process."""
+    import subprocess
+    import sys
+
+    from storage.objectstore.seaweedfs import _pid_alive
+
+    def cli(action):
+        return subprocess.run([sys.executable, "-m", "operators.io.kafka_broker", action,
+                               "--dir", str(tmp_path)], check=False, capture_output=True, text=True,
+                              timeout=60)
+
+    started = cli("start")
+    info = json.loads((tmp_path / "broker.json").read_text())
+    try:
+        assert started.returncode == 0 and started.stdout.strip() == info["bootstrap"]
+        assert AdminClient({"bootstrap.servers": info["bootstrap"]}).list_topics(timeout=10) is not None
+        status = cli("status")
+        assert status.returncode == 0 and status.stdout.strip() == info["bootstrap"]
+    finally:
+        assert cli("stop").returncode == 0
+    assert not _pid_alive(info["pid"])
+    assert cli("status").returncode == 1
