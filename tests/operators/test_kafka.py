@@ -152,6 +152,18 @@ def test_transaction_markers_are_offset_gaps(kafka_broker) -> None:
     source.close()
 
 
+def test_missing_topic_and_undelivered_range_raise_naming_them(kafka_broker) -> None:
+    from operators.errors import KafkaIOError
+
+    with pytest.raises(KafkaIOError, match="topic 'no-such-topic' not found.*create it"):
+        KafkaSource(kafka_broker.bootstrap, "no-such-topic", value_format="bytes").partitions()
+    topic = new_topic(kafka_broker)
+    source = KafkaSource(kafka_broker.bootstrap, topic, value_format="bytes", timeout_s=0.5)
+    with pytest.raises(KafkaIOError, match=f"{topic}-0 offsets \\[0, 3\\).*delivered offsets up to -1"):
+        source.read(f"{topic}-0", 0, 3)
+    source.close()
+
+
 def test_tansu_read_committed_does_not_hide_aborted_records(kafka_broker) -> None:
     """What docs/kafka.md says of Tansu: an aborted transaction's records are read
     under read_committed (Kafka would skip them)."""
