@@ -293,6 +293,12 @@ class KafkaSource(Source):
             self._final_ends = dict(ends)
         return ends
 
+    def _known_end(self, partition: str) -> int:
+        """The end ``end_offsets`` last returned for ``partition`` (0 before any)."""
+        if self._final_ends is not None:
+            return self._final_ends.get(partition, 0)
+        return self._probed.get(partition, (None, 0))[1]
+
     def _probe_ends(self, starts: dict[str, int]) -> dict[str, int]:
         """``{partition: end}`` found by fetching each partition from ``starts[p]`` to
         the end-of-partition event (whose offset is the fetch response's high watermark
@@ -334,6 +340,7 @@ class KafkaSource(Source):
 
         Raises:
             KeyError: not a partition of this topic.
+            IndexError: ``end`` is beyond the partition's end (``end_offsets``).
             KafkaIOError: the broker failed, does not hold the range (deleted by
                 retention: ``auto.offset.reset=error``), or did not deliver it within
                 ``timeout_s``; the message names partition and offsets.
@@ -341,6 +348,12 @@ class KafkaSource(Source):
         n = self._partition_index(partition)
         if start > end or start < 0:
             raise IndexError(f"{self.name}/{partition}: invalid offsets [{start}, {end})")
+        if end > self._known_end(partition):
+            # Normally end_offsets has just said where the end is; ask again only when not.
+            known = self.end_offsets().get(partition, 0)
+            if end > known:
+                raise IndexError(f"{self.name}/{partition}: offsets [{start}, {end}) outside "
+                                 f"[0, {known}]")
         messages = list(self._fetch(partition, n, start, end)) if end > start else []
         return self._decode(messages)
 
@@ -355,8 +368,9 @@ class KafkaSource(Source):
         try:
             while True:
                 if time.monotonic() > deadline:
-                    raise KafkaIOError(f"{where}: the broker delivered offsets up to {last} within "
-                                       f"{self.timeout_s} s; is the range still in the topic?")
+                    raise KafkaIOError(f"{where}: offsets from {last + 1} did not arrive within "
+                                       f"{self.timeout_s} s; is the range still in the topic "
+                                       f"(retention)?")
                 for m in consumer.consume(min(end - start, 10_000), _POLL_S):
                     if m.topic() != self.topic or m.partition() != n:
                         continue

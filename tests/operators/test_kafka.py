@@ -158,9 +158,14 @@ def test_missing_topic_and_undelivered_range_raise_naming_them(kafka_broker) -> 
     with pytest.raises(KafkaIOError, match="topic 'no-such-topic' not found.*create it"):
         KafkaSource(kafka_broker.bootstrap, "no-such-topic", value_format="bytes").partitions()
     topic = new_topic(kafka_broker)
+    produce(kafka_broker, topic, [json_record(b"k", BASE_MS, b"x")])
     source = KafkaSource(kafka_broker.bootstrap, topic, value_format="bytes", timeout_s=0.5)
-    with pytest.raises(KafkaIOError, match=f"{topic}-0 offsets \\[0, 3\\).*delivered offsets up to -1"):
+    with pytest.raises(IndexError, match=f"{topic}-0: offsets \\[0, 3\\) outside \\[0, 1\\]"):
         source.read(f"{topic}-0", 0, 3)
+    # A range the broker does not deliver (on Kafka, deleted by retention): named, in time.
+    source._final_ends = {f"{topic}-0": 3}
+    with pytest.raises(KafkaIOError, match=f"{topic}-0 offsets \\[1, 3\\).*offsets from 1 did not arrive"):
+        source.read(f"{topic}-0", 1, 3)
     source.close()
 
 
