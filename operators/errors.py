@@ -45,3 +45,8 @@ class InsertConflictError(RuntimeError):
 class SnapshotVacuumedError(LookupError):
     """Raised when time travel asks for a table version whose data files a VACUUM may
     have deleted (superseded before the vacuum's retention window)."""
+
+
+class KafkaIOError(RuntimeError):
+    """Raised when a Kafka broker fails or does not answer in time a source's read or a
+    sink's publish; names the topic, partition and offsets (``operators.io.kafka``)."""

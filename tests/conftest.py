@@ -87,6 +87,24 @@ def s3_server(tmp_path_factory):
                 os.environ[k] = v
 
 
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory):
+    """A real Kafka-compatible broker (Tansu, ``operators.io.kafka_broker.TansuBroker``:
+    ``.bootstrap``, ``.pid``) on a free loopback port for the whole run, in-memory
+    storage; tests create their own topics (``tests/operators/test_kafka.py``). At teardown the
+    broker is stopped and its process must be gone."""
+    from operators.io.kafka_broker import TansuBroker
+    from storage.objectstore.seaweedfs import _pid_alive
+
+    broker = TansuBroker(tmp_path_factory.mktemp("tansu"), stop_timeout_s=3.0).start()
+    pid = broker.pid
+    try:
+        yield broker
+    finally:
+        broker.stop()
+        assert not _pid_alive(pid), f"tansu (pid {pid}) still running after stop"
+
+
 @pytest.fixture
 def s3_store(s3_server, request):
     """An empty ``S3ObjectStore`` under a prefix unique to the test, in the server's bucket."""

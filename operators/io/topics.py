@@ -157,6 +157,23 @@ def decode_json_values(raw: list[bytes | None], schema: pa.Schema) -> tuple[dict
         except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
             rows.append({})
             errors.append(f"{type(e).__name__}: {e}")
+    return columns_of_rows(rows, errors, schema)
+
+
+def columns_of_rows(rows: list[dict], errors: list[str | None],
+                    schema: pa.Schema) -> tuple[dict[str, pa.Array], pa.Array]:
+    """The columns of ``schema`` from decoded rows (``{field: value}`` dicts), with the
+    checks of ``decode_json_values``: a field its column cannot hold as written sets the
+    row's error, and a row with an error keeps no value in any column.
+
+    Args:
+        rows: one dict per record (``{}`` for a record that did not decode).
+        errors: one message per record, None if it decoded; updated in place.
+        schema: the value columns.
+
+    Returns:
+        ``({column: array}, errors)`` as ``decode_json_values``.
+    """
     columns = {}
     for f in schema:
         cells = [row.get(f.name) for row in rows]

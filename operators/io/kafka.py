@@ -1,0 +1,642 @@
+"""Kafka topics as job sources and sinks, through ``confluent-kafka`` (librdkafka).
+
+User documentation: docs/kafka.md.
+
+``KafkaSource``: source partition ``<topic>-<n>`` is partition n of the topic and the
+runtime's source offsets are the topic's offsets. They are kept in the job's checkpoint
+(as Flink's Kafka source keeps them in its checkpoint), not in a consumer group: each
+read assigns the partition at an exact offset, so a restart re-reads exactly the
+committed ranges (exactly-once input). Kafka offsets have gaps (transaction markers,
+aborted records under ``read_committed``, compaction), so ``read`` names each record's
+offset in the ``_offset`` column.
+
+The end of a partition. ``end_offsets`` asks the broker for the high watermark (the
+last stable offset under ``read_committed``) with ListOffsets, then fetches from one
+offset before it to the end of the partition and takes the larger of the two ends.
+On Apache Kafka both agree. Tansu answers ListOffsets with the base offset of the last
+record batch + 1 instead of its last offset + 1 (five single records, then one batch of
+95: ListOffsets says 6, the log ends at 100), while its Fetch responses carry the right
+high watermark; a source planning from ListOffsets alone would read offset 5 and then
+believe itself caught up, never reading 6..99. The fetch reads at most the last batch
+(plus whatever was appended since), and is skipped while ListOffsets answers what it
+answered last time. Ends never go backwards within a source object (Tansu answers
+ListOffsets under ``read_committed`` with 0 while a transaction is open).
+
+``KafkaSink``: tasks stage their rows as Parquet; after the driver commits epoch e,
+``publish`` produces the epoch's rows into the topic with an idempotent producer
+(``enable.idempotence``: no duplicates or reordering from the producer's own retries)
+and then writes a marker object ``<job>/sinks/<name>/published/epoch=<e>.json``; a
+publish finding its marker does nothing. Each record carries the headers
+``dkvstream-epoch``, ``dkvstream-range`` (the key-group range that emitted it) and
+``dkvstream-seq`` (its index in that range's rows of the epoch). A crash after some or
+all records of epoch e were produced but before the marker makes the restart produce
+epoch e again: the topic then holds duplicates, which a consumer drops exactly with
+``deduplicate`` (a record whose ``(range, epoch, seq)`` came before in its partition). The sink is thus exactly-once for a consumer that deduplicates, and
+at-least-once for one that does not (docs/kafka.md says why transactions are not used).
+"""
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Callable, Iterable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from operators import paths
+from operators.errors import KafkaIOError
+from operators.io.sinks import Sink
+from operators.io.sources import (
+    ERROR_COLUMN,
+    INGEST_TIME_COLUMN,
+    KEY_COLUMN,
+    OFFSET_COLUMN,
+    RAW_VALUE_COLUMN,
+    TIMESTAMP_COLUMN,
+    Source,
+)
+from operators.io.topics import columns_of_rows, decode_json_values
+from operators.paths import range_label_of
+from storage.objectstore import ObjectStore
+
+VALUE_COLUMN = "value"
+VALUE_FORMATS = ("json", "bytes", "utf8")
+EPOCH_HEADER = "dkvstream-epoch"
+RANGE_HEADER = "dkvstream-range"
+SEQ_HEADER = "dkvstream-seq"
+# Consumer settings of every read; a user's ``config`` overrides them. No consumer
+# group: partitions are assigned at exact offsets and nothing is committed to the broker.
+_CONSUMER_DEFAULTS = {
+    "enable.auto.commit": False,
+    "enable.auto.offset.store": False,
+    "enable.partition.eof": True,  # the end of a partition is an event: how a read ends
+    "auto.offset.reset": "error",  # a deleted offset is an error, never a silent skip
+    "fetch.wait.max.ms": 100,  # a fetch at the end returns after 100 ms, not 500
+}
+_POLL_S = 0.2
+
+
+def _partition_name(topic: str, n: int) -> str:
+    return f"{topic}-{n}"
+
+
+class KafkaSource(Source):
+    """Reads a Kafka topic (module docstring: offsets, ends, the Tansu quirk).
+
+    Args:
+        bootstrap: ``bootstrap.servers``, e.g. ``"127.0.0.1:9092"``.
+        topic: the topic; it must exist when the source is first used.
+        value_format: how a record value becomes the value columns: ``"json"`` (a JSON
+            object, decoded into ``value_schema`` with the checks of
+            ``operators.io.topics.decode_json_values``), ``"bytes"`` (one binary
+            ``value`` column), ``"utf8"`` (one string ``value`` column), or a callable
+            taking the value (bytes, or None for a null value) and returning a dict of
+            ``value_schema`` fields.
+        value_schema: the value columns (required for ``"json"`` and a callable; must be
+            None for ``"bytes"`` and ``"utf8"``).
+        key: None: the record key is the event key (bytes); else the name of a string
+            or binary column of ``value_schema`` whose value (UTF-8) is the event key.
+        timestamp: None: the record timestamp (ms) is the event time; else the name of
+            an integer column of ``value_schema`` holding ms since the Unix epoch.
+        headers: ``{header name: column name}``: these record headers become binary
+            columns after the value columns (null when absent; the last value when a
+            header repeats). Other headers are dropped.
+        bounded: False (default): a live topic, the job stops when caught up. True: the
+            end offsets found by this object's first ``end_offsets`` call are final.
+        isolation_level: ``"read_committed"`` (default; records of open and aborted
+            transactions are not read, on a broker that supports it) or
+            ``"read_uncommitted"``.
+        config: more librdkafka consumer settings (security, timeouts), overriding the
+            defaults.
+        name: the source's name in checkpoints and dead-letter rows (default
+            ``kafka:<topic>``).
+        timeout_s: how long a read, an end probe or a metadata request may wait for
+            the broker before ``KafkaIOError``, s.
+
+    Event time and ingest time: the event timestamp is the record timestamp (whatever
+    the topic's ``message.timestamp.type`` put there); ``_ingest_time`` is the record
+    timestamp when it is a LogAppendTime (the broker's), else the record timestamp too
+    (CreateTime: the producer's clock), else the time of the read.
+
+    Bad records do not raise: a value that does not decode gets ``_error`` and
+    ``_raw_value``, and the runtime sends it to the dead-letter table with topic
+    partition and offset; a null key becomes a ``missing_key`` dead letter.
+
+    Picklable: the librdkafka consumer is created lazily and not pickled.
+
+    Raises:
+        ValueError: an inconsistent argument (the message says which).
+    """
+
+    def __init__(self, bootstrap: str, topic: str, *,
+                 value_format: str | Callable[[bytes | None], dict] = "json",
+                 value_schema: pa.Schema | None = None, key: str | None = None,
+                 timestamp: str | None = None, headers: dict[str, str] | None = None,
+                 bounded: bool = False, isolation_level: str = "read_committed",
+                 config: dict | None = None, name: str | None = None,
+                 timeout_s: float = 30.0) -> None:
+        if not callable(value_format) and value_format not in VALUE_FORMATS:
+            raise ValueError(f"KafkaSource({topic!r}): value_format must be one of {VALUE_FORMATS} "
+                             f"or a callable, got {value_format!r}")
+        if value_format in ("bytes", "utf8"):
+            if value_schema is not None:
+                raise ValueError(f"KafkaSource({topic!r}): value_format={value_format!r} yields one "
+                                 f"{VALUE_COLUMN!r} column; leave value_schema unset")
+            value_schema = pa.schema([pa.field(
+                VALUE_COLUMN, pa.binary() if value_format == "bytes" else pa.string())])
+        elif value_schema is None:
+            raise ValueError(f"KafkaSource({topic!r}): value_format={value_format!r} needs a "
+                             f"value_schema (the columns the values decode into)")
+        if key is not None:
+            if key not in value_schema.names:
+                raise ValueError(f"KafkaSource({topic!r}): key column {key!r} is not in value_schema")
+            t = value_schema.field(key).type
+            if not (pa.types.is_string(t) or pa.types.is_binary(t)):
+                raise ValueError(f"KafkaSource({topic!r}): key column {key!r} is {t}; the key "
+                                 f"column must be string or binary")
+        if timestamp is not None:
+            if timestamp not in value_schema.names:
+                raise ValueError(f"KafkaSource({topic!r}): timestamp column {timestamp!r} is not "
+                                 f"in value_schema")
+            if not pa.types.is_integer(value_schema.field(timestamp).type):
+                raise ValueError(f"KafkaSource({topic!r}): timestamp column {timestamp!r} must be "
+                                 f"an integer column of ms since the Unix epoch")
+        headers = dict(headers or {})
+        clash = set(headers.values()) & set(value_schema.names)
+        if clash:
+            raise ValueError(f"KafkaSource({topic!r}): header columns {sorted(clash)} are also in "
+                             f"value_schema; give the headers other column names")
+        if isolation_level not in ("read_committed", "read_uncommitted"):
+            raise ValueError(f"KafkaSource({topic!r}): isolation_level must be read_committed or "
+                             f"read_uncommitted, got {isolation_level!r}")
+        self.bootstrap, self.topic = bootstrap, topic
+        self.value_format = value_format
+        self._decoded_schema = value_schema
+        self.key, self.timestamp, self.headers = key, timestamp, headers
+        self._bounded = bounded
+        self.isolation_level = isolation_level
+        self.config = dict(config or {})
+        self.name = name or f"kafka:{topic}"
+        self.timeout_s = timeout_s
+        self._reset()
+
+    def _reset(self) -> None:
+        self._consumer = None
+        # partition -> (what ListOffsets answered last, the end found then): an end probe
+        # runs only when ListOffsets answers something new.
+        self._probed: dict[str, tuple[int, int]] = {}
+        self._final_ends: dict[str, int] | None = None
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.update(_consumer=None, _probed={})
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+    # ------------------------------------------------------------- the consumer
+    def _client(self):
+        if self._consumer is None:
+            from confluent_kafka import Consumer
+
+            self._consumer = Consumer({
+                "bootstrap.servers": self.bootstrap, "group.id": f"dkvstream-{self.name}",
+                "isolation.level": self.isolation_level, **_CONSUMER_DEFAULTS, **self.config})
+        return self._consumer
+
+    def close(self) -> None:
+        """Closes the consumer (a later call opens a new one). Idempotent."""
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+    def _partition_ids(self) -> list[int]:
+        from confluent_kafka import KafkaException
+
+        try:
+            md = self._client().list_topics(self.topic, timeout=self.timeout_s)
+        except KafkaException as e:
+            raise KafkaIOError(f"{self.name}: metadata of topic {self.topic!r} from "
+                               f"{self.bootstrap}: {e}") from e
+        topic = md.topics.get(self.topic)
+        if topic is None or topic.error is not None or not topic.partitions:
+            why = topic.error if topic is not None and topic.error is not None else "no partitions"
+            raise KafkaIOError(f"{self.name}: topic {self.topic!r} not found on {self.bootstrap} "
+                               f"({why}); create it before running the job")
+        return sorted(topic.partitions)
+
+    def _partition_index(self, name: str) -> int:
+        prefix, _, n = name.rpartition("-")
+        if prefix != self.topic or not n.isdigit():
+            raise KeyError(f"{self.name}: unknown partition {name!r}")
+        return int(n)
+
+    def _tp(self, partition: str, offset: int = -1001):
+        from confluent_kafka import TopicPartition
+
+        return TopicPartition(self.topic, self._partition_index(partition), offset)
+
+    def _watermarks(self, partition: str) -> tuple[int, int]:
+        """``(log start offset, high watermark)`` by ListOffsets (the last stable offset
+        instead of the high watermark under ``read_committed``)."""
+        from confluent_kafka import KafkaException
+
+        try:
+            low, high = self._client().get_watermark_offsets(self._tp(partition), timeout=self.timeout_s,
+                                                             cached=False)
+        except KafkaException as e:
+            raise KafkaIOError(f"{self.name}: ListOffsets of {partition} from {self.bootstrap}: {e}") from e
+        return low, high
+
+    # ------------------------------------------------------------------ Source
+    def partitions(self) -> list[str]:
+        return [_partition_name(self.topic, n) for n in self._partition_ids()]
+
+    def start_offset(self, partition: str) -> int:
+        """The partition's log start offset (older records were deleted by retention)."""
+        return self._watermarks(partition)[0]
+
+    @property
+    def bounded(self) -> bool:
+        return self._bounded
+
+    @property
+    def value_schema(self) -> pa.Schema:
+        return pa.schema([*self._decoded_schema,
+                          *(pa.field(c, pa.binary()) for c in self.headers.values())])
+
+    def end_offsets(self) -> dict[str, int]:
+        """One past the last readable offset of each partition: ListOffsets, corrected by
+        an end probe (module docstring); never less than an end returned before.
+
+        Raises:
+            KafkaIOError: the broker failed or did not answer in ``timeout_s``.
+        """
+        if self._bounded and self._final_ends is not None:
+            return dict(self._final_ends)
+        ends, probe = {}, {}
+        for p in self.partitions():
+            low, high = self._watermarks(p)
+            answered, known = self._probed.get(p, (None, low))
+            ends[p] = max(known, high)
+            if high != answered:
+                # One before ListOffsets' answer: on Tansu the last batch starts there; on
+                # Kafka the last record is there. From ``known`` if that is further on.
+                probe[p] = (high, max(high - 1, known, low))
+        for p, end in self._probe_ends({p: start for p, (_, start) in probe.items()}).items():
+            ends[p] = max(ends[p], end)
+            self._probed[p] = (probe[p][0], ends[p])
+        if self._bounded:
+            self._final_ends = dict(ends)
+        return ends
+
+    def _known_end(self, partition: str) -> int:
+        """The end ``end_offsets`` last returned for ``partition`` (0 before any)."""
+        if self._final_ends is not None:
+            return self._final_ends.get(partition, 0)
+        return self._probed.get(partition, (None, 0))[1]
+
+    def _probe_ends(self, starts: dict[str, int]) -> dict[str, int]:
+        """``{partition: end}`` found by fetching each partition from ``starts[p]`` to
+        the end-of-partition event (whose offset is the fetch response's high watermark
+        or last stable offset)."""
+        if not starts:
+            return {}
+        from confluent_kafka import KafkaError
+
+        consumer = self._client()
+        consumer.assign([self._tp(p, s) for p, s in starts.items()])
+        ends = dict(starts)
+        pending = set(starts)
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            while pending:
+                if time.monotonic() > deadline:
+                    raise KafkaIOError(f"{self.name}: no end of partition {sorted(pending)} from "
+                                       f"{self.bootstrap} within {self.timeout_s} s")
+                for m in consumer.consume(10_000, _POLL_S):
+                    p = _partition_name(m.topic(), m.partition())
+                    if p not in pending:
+                        continue
+                    err = m.error()
+                    if err is None:
+                        ends[p] = max(ends[p], m.offset() + 1)
+                    elif err.code() == KafkaError._PARTITION_EOF:
+                        ends[p] = max(ends[p], m.offset())
+                        pending.discard(p)
+                    else:
+                        raise KafkaIOError(f"{self.name}: end probe of {p} from offset {starts[p]}: "
+                                           f"{err.str()}")
+        finally:
+            consumer.unassign()
+        return ends
+
+    def read(self, partition: str, start: int, end: int) -> pa.Table:
+        """The records at offsets ``[start, end)`` (fewer rows than offsets where the
+        topic has gaps), with ``_offset`` and ``_ingest_time``.
+
+        Raises:
+            KeyError: not a partition of this topic.
+            IndexError: ``end`` is beyond the partition's end (``end_offsets``).
+            KafkaIOError: the broker failed, does not hold the range (deleted by
+                retention: ``auto.offset.reset=error``), or did not deliver it within
+                ``timeout_s``; the message names partition and offsets.
+        """
+        n = self._partition_index(partition)
+        if start > end or start < 0:
+            raise IndexError(f"{self.name}/{partition}: invalid offsets [{start}, {end})")
+        if end > self._known_end(partition):
+            # Normally end_offsets has just said where the end is; ask again only when not.
+            known = self.end_offsets().get(partition, 0)
+            if end > known:
+                raise IndexError(f"{self.name}/{partition}: offsets [{start}, {end}) outside "
+                                 f"[0, {known}]")
+        messages = list(self._fetch(partition, n, start, end)) if end > start else []
+        return self._decode(messages)
+
+    def _fetch(self, partition: str, n: int, start: int, end: int) -> Iterator:
+        from confluent_kafka import KafkaError
+
+        consumer = self._client()
+        consumer.assign([self._tp(partition, start)])
+        where = f"{self.name}: {partition} offsets [{start}, {end})"
+        last = start - 1
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            while True:
+                if time.monotonic() > deadline:
+                    raise KafkaIOError(f"{where}: offsets from {last + 1} did not arrive within "
+                                       f"{self.timeout_s} s; is the range still in the topic "
+                                       f"(retention)?")
+                for m in consumer.consume(min(end - start, 10_000), _POLL_S):
+                    if m.topic() != self.topic or m.partition() != n:
+                        continue
+                    err = m.error()
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            if m.offset() >= end:
+                                return  # the range ends in a gap (a transaction marker)
+                            continue
+                        raise KafkaIOError(f"{where}: {err.str()}")
+                    offset = m.offset()
+                    if offset >= end:
+                        return
+                    if offset <= last:
+                        continue  # a message fetched before this assignment
+                    last = offset
+                    yield m
+                    if offset == end - 1:
+                        return
+        finally:
+            consumer.unassign()
+
+    def _decode(self, messages: list) -> pa.Table:
+        from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
+
+        now = int(time.time() * 1000)
+        raw = [m.value() for m in messages]
+        stamps = [m.timestamp() for m in messages]
+        event_ts = [ts if kind != TIMESTAMP_NOT_AVAILABLE else None for kind, ts in stamps]
+        # LogAppendTime is the broker's clock; CreateTime the producer's, the best a
+        # record says about its arrival; a record without a timestamp: the read.
+        ingest = [ts if kind != TIMESTAMP_NOT_AVAILABLE else now for kind, ts in stamps]
+        columns, errors = self._values(raw)
+        keys = pa.array([m.key() for m in messages], pa.binary())
+        if self.key is not None:
+            keys = columns[self.key].cast(pa.binary())
+        ts = pa.array(event_ts, pa.int64())
+        if self.timestamp is not None:
+            ts = columns[self.timestamp].cast(pa.int64())
+        for name, column in self.headers.items():
+            columns[column] = pa.array([_header(m, name) for m in messages], pa.binary())
+        return pa.table({
+            KEY_COLUMN: keys, TIMESTAMP_COLUMN: ts, **columns, ERROR_COLUMN: errors,
+            RAW_VALUE_COLUMN: pa.array(raw, pa.binary()),
+            OFFSET_COLUMN: pa.array(np.fromiter((m.offset() for m in messages), np.int64, len(messages))),
+            INGEST_TIME_COLUMN: pa.array(ingest, pa.int64()),
+        })
+
+    def _values(self, raw: list[bytes | None]) -> tuple[dict[str, pa.Array], pa.Array]:
+        """The value columns and the error of each record (null if it decoded)."""
+        if self.value_format == "bytes":
+            return {VALUE_COLUMN: pa.array(raw, pa.binary())}, pa.nulls(len(raw), pa.string())
+        if self.value_format == "json":
+            return decode_json_values(raw, self._decoded_schema)
+        rows, errors = [], []
+        for value in raw:
+            try:
+                if self.value_format == "utf8":
+                    row = {VALUE_COLUMN: value.decode("utf-8") if value is not None else None}
+                else:
+                    row = self.value_format(value)
+                    if not isinstance(row, dict):
+                        raise TypeError(f"the deserializer returned {type(row).__name__}, not a dict")
+                rows.append(row)
+                errors.append(None)
+            except Exception as e:  # noqa: BLE001 - a user's deserializer may raise anything
+                rows.append({})
+                errors.append(f"{type(e).__name__}: {e}")
+        return columns_of_rows(rows, errors, self._decoded_schema)
+
+
+def _header(message, name: str) -> bytes | None:
+    found = None
+    for k, v in message.headers() or ():
+        if k == name:
+            found = v
+    return found
+
+
+# ------------------------------------------------------------------------ the sink
+class KafkaSink(Sink):
+    """Writes an operator output to a Kafka topic (module docstring: exactly-once by
+    headers and ``deduplicate``).
+
+    Args:
+        bootstrap: ``bootstrap.servers``.
+        topic: the topic (created by the caller).
+        schema: Arrow schema of the output rows.
+        key_column: column holding the record key (str or bytes; null: a keyless
+            record); None: keyless records. Keys are partitioned by murmur2, as the Java
+            client does, so a key lands in the same partition whoever produces it.
+        timestamp_column: column holding the record timestamp (ms); None: the producer's
+            clock at publish.
+        serializer: ``row dict -> bytes`` for the record value; default the JSON object
+            of the row's columns other than the key column (sorted keys, compact).
+        name: the sink's name (its staging and marker names; default the topic).
+        config: more librdkafka producer settings, overriding the defaults.
+        timeout_s: how long a publish may wait for the broker's acknowledgements, s.
+    """
+
+    def __init__(self, bootstrap: str, topic: str, schema: pa.Schema, *,
+                 key_column: str | None = None, timestamp_column: str | None = None,
+                 serializer: Callable[[dict], bytes] | None = None, name: str | None = None,
+                 config: dict | None = None, timeout_s: float = 60.0) -> None:
+        for what, column in (("key_column", key_column), ("timestamp_column", timestamp_column)):
+            if column is not None and column not in schema.names:
+                raise ValueError(f"KafkaSink({topic!r}): {what} {column!r} is not in the schema")
+        self.bootstrap, self.topic, self.schema = bootstrap, topic, schema
+        self.key_column, self.timestamp_column = key_column, timestamp_column
+        self.serializer = serializer
+        self.name = name or topic
+        self.config = dict(config or {})
+        self.timeout_s = timeout_s
+
+    # ---------------------------------------------------------------- the task side
+    def write_staged(self, store: ObjectStore, staging_prefix: str, table: pa.Table) -> str:
+        buf = io.BytesIO()
+        pq.write_table(table.select(self.schema.names).cast(self.schema), buf, compression="zstd")
+        key = f"{staging_prefix}/{self.name}.parquet"
+        store.put(key, buf.getvalue())
+        return key
+
+    # -------------------------------------------------------------- the driver side
+    def marker_key(self, job_prefix: str, epoch: int) -> str:
+        """The object written once epoch ``epoch`` is fully produced into the topic."""
+        return f"{paths.sink_prefix(job_prefix, self.name)}/published/epoch={epoch:010d}.json"
+
+    def records_of(self, table: pa.Table, epoch: int, range_label: str) -> Iterator[dict]:
+        """The records of one staged table: ``{key, value, timestamp, headers}`` dicts
+        as ``Producer.produce`` takes them."""
+        for seq, row in enumerate(table.to_pylist()):
+            key = row[self.key_column] if self.key_column else None
+            if isinstance(key, str):
+                key = key.encode()
+            if self.serializer is not None:
+                value = self.serializer(row)
+            else:
+                rest = {k: v for k, v in row.items() if k != self.key_column}
+                value = json.dumps(rest, sort_keys=True, separators=(",", ":"), default=str).encode()
+            record = {"key": key, "value": value,
+                      "headers": [(EPOCH_HEADER, str(epoch).encode()),
+                                  (RANGE_HEADER, range_label.encode()), (SEQ_HEADER, str(seq).encode())]}
+            if self.timestamp_column and row[self.timestamp_column] is not None:
+                record["timestamp"] = int(row[self.timestamp_column])
+            yield record
+
+    def publish(self, store: ObjectStore, job_prefix: str, epoch: int, staged: list[str]) -> list[str]:
+        """Produces the epoch's staged rows, then writes the epoch's marker; nothing if
+        the marker exists. Returns ``["kafka://<bootstrap>/<topic>#epoch=<e>"]`` (empty
+        if already published).
+
+        Raises:
+            KafkaIOError: a record was not acknowledged within ``timeout_s`` (the marker
+                is not written: a restart produces the epoch again).
+        """
+        marker = self.marker_key(job_prefix, epoch)
+        if store.exists(marker):
+            return []
+        count = self.produce(store, epoch, staged)
+        store.put(marker, json.dumps({"epoch": epoch, "topic": self.topic, "records": count}).encode())
+        return [f"kafka://{self.bootstrap}/{self.topic}#epoch={epoch}"]
+
+    def produce(self, store: ObjectStore, epoch: int, staged: list[str]) -> int:
+        """Produces the rows of the staged files of ``epoch`` and waits for every
+        acknowledgement; returns the number of records. No marker (``publish``).
+
+        Raises:
+            KafkaIOError: a record failed or was not acknowledged within ``timeout_s``.
+        """
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True,
+                             "acks": "all", "linger.ms": 5, "partitioner": "murmur2_random",
+                             **self.config})
+        failed: list[str] = []
+
+        def delivered(err, msg) -> None:
+            if err is not None:
+                failed.append(f"partition {msg.partition()}: {err.str()}")
+
+        count = 0
+        for key in staged:
+            table = pq.read_table(io.BytesIO(store.get(key)))
+            for record in self.records_of(table, epoch, range_label_of(key)):
+                while True:
+                    try:
+                        producer.produce(self.topic, on_delivery=delivered, **record)
+                        break
+                    except BufferError:  # the local queue is full: let it drain
+                        producer.poll(0.1)
+                count += 1
+        left = producer.flush(self.timeout_s)
+        if left or failed:
+            raise KafkaIOError(f"kafka sink {self.name}: epoch {epoch} to topic {self.topic} at "
+                               f"{self.bootstrap}: {left} of {count} records unacknowledged after "
+                               f"{self.timeout_s} s, {len(failed)} failed"
+                               f"{' (' + failed[0] + ')' if failed else ''}; the epoch is produced "
+                               f"again on restart")
+        return count
+
+    def published_after(self, store: ObjectStore, job_prefix: str, epoch: int) -> list[str]:
+        prefix = f"{paths.sink_prefix(job_prefix, self.name)}/published/"
+        later = []
+        for k in store.list(prefix):
+            e = int(k.rsplit("epoch=", 1)[1].split(".", 1)[0])
+            if e > epoch:
+                later.append(f"kafka://{self.bootstrap}/{self.topic}#epoch={e}")
+        return later
+
+    def read(self, store: ObjectStore, job_prefix: str) -> pa.Table:
+        """Every record of the topic this job's sink wrote, duplicates dropped
+        (``deduplicate``): ``partition``, ``offset``, ``key``, ``timestamp``, ``value``,
+        ``epoch``, ``range``, ``seq``. Reads the whole topic: for tests and small topics."""
+        source = KafkaSource(self.bootstrap, self.topic, value_format="bytes",
+                             headers={EPOCH_HEADER: "epoch", RANGE_HEADER: "range", SEQ_HEADER: "seq"},
+                             isolation_level="read_uncommitted", config=self.config)
+        rows = []
+        try:
+            ends = source.end_offsets()
+            for p in source.partitions():
+                start = source.start_offset(p)
+                if ends[p] > start:
+                    t = source.read(p, start, ends[p])
+                    n = int(p.rsplit("-", 1)[1])
+                    rows += [{"partition": n, "offset": r[OFFSET_COLUMN], "key": r[KEY_COLUMN],
+                              "timestamp": r[TIMESTAMP_COLUMN], "value": r[VALUE_COLUMN],
+                              "epoch": int(r["epoch"]) if r["epoch"] is not None else None,
+                              "range": r["range"].decode() if r["range"] is not None else None,
+                              "seq": int(r["seq"]) if r["seq"] is not None else None}
+                             for r in t.to_pylist()]
+        finally:
+            source.close()
+        schema = pa.schema([("partition", pa.int32()), ("offset", pa.int64()), ("key", pa.binary()),
+                            ("timestamp", pa.int64()), ("value", pa.binary()), ("epoch", pa.int64()),
+                            ("range", pa.string()), ("seq", pa.int64())])
+        return pa.Table.from_pylist(list(deduplicate(rows)), schema=schema)
+
+
+def deduplicate(records: Iterable[dict]) -> Iterator[dict]:
+    """Drops the duplicates a re-produced epoch leaves in a ``KafkaSink`` topic.
+
+    A record is a duplicate iff an earlier record of its topic partition has the same
+    ``(range, epoch, seq)``. Epochs are produced one after the other (a re-produced
+    epoch before the next epoch), so per partition and range only the newest epoch's
+    ``seq`` values need remembering: a record of an older epoch is a duplicate. The rule
+    holds whatever subset and order of an epoch's records a crashed attempt left.
+
+    Args:
+        records: dicts with ``partition``, ``epoch``, ``range`` and ``seq`` (the
+            ``dkvstream-*`` headers, as ints and a str), in offset order within each
+            partition. A record without the headers is kept.
+
+    Yields:
+        The records kept, in the order given.
+    """
+    newest: dict[tuple, tuple[int, set[int]]] = {}  # (partition, range) -> (epoch, seqs)
+    for r in records:
+        if r.get("epoch") is None or r.get("range") is None or r.get("seq") is None:
+            yield r
+            continue
+        where = (r["partition"], r["range"])
+        epoch, seqs = newest.get(where, (-1, set()))
+        if r["epoch"] < epoch or (r["epoch"] == epoch and r["seq"] in seqs):
+            continue
+        if r["epoch"] > epoch:
+            seqs = set()
+            newest[where] = (r["epoch"], seqs)
+        seqs.add(r["seq"])
+        yield r
