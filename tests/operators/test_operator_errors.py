@@ -11,6 +11,7 @@ missing one, as pandas does; the runtime keeps an emitted NaN a NaN in both form
 """
 from __future__ import annotations
 
+import json
 import sys
 
 import numpy as np
@@ -23,7 +24,13 @@ from pyspark import cloudpickle
 from examples.flights import OUTPUT_SCHEMA as FLIGHTS_SCHEMA
 from examples.flights import RouteDailyDelays, RouteDailyDelaysBatch
 from examples.flights_oracle import assert_equals_oracle
-from examples.synthetic import SyntheticSource
+from examples.synthetic import (
+    GROUP_SUM_SCHEMA,
+    GroupWindowSum,
+    KeyWindowCount,
+    SyntheticSource,
+    group_of,
+)
 from operators.api.batch import BatchContext, BatchOperator
 from operators.api.codecs import IntCodec, RecordCodec
 from operators.api.job import Job
@@ -406,3 +413,40 @@ def test_an_emitted_nan_stays_nan_in_both_forms() -> None:
         assert got.column("x").to_pylist()[:2] == pytest.approx(rows.column("x").to_pylist()[:2], nan_ok=True)
         assert got.column("x").null_count == (1 if len(column) == 3 else 0)
         assert pc.sum(pc.is_nan(got.column("x"))).as_py() == 1
+
+
+class PoisonGroupSum(GroupWindowSum):
+    """``GroupWindowSum`` that raises, after writing its state and timer, on every event
+    of group g2's window at 120 s (one per key of the group with events there)."""
+
+    def on_event(self, subject: Subject, event: KeyedEvent) -> None:
+        super().on_event(subject, event)
+        if (subject.key, event.value["window_start"]) == (b"g2", 120_000):
+            raise KeyError("poison group")
+
+
+def test_second_operator_events_have_no_source_position(tmp_path) -> None:
+    """In a chain, events of the second operator come from the first one's output: their
+    dead letters name that operator, with null partition and offset."""
+    source = SyntheticSource(events=600, keys=20, partitions=2, step_ms=1_000)
+    job = Job(name="chain", source=source, operators=[KeyWindowCount(), PoisonGroupSum()],
+              sinks={"main": ParquetSink("sums", GROUP_SUM_SCHEMA)}, key_groups=16, parallelism=2,
+              events_per_epoch=300, on_operator_error="dead_letter")
+    runner = JobRunner(job, None, str(tmp_path / "store"))
+    runner.run()
+    df = pd.concat([source.full_partition(p).to_pandas() for p in source.partitions()])
+    df["group"] = [group_of(k) for k in df["key"]]
+    df["window_start"] = df["timestamp"] - df["timestamp"] % 60_000
+    per_key = df.groupby(["group", "key", "window_start"]).agg(count=("amount", "size"), amount=("amount", "sum"))
+    poison = per_key.loc[("g2", slice(None), 120_000), :]
+    want = per_key.drop(poison.index).groupby(["group", "window_start"]).agg(
+        keys=("count", "size"), count=("count", "sum"), amount=("amount", "sum")).reset_index()
+    got = job.sinks["main"].read(runner.store, job.prefix).to_pandas()
+    pd.testing.assert_frame_equal(got.sort_values(["group", "window_start"]).reset_index(drop=True)[want.columns],
+                                  want, check_dtype=False)
+    dead = job.dead_letter.sink.read(runner.store, job.prefix).to_pandas()
+    assert len(dead) == len(poison) > 1
+    assert set(dead["source"]) == {"operator:key_window_count"}
+    assert dead["partition"].isna().all() and dead["offset"].isna().all() and set(dead["key"]) == {b"g2"}
+    assert sorted(json.loads(v)["count"] for v in dead["value"]) == sorted(poison["count"])
+    assert all(e.startswith("operator group_window_sum on_event: KeyError: 'poison group'") for e in dead["error"])
