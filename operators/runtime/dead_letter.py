@@ -32,6 +32,11 @@ reading belongs to the epoch's plan: a committed epoch is never screened again, 
 replay of an uncommitted epoch can only differ for an event within the replay delay of
 the bound.
 
+An event or timer an operator raises on is a dead letter too, with reason
+``operator_error``, under ``Job.on_operator_error="dead_letter"``: the task that ran it
+stages its rows, the driver names them in the checkpoint with the screen's
+(``operators.runtime.operator_errors``).
+
 Bad rows are removed before the watermark is computed and written to the dead-letter
 table (``DeadLetter.table``, ``sinks/<table>/epoch=<e>/part-source.parquet``), staged
 and published like any sink, so exactly once: the file is named by the epoch's

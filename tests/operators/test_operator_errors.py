@@ -19,6 +19,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pyspark import cloudpickle
 
 from examples.flights import OUTPUT_SCHEMA as FLIGHTS_SCHEMA
@@ -44,6 +46,7 @@ from operators.runtime.driver import JobRunner
 from operators.runtime.operator_errors import WriteBuffer, isolate
 from operators.runtime.task import _emitted_table
 from storage.dkv import DKV
+from storage.errors import CorruptionError
 from storage.objectstore import open_object_store
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Spark workers cannot import tests
@@ -298,32 +301,62 @@ def test_dead_letter_policy_on_spark(spark, tmp_path) -> None:
     _check_dead_letters(runner, batch=True)
 
 
-def test_isolate_finds_the_shortest_failing_prefix_of_each_key() -> None:
-    """Oracle: a handler that raises iff some key's running sum of its rows goes
-    negative; the rows to drop are found by replaying each key's rows in order."""
-    rng = np.random.default_rng(3)
-    keys = np.sort(rng.integers(0, 20, 300))
-    values = rng.integers(-3, 10, 300)
-    values[rng.integers(0, 300, 15)] = -50
+@settings(max_examples=150)
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(-60, 10)), min_size=1, max_size=80))
+def test_isolate_drops_what_on_event_would_drop(rows) -> None:
+    """Oracle: a handler that raises iff some key's running sum goes negative; the rows
+    to drop are those a replay in order (``on_event``) raises on."""
+    rows.sort(key=lambda r: r[0])  # the batch is sorted by key, stable
+    keys = np.array([k for k, _ in rows])
+    values = [v for _, v in rows]
 
-    def raises(rows: np.ndarray) -> BaseException | None:
+    def raises(idx: np.ndarray) -> BaseException | None:
         sums: dict[int, int] = {}
-        for r in rows:
+        for r in idx.tolist():
             sums[keys[r]] = sums.get(keys[r], 0) + values[r]
             if sums[keys[r]] < 0:
                 return ValueError(f"row {r}")
         return None
 
     want, sums = set(), {}
-    for r in range(300):  # on_event: a row that makes its key's sum negative is dropped
+    for r in range(len(rows)):
         if sums.get(keys[r], 0) + values[r] < 0:
             want.add(r)
         else:
             sums[keys[r]] = sums.get(keys[r], 0) + values[r]
-    groups = np.split(np.arange(300), np.flatnonzero(np.diff(keys)) + 1)
-    bad = isolate(groups, raises, raises(np.arange(300)), "operator t on_batch")
+    everything = np.arange(len(rows))
+    err = raises(everything)
+    if err is None:
+        assert not want
+        return
+    groups = np.split(everything, np.flatnonzero(np.diff(keys)) + 1)
+    bad = isolate(groups, raises, err, "operator t on_batch")
     assert set(bad) == want
-    assert raises(np.setdiff1d(np.arange(300), list(bad))) is None
+    assert all(str(bad[r]) == f"row {r}" for r in bad)  # each row's own exception
+
+
+def test_isolate_refuses_an_error_no_key_raises_alone() -> None:
+    """A batch-level failure (here: more than 10 rows) is no event's: nothing is dropped."""
+    groups = np.split(np.arange(16), 4)
+    with pytest.raises(RuntimeError, match="not over any half of them"):
+        isolate(groups, lambda idx: ValueError("too big") if len(idx) > 10 else None, ValueError("too big"),
+                "operator t on_batch")
+
+
+def test_storage_errors_are_not_dead_lettered(tmp_path) -> None:
+    """An error of the storage (here raised by the operator as DKV would) fails the epoch
+    under "dead_letter" too: the event is not to blame."""
+
+    class StoreFails(PoisonCount):
+        def on_event(self, subject: Subject, event: KeyedEvent) -> None:
+            if event.value["amount"] < 0:
+                raise CorruptionError("block checksum mismatch")
+            super().on_event(subject, event)
+
+    job = _job(False, "dead_letter")
+    job.operators = [StoreFails()]
+    with pytest.raises(JobFailedError, match="epoch 2 failed in operator poison_count: .*checksum"):
+        JobRunner(job, None, str(tmp_path / "store")).run()
 
 
 def test_write_buffer_reads_its_writes_over_dkv(tmp_path) -> None:
