@@ -41,6 +41,7 @@ from operators.api.state import MapSpec
 from operators.errors import JobFailedError
 from operators.io.sinks import ParquetSink
 from operators.io.sources import Source
+from operators.runtime import driver as runtime
 from operators.runtime.checkpoints import latest_checkpoint
 from operators.runtime.driver import JobRunner
 from operators.runtime.operator_errors import WriteBuffer, isolate
@@ -290,6 +291,27 @@ def test_dead_letters_are_exactly_once_across_crashes(tmp_path) -> None:
     _check_dead_letters(runner, batch=False)
     got = _sorted(runner.job.sinks["main"].read(runner.store, runner.job.prefix).to_pandas())
     pd.testing.assert_frame_equal(got, _oracle())
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["on_event", "on_batch"])
+def test_duplicate_task_attempts_publish_dead_letters_once(batch, tmp_path, monkeypatch) -> None:
+    """Every task runs twice, as a Spark retry or speculative copy would, and the second
+    result is committed: both attempts staged dead letters, each row is published once."""
+    real = runtime.run_task
+    staged = []
+
+    def twice(*args, **kwargs):
+        first, second = real(*args, **kwargs), real(*args, **kwargs)
+        staged.extend(k for k in (first.dead_letter_key, second.dead_letter_key) if k)
+        return second
+
+    monkeypatch.setattr(runtime, "run_task", twice)
+    job = _job(batch, "dead_letter")
+    runner = JobRunner(job, None, str(tmp_path / "store"))
+    runner.run()
+    assert len(staged) == len(set(staged)) >= 4  # two attempts of each task with dead letters
+    _check_dead_letters(runner, batch)
+    pd.testing.assert_frame_equal(_sorted(job.sinks["main"].read(runner.store, job.prefix).to_pandas()), _oracle())
 
 
 def test_dead_letter_policy_on_spark(spark, tmp_path) -> None:
