@@ -4,9 +4,13 @@ Described in ``docs/examples.md`` ("Flights"). Source: one partition per origin,
 ``origin-dest``. Operator ``route_daily_delays``: tumbling one-day event-time windows
 aligned to UTC midnight, a timer at each window end emits the window once the watermark
 (bounded out-of-orderness, 1 hour) passes it and drops its state; events of an already
-emitted window go to the ``late`` output.
+emitted window go to the ``late`` output. A null or NaN ``dep_delay`` is a flight without
+a reported delay (it counts in ``flights``, not in the delay mean and maximum), in both
+operator forms, as pandas' ``mean``/``max`` skip both.
 """
 from __future__ import annotations
+
+import math
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -103,7 +107,7 @@ class RouteDailyDelays(Operator):
         if flight["dep_time"] is None:
             agg["cancelled"] += 1
         delay = flight["dep_delay"]
-        if delay is not None:
+        if delay is not None and not math.isnan(delay):  # NaN: no delay reported (pandas' skipna)
             agg["delay_sum"] += delay
             agg["delay_count"] += 1
             if agg["delay_max"] is None or delay > agg["delay_max"]:
@@ -175,6 +179,8 @@ class RouteDailyDelaysBatch(BatchOperator):
                      timestamps=lt.column("timestamp").to_pylist())
             events, start = events.filter(pa.array(~late)), start[~late]
         delay = events.column("dep_delay").cast(pa.float64())
+        # NaN: no delay reported, as in on_event (Arrow's max would skip it but its sum not).
+        delay = pc.if_else(pc.is_nan(delay), pa.scalar(None, pa.float64()), delay)
         groups = pa.table({
             "key": events.column("key"), "kg": events.column("key_group"), "start": start,
             "cancelled": pc.is_null(events.column("dep_time")).cast(pa.int64()), "delay": delay,

@@ -105,8 +105,9 @@ class BatchContext:
         Args:
             values: the records' columns (a table, or a ``{column: array or list}`` dict),
                 converted to the operator's ``outputs[output]`` schema (an Arrow column with
-                Arrow's safe cast, which raises rather than lose data; a list or numpy
-                array with ``pa.array``); a nullable field left out is null.
+                Arrow's safe cast, which raises rather than lose data; a list, numpy
+                array or pandas Series with ``pa.array``, a float NaN staying NaN as in
+                ``Subject.emit``, not null); a nullable field left out is null.
             output: output name.
             keys: key of each record (routes it to the next operator's key group).
             timestamps: event time of each record (ms).
@@ -138,7 +139,9 @@ class BatchContext:
                 if isinstance(column, (pa.Array, pa.ChunkedArray)):
                     columns.append(column if column.type == f.type else column.cast(f.type))
                 else:
-                    columns.append(pa.array(column, f.type))
+                    # from_pandas=False: a pandas Series' NaN stays NaN, as in on_event's rows
+                    # (pyarrow would make it null by default).
+                    columns.append(pa.array(column, f.type, from_pandas=False))
             except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError,
                     ValueError, OverflowError) as e:
                 raise TypeError(f"operator {self._operator} output {output!r}: field {f.name!r} "

@@ -32,6 +32,11 @@ reading belongs to the epoch's plan: a committed epoch is never screened again, 
 replay of an uncommitted epoch can only differ for an event within the replay delay of
 the bound.
 
+An event or timer an operator raises on is a dead letter too, with reason
+``operator_error``, under ``Job.on_operator_error="dead_letter"``: the task that ran it
+stages its rows, the driver names them in the checkpoint with the screen's
+(``operators.runtime.operator_errors``).
+
 Bad rows are removed before the watermark is computed and written to the dead-letter
 table (``DeadLetter.table``, ``sinks/<table>/epoch=<e>/part-source.parquet``), staged
 and published like any sink, so exactly once: the file is named by the epoch's
@@ -59,8 +64,12 @@ from storage.objectstore import ObjectStore
 
 DEAD_LETTER_OUTPUT = "_dead_letter"  # its key in JobCheckpoint.outputs
 DAY_MS = 86_400_000
+# The screen's reasons in the order it checks them, then ``operator_error``: an event or
+# timer an operator raised on, under ``Job.on_operator_error="dead_letter"``
+# (``operators.runtime.operator_errors``; written by the task, not the screen).
+OPERATOR_ERROR = "operator_error"
 REASONS = ("unparseable_value", "missing_key", "missing_timestamp", "timestamp_before_epoch",
-           "timestamp_in_future")
+           "timestamp_in_future", OPERATOR_ERROR)
 DEAD_LETTER_SCHEMA = pa.schema([
     pa.field("source", pa.string()), pa.field("partition", pa.string()),
     pa.field("offset", pa.int64()), pa.field("key", pa.binary()),
@@ -94,12 +103,18 @@ class DeadLetter:
         return ParquetSink(self.table, DEAD_LETTER_SCHEMA)
 
 
+def value_json(table: pa.Table, value_columns: list[str]) -> list[bytes]:
+    """Each row's value columns as compact JSON bytes (keys sorted; a value JSON cannot
+    hold, e.g. bytes, as its ``str``; a float NaN as Python's ``NaN``): the ``value`` of a
+    dead-letter row whose source bytes are not at hand."""
+    return [json.dumps(v, sort_keys=True, separators=(",", ":"), default=str).encode()
+            for v in table.select(value_columns).to_pylist()]
+
+
 def _raw_values(table: pa.Table, value_columns: list[str]) -> list[bytes]:
     raw = (table.column(RAW_VALUE_COLUMN).to_pylist() if RAW_VALUE_COLUMN in table.column_names
            else [None] * table.num_rows)
-    rows = table.select(value_columns).to_pylist()
-    return [r if r is not None else json.dumps(v, sort_keys=True, separators=(",", ":"), default=str).encode()
-            for r, v in zip(raw, rows)]
+    return [r if r is not None else v for r, v in zip(raw, value_json(table, value_columns))]
 
 
 def screen(table: pa.Table, offsets: np.ndarray, policy: DeadLetter, *, source: str, partition: str,
@@ -164,21 +179,28 @@ def screen(table: pa.Table, offsets: np.ndarray, policy: DeadLetter, *, source: 
     return good.filter(pa.array(good_mask)), dead, offsets[good_mask]
 
 
-def counts(dead: pa.Table) -> dict[str, int]:
-    """Per-reason row counts of dead-letter rows, every reason present, plus ``total``."""
+def counts(dead: pa.Table, operator_errors: int = 0) -> dict[str, int]:
+    """Per-reason row counts of dead-letter rows, every reason present, plus ``total``;
+    ``operator_errors`` rows the tasks staged (reason ``operator_error``) are added."""
     got = dict(zip(*(c.to_pylist() for c in dead.group_by("reason").aggregate([("reason", "count")])
                    .select(["reason", "reason_count"]).columns))) if dead.num_rows else {}
-    return {"total": dead.num_rows, **{r: int(got.get(r, 0)) for r in REASONS}}
+    got[OPERATOR_ERROR] = got.get(OPERATOR_ERROR, 0) + operator_errors
+    return {"total": dead.num_rows + operator_errors, **{r: int(got.get(r, 0)) for r in REASONS}}
 
 
-def stage(store: ObjectStore, job_prefix: str, epoch: int, dead: pa.Table, attempt: str) -> str:
-    """Writes an epoch's dead-letter rows as a staged Parquet file; returns its key.
+def stage(store: ObjectStore, job_prefix: str, epoch: int, dead: pa.Table, attempt: str,
+          label: str = "source") -> str:
+    """Writes dead-letter rows as a staged Parquet file; returns its key.
 
-    The name is unique to (epoch, driver attempt): a failed attempt's file is never named
-    by a checkpoint and is cleaned up like any staged output.
+    Args:
+        label: who wrote them: ``"source"`` for the driver's screen, ``<operator>-<range
+            label>`` for a task (``operators.runtime.operator_errors``). It names the
+            published file (``part-<label>.parquet``), so it is unique within an epoch.
+        attempt: unique to the writer's attempt (driver or task): a failed attempt's file
+            is never named by a checkpoint and is cleaned up like any staged output.
     """
     buf = io.BytesIO()
     pq.write_table(dead, buf, compression="zstd")
-    key = f"{staging_prefix(job_prefix, epoch, DEAD_LETTER_OUTPUT, 'source', attempt)}/dead_letter.parquet"
+    key = f"{staging_prefix(job_prefix, epoch, DEAD_LETTER_OUTPUT, label, attempt)}/dead_letter.parquet"
     store.put(key, buf.getvalue())
     return key

@@ -108,8 +108,9 @@ class EpochResult:
         tables / table_bytes / keys: DKV tables, bytes and entries over all ranges.
         output_rows: rows published per output.
         published: object keys published this epoch.
-        dead_letter: bad input rows sent to the dead-letter table this epoch, per
-            reason and ``total`` (``operators.runtime.dead_letter``).
+        dead_letter: bad input rows, and events and timers an operator raised on,
+            sent to the dead-letter table this epoch, per reason and ``total``
+            (``operators.runtime.dead_letter``).
         recovery: set on the first epoch after a restart that fell back from an
             unusable checkpoint (``operators.runtime.recovery.Fallback.as_metrics``).
     """
@@ -187,6 +188,7 @@ class JobRunner:
         job.source.attach(self.store, job.prefix)
         self._recovery: dict | None = None  # a fallback, recorded in the next checkpoint
         self._retention_damage: list[str] = []  # found by retention, for the next checkpoint
+        self._task_dead_letters: list[str] = []  # staged by the epoch's tasks (_run_stages)
         self.last_cleanup: CleanupReport | None = None
 
     def close(self) -> None:
@@ -406,6 +408,11 @@ class JobRunner:
         rescaled = old_ranges != ranges
         results_by_op: dict[str, list[TaskResult]] = {}
         stage_input = events
+        # Partition names by the events' ``_part`` index: a source's partitions keep their
+        # order, so the list now extends the one the events were read with.
+        dead_letter_policy = self.job.on_operator_error == "dead_letter"
+        partitions = tuple(self.job.source.partitions()) if dead_letter_policy else ()
+        self._task_dead_letters = []
         for i, op in enumerate(self.job.operators):
             last = i == len(self.job.operators) - 1
             previous = ckpt.operators.get(op.name, {})
@@ -419,6 +426,9 @@ class JobRunner:
                     next_key_groups=None if last else self.job.key_groups,
                     next_parallelism=None if last else self.job.parallelism,
                     flush=flush,
+                    on_operator_error=self.job.on_operator_error,
+                    input_name=self.job.source.name if i == 0 else f"operator:{self.job.operators[i - 1].name}",
+                    input_partitions=partitions if i == 0 and dead_letter_policy else None,
                 )
                 for r, kr in enumerate(ranges)
             ]
@@ -427,6 +437,7 @@ class JobRunner:
             except Exception as e:  # noqa: BLE001 - Spark wraps task errors in many types
                 raise self._stage_error(op.name, ckpt.epoch, epoch, e) from e
             results_by_op[op.name] = results
+            self._task_dead_letters += [res.dead_letter_key for res in results if res.dead_letter_key]
             stage_input = forwarded
         return results_by_op
 
@@ -448,12 +459,13 @@ class JobRunner:
 
     def _stage_dead_letters(self, epoch: int) -> dict[str, list[str]]:
         """Step 4: the epoch's bad input rows as one staged file of the dead-letter
-        output (``{}`` when there were none)."""
-        if not self._dead_letters.num_rows:
-            return {}
-        key = dead_letter.stage(self.store, self.job.prefix, epoch, self._dead_letters,
-                                uuid.uuid4().hex[:12])
-        return {dead_letter.DEAD_LETTER_OUTPUT: [key]}
+        output, with the files tasks staged for events their operator raised on
+        (``operators.runtime.operator_errors``); ``{}`` when there were none."""
+        keys = list(self._task_dead_letters)
+        if self._dead_letters.num_rows:
+            keys.insert(0, dead_letter.stage(self.store, self.job.prefix, epoch, self._dead_letters,
+                                             uuid.uuid4().hex[:12]))
+        return {dead_letter.DEAD_LETTER_OUTPUT: keys} if keys else {}
 
     def _prepare_sinks(self, epoch: int, outputs: dict[str, list[str]]) -> None:
         """Step 5: every sink checks its staged files; a refusal fails the epoch."""
@@ -481,7 +493,8 @@ class JobRunner:
                 kind: sum(res.metrics["remote_compactions"].get(kind, 0) for res in every)
                 for kind in ("installed", "discarded")},
             "flushed": flush,
-            "dead_letter": dead_letter.counts(self._dead_letters),
+            "dead_letter": dead_letter.counts(
+                self._dead_letters, operator_errors=sum(res.metrics.get("dead_letter", 0) for res in every)),
             **({"recovery": self._recovery} if self._recovery else {}),
             **({"retention_damage": self._retention_damage} if self._retention_damage else {}),
             "task_seconds_max": max((res.metrics["seconds"] for res in every), default=0.0),

@@ -14,6 +14,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -26,6 +27,7 @@ from operators.api.state import subject_prefix
 from operators.io.sinks import Sink
 from operators.io.sources import KEY_COLUMN, OFFSET_COLUMN, TIMESTAMP_COLUMN
 from operators.paths import staging_prefix
+from operators.runtime import dead_letter, operator_errors
 from operators.runtime.open_state import OpenState
 from operators.runtime.timers import TimerService
 from storage.dkv import DKV, DKVOptions
@@ -61,6 +63,13 @@ class TaskSpec:
             operator (None for the last operator).
         flush: write the memtable to level-0 SSTables before the DKV checkpoint (a
             flush request, ``operators.runtime.control``).
+        on_operator_error: the job's policy, ``"fail"`` or ``"dead_letter"``
+            (``operators.runtime.operator_errors``).
+        input_name: the ``source`` column of this task's dead-letter rows: the job
+            source's name for the first operator, ``operator:<name>`` of the operator
+            feeding a later one.
+        input_partitions: source partition names by the events' ``_part`` index (the
+            first operator), or None: the events have no source position.
     """
 
     job_prefix: str
@@ -75,6 +84,9 @@ class TaskSpec:
     next_parallelism: int | None = None
     parent_manifests: tuple[str, ...] = ()
     flush: bool = False
+    on_operator_error: str = "fail"
+    input_name: str = ""
+    input_partitions: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -84,8 +96,11 @@ class TaskResult:
     ``metrics``: ``events``, ``timers_fired``, ``emitted`` (rows per output), ``seconds``
     (the task's wall time, s), ``open_seconds`` (of which opening or catching up DKV and
     installing remote compactions, s), ``dkv`` (``DKV.stats()``), ``remote_compactions``,
-    ``dkv_reused`` (the worker's open instance was taken, ``operators.runtime.open_state``) and,
-    on Spark, ``requests`` (object-store requests of the task).
+    ``dkv_reused`` (the worker's open instance was taken, ``operators.runtime.open_state``),
+    ``dead_letter`` (events and timers dead-lettered, ``operators.runtime.operator_errors``)
+    and, on Spark, ``requests`` (object-store requests of the task).
+
+    ``dead_letter_key``: the staged file of the task's dead-letter rows, or None.
     """
 
     range_index: int
@@ -94,6 +109,7 @@ class TaskResult:
     staged_outputs: dict[str, str]
     metrics: dict = field(default_factory=dict)
     forwarded: pa.Table | None = None  # main output events for the next operator
+    dead_letter_key: str | None = None
 
 
 class _TaskSubject(Subject):
@@ -162,7 +178,8 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
 
     Raises:
         Whatever the operator raises; the epoch then fails and the previous checkpoint
-        stays the newest.
+        stays the newest. With ``spec.on_operator_error == "dead_letter"`` only what
+        cannot be dead-lettered (``operators.runtime.operator_errors``).
     """
     started = time.perf_counter()
     attempt = uuid.uuid4().hex[:12]
@@ -174,11 +191,8 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
         if taken is not None:
             db, timers = taken
     reused = db is not None
-    if db is None and spec.parent_manifests:
-        db = DKV.open_from_parents(store, state_prefix, list(spec.parent_manifests), krange.key_interval,
-                                   dkv_options)
-    elif db is None:
-        db = DKV.open(store, state_prefix, spec.manifest_key, dkv_options)
+    if db is None:
+        db = _open_range(spec, store, state_prefix, dkv_options)
     # Results of compactions run outside the job (e.g. a Dagster op) are installed here,
     # at the start of an epoch, if all their inputs are still live.
     compactions = db.install_pending_compactions()
@@ -189,10 +203,31 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
         timers.begin_epoch()
     subject = _TaskSubject(db, timers, operator.outputs)
 
-    if isinstance(operator, BatchOperator):
-        n_events, timers_fired, emitted = _run_batch(operator, spec, events, db, timers)
-    else:
-        n_events, timers_fired, emitted = _run_events(operator, spec, events, subject, timers)
+    dead = None
+    try:
+        if isinstance(operator, BatchOperator):
+            n_events, timers_fired, emitted = _run_batch(operator, spec, events, db, timers)
+        else:
+            n_events, timers_fired, emitted = _run_events(operator, spec, events, subject, timers)
+    except Exception as e:
+        if spec.on_operator_error != "dead_letter" or not operator_errors.attributable(e):
+            raise
+        # Every write of the failed run is in this instance's memory, never checkpointed:
+        # drop it and run the epoch again from the previous checkpoint, guarded.
+        db.close()
+        db = _open_range(spec, store, state_prefix, dkv_options)
+        compactions = db.install_pending_compactions()
+        dead = operator_errors.DeadLetterRows(operator, spec.epoch, spec.input_name,
+                                              spec.input_partitions)
+        buffer = operator_errors.WriteBuffer(db)
+        timers = TimerService(buffer, krange)  # not kept: it writes through the buffer
+        if isinstance(operator, BatchOperator):
+            n_events, timers_fired, emitted = _run_batch(operator, spec, events, buffer, timers, dead)
+        else:
+            subject = _TaskSubject(buffer, timers, operator.outputs)
+            n_events, timers_fired, emitted = _run_events(operator, spec, events, subject, timers, dead)
+        buffer.commit()
+        timers = None
 
     staging = staging_prefix(spec.job_prefix, spec.epoch, operator.name, krange.label, attempt)
     tables = {name: e[0] for name, e in emitted.items()}
@@ -204,6 +239,10 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
         for name, table in tables.items():
             if table.num_rows:
                 staged[name] = sinks[name].write_staged(store, staging, table)
+    dead_letter_key = None
+    if dead is not None and dead.count:
+        dead_letter_key = dead_letter.stage(store, spec.job_prefix, spec.epoch, dead.table(), attempt,
+                                            label=f"{operator.name}-{krange.label}")
     if spec.flush:
         db.flush()
     fault_point("task_before_checkpoint")
@@ -228,9 +267,20 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
             "remote_compactions": compactions,
             "dkv_reused": reused,
             "open_seconds": open_seconds,
+            "dead_letter": 0 if dead is None else dead.count,
         },
         forwarded=forwarded,
+        dead_letter_key=dead_letter_key,
     )
+
+
+def _open_range(spec: TaskSpec, store: ObjectStore, state_prefix: str, dkv_options: DKVOptions | None) -> DKV:
+    """The range's DKV at the previous checkpoint (after a rescale: from the old ranges
+    it overlaps, restricted to its key interval)."""
+    if spec.parent_manifests:
+        return DKV.open_from_parents(store, state_prefix, list(spec.parent_manifests),
+                                     spec.key_group_range.key_interval, dkv_options)
+    return DKV.open(store, state_prefix, spec.manifest_key, dkv_options)
 
 
 # Per output: (values table, keys, timestamps), row-aligned.
@@ -238,8 +288,12 @@ Emitted = dict[str, tuple[pa.Table, list, list]]
 
 
 def _run_events(operator: Operator, spec: TaskSpec, events: pa.Table, subject: _TaskSubject,
-                timers: TimerService) -> tuple[int, int, Emitted]:
-    """The ``on_event`` form: one call per event in event-time order, then per due timer."""
+                timers: TimerService, dead: operator_errors.DeadLetterRows | None = None
+                ) -> tuple[int, int, Emitted]:
+    """The ``on_event`` form: one call per event in event-time order, then per due timer.
+    With ``dead``, each call is guarded (``_run_events_guarded``)."""
+    if dead is not None:
+        return _run_events_guarded(operator, spec, events, subject, timers, dead)
     krange = spec.key_group_range
     events = _sorted_events(events)
     value_columns = [c for c in events.column_names if c not in INTERNAL_COLUMNS]
@@ -269,6 +323,73 @@ def _run_events(operator: Operator, spec: TaskSpec, events: pa.Table, subject: _
         name: (_emitted_table(operator, name, [r[2] for r in rows]),
                [r[0] for r in rows], [r[1] for r in rows])
         for name, rows in subject._emitted.items()
+    }
+    return len(keys), timers_fired, emitted
+
+
+def _run_events_guarded(operator: Operator, spec: TaskSpec, events: pa.Table, subject: _TaskSubject,
+                        timers: TimerService, dead: operator_errors.DeadLetterRows) -> tuple[int, int, Emitted]:
+    """``_run_events`` with each call's writes, timers and emitted rows kept only if it
+    returns; the events and timers it raises on go to ``dead``. ``subject`` acts on a
+    ``WriteBuffer`` (``operators.runtime.operator_errors``), as does ``timers``."""
+    krange = spec.key_group_range
+    buffer: operator_errors.WriteBuffer = subject._db  # type: ignore[assignment]
+    events = _sorted_events(events)
+    value_columns = [c for c in events.column_names if c not in INTERNAL_COLUMNS]
+    keys = events.column(KEY_COLUMN).to_pylist()
+    stamps = events.column(TIMESTAMP_COLUMN).to_pylist()
+    groups = events.column(KEY_GROUP_COLUMN).to_pylist()
+    values = events.select(value_columns).to_pylist()
+    emitted_rows = subject._emitted
+
+    def guarded(handler, *args) -> BaseException | None:
+        marks = {name: len(rows) for name, rows in emitted_rows.items()}
+        try:
+            handler(subject, *args)
+            # Rows of the wrong type fail this call, not the whole output at the end.
+            for name, rows in emitted_rows.items():
+                if len(rows) > marks[name]:
+                    _emitted_table(operator, name, [r[2] for r in rows[marks[name]:]])
+        except Exception as e:
+            if not operator_errors.attributable(e, buffer):
+                raise
+            for name, rows in emitted_rows.items():
+                del rows[marks[name]:]
+            timers.undo(buffer.discard(), buffer.stored)
+            return e
+        buffer.commit()
+        return None
+
+    failed: dict[int, BaseException] = {}
+    subject.watermark = spec.watermark_before
+    for i, (key, ts, kg, value) in enumerate(zip(keys, stamps, groups, values)):
+        if kg not in krange:
+            raise ValueError(f"key {key!r} (key group {kg}) routed to task of {krange.label}")
+        subject._point_at(key, kg)
+        subject.timestamp = ts
+        err = guarded(operator.on_event, KeyedEvent(key, ts, value))
+        if err is not None:
+            failed[i] = err
+    dead.events(events, value_columns, failed, "on_event", PART_COLUMN)
+
+    timers_fired = 0
+    subject.watermark = spec.watermark_after
+    bad_timers: list[tuple[bytes, int, BaseException]] = []
+    for ts, kg, key in timers.due(spec.watermark_after):
+        buffer.commit()  # the timer's own deletion: it is consumed whatever its handler does
+        subject._point_at(key, kg)
+        subject.timestamp = ts
+        err = guarded(operator.on_timer_expired, ts)
+        if err is not None:
+            bad_timers.append((key, ts, err))
+        timers_fired += 1
+    buffer.commit()
+    dead.timers([t[0] for t in bad_timers], [t[1] for t in bad_timers], [t[2] for t in bad_timers],
+                "on_timer_expired")
+    emitted = {
+        name: (_emitted_table(operator, name, [r[2] for r in rows]),
+               [r[0] for r in rows], [r[1] for r in rows])
+        for name, rows in emitted_rows.items()
     }
     return len(keys), timers_fired, emitted
 
@@ -307,10 +428,14 @@ def _bad_field(schema: pa.Schema, rows: list[dict]) -> str:
     return ""
 
 
-def _run_batch(operator: BatchOperator, spec: TaskSpec, events: pa.Table, db: DKV,
-               timers: TimerService) -> tuple[int, int, Emitted]:
-    """The vectorised form: ``on_batch`` once with the range's events sorted by (key,
-    time), then ``on_timers`` with due timers until none is due."""
+def _batch_input(spec: TaskSpec, events: pa.Table) -> tuple[pa.Table, list[str], pa.Table]:
+    """``(events, value columns, batch)``: the range's events without heartbeat rows,
+    sorted by (key, time, partition, offset), and the ``on_batch`` table of them (row i
+    of one is row i of the other).
+
+    Raises:
+        ValueError: an event of a key group outside the task's range.
+    """
     krange = spec.key_group_range
     events = events.filter(pc.is_valid(events.column(KEY_COLUMN)))  # drop heartbeat rows
     kgs = events.column(KEY_GROUP_COLUMN)
@@ -324,6 +449,35 @@ def _run_batch(operator: BatchOperator, spec: TaskSpec, events: pa.Table, db: DK
     batch = pa.table({batch_api.KEY: events.column(KEY_COLUMN), batch_api.TIMESTAMP: events.column(TIMESTAMP_COLUMN),
                       batch_api.KEY_GROUP: events.column(KEY_GROUP_COLUMN),
                       **{c: events.column(c) for c in value_columns}})
+    return events, value_columns, batch
+
+
+def _timer_table(stamps: list, kgs: list, keys: list) -> pa.Table:
+    return pa.table({
+        batch_api.KEY: pa.array(keys, pa.binary()),
+        batch_api.KEY_GROUP: pa.array(kgs, pa.int32()),
+        batch_api.TIMESTAMP: pa.array(stamps, pa.int64()),
+    })
+
+
+def _batch_emitted(operator: BatchOperator, ctx: BatchContext) -> Emitted:
+    emitted: Emitted = {}
+    for name, parts in ctx.emitted.items():
+        schema = operator.outputs[name]
+        emitted[name] = (pa.concat_tables([p[0] for p in parts]) if parts else schema.empty_table(),
+                         [k for p in parts for k in p[1]], [t for p in parts for t in p[2]])
+    return emitted
+
+
+def _run_batch(operator: BatchOperator, spec: TaskSpec, events: pa.Table, db: DKV,
+               timers: TimerService, dead: operator_errors.DeadLetterRows | None = None
+               ) -> tuple[int, int, Emitted]:
+    """The vectorised form: ``on_batch`` once with the range's events sorted by (key,
+    time), then ``on_timers`` with due timers until none is due. With ``dead``, the
+    calls are guarded (``_run_batch_guarded``)."""
+    if dead is not None:
+        return _run_batch_guarded(operator, spec, events, db, timers, dead)
+    events, _, batch = _batch_input(spec, events)
     ctx = BatchContext(db, timers, operator.outputs, operator.name)
     ctx.watermark = spec.watermark_before
     if batch.num_rows:
@@ -336,17 +490,89 @@ def _run_batch(operator: BatchOperator, spec: TaskSpec, events: pa.Table, db: DK
         if not stamps:
             break
         timers_fired += len(stamps)
-        operator.on_timers(ctx, pa.table({
-            batch_api.KEY: pa.array(due_keys, pa.binary()),
-            batch_api.KEY_GROUP: pa.array(due_kgs, pa.int32()),
-            batch_api.TIMESTAMP: pa.array(stamps, pa.int64()),
-        }))
-    emitted: Emitted = {}
-    for name, parts in ctx.emitted.items():
-        schema = operator.outputs[name]
-        emitted[name] = (pa.concat_tables([p[0] for p in parts]) if parts else schema.empty_table(),
-                         [k for p in parts for k in p[1]], [t for p in parts for t in p[2]])
-    return batch.num_rows, timers_fired, emitted
+        operator.on_timers(ctx, _timer_table(stamps, due_kgs, due_keys))
+    return batch.num_rows, timers_fired, _batch_emitted(operator, ctx)
+
+
+def _run_batch_guarded(operator: BatchOperator, spec: TaskSpec, events: pa.Table,
+                       buffer: operator_errors.WriteBuffer, timers: TimerService,
+                       dead: operator_errors.DeadLetterRows) -> tuple[int, int, Emitted]:
+    """``_run_batch`` that finds the rows ``on_batch`` and ``on_timers`` raise on, sends
+    them to ``dead`` and runs the handler on the other rows (the search:
+    ``operator_errors.isolate``). ``buffer`` is a ``WriteBuffer`` over the range's DKV
+    at the previous checkpoint; ``timers`` writes through it."""
+    events, value_columns, batch = _batch_input(spec, events)
+    ctx = BatchContext(buffer, timers, operator.outputs, operator.name)
+
+    def call(handler, table: pa.Table, keep: bool) -> BaseException | None:
+        """``handler(ctx, table)``; what it did is kept only if ``keep`` and it returned."""
+        marks = {name: len(parts) for name, parts in ctx.emitted.items()}
+        try:
+            handler(ctx, table)
+        except Exception as e:
+            if not operator_errors.attributable(e, buffer):
+                raise
+            keep = False
+            err = e
+        else:
+            err = None
+        if keep:
+            buffer.commit()
+        else:
+            for name, parts in ctx.emitted.items():
+                del parts[marks[name]:]
+            timers.undo(buffer.discard(), buffer.stored)
+        return err
+
+    def run_isolating(handler, table: pa.Table, groups_of, what: str) -> dict[int, BaseException]:
+        """Runs ``handler`` on the rows of ``table`` it does not raise on (kept); returns
+        the others, ``{row: exception}``."""
+        bad: dict[int, BaseException] = {}
+        rows = np.arange(table.num_rows)
+        err = call(handler, table, keep=True)
+        while err is not None:
+            found = operator_errors.isolate(
+                groups_of(rows), lambda idx: call(handler, table.take(pa.array(idx)), keep=False), err,
+                f"operator {operator.name} {what}")
+            bad.update(found)
+            rows = np.setdiff1d(rows, np.fromiter(found, np.int64, len(found)))
+            err = call(handler, table.take(pa.array(rows)), keep=True) if len(rows) else None
+        return bad
+
+    ctx.watermark = spec.watermark_before
+    if batch.num_rows:
+        keys = batch.column(batch_api.KEY)
+        # The batch is sorted by key: a key's rows are one run. Run number of every row.
+        starts = np.concatenate([[True], pc.not_equal(keys.slice(1), keys.slice(0, len(keys) - 1))
+                                 .to_numpy(zero_copy_only=False)]) if len(keys) > 1 else np.array([True])
+        run_of = np.cumsum(starts)
+
+        def key_runs(rows: np.ndarray) -> list[np.ndarray]:
+            cuts = np.flatnonzero(np.diff(run_of[rows])) + 1
+            return np.split(rows, cuts)
+
+        bad = run_isolating(operator.on_batch, batch, key_runs, "on_batch")
+        dead.events(events, value_columns, bad, "on_batch", PART_COLUMN)
+    ctx.watermark = spec.watermark_after
+    timers_fired = 0
+    while True:
+        stamps, due_kgs, due_keys = timers.pop_due_columns(spec.watermark_after)
+        buffer.commit()  # the due timers are consumed whatever their handler does
+        if not stamps:
+            break
+        timers_fired += len(stamps)
+
+        def timer_keys(rows: np.ndarray, due_keys=due_keys, due_kgs=due_kgs) -> list[np.ndarray]:
+            by_key: dict[tuple[int, bytes], list[int]] = {}
+            for r in rows.tolist():
+                by_key.setdefault((due_kgs[r], due_keys[r]), []).append(r)
+            return [np.asarray(v) for v in by_key.values()]
+
+        bad = run_isolating(operator.on_timers, _timer_table(stamps, due_kgs, due_keys), timer_keys, "on_timers")
+        order = sorted(bad)
+        dead.timers([due_keys[i] for i in order], [stamps[i] for i in order], [bad[i] for i in order],
+                    "on_timers")
+    return batch.num_rows, timers_fired, _batch_emitted(operator, ctx)
 
 
 def _forward_table(values: pa.Table, keys: list, stamps: list, spec: TaskSpec) -> pa.Table:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import heapq
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -136,6 +136,36 @@ class TimerService:
         self._db.write_batch(tks, [None] * len(tks))
         if self._queued:
             self._queued.difference_update(zip(timestamps, key_groups, keys))
+
+    def undo(self, dkv_keys: Iterable[bytes], stored: Callable[[bytes], bool]) -> None:
+        """Brings the in-memory bookkeeping back in line with DKV after the writes of one
+        handler call were discarded (``operators.runtime.operator_errors``).
+
+        Args:
+            dkv_keys: every DKV key the discarded call wrote (state keys are ignored).
+            stored: whether a timer's DKV key is stored now (without the call's writes).
+
+        A discarded ``set`` must not stay in the set-dedup memory (a later ``set`` of the
+        same timer would then write nothing), nor stay queued to fire in a running
+        ``due`` pass; a discarded ``delete`` of a due timer queues it again. While ``due``
+        runs, a timer at or below its watermark that is stored has not fired yet and is
+        still ahead in the pass (fired timers are deleted before their handler runs), so
+        "queued" is exactly "stored" for those. ``low`` stays: a lowered bound is still a
+        lower bound.
+        """
+        until = self._firing_until
+        for tk in dkv_keys:
+            if len(tk) < 11 or tk[2] != SCHEMA_TIMER:
+                continue
+            self._set_this_epoch.discard(tk)
+            if until is None:
+                continue
+            kg, ts, key = decode_timer_key(tk)
+            if ts <= until:
+                if stored(tk):
+                    self._queued.add((ts, kg, key))
+                else:
+                    self._queued.discard((ts, kg, key))
 
     def _push(self, entry: tuple[int, int, bytes]) -> None:
         if entry not in self._queued:
