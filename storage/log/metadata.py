@@ -64,7 +64,7 @@ collection's grace period)::
      "entries": [entry, ...]}
 
     entry := {"file": key, "chunk": chunk_info, "base": int, "start": int, "end": int,
-              "cleaned_at": int | null}
+              "cleaned_at": int | null, "appended_at": int | null}
 
 An entry covers offsets ``[start, end)`` of its partition; the chunk's records have
 offsets ``base + delta``. Entries of a partition are sorted and do not overlap; offsets
@@ -73,6 +73,8 @@ the next produced record gets. ``cleaned_to`` is the cleaner checkpoint: offsets
 it are the *clean* section (written by the cleaner, each key at most once), the rest
 is *dirty*. ``cleaned_at`` (ms) is when the cleaner wrote the entry; tombstones in it
 are dropped by a cleaning at or after ``cleaned_at + delete.retention.ms``.
+``appended_at`` (ms) is when the commit that appended a produced entry was made (its
+records' append time, Kafka's LogAppendTime); null for the cleaner's entries.
 ``producers`` maps an idempotent producer to the newest sequence it committed, so a
 retried commit (a sink's publish redone after a crash) is applied once.
 
@@ -120,7 +122,13 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Entry:
-    """A partition's offsets ``[start, end)`` stored in one chunk of ``file``."""
+    """A partition's offsets ``[start, end)`` stored in one chunk of ``file``.
+
+    ``cleaned_at`` (ms): when the cleaner wrote it (None: produced). ``appended_at``
+    (ms): when the commit that appended it was made, i.e. when its records became
+    readable (None: written by the cleaner, whose output mixes records of many
+    appends, or read from format-1 metadata, which did not record it).
+    """
 
     file: str
     chunk: ChunkInfo
@@ -128,6 +136,7 @@ class Entry:
     start: int
     end: int
     cleaned_at: int | None = None
+    appended_at: int | None = None
 
     @property
     def first_offset(self) -> int:
@@ -142,12 +151,13 @@ class Entry:
     def to_json(self) -> dict:
         """A JSON-able dict."""
         return {"file": self.file, "chunk": self.chunk.to_json(), "base": self.base, "start": self.start,
-                "end": self.end, "cleaned_at": self.cleaned_at}
+                "end": self.end, "cleaned_at": self.cleaned_at, "appended_at": self.appended_at}
 
     @classmethod
     def from_json(cls, d: dict) -> Entry:
-        """Inverse of ``to_json``."""
-        return cls(d["file"], ChunkInfo.from_json(d["chunk"]), d["base"], d["start"], d["end"], d["cleaned_at"])
+        """Inverse of ``to_json`` (format 1 has no ``appended_at``)."""
+        return cls(d["file"], ChunkInfo.from_json(d["chunk"]), d["base"], d["start"], d["end"], d["cleaned_at"],
+                   d.get("appended_at"))
 
 
 @dataclass(frozen=True)
