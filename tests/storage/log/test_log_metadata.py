@@ -286,3 +286,42 @@ def test_reader_lists_again_when_its_chain_is_trimmed(tmp_path) -> None:
         pass
     else:
         raise AssertionError("version 2 should have been trimmed")
+
+
+def test_snapshot_losing_its_race_leaves_no_page_and_garbage_collection_spares_live_pages() -> None:
+    """Writer B's snapshot (version 3) loses to writer A's: B deletes the pages it wrote
+    and commits version 4. A page a crashed snapshot left is collected; named ones stay."""
+    store = MemoryObjectStore()
+    a, b = _small(Log(store)), _small(Log(store))
+    a.create_topic("t")  # version 1
+    prod_a = a.producer()
+    prod_a.send("t", b"k", b"a1")
+    prod_a.flush()  # version 2
+    prod_b = b.producer()
+    for i in range(3):
+        prod_b.send("t", b"k", b"b%d" % i)
+    raced = []
+    real = b.meta._snapshot
+
+    def snapshot_then_lose(before, md, body):
+        written = real(before, md, body)
+        if not raced:  # A commits version 3 between B's snapshot pages and B's version
+            raced.append(written)
+            prod_a.send("t", b"k", b"a2")
+            prod_a.flush()
+        return written
+
+    b.meta._snapshot = snapshot_then_lose
+    assert prod_b.flush() == {("t", 0): (2, 4)}
+    assert raced and raced[0]  # B had written pages for its lost snapshot
+    md = Log(store).metadata()
+    assert md.version == 4 and md.base == 3
+    pages = set(store.list("log/pages/"))
+    assert not pages & set(raced[0]) and pages == md.pages() | md.base_pages
+    assert [r.value for r in Log(store).read("t", 0)] == [b"a1", b"a2", b"b0", b"b1", b"b2"]
+
+    orphan = "log/pages/0000000000001-crashedsnapshot.json"
+    store.put(orphan, b"a page no version names")
+    assert a.collect_garbage(grace_ms=0, now=10**13) == [orphan]
+    assert set(store.list("log/pages/")) == pages
+    assert [r.value for r in Log(store).read("t", 0)] == [b"a1", b"a2", b"b0", b"b1", b"b2"]
