@@ -2,9 +2,13 @@
 
 ``TopicSource``: source partition ``<topic>-<n>`` is partition n of the topic, and the
 runtime's source offsets are the topic's offsets, so they are committed with the job's
-checkpoint and a restart replays from them (Kafka offsets in a Flink checkpoint).
-A compacted topic has offset gaps, which the runtime's contiguous offset ranges cannot
-express yet: the source refuses one.
+checkpoint and a restart replays from them (Kafka offsets in a Flink checkpoint). Every
+slice carries its records' offsets (``_offset``): a compacted topic has gaps where the
+cleaner removed records, and a slice holds the records that survive in its range, as a
+Kafka consumer of a compacted topic sees them. A replay reads what survives at that
+time: the latest record of each key is never removed, and nor are the records after the
+cleaner's checkpoint. Each row's ``_ingest_time`` is its append time (the commit that
+made it readable), null for records rewritten by the cleaner (it mixes many appends).
 
 ``TopicSink``: exactly-once. A task writes its records as one segment file under its
 staging prefix (unique per epoch, range and attempt); nothing is visible. Publishing
@@ -34,15 +38,19 @@ import pyarrow.compute as pc
 from operators.io.sinks import Sink
 from operators.io.sources import (
     ERROR_COLUMN,
+    INGEST_TIME_COLUMN,
     KEY_COLUMN,
+    OFFSET_COLUMN,
     RAW_VALUE_COLUMN,
     TIMESTAMP_COLUMN,
     Source,
 )
 from storage.log import Log, TopicConfig
+from storage.log.consumer import fetch, with_fresh_metadata
 from storage.log.errors import InvalidRecordError
 from storage.log.metadata import NO_CHANGE, LogMetadata
 from storage.log.producer import append_file, now_ms, partition_for
+from storage.log.records import Record
 from storage.log.segment import SegmentWriter, read_directory
 from storage.objectstore import ObjectStore, open_object_store
 
@@ -50,20 +58,23 @@ VALUE_COLUMN = "value"
 
 
 class TopicSource(Source):
-    """Reads a topic of a ``Log``.
+    """Reads a topic of a ``Log``, plain or compacted (module docstring).
 
     Args:
         store_uri: object-store root of the log (``open_object_store``).
-        topic: topic name; must exist and must not be compacted.
+        topic: topic name; must exist.
         log_prefix: the log's prefix in the store.
         value_schema: decode JSON-object values into these columns (default: one
-            binary ``value`` column).
+            binary ``value`` column). A tombstone (null value) decodes to nulls.
         bounded: True: the job ends (watermark +infinity) once it has read up to the
-            end offsets; False (default): a live topic, the job stops when caught up.
+            end offsets; False (default): a live topic, each run reads what was
+            appended since the last one and stops when caught up.
+
+    ``read`` returns ``key``, ``timestamp``, the value columns, ``_offset`` and
+    ``_ingest_time`` (ms; null for records the cleaner rewrote).
 
     Raises:
         UnknownTopicError: no such topic.
-        ValueError: the topic is compacted.
     """
 
     def __init__(self, store_uri: str, topic: str, log_prefix: str = "log",
@@ -72,13 +83,19 @@ class TopicSource(Source):
         self._value_schema = value_schema
         self._bounded = bounded
         self.name = f"topic:{topic}"
-        cfg = self._log().metadata().topic(topic).config
-        if cfg.compacted:
-            raise ValueError(f"topic {topic!r} is compacted: its offset gaps cannot be read as a job source yet")
-        self._partitions = cfg.partitions
+        self._cached_log: Log | None = None
+        self._partitions = self._log().metadata().topic(topic).config.partitions
+
+    def __getstate__(self) -> dict:
+        # The log keeps the newest metadata it read; a copy elsewhere reads its own.
+        return {**self.__dict__, "_cached_log": None}
 
     def _log(self) -> Log:
-        return Log(open_object_store(self.store_uri), self.log_prefix)
+        """One ``Log`` per source: it keeps the metadata it read, so each call GETs only
+        the versions committed since."""
+        if self._cached_log is None:
+            self._cached_log = Log(open_object_store(self.store_uri), self.log_prefix)
+        return self._cached_log
 
     def partitions(self) -> list[str]:
         return [f"{self.topic}-{p}" for p in range(self._partitions)]
@@ -88,6 +105,10 @@ class TopicSource(Source):
         if prefix != self.topic or not n.isdigit() or int(n) >= self._partitions:
             raise KeyError(f"{self.name}: unknown partition {name!r}")
         return int(n)
+
+    def start_offset(self, partition: str) -> int:
+        """The partition's log start offset (Kafka's ``auto.offset.reset=earliest``)."""
+        return self._log().start_offsets(self.topic)[self._partition_index(partition)]
 
     def end_offsets(self) -> dict[str, int]:
         return dict(zip(self.partitions(), self._log().end_offsets(self.topic)))
@@ -101,23 +122,47 @@ class TopicSource(Source):
         return self._value_schema or pa.schema([pa.field(VALUE_COLUMN, pa.binary())])
 
     def read(self, partition: str, start: int, end: int) -> pa.Table:
+        """The records with offsets in ``[start, end)`` that the log holds (all of them
+        in a plain topic; the survivors of compaction in a compacted one), in offset
+        order, with ``_offset`` and ``_ingest_time`` columns.
+
+        Raises:
+            KeyError: unknown partition.
+            IndexError: ``[start, end)`` outside ``[log start offset, next offset]``.
+            CorruptionError: a batch or index fails its checksum (names file and byte).
+        """
         p = self._partition_index(partition)
-        log = self._log()
-        high = log.end_offsets(self.topic)[p]
-        if not 0 <= start <= end <= high:
-            raise IndexError(f"{self.name}/{partition}: offsets [{start}, {end}) outside [0, {high}]")
-        records = log.fetch(self.topic, p, start, max_records=end - start).records if end > start else []
-        if len(records) != end - start:
-            raise IndexError(f"{self.name}/{partition}: [{start}, {end}) holds {len(records)} records "
-                             "(offsets removed?)")
+        records, appended = with_fresh_metadata(self._log(), lambda md: self._read(md, p, start, end))
         keys = pa.array([r.key for r in records], pa.binary())
         ts = pa.array(np.fromiter((r.timestamp for r in records), np.int64, len(records)))
+        extra = {OFFSET_COLUMN: pa.array(np.fromiter((r.offset for r in records), np.int64, len(records))),
+                 INGEST_TIME_COLUMN: pa.array(appended, pa.int64())}
         if self._value_schema is None:
             values = {VALUE_COLUMN: pa.array([r.value for r in records], pa.binary())}
-            return pa.table({KEY_COLUMN: keys, TIMESTAMP_COLUMN: ts, **values})
+            return pa.table({KEY_COLUMN: keys, TIMESTAMP_COLUMN: ts, **values, **extra})
         values, errors = decode_json_values([r.value for r in records], self._value_schema)
         return pa.table({KEY_COLUMN: keys, TIMESTAMP_COLUMN: ts, **values, ERROR_COLUMN: errors,
-                         RAW_VALUE_COLUMN: pa.array([r.value for r in records], pa.binary())})
+                         RAW_VALUE_COLUMN: pa.array([r.value for r in records], pa.binary()), **extra})
+
+    def _read(self, md: LogMetadata, p: int, start: int, end: int) -> tuple[list[Record], list[int | None]]:
+        """``(records in [start, end), each one's append time)`` from one metadata version."""
+        part = md.partition(self.topic, p)
+        if not part.log_start <= start <= end <= part.next_offset:
+            raise IndexError(f"{self.name}/{self.topic}-{p}: offsets [{start}, {end}) outside "
+                             f"[{part.log_start}, {part.next_offset}] (log start, next offset)")
+        if end == start:
+            return [], []
+        # At most end - start records lie in the range; a fetch past a gap may return
+        # records beyond it, which are dropped.
+        records = [r for r in fetch(self._log(), self.topic, p, start, end - start, md=md).records if r.offset < end]
+        appended: list[int | None] = []
+        entries = part.entries_from(start)
+        i = 0
+        for r in records:  # records and entries both in offset order
+            while entries[i].end <= r.offset:
+                i += 1
+            appended.append(entries[i].appended_at)
+        return records, appended
 
 
 def decode_json_values(raw: list[bytes | None], schema: pa.Schema) -> tuple[dict[str, pa.Array], pa.Array]:

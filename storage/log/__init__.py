@@ -3,8 +3,9 @@
 * ``records.py``: CRC-checked record batches (the unit of storage).
 * ``index.py``: per-chunk offset and time indexes, Kafka's warm/cold binary search.
 * ``segment.py``: segment files holding chunks of many partitions, their directory.
-* ``metadata.py``: the versioned metadata object (partition offset ranges -> file
-  byte ranges), committed with ``put_if_absent``.
+* ``metadata.py``: the metadata (partition offset ranges -> file byte ranges): versions
+  committed with ``put_if_absent``, deltas between snapshots, entries sealed into pages,
+  so a flush's commit costs the same after millions of flushes.
 * ``producer.py`` / ``consumer.py``: produce (a file per flush), fetch, offsets for
   times, consumer-group offsets in the compacted ``__consumer_offsets`` topic.
 * ``offset_map.py`` / ``cleaner.py``: compacted topics: the fixed-memory key-hash map

@@ -13,7 +13,7 @@ time index entries, and the first N records of each chunk (relative offsets: the
 metadata holds each chunk's base offset). ``describe`` prints one row per partition:
 policy, log start and next offset, cleaner checkpoint, entries, records, bytes, clean
 and dirty bytes and the dirty ratio; ``--entries`` adds each entry's offset range,
-file and byte range. Anything corrupt exits with status 1 and the error, which names
+file, byte range, cleaning time and append time. Anything corrupt exits with status 1 and the error, which names
 the file and byte offset.
 """
 from __future__ import annotations
@@ -88,7 +88,8 @@ def describe(root: str, prefix: str, entries: bool, out: TextIO) -> None:
                 for e in p.entries:
                     out.write(f"{name}/{i} [{e.start}, {e.end}) base={e.base} records={e.chunk.records} "
                               f"file={e.file} bytes=[{e.chunk.position}, {e.chunk.position + e.chunk.length}) "
-                              f"cleaned_at={e.cleaned_at if e.cleaned_at is not None else '-'}\n")
+                              f"cleaned_at={e.cleaned_at if e.cleaned_at is not None else '-'} "
+                              f"appended_at={e.appended_at if e.appended_at is not None else '-'}\n")
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:

@@ -3,11 +3,12 @@ file naming; producers, consumers and the cleaner work through it.
 
 Bucket layout under ``prefix`` (default ``log``)::
 
-    <prefix>/metadata/<version:020d>.json     metadata versions (metadata.py)
+    <prefix>/metadata/<version:020d>.json     metadata versions: snapshots and deltas (metadata.py)
+    <prefix>/pages/<ms:013d>-<id>.json        entry pages the snapshots name (metadata.py)
     <prefix>/files/<ms:013d>-<id>.<p|c>.seg   segment files: p = produced, c = compacted
 
-A file's name starts with its creation time, so garbage collection can spare the
-files of flushes still on their way to a commit (``collect_garbage``'s grace period).
+A file's or page's name starts with its creation time, so garbage collection can spare
+the files of flushes still on their way to a commit (``collect_garbage``'s grace period).
 """
 from __future__ import annotations
 
@@ -168,12 +169,14 @@ class Log:
         return rows
 
     def collect_garbage(self, grace_ms: int = GC_GRACE_MS, now: int | None = None) -> list[str]:
-        """Deletes segment files no metadata entry names, older than ``grace_ms`` (a
-        younger one may belong to a flush about to commit). Returns the deleted keys."""
+        """Deletes segment files no metadata entry names and entry pages neither the
+        newest version nor its snapshot names, older than ``grace_ms`` (a younger one may
+        belong to a flush or snapshot about to commit). Returns the deleted keys."""
         now = now_ms() if now is None else now
-        live = self.metadata().files()
+        md = self.metadata()
+        live = md.files() | md.pages() | md.base_pages
         deleted = []
-        for k in self.store.list(f"{self.prefix}/files/"):
+        for k in self.store.list(f"{self.prefix}/files/") + self.store.list(self.meta.pages_prefix()):
             name = k.rsplit("/", 1)[1]
             if k in live or not name[:13].isdigit() or int(name[:13]) > now - grace_ms:
                 continue

@@ -55,6 +55,9 @@ def append_file(md: LogMetadata, file: str, chunks: Sequence[ChunkInfo],
 
     Returns:
         ``{(topic, partition): (first offset, last offset)}``, or ``NO_CHANGE``.
+
+    The entries' ``appended_at`` is the wall clock now: the commit that makes the
+    records readable follows at once.
     """
     if producer is not None:
         pid, seq = producer
@@ -62,10 +65,11 @@ def append_file(md: LogMetadata, file: str, chunks: Sequence[ChunkInfo],
             return NO_CHANGE
         md.producers[pid] = seq
     assigned = {}
+    appended_at = now_ms()
     for c in chunks:
         p = md.partition(c.topic, c.partition)
         base = p.next_offset
-        p.entries.append(Entry(file, c, base, base, base + c.records))
+        p.entries.append(Entry(file, c, base, base, base + c.records, appended_at=appended_at))
         p.next_offset += c.records
         assigned[(c.topic, c.partition)] = (base, base + c.records - 1)
     return assigned

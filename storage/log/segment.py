@@ -68,7 +68,7 @@ class ChunkInfo:
 
     def to_json(self) -> dict:
         """A JSON-able dict (``from_json`` inverts it)."""
-        d = asdict(self)
+        d = dict(self.__dict__)  # every field is a scalar but index; asdict would deep-copy
         d["index"] = list(self.index)
         return d
 

@@ -118,10 +118,6 @@ def test_source_offsets_are_topic_offsets(tmp_path) -> None:
     runner.run(max_epochs=2)
     offsets = runner.latest().source_offsets
     assert sum(offsets.values()) == 240 and set(offsets) == {"in-0", "in-1", "in-2"}
-    log = Log(open_object_store(root))
-    log.create_topic("compacted", TopicConfig(cleanup_policy=COMPACT))
-    with pytest.raises(ValueError, match="compacted"):
-        TopicSource(root, "compacted")
 
 
 # -- values a value_schema cannot represent are dead letters ---------------------------------
