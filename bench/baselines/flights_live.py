@@ -233,7 +233,10 @@ def run_live_cli(args, engine: str, run) -> int:
     """Fill the topic as ``--produce`` says, ``run(progress) -> (output frame, stats)``,
     sample lag when producing live, check the complete windows against the oracle and
     print one JSON line: the stats plus ``engine``, ``mode``, ``windows_compared`` and
-    ``correct: true`` (an ``AssertionError`` from the check propagates).
+    ``correct: true`` (an ``AssertionError`` from the check propagates); when producing
+    live also ``rate``, ``lag_samples``, ``lag_p50``, ``lag_p95``, ``lag_max`` (records),
+    ``lag_p95_s`` (s at ``rate``), ``drain_s`` and ``ready_s`` (s from the engine's start
+    to the producer's: the engine's start-up, e.g. its group join).
 
     Returns:
         Exit status 0.
