@@ -112,7 +112,9 @@ def build_flow(bootstrap: str, topic: str, ends: dict[int, int], progress: Progr
     class ListSinkPartition(StatelessSinkPartition):
         def write_batch(self, items) -> None:
             for route, (window_id, acc) in items:
-                sink.append((route, ALIGN_MS + window_id * DAY_MS, acc))
+                start_ms = ALIGN_MS + window_id * DAY_MS
+                sink.append((route, start_ms, acc))
+                progress.window_emitted(start_ms + DAY_MS)
 
     class ListSink(DynamicSink):
         def build(self, step_id, worker_index, worker_count):

@@ -147,6 +147,7 @@ def run(bootstrap: str, topic: str, progress: Progress, guarantee: str = "exactl
 
     def emit(window: dict, key: bytes, _timestamp: int, _headers) -> None:
         rows.append((key.decode(), window["start"], window["value"]))
+        progress.window_emitted(window["end"])
 
     group = group or f"quix-flights-{uuid.uuid4().hex[:8]}"
     threading.Thread(target=signal_when_group_stable, args=(bootstrap, group, progress), daemon=True).start()

@@ -114,3 +114,19 @@ def test_bytewax_kafka_complete_windows_equal_oracle(broker, flights_topic, comp
     _check(output, stats, complete_oracle)
     # At the end of input Bytewax closes every window: all routes and days of the input.
     assert len(output) > len(complete_oracle[0])
+
+
+def test_bytewax_kafka_live_cli_measures_every_compared_window(broker, capsys) -> None:
+    """``--produce live``: the producer runs while the peer consumes a fresh topic; the
+    JSON line has a latency per compared window and lag samples (counts, not times)."""
+    pytest.importorskip("bytewax", reason="bytewax comes with the bench extra")
+    import json
+
+    from bench.baselines.bytewax_kafka_flights import main
+
+    assert main(["--bootstrap", broker, "--topic", "live", "--records", "5000", "--produce", "live",
+                 "--rate", "20000"]) == 0
+    stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert stats["correct"] and stats["mode"] == "live" and stats["records"] == 5_000
+    assert stats["windows_measured"] == stats["windows_compared"] > 0
+    assert stats["lag_samples"] > 0 and stats["lag_max"] <= 5_000
