@@ -149,7 +149,7 @@ def run(bootstrap: str, topic: str, progress: Progress, scale: int = 1, recovery
     Args:
         bootstrap: Kafka bootstrap servers, ``host:port``.
         topic: the flights topic, filled by ``examples/flights_producer.py`` at ``scale``.
-        progress: counts the records (its ``records`` is N); the lag sampler reads it.
+        progress: counts the records (its ``records`` is N); ``LiveProducer`` samples it.
         scale: the producer's scale (gives each partition's end offset).
         recovery: snapshot to Bytewax's SQLite recovery store every epoch.
         epoch_interval_s: Bytewax epoch length, s of system time.

@@ -167,8 +167,9 @@ class Progress:
 
     Engine callbacks call ``consumed()`` when records reach the engine, ``processed(k)``
     once ``k`` records are folded into their windows (it returns True once all ``records``
-    are: the engine then stops) and ``window_emitted(window_end_ms)`` per window output. Counters are plain ints read by the lag
-    sampler thread (a torn read is impossible under the GIL)."""
+    are: the engine then stops) and ``window_emitted(window_end_ms)`` per window output.
+    ``count`` is a plain int read by ``LiveProducer``'s sampling thread (a torn read is
+    impossible under the GIL)."""
 
     def __init__(self, records: int) -> None:
         self.records = records

@@ -114,7 +114,7 @@ def run(bootstrap: str, topic: str, progress: Progress, guarantee: str = "exactl
     Args:
         bootstrap: Kafka bootstrap servers, ``host:port``.
         topic: the flights topic (``examples/flights_producer.py``).
-        progress: counts the records (its ``records`` is N); the lag sampler reads it.
+        progress: counts the records (its ``records`` is N); ``LiveProducer`` samples it.
         guarantee: Quix's ``processing_guarantee``, ``"exactly-once"`` or ``"at-least-once"``.
         state_dir: RocksDB state directory (default: a temporary one, removed after).
         group: consumer group (default: a new one, so the run starts at offset 0).
