@@ -45,6 +45,7 @@ from bench.baselines.flights_input import (
     check_output,
     run_engine_cli,
 )
+from bench.baselines.flights_window import fold, merge, new_accumulator, to_output_table
 from examples.flights_data import DAY_MS
 
 
@@ -119,16 +120,7 @@ def build_flow(input_dir: str, sink: list, late: list, marks: dict):
             return ListSinkPartition()
 
     def folder(acc: list, item) -> list:
-        _, _, dep_time, dep_delay = item
-        acc[0] += 1
-        if dep_time is None:
-            acc[1] += 1
-        if dep_delay is not None:
-            acc[2] += dep_delay
-            acc[3] += 1
-            if acc[4] is None or dep_delay > acc[4]:
-                acc[4] = float(dep_delay)
-        return acc
+        return fold(acc, item[2], item[3])
 
     flow = Dataflow("flights_route_daily_delays")
     events = op.input("flights", flow, FilesSource())
@@ -137,29 +129,10 @@ def build_flow(input_dir: str, sink: list, late: list, marks: dict):
                        wait_for_system_duration=timedelta(hours=1), now_getter=lambda: FROZEN_NOW,
                        to_system_utc=lambda ts: None)
     windows = fold_window("daily", keyed, clock, TumblingWindower(length=timedelta(days=1), align_to=ALIGN),
-                          builder=lambda: [0, 0, 0.0, 0, None], folder=folder,
-                          merger=lambda a, b: [a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3],
-                                               max((x for x in (a[4], b[4]) if x is not None), default=None)],
-                          ordered=False)
+                          builder=new_accumulator, folder=folder, merger=merge, ordered=False)
     op.output("windows", windows.down, ListSink())
     op.inspect("late", windows.late, lambda step, item: late.append((item[0], item[1][1][1])))
     return flow
-
-
-def to_output_table(rows: list) -> pa.Table:
-    """Closed windows ``(route, window_start_ms, [flights, cancelled, sum, count, max])``
-    as the spec's output table."""
-    ts = pa.timestamp("ms", tz="UTC")
-    routes = [r for r, _, _ in rows]
-    starts = pa.array([s for _, s, _ in rows], pa.int64())
-    return pa.table({
-        "origin": [r.split("-", 1)[0] for r in routes], "dest": [r.split("-", 1)[1] for r in routes],
-        "window_start": starts.cast(ts), "window_end": pa.compute.add(starts, DAY_MS).cast(ts),
-        "flights": pa.array([a[0] for _, _, a in rows], pa.int64()),
-        "cancelled": pa.array([a[1] for _, _, a in rows], pa.int64()),
-        "dep_delay_mean": pa.array([a[2] / a[3] if a[3] else None for _, _, a in rows], pa.float64()),
-        "dep_delay_max": pa.array([a[4] for _, _, a in rows], pa.float64()),
-    })
 
 
 def run(plan: EpochPlan, input_dir: str, work_dir: str, workers: int = 1, recovery: bool = True,

@@ -1,0 +1,401 @@
+"""The live flights benchmark's shared side: which records a run consumes, which windows
+it is checked on, and what it measures. Used by the Kafka peers (``quix_flights.py``,
+``bytewax_kafka_flights.py``) and meant for dkvstream's Kafka run too.
+
+The topic is the one ``examples/flights_producer.py`` fills (3 partitions, one per
+origin, record timestamp = scheduled departure, records in event-time order), freshly
+created, so partition ``p`` holds offsets ``[0, n_p)`` and a run of the first ``N``
+flights ends at the offsets ``partition_ends(N)``. Every engine stops after those
+records (Tansu's ListOffsets high watermark is the base offset of the topic's last batch
++ 1, not its last record + 1, so "read to the high watermark" would stop early).
+
+The complete-window rule (the windows every engine is checked on): a run over the first
+``N`` flights is compared with the oracle over exactly those flights on the windows with
+``window_end <= complete_window_cutoff_ms(N)``, the smallest over the partitions of the
+largest event time consumed from the partition, minus the spec's 1 h watermark delay.
+Every such window is final however an engine tracks its watermark (over the topic, per
+partition as Quix Streams' ``closing_strategy="partition"``, or per key with a flush at
+end of input as Bytewax): within a partition records come in event-time order, so no
+later record of the topic falls into it. Windows after the cutoff are left out, closed
+or not: an engine that flushes every window at end of input emits them, one that does
+not (Quix) keeps them open.
+
+Measures (``Progress``, ``LiveProducer``, ``peer_stats``):
+
+- throughput (topic filled before the engine starts): ``seconds`` from the first record
+  consumed to the ``N``-th record processed (folded into its window's state), and
+  ``events_per_s`` = ``N / seconds``; start-up (group join, partition assignment) and
+  shutdown (the last commit) are outside this clock.
+- live (the producer runs at a fixed rate while the engine consumes; the producer starts
+  once the engine is ready, so its start-up is not counted). ``LiveProducer`` samples
+  the topic's high watermarks (their sum: records visible) every 50 ms.
+
+  * window latency: a window ending at ``e`` is closed by the first record of the
+    producer's order with event time >= ``e`` + 1 h (after it the topic's watermark, max
+    event time - 1 h, has passed the window). Its latency is the wall time the engine
+    emitted the window minus the wall time that record was produced. The producer
+    releases tick ``k`` (records ``[k r, (k + 1) r)``, ``r`` = rate x ``TICK_S``) at
+    ``start + k TICK_S``, where ``start`` is estimated from the samples: each sample of
+    ``h`` records visible at ``t`` bounds it by ``t - ((h - 1) // r) TICK_S``, and the
+    smallest bound is taken (an over-estimate of the producer's start by the time a
+    record takes to become visible, tens of ms, so latencies are that much short). A
+    producer that falls behind its schedule (the machine busy) makes latencies look
+    longer: ``producer_slip_s`` is the largest amount by which the records visible
+    trailed the schedule, in seconds at the rate (up to one tick, 0.1 s, of it is the
+    time a tick takes to become visible). Reported over the compared windows:
+    median, 95th percentile and maximum, s. The latency includes the event time an
+    engine waits before closing a window: Bytewax's per-route clock closes a route's
+    window only at that route's next flight 1 h after it, or at end of input.
+  * lag: records visible minus records processed, per sample, from the first record
+    consumed to the ``N``-th processed; median, 95th percentile, maximum (records) and
+    the 95th percentile in seconds at the rate. Tansu's high watermark trails the
+    records produced by up to one producer batch per partition, so lag is under-counted
+    by at most that; it swings by up to one tick (``r`` records) between samples.
+  * ``drain_s``: seconds from the producer process exiting (every record acknowledged)
+    to the ``N``-th record processed (0 when the engine kept up).
+- peak RSS of this process (``psutil``, sampled every 0.2 s while the engine runs), MiB.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from bench.baselines.flights_input import EpochPlan, prefix_oracle
+from examples.flights_data import ORIGINS
+from examples.flights_oracle import assert_equals_oracle
+from examples.flights_producer import TICK_S, create_topic, produce, replay_order
+
+WATERMARK_DELAY_MS = 3_600_000  # the spec's watermark: max event time - 1 h
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Producer rate of a pre-filled topic: every record in one producer tick.
+FILL_RATE = 1e9
+
+
+def partition_ends(records: int, scale: int = 1) -> dict[int, int]:
+    """End offset (exclusive) of each topic partition after the first ``records`` flights
+    of the producer's order, on a fresh topic: ``{partition: n}``, partitions 0..2."""
+    _, partition = replay_order(scale)
+    if not 0 < records <= len(partition):
+        raise ValueError(f"records must be in [1, {len(partition)}] (flights at scale {scale}), got {records}")
+    counts = np.bincount(partition[:records], minlength=len(ORIGINS))
+    return {p: int(n) for p, n in enumerate(counts)}
+
+
+def complete_window_cutoff_ms(records: int, scale: int = 1) -> int:
+    """The complete-window rule's cutoff (module docstring), ms since the epoch: windows
+    ending at or before it are compared."""
+    table, partition = replay_order(scale)
+    ms = table.column("event_time_ms").to_numpy()[:records]
+    part = partition[:records]
+    return int(min(ms[part == p].max() for p in np.unique(part))) - WATERMARK_DELAY_MS
+
+
+def complete_windows(frame: pd.DataFrame, cutoff_ms: int) -> pd.DataFrame:
+    """The rows of an output or oracle frame whose ``window_end`` is <= ``cutoff_ms``."""
+    end_ms = frame["window_end"].astype("datetime64[ms, UTC]").astype("int64")
+    return frame[end_ms <= cutoff_ms].reset_index(drop=True)
+
+
+def oracle(records: int, scale: int = 1) -> pd.DataFrame:
+    """The oracle over the first ``records`` flights (every window, complete or not)."""
+    ends = partition_ends(records, scale)
+    plan = EpochPlan(scale, records, [], {origin: ends[i] for i, origin in enumerate(ORIGINS)})
+    return prefix_oracle(plan)
+
+
+def check_complete_windows(output: pd.DataFrame, records: int, scale: int = 1) -> int:
+    """Assert an engine's complete windows equal the oracle's (``assert_equals_oracle``).
+
+    Returns:
+        The number of windows compared.
+
+    Raises:
+        AssertionError: naming the first difference.
+    """
+    cutoff = complete_window_cutoff_ms(records, scale)
+    expected = complete_windows(oracle(records, scale), cutoff)
+    assert_equals_oracle(pa.Table.from_pandas(complete_windows(output, cutoff), preserve_index=False), expected)
+    return len(expected)
+
+
+def window_latencies(progress: Progress, records: int, scale: int, rate: float, produce_start: float) -> list[float]:
+    """End-to-end latency of each compared window of a live run, s (module docstring:
+    emission time minus the production time of the record that closed the window).
+
+    Args:
+        progress: the run's ``Progress`` (``emitted``).
+        records: N; scale, rate: the producer's.
+        produce_start: ``time.perf_counter`` s of the producer's first tick
+            (``LiveProducer.schedule_start``).
+
+    Returns:
+        One latency per emitted window with ``window_end <= complete_window_cutoff_ms``.
+    """
+    table, _ = replay_order(scale)
+    ms = table.column("event_time_ms").to_numpy()[:records]
+    cutoff = complete_window_cutoff_ms(records, scale)
+    per_tick = max(1, int(rate * TICK_S))
+    out = []
+    for end_ms, at in progress.emitted:
+        if end_ms <= cutoff:
+            closing = int(np.searchsorted(ms, end_ms + WATERMARK_DELAY_MS, side="left"))
+            out.append(at - (produce_start + (closing // per_tick) * TICK_S))
+    return out
+
+
+def _percentiles(values: list[float]) -> tuple[float, float, float]:
+    """(median, 95th percentile, maximum) of a non-empty list."""
+    v = sorted(values)
+    return statistics.median(v), v[min(len(v) - 1, int(0.95 * len(v)))], v[-1]
+
+
+class Progress:
+    """What an engine reports while it runs: when it is ready to consume (``ready``, set
+    once its partitions are assigned), when it consumed its first record, how many it has
+    processed, when it processed the last one (``time.perf_counter`` s), and when it
+    emitted each window.
+
+    Engine callbacks call ``consumed()`` when records reach the engine, ``processed(k)``
+    once ``k`` records are folded into their windows (it returns True once all ``records``
+    are: the engine then stops) and ``window_emitted(window_end_ms)`` per window output.
+    ``count`` is a plain int read by ``LiveProducer``'s sampling thread (a torn read is
+    impossible under the GIL)."""
+
+    def __init__(self, records: int) -> None:
+        self.records = records
+        self.ready = threading.Event()
+        self.count = 0
+        self.first_consumed: float | None = None
+        self.last_processed: float | None = None
+        self.emitted: list[tuple[int, float]] = []  # (window end ms, perf_counter s)
+
+    def window_emitted(self, window_end_ms: int) -> None:
+        self.emitted.append((window_end_ms, time.perf_counter()))
+
+    def consumed(self) -> None:
+        if self.first_consumed is None:
+            self.first_consumed = time.perf_counter()
+            self.ready.set()
+
+    def processed(self, k: int = 1) -> bool:
+        self.count += k
+        if self.count >= self.records and self.last_processed is None:
+            self.last_processed = time.perf_counter()
+        return self.count >= self.records
+
+
+class PeakRss:
+    """Peak RSS of this process, sampled every ``interval_s`` by ``psutil`` in a thread."""
+
+    def __init__(self, interval_s: float = 0.2) -> None:
+        import psutil
+
+        self._process = psutil.Process(os.getpid())
+        self.interval_s = interval_s
+        self.peak = self._process.memory_info().rss
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.peak = max(self.peak, self._process.memory_info().rss)
+
+    def stop(self) -> int:
+        """Stops sampling; returns the peak, bytes."""
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._process.memory_info().rss)
+        return self.peak
+
+
+def peer_stats(progress: Progress, peak_rss: int, windows: int, **extra) -> dict:
+    """The stats dict of a run: ``records``, ``seconds`` (first record consumed to the
+    last processed), ``events_per_s``, ``peak_rss_mib``, ``windows_emitted`` and ``extra``.
+
+    Raises:
+        RuntimeError: the engine stopped before processing every record.
+    """
+    if progress.last_processed is None:
+        raise RuntimeError(f"the engine processed {progress.count} of {progress.records} records")
+    seconds = progress.last_processed - progress.first_consumed
+    return {"records": progress.records, "seconds": round(seconds, 3),
+            "events_per_s": round(progress.records / seconds, 1) if seconds > 0 else None,
+            "peak_rss_mib": round(peak_rss / 2**20, 1), "windows_emitted": windows, **extra}
+
+
+def add_live_arguments(ap: argparse.ArgumentParser) -> None:
+    """The command-line options of every Kafka peer."""
+    ap.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers, host:port")
+    ap.add_argument("--topic", default="flights")
+    ap.add_argument("--records", type=int, required=True,
+                    help="flights to consume: the first N of the producer's order (the producer's --limit)")
+    ap.add_argument("--scale", type=int, default=1, help="the producer's --scale")
+    ap.add_argument("--produce", choices=["before", "live"],
+                    help="create the topic and produce the N flights: 'before' the engine starts "
+                         "(throughput), or 'live' at --rate while it runs (lag); default: the topic is "
+                         "already filled")
+    ap.add_argument("--rate", type=float, default=20_000, help="producer rate with --produce live, events/s")
+
+
+def run_live_cli(args, engine: str, run) -> int:
+    """Fill the topic as ``--produce`` says, ``run(progress) -> (output frame, stats)``,
+    sample lag when producing live, check the complete windows against the oracle and
+    print one JSON line: the stats plus ``engine``, ``mode``, ``windows_compared`` and
+    ``correct: true`` (an ``AssertionError`` from the check propagates); when producing
+    live also ``rate``, ``lag_samples``, ``lag_p50``, ``lag_p95``, ``lag_max`` (records),
+    ``lag_p95_s`` (s at ``rate``), ``drain_s`` and ``ready_s`` (s from the engine's start
+    to the producer's: the engine's start-up, e.g. its group join).
+
+    Returns:
+        Exit status 0.
+    """
+    producer = None
+    if args.produce:
+        create_topic(args.bootstrap, args.topic)
+    if args.produce == "before":
+        produce(args.bootstrap, args.topic, FILL_RATE, args.scale, args.records)
+    # Every engine's process holds the flights (oracle, partition ends) while it runs, so
+    # their peak RSS compare alike; loaded now, outside the clocks.
+    replay_order(args.scale)
+    progress = Progress(args.records)
+    if args.produce == "live":
+        producer = LiveProducer(args, progress)
+    started = time.perf_counter()
+    try:
+        output, stats = run(progress)
+    finally:
+        if producer is not None:
+            producer.join()
+    stats.update(engine=engine, mode={"before": "throughput", "live": "live", None: "pre-filled"}[args.produce])
+    if producer is not None:
+        stats.update(producer.stats(), ready_s=round(producer.started_at - started, 3))
+        latencies = window_latencies(progress, args.records, args.scale, args.rate, producer.schedule_start())
+        if latencies:
+            p50, p95, top = (round(x, 3) for x in _percentiles(latencies))
+            stats.update(windows_measured=len(latencies), latency_p50_s=p50, latency_p95_s=p95,
+                         latency_max_s=top)
+    stats["windows_compared"] = check_complete_windows(output, args.records, args.scale)
+    stats["correct"] = True
+    print(json.dumps(stats), flush=True)
+    return 0
+
+
+class LiveProducer:
+    """``python -m examples.flights_producer`` in a child process, started from a thread
+    once the engine is ready (``progress.ready``), on a fresh topic; while it runs, and
+    until the engine has processed every record, the thread samples the topic's high
+    watermarks every ``interval_s``.
+
+    Attributes:
+        samples: ``(perf_counter s, records visible, records processed)`` per sample.
+        started_at, exited_at: ``time.perf_counter`` s the producer process started, exited.
+        report: the producer's JSON line (``produced``, ``seconds``, ``rate``).
+    """
+
+    def __init__(self, args, progress: Progress, ready_timeout_s: float = 120, interval_s: float = 0.05) -> None:
+        self.args, self.progress = args, progress
+        self.ready_timeout_s, self.interval_s = ready_timeout_s, interval_s
+        self.started_at = self.exited_at = None
+        self.returncode: int | None = None
+        self.report: dict = {}
+        self.samples: list[tuple[float, int, int]] = []
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from confluent_kafka import Consumer, TopicPartition
+
+        a = self.args
+        watcher = Consumer({"bootstrap.servers": a.bootstrap, "group.id": "flights-producer-watch"})
+        parts = [TopicPartition(a.topic, p) for p in range(len(ORIGINS))]
+
+        def visible() -> int:
+            return sum(watcher.get_watermark_offsets(tp, timeout=5, cached=False)[1] for tp in parts)
+
+        try:
+            if visible():
+                raise RuntimeError(f"topic {a.topic} is not empty: a live run needs a fresh topic")
+            self.progress.ready.wait(self.ready_timeout_s)  # not ready in time: produce anyway
+            self.started_at = time.perf_counter()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "examples.flights_producer", "--bootstrap", a.bootstrap, "--topic",
+                 a.topic, "--rate", str(a.rate), "--scale", str(a.scale), "--limit", str(a.records)],
+                stdout=subprocess.PIPE, cwd=REPO_ROOT,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join([REPO_ROOT, os.environ.get("PYTHONPATH", "")])})
+            reader = threading.Thread(target=lambda: setattr(self, "_out", proc.stdout.read()), daemon=True)
+            reader.start()
+            while not self._stop.is_set() and self.progress.last_processed is None:
+                processed = self.progress.count
+                self.samples.append((time.perf_counter(), visible(), processed))
+                if self.exited_at is None and proc.poll() is not None:
+                    self.exited_at = time.perf_counter()
+                time.sleep(self.interval_s)
+            self.returncode = proc.wait()
+            if self.exited_at is None:
+                self.exited_at = time.perf_counter()
+            reader.join()
+            lines = self._out.decode().strip().splitlines()
+            self.report = json.loads(lines[-1]) if lines else {}
+        except BaseException as e:  # noqa: BLE001 - handed to join()
+            self.error = e
+        finally:
+            watcher.close()
+
+    def join(self) -> None:
+        """Stops sampling (the engine is done or failed) and waits for the producer to exit.
+
+        Raises:
+            RuntimeError: the producer failed or the topic was not fresh.
+        """
+        self._stop.set()
+        self._thread.join()
+        if self.error is not None:
+            raise RuntimeError(f"live producer: {self.error}") from self.error
+        if self.returncode != 0:
+            raise RuntimeError(f"the flights producer exited with status {self.returncode}")
+
+    def _per_tick(self) -> int:
+        return max(1, int(self.args.rate * TICK_S))
+
+    def schedule_start(self) -> float:
+        """Estimated ``perf_counter`` s of the producer's first tick (module docstring).
+
+        Raises:
+            RuntimeError: no sample saw a record.
+        """
+        r = self._per_tick()
+        bounds = [t - ((h - 1) // r) * TICK_S for t, h, _ in self.samples if h > 0]
+        if not bounds:
+            raise RuntimeError("no high-watermark sample saw a record of the live producer")
+        return min(bounds)
+
+    def stats(self) -> dict:
+        """``rate``, ``producer_rate`` (the producer's own, start-up included),
+        ``producer_slip_s``, ``drain_s`` and the lag figures (module docstring)."""
+        a, r, start = self.args, self._per_tick(), self.schedule_start()
+        # Records the schedule had released by each sample minus those visible.
+        slips = [(min(a.records, (int((t - start) / TICK_S) + 1) * r) - h) / a.rate
+                 for t, h, _ in self.samples if t >= start]
+        slip = max([0.0, *slips])
+        first = self.progress.first_consumed
+        lags = [max(0, h - done) for t, h, done in self.samples if first is not None and t >= first]
+        out = {"rate": a.rate, "producer_rate": self.report.get("rate"), "producer_slip_s": round(slip, 3),
+               "drain_s": round(max(0.0, self.progress.last_processed - self.exited_at), 3),
+               "lag_samples": len(lags)}
+        if lags:
+            p50, p95, top = _percentiles(lags)
+            out.update(lag_p50=int(p50), lag_p95=p95, lag_max=top, lag_p95_s=round(p95 / a.rate, 3))
+        return out
