@@ -11,7 +11,10 @@ Usage::
     python -m examples.flights_producer --bootstrap 127.0.0.1:9092 --topic flights \\
         [--rate 20000] [--scale 1] [--limit N]
 
-Prints one JSON line when done: ``{"produced": n, "seconds": s, "rate": events/s}``.
+Prints one JSON line when done: ``{"produced": n, "first_tick": t, "seconds": s, "rate":
+events/s}``, with ``first_tick`` the wall clock (s since the Unix epoch) when the first
+record was handed to the client and ``seconds`` the time from then to the last
+acknowledgement (preparing the records is outside that clock).
 """
 from __future__ import annotations
 
@@ -46,7 +49,9 @@ def replay_order(scale: int = 1) -> tuple[pa.Table, np.ndarray]:
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int = len(ORIGINS), timeout_s: float = 30) -> None:
-    """Creates ``topic`` with ``partitions`` partitions; an existing topic is kept.
+    """Creates ``topic`` with ``partitions`` partitions and no time-based retention (the
+    records' timestamps are from 2013: a broker's default 7-day retention would delete
+    them); an existing topic is kept.
 
     Raises:
         confluent_kafka.KafkaException: the broker refused or did not answer.
@@ -55,7 +60,8 @@ def create_topic(bootstrap: str, topic: str, partitions: int = len(ORIGINS), tim
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    future = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic]
+    future = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1,
+                                            config={"retention.ms": "-1"})])[topic]
     try:
         future.result(timeout=timeout_s)
     except Exception as e:  # noqa: BLE001 - a KafkaException carrying a KafkaError
@@ -65,7 +71,7 @@ def create_topic(bootstrap: str, topic: str, partitions: int = len(ORIGINS), tim
 
 
 def produce(bootstrap: str, topic: str, rate: float = 20_000, scale: int = 1, limit: int | None = None,
-            log=None) -> int:
+            log=None, started=None) -> int:
     """Produces the flights into ``topic`` (see module docstring) at ``rate`` events/s.
 
     Args:
@@ -75,6 +81,8 @@ def produce(bootstrap: str, topic: str, rate: float = 20_000, scale: int = 1, li
         scale: copies of the year (``examples.flights_data.replay_partitions``).
         limit: produce only the first ``limit`` flights of the replay order.
         log: called with a progress line about every 10 s (default: nothing).
+        started: called with the wall clock (``time.time()``) of the first record handed
+            to the client, before it is produced.
 
     Returns:
         Records produced (all acknowledged by the broker).
@@ -103,8 +111,10 @@ def produce(bootstrap: str, topic: str, rate: float = 20_000, scale: int = 1, li
 
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20})
     per_tick = max(1, int(rate * TICK_S))
-    started = time.monotonic()
-    last_log = started
+    if started is not None:
+        started(time.time())
+    begun = time.monotonic()
+    last_log = begun
     for tick, lo in enumerate(range(0, len(values), per_tick)):
         for i in range(lo, min(lo + per_tick, len(values))):
             while True:
@@ -121,8 +131,8 @@ def produce(bootstrap: str, topic: str, rate: float = 20_000, scale: int = 1, li
         if log is not None and now - last_log >= 10:
             log(f"produced {min(lo + per_tick, len(values)):,} of {len(values):,} flights")
             last_log = now
-        # Steady rate: tick k ends at started + (k + 1) * TICK_S.
-        time.sleep(max(0.0, started + (tick + 1) * TICK_S - now))
+        # Steady rate: tick k ends at begun + (k + 1) * TICK_S.
+        time.sleep(max(0.0, begun + (tick + 1) * TICK_S - now))
     left = producer.flush(60)
     if left or failed:
         raise RuntimeError(f"topic {topic}: {left} records unacknowledged after 60 s"
@@ -141,11 +151,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.create:
         create_topic(args.bootstrap, args.topic)
-    started = time.monotonic()
+    first: list[float] = []
     n = produce(args.bootstrap, args.topic, args.rate, args.scale, args.limit,
-                log=lambda line: print(line, file=sys.stderr, flush=True))
-    seconds = time.monotonic() - started
-    print(json.dumps({"produced": n, "seconds": round(seconds, 3), "rate": round(n / seconds, 1)}), flush=True)
+                log=lambda line: print(line, file=sys.stderr, flush=True), started=first.append)
+    seconds = time.time() - first[0]
+    print(json.dumps({"produced": n, "first_tick": round(first[0], 3), "seconds": round(seconds, 3),
+                      "rate": round(n / seconds, 1)}), flush=True)
     return 0
 
 
