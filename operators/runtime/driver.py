@@ -5,7 +5,9 @@ The design is in docs/design.md, "Epochs and checkpoints". Per epoch
 
 1. Plan: for each source partition the offset range ``[committed, end)`` (an equal
    share of ``events_per_epoch`` per unfinished partition); a live source with nothing
-   new ends the run.
+   new ends the run, or, in a continuous run (``JobRunner.epochs(continuous=True)``),
+   the driver waits for the next firing of the processing-time trigger and plans again
+   (``operators.runtime.live``). ``JobRunner.stop()`` ends the run between epochs.
 2. Read: the planned slices, bad rows screened out to the dead-letter table, and the
    watermark the epoch reaches (bounded out-of-orderness: min over the partitions of the
    max event time seen, minus the bound; a bounded source's fully read partitions do not
@@ -53,7 +55,7 @@ from operators.api.operator import WATERMARK_MAX, WATERMARK_MIN
 from operators.errors import JobFailedError, JobFencedError
 from operators.io.sources import INGEST_TIME_COLUMN, KEY_COLUMN, OFFSET_COLUMN, TIMESTAMP_COLUMN, check_slice
 from operators.paths import checkpoint_key
-from operators.runtime import dead_letter
+from operators.runtime import dead_letter, live
 from operators.runtime.checkpoints import (
     JobCheckpoint,
     commit_checkpoint,
@@ -188,6 +190,7 @@ class JobRunner:
         self._recovery: dict | None = None  # a fallback, recorded in the next checkpoint
         self._retention_damage: list[str] = []  # found by retention, for the next checkpoint
         self.last_cleanup: CleanupReport | None = None
+        self._stop = live.StopRequest()
 
     def close(self) -> None:
         """Closes the DKV instances in-process tasks kept open; a later epoch reopens
@@ -248,15 +251,36 @@ class JobRunner:
         """
         return list(self.epochs(max_epochs))
 
-    def epochs(self, max_epochs: int | None = None) -> Iterator[EpochResult]:
+    def epochs(self, max_epochs: int | None = None, *, continuous: bool = False) -> Iterator[EpochResult]:
         """``run`` as an iterator: yields an ``EpochResult`` after each committed epoch
-        (after its publish and retention). Arguments and errors as ``run``."""
+        (after its publish and retention).
+
+        Args:
+            max_epochs: stop after this many committed epochs (None: no limit).
+            continuous: on a live source, do not end when it has nothing new: plan an
+                epoch each time the job's processing-time trigger fires
+                (``Job.trigger_interval_ms``, ``operators.runtime.live``) and there is
+                new input, blocking in between (no polling loop faster than
+                ``live.NO_INPUT_POLL_MS``). The run then ends only at ``max_epochs``,
+                on ``stop()``, or on an error. A bounded source ends as without it,
+                once fully read. False: a live source with nothing new ends the run.
+
+        The run also ends after the epoch in flight once ``stop()`` was called.
+        Errors as ``run``.
+        """
         ckpt = self._restart()
+        trigger = live.ProcessingTimeTrigger(self.job.trigger_interval_ms if continuous else 0)
         done = 0
         while not ckpt.finished and (max_epochs is None or done < max_epochs):
+            if self._stop.wait(trigger.seconds_to_next()):
+                return
+            trigger.fire()
             plan = self._plan_offsets(ckpt)
             if not self.job.source.bounded and all(a == b for a, b in plan.values()):
-                return
+                if not continuous:
+                    return
+                trigger.nothing_new()
+                continue
             # Requests seen now are served by this epoch; the lease keeps a concurrent
             # cleanup off the files the tasks write before the commit (operators.runtime.control).
             flushes = pending_flush_requests(self.store, self.job.prefix)
@@ -275,6 +299,17 @@ class JobRunner:
             consume_flush_requests(self.store, flushes)
             done += 1
             yield result
+
+    def stop(self) -> None:
+        """Asks a run (``epochs``/``run``, continuous or not) to stop: an epoch in
+        flight finishes (commit, publish, retention) and is yielded, then the run
+        returns normally; a run waiting for its trigger returns at once without
+        starting an epoch. Nothing is ever half-committed: an epoch either commits
+        whole or was not started. Safe to call from any thread and from a signal
+        handler (``operators.tools.run_job --continuous`` calls it on SIGTERM/SIGINT);
+        idempotent. A stopped runner stays stopped: later ``epochs`` calls return
+        without running an epoch."""
+        self._stop.request()
 
     def _restart(self) -> JobCheckpoint:
         """The checkpoint to continue from (``operators.runtime.recovery``), its commit
