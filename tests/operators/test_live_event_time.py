@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import crc32c
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
@@ -16,7 +17,7 @@ from operators.api.operator import WATERMARK_MAX, WATERMARK_MIN
 from operators.io.sources import TIMESTAMP_COLUMN
 from operators.runtime.checkpoints import JobCheckpoint, read_checkpoint
 from operators.runtime.driver import JobRunner
-from operators.runtime.live import idle_partitions, paused_partitions, plan_epoch
+from operators.runtime.live import alignment_cuts, idle_partitions, paused_partitions, plan_epoch
 from tests.operators import live_sources
 from tests.operators.live_sources import STEP_MS, reveal
 
@@ -136,13 +137,15 @@ def _skewed_run(tmp_path, drift_ms: int | None):
 def test_watermark_alignment_bounds_the_event_time_spread_and_keeps_the_output(tmp_path) -> None:
     """p1 runs 10x faster in event time: without alignment its max event time runs
     ever further ahead of p0's; with a drift of 2 h the spread stays within the drift
-    plus one epoch's step of p1 (100 events x 10 min), and the output is the oracle's."""
+    (pausing at planning alone would allow one epoch's step of p1 more: 100 events x
+    10 min; the cut after reading removes that), every event is read exactly once, and
+    the output is the oracle's."""
     drift = 2 * 3_600_000
     step = 100 * 600_000  # one epoch's share of p1, in event time
     _, unaligned, _ = _skewed_run(tmp_path, None)
     runner, aligned, got = _skewed_run(tmp_path, drift)
     assert max(unaligned) > drift + step  # the case needs alignment
-    assert aligned and max(aligned) <= drift + step
+    assert len(aligned) >= 10 and max(aligned) <= drift
     want = keyed_count_oracle(runner.job.source).sort_values(["key", "window_start"]).reset_index(drop=True)
     pd.testing.assert_frame_equal(got, want, check_dtype=False)
     assert runner.latest().finished and runner.latest().watermark == WATERMARK_MAX
@@ -159,7 +162,24 @@ def test_alignment_pauses_only_partitions_ahead_of_the_slowest_active_one() -> N
                       {"a": 0, "b": 0, "c": 0}, now_ms=0, events_per_epoch=90, bounded=True,
                       max_drift_ms=4_000)
     assert plan.paused == {"c"}
-    assert plan.offsets == {"a": (0, 30), "b": (0, 30), "c": (0, 0)}  # c's share is not given away
+    assert plan.offsets == {"a": (0, 45), "b": (0, 45), "c": (0, 0)}  # c's share goes to a and b
+
+
+def test_alignment_cuts_each_slice_before_its_first_event_past_the_limit() -> None:
+    parts = ["a", "b", "c"]
+    part = np.array([0, 0, 0, 1, 1, 1, 2, 2])
+    offset = np.array([10, 11, 12, 20, 21, 22, 30, 31])
+    ts = np.array([100, 200, 300, 150, 900, 250, 5_000, 6_000])
+    before = {"a": 50, "b": 50, "c": 4_000}
+    # The slowest holder after reading is a (300): limit 300 + 500; b's 900 is past it
+    # (its later 250 waits with it, offsets stay contiguous), c's whole slice is.
+    assert alignment_cuts(parts, part, offset, ts, before, parts, 500) == {"b": 21, "c": 30}
+    assert alignment_cuts(parts, part, offset, ts, before, parts, None) == {}
+    # c does not hold back the watermark (idle): a is still the slowest.
+    assert alignment_cuts(parts, part, offset, ts, before, ["a", "b"], 500) == {"b": 21, "c": 30}
+    # The slowest holder d read nothing and everything read is past its limit: no cut,
+    # so the epoch makes progress.
+    assert alignment_cuts(parts + ["d"], part, offset, ts, {**before, "d": -1_000}, parts + ["d"], 500) == {}
 
 
 class _StartsAt100(live_sources.GrowingSource):
