@@ -10,6 +10,8 @@ import crc32c
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from examples.keyed_count import keyed_count_job, keyed_count_oracle
 from examples.synthetic import SyntheticSource
@@ -238,3 +240,73 @@ def test_checkpoints_without_the_activity_record_still_decode() -> None:
     doc["crc32c"] = crc32c.crc32c(body.encode())
     old = JobCheckpoint.decode(json.dumps(doc).encode(), "mem://old")
     assert old.partition_active_at_ms == {} and old.source_offsets == {"p": 1}
+
+
+class _SkewedWithBadRows(SkewedSource):
+    """``SkewedSource`` whose p1 rows at offsets divisible by 7 have no key (dead letters)."""
+
+    def read(self, partition: str, start: int, end: int) -> pa.Table:
+        table = super().read(partition, start, end)
+        if partition != "p1":
+            return table
+        keys = table.column("key").to_pylist()
+        keys = [None if (start + i) % 7 == 0 else k for i, k in enumerate(keys)]
+        return table.set_column(0, "key", pa.array(keys, pa.binary()))
+
+
+def test_alignment_cut_sends_each_bad_row_to_the_dead_letter_table_once(tmp_path) -> None:
+    """Rows cut off are read again by the next epoch: a dead letter among them must not
+    be recorded by both epochs."""
+    job = keyed_count_job(2_000, 50, partitions=2, step_ms=60_000, events_per_epoch=200,
+                          parallelism=1, name="skewed_bad")
+    job.source = _SkewedWithBadRows(2_000, 50, partitions=2, step_ms=60_000)
+    job.max_out_of_orderness_ms = 0
+    job.max_watermark_drift_ms = 2 * 3_600_000
+    runner = JobRunner(job, None, str(tmp_path))
+    results = runner.run()
+    dead = job.dead_letter.sink.read(runner.store, job.prefix).to_pandas()
+    assert sorted(dead.offset) == list(range(0, 2_000, 7))
+    assert set(dead.partition) == {"p1"}
+    assert sum(r.events for r in results) == 4_000 - len(dead)
+    assert sum(r.dead_letter["total"] for r in results) == len(dead)
+
+
+@settings(max_examples=200)
+@given(speeds=st.lists(st.integers(1, 50), min_size=2, max_size=4),
+       sizes=st.lists(st.integers(0, 400), min_size=4, max_size=4),
+       drift_ms=st.integers(0, 500), events_per_epoch=st.integers(1, 300))
+def test_aligned_planning_reads_every_event_once_within_the_drift(speeds, sizes, drift_ms,
+                                                                  events_per_epoch) -> None:
+    """Planning and cuts as the driver applies them, on bounded partitions whose event
+    time advances ``speeds[i]`` ms per offset: every run ends, reads each offset exactly
+    once, and an epoch that was cut read no event past the limit: the slowest unfinished
+    partition's largest event time (with what it read this epoch) plus the drift."""
+    parts = [f"p{i}" for i in range(len(speeds))]
+    ends = {p: sizes[i] for i, p in enumerate(parts)}
+    committed = {p: 0 for p in parts}
+    part_max = {p: WATERMARK_MIN for p in parts}
+    read = {p: [] for p in parts}
+    for _ in range(10_000):
+        plan = plan_epoch(committed, ends, part_max, {p: 0 for p in parts}, now_ms=0,
+                          events_per_epoch=events_per_epoch, bounded=True, max_drift_ms=drift_ms)
+        if not plan.has_input:
+            break
+        rows = [(i, o, o * speeds[i]) for i, p in enumerate(parts) for o in range(*plan.offsets[p])]
+        part, offset, ts = (np.array(c, dtype=np.int64) for c in zip(*rows))
+        holders = [p for p in parts if committed[p] < ends[p]]
+        cuts = alignment_cuts(parts, part, offset, ts, part_max, holders, drift_ms)
+        if cuts:
+            latest = [max([part_max[p], *ts[part == parts.index(p)]]) for p in holders]
+            limit = min(t for t in latest if t != WATERMARK_MIN) + drift_ms
+            kept = offset < np.array([cuts.get(p, 1 << 62) for p in parts])[part]
+            assert (ts[kept] <= limit).all() and kept.any()
+        for i, p in enumerate(parts):
+            start, end = plan.offsets[p]
+            end = cuts.get(p, end)
+            read[p] += range(start, end)
+            if end > start:
+                part_max[p] = max(part_max[p], (end - 1) * speeds[i])
+            committed[p] = end
+    else:
+        raise AssertionError("planning never finished")
+    assert read == {p: list(range(ends[p])) for p in parts}
