@@ -3,14 +3,23 @@
 The design is in docs/design.md, "Epochs and checkpoints". Per epoch
 (``JobRunner._run_epoch``, one method per step):
 
-1. Plan: for each source partition the offset range ``[committed, end)`` (an equal
-   share of ``events_per_epoch`` per unfinished partition); a live source with nothing
-   new ends the run.
-2. Read: the planned slices, bad rows screened out to the dead-letter table, and the
+1. Plan (``operators.runtime.live.plan_epoch``): for each source partition, new ones
+   from ``Source.start_offset``, the offset range ``[committed, end)`` (an equal share
+   of ``events_per_epoch`` per unfinished partition; none for a partition more than
+   ``max_watermark_drift_ms`` ahead in event time: watermark alignment). A live source
+   with nothing new ends the run, or, in a continuous run
+   (``JobRunner.epochs(continuous=True)``), the driver waits for the next firing of the
+   processing-time trigger and plans again; it runs an epoch without input only when
+   the watermark advances (a partition became idle). ``JobRunner.stop()`` ends the run
+   between epochs.
+2. Read: the planned slices, bad rows screened out to the dead-letter table, each slice
+   cut before its first event too far ahead of the slowest partition (watermark
+   alignment, ``live.alignment_cuts``: the offsets committed end there), and the
    watermark the epoch reaches (bounded out-of-orderness: min over the partitions of the
    max event time seen, minus the bound; a bounded source's fully read partitions do not
    count, and once all are read it is +infinity; a live source's caught-up partitions
-   do count, as they may still receive older events).
+   do count, as they may still receive older events, unless idle for
+   ``idle_timeout_ms``).
 3. Run stages: the events, tagged with key group and range, are cut into one Arrow
    payload per key-group range and one Spark stage runs ``operators.runtime.task.run_task``
    once per range (``operators.spark.stage``; a range without events still runs, so it
@@ -18,7 +27,8 @@ The design is in docs/design.md, "Epochs and checkpoints". Per epoch
    operator's stage.
 4. Stage dead letters: the epoch's bad input rows as one staged file.
 5. Prepare sinks: each sink checks the staged files of the epoch (``Sink.prepare``).
-6. Metrics: events, timers, DKV shape, requests, recorded in the checkpoint.
+6. Metrics: events, timers, DKV shape, requests, live metrics (rates, lag, latency;
+   ``live.epoch_metrics``), recorded in the checkpoint.
 7. Commit: one job checkpoint manifest, written with put-if-absent, names the source
    offsets, the watermark, every DKV range manifest and every staged output file; it
    counts only if its epoch is newer than every epoch committed before (the fence,
@@ -38,6 +48,8 @@ are fixed for a job's lifetime).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import logging
 import time
 import uuid
@@ -53,7 +65,7 @@ from operators.api.operator import WATERMARK_MAX, WATERMARK_MIN
 from operators.errors import JobFailedError, JobFencedError
 from operators.io.sources import INGEST_TIME_COLUMN, KEY_COLUMN, OFFSET_COLUMN, TIMESTAMP_COLUMN, check_slice
 from operators.paths import checkpoint_key
-from operators.runtime import dead_letter
+from operators.runtime import dead_letter, live
 from operators.runtime.checkpoints import (
     JobCheckpoint,
     commit_checkpoint,
@@ -113,6 +125,10 @@ class EpochResult:
             (``operators.runtime.dead_letter``).
         recovery: set on the first epoch after a restart that fell back from an
             unusable checkpoint (``operators.runtime.recovery.Fallback.as_metrics``).
+        live: input and processing rates (events/s), lag (offsets and ms), end-to-end
+            latency (ms) and watermark delay (ms), measured after the publish
+            (``operators.runtime.live.epoch_metrics``; the checkpoint's ``metrics["live"]``
+            holds the same measured at the commit).
     """
 
     epoch: int
@@ -129,6 +145,7 @@ class EpochResult:
     published: list[str]
     dead_letter: dict[str, int] = field(default_factory=dict)
     recovery: dict | None = None
+    live: dict = field(default_factory=dict)
 
     @property
     def events_per_second(self) -> float:
@@ -156,6 +173,8 @@ class JobRunner:
             from it, ``"names"`` (files exist at their recorded size) or ``"full"``
             (every block and record); an unusable one is fallen back from where that
             is correct (``operators.runtime.recovery``).
+        clock: wall clock, seconds since the Unix epoch (``time.time``): partition
+            idleness, live metrics, the dead-letter table's times. Tests pass a fake one.
 
     An in-process runner (``spark=None``) keeps each range's DKV open between epochs;
     ``close()`` (or leaving a ``with JobRunner(...) as runner:`` block) closes them.
@@ -167,7 +186,8 @@ class JobRunner:
 
     def __init__(self, job: Job, spark, store: ObjectStore | str = ".dkvstream",
                  dkv_options: DKVOptions | None = None, failpoint: Failpoint | None = None,
-                 retain_checkpoints: int | None = 10, verify_restart: str = "names") -> None:
+                 retain_checkpoints: int | None = 10, verify_restart: str = "names",
+                 clock: Callable[[], float] = time.time) -> None:
         job.validate()  # again: fields may have changed since construction; fail before any write
         self.job = job
         self.spark = spark
@@ -190,6 +210,10 @@ class JobRunner:
         self._retention_damage: list[str] = []  # found by retention, for the next checkpoint
         self._task_dead_letters: list[str] = []  # staged by the epoch's tasks (_run_stages)
         self.last_cleanup: CleanupReport | None = None
+        self._stop = live.StopRequest()
+        self._clock = clock
+        self._previous_plan_ms: int | None = None  # for the input rate (live.epoch_metrics)
+        self._first_seen_ms: dict[str, int] = {}  # partitions without an activity record
 
     def close(self) -> None:
         """Closes the DKV instances in-process tasks kept open; a later epoch reopens
@@ -211,7 +235,8 @@ class JobRunner:
         parts = self.job.source.partitions()
         return JobCheckpoint(
             job=self.job.name, epoch=0, watermark=WATERMARK_MIN,
-            source_offsets={p: 0 for p in parts}, partition_max_ts={p: WATERMARK_MIN for p in parts},
+            source_offsets={p: self.job.source.start_offset(p) for p in parts},
+            partition_max_ts={p: WATERMARK_MIN for p in parts},
             finished=False, key_groups=self.job.key_groups, parallelism=self.job.parallelism,
             operators={op.name: {} for op in self.job.operators}, outputs={},
         )
@@ -222,12 +247,35 @@ class JobRunner:
                 f"job {self.job.name}: checkpoint epoch {ckpt.epoch} has key_groups={ckpt.key_groups}, "
                 f"job has {self.job.key_groups}; key groups are fixed for a job's lifetime")
 
-    def _plan_offsets(self, ckpt: JobCheckpoint) -> dict[str, tuple[int, int]]:
-        ends = self.job.source.end_offsets()
-        open_parts = [p for p in ckpt.source_offsets if ckpt.source_offsets[p] < ends[p]]
-        share = -(-self.job.events_per_epoch // max(1, len(open_parts)))
-        return {p: (ckpt.source_offsets[p], min(ends[p], ckpt.source_offsets[p] + share))
-                for p in ckpt.source_offsets}
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    def _plan(self, ckpt: JobCheckpoint) -> live.EpochPlan:
+        """Step 1 (``live.plan_epoch``): the partitions of the source now, new ones
+        from their ``start_offset``, with idleness and watermark alignment."""
+        source, now_ms = self.job.source, self._now_ms()
+        parts = list(ckpt.source_offsets)
+        parts += [p for p in source.partitions() if p not in ckpt.source_offsets]
+        committed = {p: ckpt.source_offsets[p] if p in ckpt.source_offsets else source.start_offset(p)
+                     for p in parts}
+        return live.plan_epoch(
+            committed, source.end_offsets(), self._partition_max_ts(ckpt, parts),
+            self._active_at_ms(ckpt, parts, now_ms), now_ms=now_ms,
+            events_per_epoch=self.job.events_per_epoch, bounded=source.bounded,
+            idle_timeout_ms=self.job.idle_timeout_ms, max_drift_ms=self.job.max_watermark_drift_ms)
+
+    @staticmethod
+    def _partition_max_ts(ckpt: JobCheckpoint, parts: list[str]) -> dict[str, int]:
+        return {p: ckpt.partition_max_ts.get(p, WATERMARK_MIN) for p in parts}
+
+    def _active_at_ms(self, ckpt: JobCheckpoint, parts: list[str], now_ms: int) -> dict[str, int]:
+        """When each partition's offset last advanced (the checkpoint's record); a
+        partition without one (new, or a checkpoint written before the record existed)
+        counts from when this driver first saw it."""
+        seen = self._first_seen_ms
+        for p in parts:
+            seen.setdefault(p, now_ms)
+        return {p: ckpt.partition_active_at_ms.get(p, seen[p]) for p in parts}
 
     # ------------------------------------------------------------------ running
     def run(self, max_epochs: int | None = None) -> list[EpochResult]:
@@ -250,15 +298,39 @@ class JobRunner:
         """
         return list(self.epochs(max_epochs))
 
-    def epochs(self, max_epochs: int | None = None) -> Iterator[EpochResult]:
+    def epochs(self, max_epochs: int | None = None, *, continuous: bool = False) -> Iterator[EpochResult]:
         """``run`` as an iterator: yields an ``EpochResult`` after each committed epoch
-        (after its publish and retention). Arguments and errors as ``run``."""
+        (after its publish and retention).
+
+        Args:
+            max_epochs: stop after this many committed epochs (None: no limit).
+            continuous: on a live source, do not end when it has nothing new: plan an
+                epoch each time the job's processing-time trigger fires
+                (``Job.trigger_interval_ms``, ``operators.runtime.live``) and there is
+                new input, blocking in between (no polling loop faster than
+                ``live.NO_INPUT_POLL_MS``). The run then ends only at ``max_epochs``,
+                on ``stop()``, or on an error. A bounded source ends as without it,
+                once fully read. False: a live source with nothing new ends the run.
+
+        The run also ends after the epoch in flight once ``stop()`` was called.
+        Errors as ``run``.
+        """
         ckpt = self._restart()
+        trigger = live.ProcessingTimeTrigger(self.job.trigger_interval_ms if continuous else 0)
         done = 0
         while not ckpt.finished and (max_epochs is None or done < max_epochs):
-            plan = self._plan_offsets(ckpt)
-            if not self.job.source.bounded and all(a == b for a, b in plan.values()):
+            if self._stop.wait(trigger.seconds_to_next()):
                 return
+            trigger.fire()
+            plan = self._plan(ckpt)
+            if not self.job.source.bounded and not plan.has_input:
+                if not continuous:
+                    return
+                if self._watermark(ckpt, plan, {})[0] <= ckpt.watermark:
+                    trigger.nothing_new()
+                    continue
+                # No input, but a partition went idle and the watermark advances: an
+                # epoch without events fires the timers it passes.
             # Requests seen now are served by this epoch; the lease keeps a concurrent
             # cleanup off the files the tasks write before the commit (operators.runtime.control).
             flushes = pending_flush_requests(self.store, self.job.prefix)
@@ -278,6 +350,17 @@ class JobRunner:
             done += 1
             yield result
 
+    def stop(self) -> None:
+        """Asks a run (``epochs``/``run``, continuous or not) to stop: an epoch in
+        flight finishes (commit, publish, retention) and is yielded, then the run
+        returns normally; a run waiting for its trigger returns at once without
+        starting an epoch. Nothing is ever half-committed: an epoch either commits
+        whole or was not started. Safe to call from any thread and from a signal
+        handler (``operators.tools.run_job --continuous`` calls it on SIGTERM/SIGINT);
+        idempotent. A stopped runner stays stopped: later ``epochs`` calls return
+        without running an epoch."""
+        self._stop.request()
+
     def _restart(self) -> JobCheckpoint:
         """The checkpoint to continue from (``operators.runtime.recovery``), its commit
         record written if a crash lost it, its publish finished; or the initial one."""
@@ -295,11 +378,11 @@ class JobRunner:
     def _read_events(self, plan: dict[str, tuple[int, int]], epoch: int) -> tuple[pa.Table, dict[str, int]]:
         """Reads the planned slices; bad rows go to ``self._dead_letters`` (not to the
         operators, nor into the watermark)."""
-        source, parts = self.job.source, self.job.source.partitions()
+        source = self.job.source
         tables, max_ts, dead = [], {}, [dead_letter.DEAD_LETTER_SCHEMA.empty_table()]
-        now_ms = int(time.time() * 1000)
+        now_ms = self._now_ms()
         ingest = []
-        for i, p in enumerate(parts):
+        for i, p in enumerate(plan):  # the source's partition order
             start, end = plan[p]
             if end <= start:
                 continue
@@ -309,19 +392,24 @@ class JobRunner:
                 t = t.drop_columns([OFFSET_COLUMN])
             else:
                 offsets = np.arange(start, end, dtype=np.int64)
+            ingest_times = None
             if INGEST_TIME_COLUMN in t.column_names:  # for the latency metric, not operators
-                ingest.append(t.column(INGEST_TIME_COLUMN))
+                ingest_times = t.column(INGEST_TIME_COLUMN).combine_chunks()
                 t = t.drop_columns([INGEST_TIME_COLUMN])
+            read_offsets = offsets
             t, bad, offsets = dead_letter.screen(t, offsets, self.job.dead_letter, source=source.name,
                                                  partition=p, epoch=epoch, now_ms=now_ms)
             dead.append(bad)
+            ingest.append(pa.nulls(len(offsets), pa.int64()) if ingest_times is None else
+                          ingest_times.take(pa.array(np.searchsorted(read_offsets, offsets))))
             if t.num_rows:
                 max_ts[p] = pa.compute.max(t.column(TIMESTAMP_COLUMN)).as_py()
             t = t.append_column(PART_COLUMN, pa.array(np.full(t.num_rows, i, np.int32)))
             t = t.append_column(OFFSET_COLUMN, pa.array(offsets))
             tables.append(t)
-        # Ingest times of the epoch's input (ms), for end-to-end latency metrics.
-        self._ingest_times = pa.chunked_array([c for col in ingest for c in col.chunks], pa.int64())
+        # Ingest times of the epoch's good events (ms; null where the source gives none),
+        # row for row with the events, for end-to-end latency metrics.
+        self._ingest_times = pa.chunked_array(ingest, pa.int64())
         self._dead_letters = pa.concat_tables(dead)
         if not tables:
             events = _empty_events(source.value_schema)
@@ -333,31 +421,79 @@ class JobRunner:
             RANGE_COLUMN, pa.array(range_indexes_of(kgs, self.job.key_groups, self.job.parallelism), pa.int32()))
         return events, max_ts
 
-    def _watermark(self, ckpt: JobCheckpoint, plan, max_ts: dict[str, int]) -> tuple[int, dict[str, int], bool]:
+    def _align(self, ckpt: JobCheckpoint, plan: live.EpochPlan, events: pa.Table,
+               max_ts: dict[str, int]) -> tuple[pa.Table, dict[str, int], live.EpochPlan]:
+        """Watermark alignment within the epoch (``live.alignment_cuts``): each
+        partition's slice ends before its first event more than ``max_watermark_drift_ms``
+        ahead of the slowest partition holding back the watermark; the events, their
+        ingest times and dead letters past the cut are dropped (the next epoch reads them
+        again) and the plan's offsets end at the cut.
+
+        Returns:
+            ``(events, max event time per partition read, plan)``, unchanged without a cut.
+        """
+        drift = self.job.max_watermark_drift_ms
+        if drift is None or not events.num_rows:
+            return events, max_ts, plan
+        parts = list(plan.offsets)
+        part = events.column(PART_COLUMN).to_numpy()
+        offset = events.column(OFFSET_COLUMN).to_numpy()
+        ts = events.column(TIMESTAMP_COLUMN).to_numpy()
+        holders = live.watermark_holders({p: start for p, (start, _) in plan.offsets.items()},
+                                         plan.ends, plan.idle, self.job.source.bounded)
+        cuts = live.alignment_cuts(parts, part, offset, ts, self._partition_max_ts(ckpt, parts),
+                                   holders, drift)
+        if not cuts:
+            return events, max_ts, plan
+        cut_of_part = np.array([cuts.get(p, np.iinfo(np.int64).max) for p in parts], np.int64)
+        keep = offset < cut_of_part[part]
+        events = events.filter(pa.array(keep))
+        self._ingest_times = self._ingest_times.filter(pa.array(keep))
+        dead = self._dead_letters
+        if dead.num_rows:
+            dead_part = dead.column("partition").to_pylist()
+            dead_offset = dead.column("offset").to_pylist()
+            self._dead_letters = dead.filter(pa.array(
+                [o < cuts.get(p, o + 1) for p, o in zip(dead_part, dead_offset)]))
+        max_ts = dict(max_ts)
+        for p in cuts:
+            mine = ts[keep & (part == parts.index(p))]
+            if len(mine):
+                max_ts[p] = int(mine.max())
+            else:
+                max_ts.pop(p, None)
+        offsets = {p: (start, cuts.get(p, end)) for p, (start, end) in plan.offsets.items()}
+        return events, max_ts, dataclasses.replace(plan, offsets=offsets)
+
+    def _watermark(self, ckpt: JobCheckpoint, plan: live.EpochPlan,
+                   max_ts: dict[str, int]) -> tuple[int, dict[str, int], bool]:
         """``(watermark, max event time per partition, finished)`` after reading ``plan``.
 
         The watermark is min over the input partitions of their max event time, minus
-        the bound (never below the previous one). Input partitions: a bounded source's
-        partitions not read to the end (none left: finished, +infinity); a live
-        source's every partition, caught up or not (Flink's rule without idleness)."""
-        ends = self.job.source.end_offsets()
-        part_max = {p: max(ckpt.partition_max_ts[p], max_ts.get(p, WATERMARK_MIN)) for p in ckpt.partition_max_ts}
+        the bound (never below the previous one; ``live.watermark``). Input partitions:
+        a bounded source's partitions not read to the end (none left: finished,
+        +infinity); a live source's partitions, caught up or not (they may still receive
+        older events), except idle ones (Flink's ``withIdleness``: ``Job.idle_timeout_ms``;
+        all idle: the watermark stays)."""
+        offsets = plan.offsets
+        part_max = self._partition_max_ts(ckpt, list(offsets))
+        part_max = {p: max(t, max_ts.get(p, WATERMARK_MIN)) for p, t in part_max.items()}
         if self.job.source.bounded:
-            inputs = [p for p in plan if plan[p][1] < ends[p]]
+            inputs = [p for p in offsets if offsets[p][1] < plan.ends[p]]
             if not inputs:
                 return WATERMARK_MAX, part_max, True
         else:
-            inputs = list(plan)
-        low = min((part_max[p] for p in inputs), default=WATERMARK_MIN)
-        if low == WATERMARK_MIN:
-            return ckpt.watermark, part_max, False
-        return max(ckpt.watermark, low - self.job.max_out_of_orderness_ms), part_max, False
+            inputs = [p for p in offsets if p not in plan.idle]
+        return (live.watermark(ckpt.watermark, part_max, inputs, self.job.max_out_of_orderness_ms),
+                part_max, False)
 
-    def _run_epoch(self, ckpt: JobCheckpoint, plan, flush: bool = False) -> tuple[EpochResult, JobCheckpoint]:
+    def _run_epoch(self, ckpt: JobCheckpoint, plan: live.EpochPlan,
+                   flush: bool = False) -> tuple[EpochResult, JobCheckpoint]:
         """Runs, commits, publishes and retains epoch ``ckpt.epoch + 1`` (module docstring)."""
         started = time.perf_counter()
         epoch = ckpt.epoch + 1
-        events, max_ts = self._read_events(plan, epoch)
+        events, max_ts = self._read_events(plan.offsets, epoch)
+        events, max_ts, plan = self._align(ckpt, plan, events, max_ts)
         watermark, part_max, finished = self._watermark(ckpt, plan, max_ts)
         results = self._run_stages(ckpt, epoch, events, watermark, flush)
         self.failpoint("after_tasks", epoch)
@@ -365,19 +501,30 @@ class JobRunner:
         outputs = _staged_outputs(results[self.job.operators[-1].name])
         outputs.update(self._stage_dead_letters(epoch))
         self._prepare_sinks(epoch, outputs)
+        offsets = {p: end for p, (_, end) in plan.offsets.items()}
+        live_metrics = functools.partial(
+            live.epoch_metrics, events=events.num_rows, ingest_times_ms=self._ingest_times, plan=plan,
+            committed=offsets, partition_max_ts=part_max, watermark_ms=watermark,
+            previous_plan_ms=self._previous_plan_ms)
         metrics = self._metrics(events, results, flush)
+        metrics["live"] = live_metrics(now_ms=self._now_ms())  # at the commit
+        active_at = self._active_at_ms(ckpt, list(plan.offsets), plan.planned_at_ms)
         new = JobCheckpoint(
             job=self.job.name, epoch=epoch, watermark=watermark,
-            source_offsets={p: plan[p][1] for p in plan}, partition_max_ts=part_max,
+            source_offsets=offsets, partition_max_ts=part_max,
             finished=finished, key_groups=self.job.key_groups, parallelism=self.job.parallelism,
             operators={op: {res.range_label: res.manifest_key for res in rs}
                        for op, rs in results.items()},
             outputs=outputs, metrics=metrics,
+            partition_active_at_ms={p: plan.planned_at_ms if end > start else active_at[p]
+                                    for p, (start, end) in plan.offsets.items()},
         )
         key = self._commit(new)
+        self._previous_plan_ms = plan.planned_at_ms
         self.failpoint("after_commit", epoch)
         fault_point("after_commit")
         published = self._publish(new)
+        published_live = live_metrics(now_ms=self._now_ms())  # after the publish
         self.failpoint("before_cleanup", epoch)
         fault_point("before_cleanup")
         self._apply_retention()
@@ -390,6 +537,7 @@ class JobRunner:
             finished=finished, tables=metrics["tables"], table_bytes=metrics["table_bytes"],
             keys=metrics["keys"], output_rows=metrics["output_rows"], published=published,
             dead_letter=metrics["dead_letter"], recovery=metrics.get("recovery"),
+            live=published_live,
         ), new
 
     def _run_stages(self, ckpt: JobCheckpoint, epoch: int, events: pa.Table, watermark: int,

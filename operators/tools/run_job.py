@@ -12,14 +12,25 @@ On a cluster the executors get the S3 endpoint and credentials of this process's
 environment through the Spark configuration (``operators.spark.session.executor_env_conf``).
 Prints one JSON object per line to stdout: ``{"event": "started", "app_id", "ui"}``
 once the Spark session is up, then ``{"event": "committed", "epoch", "events",
-"seconds", "finished", "parallelism", "requests"}`` per committed epoch (``requests``:
-the checkpoint's object-store request counts, ``{"driver": {...}, "tasks": {...}}``).
+"seconds", "finished", "parallelism", "requests", "watermark", "live"}`` per committed
+epoch (``requests``: the checkpoint's object-store request counts, ``{"driver": {...},
+"tasks": {...}}``; ``watermark``: ms; ``live``: input and processing rates, lag, end-to-end
+latency and watermark delay, ``EpochResult.live``).
+
+``--continuous`` keeps a job on a live source running (``JobRunner.epochs(continuous=True)``,
+docs/continuous-jobs.md): SIGTERM or SIGINT asks it to stop after the epoch in flight
+(``JobRunner.stop()``), prints ``{"event": "stopped", "epoch"}`` (the newest committed
+epoch, 0 if none) and exits 0; a second signal exits at once with 128 + the signal
+number, like an uncaught SIGTERM (a restart continues from the newest checkpoint, as
+after any crash).
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import os
+import signal
 import sys
 
 from operators.runtime.checkpoints import read_checkpoint
@@ -32,7 +43,8 @@ def _print(record: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run epochs (see module docstring); returns 0 once the epochs asked for committed.
+    """Run epochs (see module docstring); returns 0 once the epochs asked for committed,
+    or, with ``--continuous``, after a clean stop on SIGTERM/SIGINT.
 
     Raises:
         JobFailedError: an epoch failed (the previous checkpoint stays the newest).
@@ -47,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parallelism", type=int, help="key-group ranges (tasks) per operator")
     p.add_argument("--events-per-epoch", type=int)
     p.add_argument("--max-epochs", type=int, help="stop after this many committed epochs (default: to the end)")
+    p.add_argument("--continuous", action="store_true",
+                   help="on a live source, keep running until SIGTERM/SIGINT (default: stop when caught up)")
     p.add_argument("--retain-checkpoints", type=int, default=10, help="0 keeps every checkpoint")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting (repeatable)")
     a = p.parse_args(argv)
@@ -69,15 +83,46 @@ def main(argv: list[str] | None = None) -> int:
                 "ui": spark.sparkContext.uiWebUrl, "master": spark.sparkContext.master})
     try:
         with JobRunner(job, spark, a.store, retain_checkpoints=a.retain_checkpoints or None) as runner:
-            for result in runner.epochs(a.max_epochs):
+            if a.continuous:
+                _stop_on_signals(runner)
+            last = 0
+            for result in runner.epochs(a.max_epochs, continuous=a.continuous):
                 requests = read_checkpoint(runner.store, job.prefix, result.epoch).metrics["requests"]
                 _print({"event": "committed", "epoch": result.epoch, "events": result.events,
                         "seconds": round(result.seconds, 3), "finished": result.finished,
-                        "parallelism": job.parallelism, "requests": requests})
+                        "parallelism": job.parallelism, "requests": requests,
+                        "watermark": result.watermark, "live": result.live})
+                last = result.epoch
+            if a.continuous:
+                _print({"event": "stopped", "epoch": last or _newest_epoch(runner)})
     finally:
         if spark is not None:
             spark.stop()
     return 0
+
+
+def _stop_on_signals(runner: JobRunner) -> None:
+    """SIGTERM/SIGINT: the first asks ``runner`` to stop after the epoch in flight, the
+    second exits at once (Spark's and Flink's command lines do the same)."""
+    received = []
+
+    def handle(signum, frame) -> None:
+        if received:
+            os._exit(128 + signum)  # no cleanup: a restart recovers as after a crash
+        received.append(signum)
+        # os.write, not print: a handler may interrupt a print to the same stream.
+        os.write(2, f"run_job: {signal.Signals(signum).name}: stopping after the epoch in "
+                    f"flight (send it again to exit at once)\n".encode())
+        runner.stop()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
+
+
+def _newest_epoch(runner: JobRunner) -> int:
+    """The newest committed epoch of the runner's job (0: none)."""
+    ckpt = runner.latest()
+    return ckpt.epoch if ckpt else 0
 
 
 if __name__ == "__main__":

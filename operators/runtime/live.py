@@ -1,0 +1,343 @@
+"""Running a job on a live source: the trigger, and stopping a continuous run.
+
+``JobRunner.epochs(continuous=True)`` (``operators.runtime.driver``) keeps planning
+epochs on a live source instead of ending when it has nothing new. This module holds
+the pieces of that loop that are not the epoch protocol itself:
+
+* ``ProcessingTimeTrigger``: when the next epoch may start (Spark Structured
+  Streaming's ``Trigger.ProcessingTime``).
+* ``StopRequest``: a request to stop the loop, safe to make from any thread and from
+  a signal handler.
+* ``plan_epoch``: the offsets an epoch reads, with idle partitions
+  (``idle_partitions``, Flink's ``withIdleness``) and watermark alignment
+  (``paused_partitions``, Flink's ``withWatermarkAlignment``); ``watermark``: the
+  watermark over the partitions that hold it back.
+* ``epoch_metrics``: input and processing rates, lag, end-to-end latency and watermark
+  delay of an epoch.
+"""
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from operators.api.operator import WATERMARK_MAX, WATERMARK_MIN
+
+# With no new input, the driver asks the source again after the trigger interval, but
+# never more often than this (ms): a trigger interval of 0 must not poll the source's
+# end offsets in a tight loop (Spark's ``spark.sql.streaming.pollingDelay`` plays this role).
+NO_INPUT_POLL_MS = 100
+
+
+class ProcessingTimeTrigger:
+    """When a continuous run plans its next epoch (Spark's ``Trigger.ProcessingTime``).
+
+    The trigger fires at most once per ``interval_ms``: an epoch that took less than the
+    interval is followed by a wait for the rest of it; one that took longer is followed
+    by the next at once. When the trigger fired and the source had nothing new, the next
+    look is ``max(interval_ms, NO_INPUT_POLL_MS)`` after that one.
+
+    Args:
+        interval_ms: the trigger interval, ms (``Job.trigger_interval_ms``, >= 0).
+        clock: seconds of a monotonic clock (tests pass a fake one).
+    """
+
+    def __init__(self, interval_ms: int, clock: Callable[[], float] = time.monotonic) -> None:
+        if interval_ms < 0:
+            raise ValueError(f"trigger interval must be >= 0 ms, got {interval_ms}")
+        self.interval_ms = interval_ms
+        self._clock = clock
+        self._fired: float | None = None
+        self._had_input = True
+
+    def fire(self) -> None:
+        """Records that the trigger fired now (the driver plans an epoch)."""
+        self._fired = self._clock()
+        self._had_input = True
+
+    def nothing_new(self) -> None:
+        """Records that the last firing found no input: the next look waits at least
+        ``NO_INPUT_POLL_MS``."""
+        self._had_input = False
+
+    def seconds_to_next(self) -> float:
+        """Seconds until the trigger may fire again (0.0: now; also before the first firing)."""
+        if self._fired is None:
+            return 0.0
+        interval = self.interval_ms if self._had_input else max(self.interval_ms, NO_INPUT_POLL_MS)
+        return max(0.0, self._fired + interval / 1000 - self._clock())
+
+
+class StopRequest:
+    """A request to stop a continuous run, and the wait it interrupts.
+
+    ``request`` may be called from any thread and from a signal handler. A
+    ``threading.Event`` is not safe there: a handler runs on the main thread between
+    two bytecodes, possibly while that thread holds the event's internal lock inside
+    ``wait``, and ``set`` would then wait for that lock forever. ``queue.SimpleQueue.put``
+    is reentrant (documented for exactly such callers), so the waiter blocks in
+    ``SimpleQueue.get(timeout=...)`` instead: no spinning, and woken at once.
+    """
+
+    def __init__(self) -> None:
+        self._requested = False
+        self._wakeups: queue.SimpleQueue[bool] = queue.SimpleQueue()
+
+    def request(self) -> None:
+        """Asks the run to stop (idempotent; a stopped run stays stopped)."""
+        self._requested = True  # a plain store: atomic, safe in a signal handler
+        self._wakeups.put(True)
+
+    @property
+    def requested(self) -> bool:
+        """True once ``request`` was called."""
+        return self._requested
+
+    def wait(self, seconds: float) -> bool:
+        """Blocks up to ``seconds`` or until a stop is requested.
+
+        Returns:
+            True if a stop was requested (before or during the wait).
+        """
+        if self._requested or seconds <= 0:
+            return self._requested
+        try:
+            self._wakeups.get(timeout=seconds)
+        except queue.Empty:
+            pass
+        return self._requested
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """What an epoch reads, decided before it reads anything (``plan_epoch``).
+
+    Attributes:
+        offsets: ``{partition: (start, end)}`` offsets to read, ``[start, end)``, for every
+            partition of the source in its order (``start == end``: nothing).
+        ends: end offset of each partition when planned.
+        idle: partitions idle when planned (``idle_partitions``); they do not hold back
+            the watermark.
+        paused: partitions with input that read nothing this epoch because their event
+            time is too far ahead (watermark alignment, ``paused_partitions``).
+        planned_at_ms: wall clock when planned, ms since the Unix epoch.
+    """
+
+    offsets: dict[str, tuple[int, int]]
+    ends: dict[str, int]
+    idle: frozenset[str]
+    paused: frozenset[str]
+    planned_at_ms: int
+
+    @property
+    def has_input(self) -> bool:
+        """True if some partition has offsets to read."""
+        return any(end > start for start, end in self.offsets.values())
+
+
+def idle_partitions(committed: dict[str, int], ends: dict[str, int], active_at_ms: dict[str, int],
+                    now_ms: int, idle_timeout_ms: int | None) -> frozenset[str]:
+    """Partitions that stopped holding back the watermark (Flink's
+    ``WatermarkStrategy.withIdleness``): read up to their end offset, and no offset
+    read for ``idle_timeout_ms`` (wall clock).
+
+    A partition with events it has not read is never idle (it is behind, not quiet);
+    one that receives events is read and active again at the next epoch.
+
+    Args:
+        committed: next offset to read per partition.
+        ends: end offset per partition.
+        active_at_ms: wall clock (ms) when each partition's committed offset last
+            advanced, or when the driver first saw it if it never did.
+        now_ms: wall clock now, ms.
+        idle_timeout_ms: ``Job.idle_timeout_ms``; None: no partition is ever idle.
+
+    Returns:
+        The idle partitions.
+    """
+    if idle_timeout_ms is None:
+        return frozenset()
+    return frozenset(p for p in committed
+                     if committed[p] >= ends[p] and now_ms - active_at_ms[p] >= idle_timeout_ms)
+
+
+def paused_partitions(open_partitions: list[str], candidates: list[str], partition_max_ts: dict[str, int],
+                      max_drift_ms: int | None) -> frozenset[str]:
+    """Watermark alignment (Flink's ``WatermarkStrategy.withWatermarkAlignment``): the
+    partitions whose max event time is more than ``max_drift_ms`` ahead of the slowest
+    candidate; they read nothing this epoch, so the slower ones catch up and the events
+    of the fast ones do not wait in state for the watermark.
+
+    Args:
+        open_partitions: partitions with offsets to read.
+        candidates: partitions that hold back the watermark (not idle; of a bounded
+            source, not read to the end). One without an event time yet does not count:
+            it has told nothing of where it is.
+        partition_max_ts: max event time read per partition, ms (``WATERMARK_MIN``: none).
+        max_drift_ms: ``Job.max_watermark_drift_ms``; None: no alignment.
+
+    Returns:
+        The paused partitions (never the slowest one, so an epoch with input reads
+        something unless only paused partitions have input).
+    """
+    timed = [partition_max_ts[p] for p in candidates if partition_max_ts[p] != WATERMARK_MIN]
+    if max_drift_ms is None or not timed:
+        return frozenset()
+    slowest = min(timed)
+    return frozenset(p for p in open_partitions if partition_max_ts[p] > slowest + max_drift_ms)
+
+
+def plan_epoch(committed: dict[str, int], ends: dict[str, int], partition_max_ts: dict[str, int],
+               active_at_ms: dict[str, int], *, now_ms: int, events_per_epoch: int, bounded: bool,
+               idle_timeout_ms: int | None = None, max_drift_ms: int | None = None) -> EpochPlan:
+    """The offsets the next epoch reads: ``events_per_epoch`` split equally over the
+    partitions that have input and are not paused by watermark alignment (one with less
+    than its share reads what it has). A paused partition's share goes to the others;
+    that they do not then run ahead within the epoch is ``alignment_cuts``' job, after
+    reading.
+
+    Args:
+        committed: next offset per partition, in the source's partition order (new
+            partitions at their ``Source.start_offset``).
+        ends: end offset per partition (``Source.end_offsets``; a partition missing
+            there has none yet).
+        partition_max_ts, active_at_ms: per partition, as in the checkpoint
+            (``WATERMARK_MIN`` / first seen for a new one).
+        now_ms: wall clock, ms.
+        events_per_epoch, idle_timeout_ms, max_drift_ms: the ``Job`` fields.
+        bounded: ``Source.bounded`` (a bounded source's partitions read to the end
+            hold back nothing).
+
+    Returns:
+        The ``EpochPlan``.
+    """
+    ends = {p: max(ends.get(p, committed[p]), committed[p]) for p in committed}
+    open_parts = [p for p in committed if committed[p] < ends[p]]
+    idle = idle_partitions(committed, ends, active_at_ms, now_ms, idle_timeout_ms)
+    candidates = watermark_holders(committed, ends, idle, bounded)
+    paused = paused_partitions(open_parts, candidates, partition_max_ts, max_drift_ms)
+    reading = [p for p in open_parts if p not in paused]
+    share = -(-events_per_epoch // max(1, len(reading)))
+    offsets = {p: (committed[p], min(ends[p], committed[p] + share) if p in reading else committed[p])
+               for p in committed}
+    return EpochPlan(offsets=offsets, ends=ends, idle=idle, paused=paused, planned_at_ms=now_ms)
+
+
+def watermark_holders(committed: dict[str, int], ends: dict[str, int], idle: frozenset[str],
+                      bounded: bool) -> list[str]:
+    """The partitions that hold back the watermark when an epoch is planned: not idle,
+    and of a bounded source not read to the end."""
+    return [p for p in committed if p not in idle and (not bounded or committed[p] < ends[p])]
+
+
+def alignment_cuts(partitions: list[str], part_of_row: np.ndarray, offset_of_row: np.ndarray,
+                   ts_of_row: np.ndarray, partition_max_ts: dict[str, int], holders: list[str],
+                   max_drift_ms: int | None) -> dict[str, int]:
+    """Watermark alignment within an epoch: where to end each partition's slice so that
+    no partition reads events more than ``max_drift_ms`` ahead of the slowest holder.
+
+    Pausing at planning (``paused_partitions``) cannot stop a partition from running
+    ahead within one epoch, by up to its whole share; so after reading, the slowest
+    holder's max event time (with this epoch's events) plus the drift is a limit, and a
+    partition's slice ends before its first event past the limit. The events cut off
+    are read again by the next epoch (Flink pauses a split's reader at that point).
+
+    Args:
+        partitions: the source's partitions; ``part_of_row`` indexes into it.
+        part_of_row, offset_of_row, ts_of_row: partition index, offset and event time of
+            each event read (the good rows of the epoch), each partition's rows in offset order.
+        partition_max_ts: max event time per partition before the epoch, ms.
+        holders: partitions holding back the watermark (``watermark_holders``).
+        max_drift_ms: ``Job.max_watermark_drift_ms``; None: no cut.
+
+    Returns:
+        ``{partition: offset}``: the first offset a cut partition did not read. Empty
+        when nothing is cut, and also when the cut would leave the epoch without events
+        (a slowest holder that read nothing and a gap in the others' event times): the
+        epoch then keeps its planned slices, so a run always makes progress.
+    """
+    if max_drift_ms is None or not len(ts_of_row):
+        return {}
+    new_max = dict(partition_max_ts)
+    for i, p in enumerate(partitions):
+        mine = ts_of_row[part_of_row == i]
+        if len(mine):
+            new_max[p] = max(new_max.get(p, WATERMARK_MIN), int(mine.max()))
+    timed = [new_max[p] for p in holders if new_max.get(p, WATERMARK_MIN) != WATERMARK_MIN]
+    if not timed:
+        return {}
+    past = ts_of_row > min(timed) + max_drift_ms
+    cuts = {}
+    for i, p in enumerate(partitions):
+        first = np.flatnonzero(past & (part_of_row == i))
+        if len(first):
+            cuts[p] = int(offset_of_row[first[0]])
+    kept = sum(int(np.count_nonzero((part_of_row == partitions.index(p)) & (offset_of_row < cut)))
+               for p, cut in cuts.items())
+    untouched = int(np.count_nonzero(~np.isin(part_of_row, [partitions.index(p) for p in cuts])))
+    return cuts if kept + untouched else {}
+
+
+def watermark(previous: int, partition_max_ts: dict[str, int], inputs: list[str], bound_ms: int) -> int:
+    """Bounded out-of-orderness: min over ``inputs`` of their max event time, minus
+    ``bound_ms``, never below ``previous`` (Flink's ``forBoundedOutOfOrderness`` with the
+    min over input partitions). No inputs (all idle), or one without an event time yet:
+    ``previous``."""
+    low = min((partition_max_ts[p] for p in inputs), default=WATERMARK_MIN)
+    if low == WATERMARK_MIN:
+        return previous
+    return max(previous, low - bound_ms)
+
+
+def epoch_metrics(*, events: int, ingest_times_ms: pa.ChunkedArray, plan: EpochPlan,
+                  committed: dict[str, int], partition_max_ts: dict[str, int], watermark_ms: int,
+                  now_ms: int, previous_plan_ms: int | None) -> dict:
+    """An epoch's live metrics (Spark's ``StreamingQueryProgress`` and Kafka's consumer
+    lag, per epoch).
+
+    Args:
+        events: events the epoch read.
+        ingest_times_ms: ``_ingest_time`` of the events read, ms (null or empty: the
+            source gives none).
+        plan: the epoch's plan.
+        committed: next offset per partition after the epoch.
+        partition_max_ts: max event time read per partition after the epoch, ms.
+        watermark_ms: the epoch's watermark.
+        now_ms: wall clock the measurement is taken at (the commit, or after the publish).
+        previous_plan_ms: when the previous epoch of this driver was planned (None: this
+            is its first).
+
+    Returns:
+        ``{"at_ms": now_ms,
+        "input_rate": events/s since the previous epoch's plan (null on a driver's first epoch),
+        "processing_rate": events/s from the plan to now_ms (null if no time passed),
+        "lag_events": {partition: end offset at planning - committed offset (offsets)},
+        "lag_ms": {partition: now - max event time read, ms, null if none read},
+        "latency_ms": {"p50", "p99", "max"}: now - ingest time over the epoch's events
+            (nearest rank), null without ingest times,
+        "watermark_delay_ms": now - watermark (null before any event time and at the end of
+            a bounded source)}``.
+    """
+    since_previous = None if previous_plan_ms is None else plan.planned_at_ms - previous_plan_ms
+    elapsed = now_ms - plan.planned_at_ms
+    latency = None
+    ingest_times_ms = ingest_times_ms.drop_null()
+    if len(ingest_times_ms):
+        ages = now_ms - ingest_times_ms.to_numpy().astype(np.int64, copy=False)
+        p50, p99 = np.percentile(ages, [50, 99], method="inverted_cdf")
+        latency = {"p50": int(p50), "p99": int(p99), "max": int(ages.max())}
+    unknown = (WATERMARK_MIN, WATERMARK_MAX)
+    return {
+        "at_ms": now_ms,
+        "input_rate": events / (since_previous / 1000) if since_previous else None,
+        "processing_rate": events / (elapsed / 1000) if elapsed > 0 else None,
+        "lag_events": {p: plan.ends[p] - committed[p] for p in committed},
+        "lag_ms": {p: None if partition_max_ts[p] == WATERMARK_MIN else now_ms - partition_max_ts[p]
+                   for p in committed},
+        "latency_ms": latency,
+        "watermark_delay_ms": None if watermark_ms in unknown else now_ms - watermark_ms,
+    }

@@ -1,0 +1,312 @@
+"""Event time on live input: partition idleness (``Job.idle_timeout_ms``, Flink's
+``withIdleness``), watermark alignment (``Job.max_watermark_drift_ms``, Flink's
+``withWatermarkAlignment``), partitions that appear while the job runs, and
+``Source.start_offset``. Wall clock: a fake one given to ``JobRunner(clock=...)``."""
+from __future__ import annotations
+
+import json
+
+import crc32c
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from examples.keyed_count import keyed_count_job, keyed_count_oracle
+from examples.synthetic import SyntheticSource
+from operators.api.operator import WATERMARK_MAX, WATERMARK_MIN
+from operators.io.sources import TIMESTAMP_COLUMN
+from operators.runtime.checkpoints import JobCheckpoint, read_checkpoint
+from operators.runtime.driver import JobRunner
+from operators.runtime.live import alignment_cuts, idle_partitions, paused_partitions, plan_epoch
+from tests.operators import live_sources
+from tests.operators.live_sources import STEP_MS, reveal
+
+BOUND_MS = 2 * STEP_MS  # live_sources.job's max_out_of_orderness_ms
+IDLE_MS = 10_000
+
+
+class FakeClock:
+    """Wall clock in seconds, moved by the test only."""
+
+    def __init__(self, now: float = 1_700_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _ts(partition: str, offset: int) -> int:
+    """Event time of ``offset`` of a GrowingSource partition (SyntheticSource's rule)."""
+    return offset * STEP_MS + int(partition[1:])
+
+
+def test_idle_partition_stops_holding_back_the_watermark_until_it_receives_events(tmp_path) -> None:
+    visible, clock = tmp_path / "visible.json", FakeClock()
+    reveal(visible, {"p0": 300, "p1": 300})
+
+    def epoch(**advance_and_reveal):
+        clock.now += advance_and_reveal.pop("after_s")
+        reveal(visible, advance_and_reveal)
+        runner = JobRunner(live_sources.job(visible, idle_timeout_ms=IDLE_MS), None, str(tmp_path / "s"),
+                           clock=clock)
+        [result] = runner.run(max_epochs=1)
+        return result
+
+    first = epoch(after_s=0, p0=300, p1=300)
+    assert first.watermark == _ts("p0", 299) - BOUND_MS
+    # p1 gets nothing new: caught up for 5 s, not idle yet, it holds the watermark.
+    second = epoch(after_s=5, p0=600, p1=300)
+    assert second.watermark == _ts("p1", 299) - BOUND_MS
+    # 15 s without events on p1: idle; the watermark follows p0 alone.
+    third = epoch(after_s=10, p0=700, p1=300)
+    assert third.watermark == _ts("p0", 699) - BOUND_MS
+    # p1 receives events (older than the watermark: late, as in Flink) and is active
+    # again: the watermark waits for it although p0 reads on.
+    fourth = epoch(after_s=1, p0=800, p1=400)
+    fifth = epoch(after_s=1, p0=900, p1=400)
+    assert fourth.watermark == fifth.watermark == third.watermark
+    ckpt = read_checkpoint(JobRunner(live_sources.job(visible), None, str(tmp_path / "s")).store,
+                           "jobs/growing_count", 5)
+    assert ckpt.partition_active_at_ms == {"p0": int(clock.now * 1000), "p1": int((clock.now - 1) * 1000)}
+
+
+def test_continuous_run_advances_the_watermark_of_idle_partitions_without_input(tmp_path) -> None:
+    """No input at all, but p1 went idle: the run commits an epoch without events whose
+    watermark follows p0, and the windows it closes are published."""
+    visible, clock = tmp_path / "visible.json", FakeClock()
+    reveal(visible, {"p0": 1_300, "p1": 300})
+    runner = JobRunner(live_sources.job(visible, idle_timeout_ms=IDLE_MS, events_per_epoch=1_400), None,
+                       str(tmp_path / "s"), clock=clock)
+    results = []
+    for result in runner.epochs(continuous=True):
+        results.append(result)
+        if result.epoch == 1:  # read p0 [0, 700), all of p1
+            clock.now += 8
+        elif result.epoch == 2:  # read the rest of p0: p0 active at +8 s, p1 at 0 s
+            clock.now += 3  # p1: 11 s without events, idle; p0: 3 s, not
+        else:
+            runner.stop()
+    assert [(r.epoch, r.events) for r in results] == [(1, 1_000), (2, 600), (3, 0)]
+    assert results[1].watermark == _ts("p1", 299) - BOUND_MS
+    assert results[2].watermark == _ts("p0", 1_299) - BOUND_MS
+    got = live_sources.output(runner)
+    pd.testing.assert_frame_equal(got, live_sources.oracle(runner.job.source, results[2].watermark),
+                                  check_dtype=False)
+    assert len(got) > len(live_sources.oracle(runner.job.source, results[1].watermark))
+
+
+def test_idleness_needs_the_partition_read_to_its_end() -> None:
+    committed, ends = {"a": 5, "b": 5, "c": 5}, {"a": 5, "b": 9, "c": 5}
+    active = {"a": 0, "b": 0, "c": 5_000}
+    assert idle_partitions(committed, ends, active, 10_000, 10_000) == {"a"}  # b has unread events
+    assert idle_partitions(committed, ends, active, 10_000, None) == set()
+
+
+class SkewedSource(SyntheticSource):
+    """Two partitions; p1's event time advances 10x faster than p0's (bounded)."""
+
+    name = "skewed"
+
+    def full_partition(self, partition: str) -> pa.Table:
+        table = super().full_partition(partition)
+        if partition == "p1":
+            ts = table.column(TIMESTAMP_COLUMN).to_numpy() * 10
+            table = table.set_column(table.schema.get_field_index(TIMESTAMP_COLUMN), TIMESTAMP_COLUMN,
+                                     pa.array(ts))
+        return table
+
+
+def _skewed_run(tmp_path, drift_ms: int | None):
+    job = keyed_count_job(2_000, 50, partitions=2, step_ms=60_000, events_per_epoch=200,
+                          parallelism=1, name="skewed")
+    job.source = SkewedSource(2_000, 50, partitions=2, step_ms=60_000)
+    job.max_out_of_orderness_ms = 0
+    job.max_watermark_drift_ms = drift_ms
+    runner = JobRunner(job, None, str(tmp_path / f"drift-{drift_ms}"), retain_checkpoints=None)
+    spreads, before = [], None
+    for result in runner.epochs():
+        ckpt = read_checkpoint(runner.store, job.prefix, result.epoch)
+        unfinished = [p for p, o in (before or {"p0": 0, "p1": 0}).items() if o < 2_000]
+        if len(unfinished) == 2 and min(ckpt.partition_max_ts.values()) > WATERMARK_MIN:
+            spreads.append(max(ckpt.partition_max_ts.values()) - min(ckpt.partition_max_ts.values()))
+        before = result.source_offsets
+    got = job.sinks["main"].read(runner.store, job.prefix).to_pandas()
+    return runner, spreads, got.sort_values(["key", "window_start"]).reset_index(drop=True)
+
+
+def test_watermark_alignment_bounds_the_event_time_spread_and_keeps_the_output(tmp_path) -> None:
+    """p1 runs 10x faster in event time: without alignment its max event time runs
+    ever further ahead of p0's; with a drift of 2 h the spread stays within the drift
+    (pausing at planning alone would allow one epoch's step of p1 more: 100 events x
+    10 min; the cut after reading removes that), every event is read exactly once, and
+    the output is the oracle's."""
+    drift = 2 * 3_600_000
+    step = 100 * 600_000  # one epoch's share of p1, in event time
+    _, unaligned, _ = _skewed_run(tmp_path, None)
+    runner, aligned, got = _skewed_run(tmp_path, drift)
+    assert max(unaligned) > drift + step  # the case needs alignment
+    assert len(aligned) >= 10 and max(aligned) <= drift
+    want = keyed_count_oracle(runner.job.source).sort_values(["key", "window_start"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(got, want, check_dtype=False)
+    assert runner.latest().finished and runner.latest().watermark == WATERMARK_MAX
+
+
+def test_alignment_pauses_only_partitions_ahead_of_the_slowest_active_one() -> None:
+    part_max = {"a": 1_000, "b": 5_000, "c": 9_000, "idle": 0, "new": WATERMARK_MIN}
+    everyone = list(part_max)
+    # Idle and new partitions do not count as the slowest; c is 8 s ahead of a.
+    assert paused_partitions(everyone, ["a", "b", "c", "new"], part_max, 4_000) == {"c"}
+    assert paused_partitions(everyone, ["b", "c"], part_max, 4_000) == set()
+    assert paused_partitions(everyone, everyone, part_max, None) == set()
+    plan = plan_epoch({"a": 0, "b": 0, "c": 0}, {"a": 100, "b": 100, "c": 100}, part_max,
+                      {"a": 0, "b": 0, "c": 0}, now_ms=0, events_per_epoch=90, bounded=True,
+                      max_drift_ms=4_000)
+    assert plan.paused == {"c"}
+    assert plan.offsets == {"a": (0, 45), "b": (0, 45), "c": (0, 0)}  # c's share goes to a and b
+
+
+def test_alignment_cuts_each_slice_before_its_first_event_past_the_limit() -> None:
+    parts = ["a", "b", "c"]
+    part = np.array([0, 0, 0, 1, 1, 1, 2, 2])
+    offset = np.array([10, 11, 12, 20, 21, 22, 30, 31])
+    ts = np.array([100, 200, 300, 150, 900, 250, 5_000, 6_000])
+    before = {"a": 50, "b": 50, "c": 4_000}
+    # The slowest holder after reading is a (300): limit 300 + 500; b's 900 is past it
+    # (its later 250 waits with it, offsets stay contiguous), c's whole slice is.
+    assert alignment_cuts(parts, part, offset, ts, before, parts, 500) == {"b": 21, "c": 30}
+    assert alignment_cuts(parts, part, offset, ts, before, parts, None) == {}
+    # c does not hold back the watermark (idle): a is still the slowest.
+    assert alignment_cuts(parts, part, offset, ts, before, ["a", "b"], 500) == {"b": 21, "c": 30}
+    # The slowest holder d read nothing and everything read is past its limit: no cut,
+    # so the epoch makes progress.
+    assert alignment_cuts(parts + ["d"], part, offset, ts, {**before, "d": -1_000}, parts + ["d"], 500) == {}
+
+
+class _StartsAt100(live_sources.GrowingSource):
+    """Its log starts at offset 100 (older events deleted by retention, as in Kafka)."""
+
+    def start_offset(self, partition: str) -> int:
+        return 100
+
+
+def test_new_partitions_are_read_from_their_start_offset(tmp_path) -> None:
+    visible = tmp_path / "visible.json"
+    reveal(visible, {"p0": 300})
+    job = live_sources.job(visible, events_per_epoch=4_000)
+    job.source = _StartsAt100(visible)
+    runner = JobRunner(job, None, str(tmp_path / "s"))
+    [first] = runner.run()
+    assert first.source_offsets == {"p0": 300} and first.events == 200
+    reveal(visible, {"p0": 300, "p1": 250})  # the topic got a partition
+    [second] = runner.run()
+    assert second.source_offsets == {"p0": 300, "p1": 250} and second.events == 150
+    assert runner.latest().partition_max_ts == {"p0": _ts("p0", 299), "p1": _ts("p1", 249)}
+    # Once read, the new partition holds back the watermark as the others do.
+    assert second.watermark == first.watermark
+    reveal(visible, {"p0": 1_300, "p1": 1_300})
+    [third] = runner.run()
+    assert third.watermark == _ts("p0", 1_299) - BOUND_MS
+    got = live_sources.output(runner)
+    events = pa.concat_tables([job.source.data.full_partition(p).slice(100, 1_200) for p in ("p0", "p1")])
+    want = keyed_count_oracle(_Table(events))
+    want = want[want.window_start + 3_600_000 <= third.watermark]
+    assert len(want) > 0
+    pd.testing.assert_frame_equal(got, want.sort_values(["key", "window_start"]).reset_index(drop=True),
+                                  check_dtype=False)
+
+
+class _Table:
+    """One table as a one-partition source, for ``keyed_count_oracle``."""
+
+    def __init__(self, table: pa.Table) -> None:
+        self.table = table
+
+    def partitions(self) -> list[str]:
+        return ["all"]
+
+    def full_partition(self, partition: str) -> pa.Table:
+        return self.table
+
+
+def test_checkpoints_without_the_activity_record_still_decode() -> None:
+    new = JobCheckpoint(job="j", epoch=1, watermark=0, source_offsets={"p": 1}, partition_max_ts={"p": 0},
+                        finished=False, key_groups=8, parallelism=1, operators={}, outputs={},
+                        partition_active_at_ms={"p": 5})
+    doc = json.loads(new.encode())
+    del doc["body"]["partition_active_at_ms"]
+    body = json.dumps(doc["body"], sort_keys=True, separators=(",", ":"))
+    doc["crc32c"] = crc32c.crc32c(body.encode())
+    old = JobCheckpoint.decode(json.dumps(doc).encode(), "mem://old")
+    assert old.partition_active_at_ms == {} and old.source_offsets == {"p": 1}
+
+
+class _SkewedWithBadRows(SkewedSource):
+    """``SkewedSource`` whose p1 rows at offsets divisible by 7 have no key (dead letters)."""
+
+    def read(self, partition: str, start: int, end: int) -> pa.Table:
+        table = super().read(partition, start, end)
+        if partition != "p1":
+            return table
+        keys = table.column("key").to_pylist()
+        keys = [None if (start + i) % 7 == 0 else k for i, k in enumerate(keys)]
+        return table.set_column(0, "key", pa.array(keys, pa.binary()))
+
+
+def test_alignment_cut_sends_each_bad_row_to_the_dead_letter_table_once(tmp_path) -> None:
+    """Rows cut off are read again by the next epoch: a dead letter among them must not
+    be recorded by both epochs."""
+    job = keyed_count_job(2_000, 50, partitions=2, step_ms=60_000, events_per_epoch=200,
+                          parallelism=1, name="skewed_bad")
+    job.source = _SkewedWithBadRows(2_000, 50, partitions=2, step_ms=60_000)
+    job.max_out_of_orderness_ms = 0
+    job.max_watermark_drift_ms = 2 * 3_600_000
+    runner = JobRunner(job, None, str(tmp_path))
+    results = runner.run()
+    dead = job.dead_letter.sink.read(runner.store, job.prefix).to_pandas()
+    assert sorted(dead.offset) == list(range(0, 2_000, 7))
+    assert set(dead.partition) == {"p1"}
+    assert sum(r.events for r in results) == 4_000 - len(dead)
+    assert sum(r.dead_letter["total"] for r in results) == len(dead)
+
+
+@settings(max_examples=200)
+@given(speeds=st.lists(st.integers(1, 50), min_size=2, max_size=4),
+       sizes=st.lists(st.integers(0, 400), min_size=4, max_size=4),
+       drift_ms=st.integers(0, 500), events_per_epoch=st.integers(1, 300))
+def test_aligned_planning_reads_every_event_once_within_the_drift(speeds, sizes, drift_ms,
+                                                                  events_per_epoch) -> None:
+    """Planning and cuts as the driver applies them, on bounded partitions whose event
+    time advances ``speeds[i]`` ms per offset: every run ends, reads each offset exactly
+    once, and an epoch that was cut read no event past the limit: the slowest unfinished
+    partition's largest event time (with what it read this epoch) plus the drift."""
+    parts = [f"p{i}" for i in range(len(speeds))]
+    ends = {p: sizes[i] for i, p in enumerate(parts)}
+    committed = {p: 0 for p in parts}
+    part_max = {p: WATERMARK_MIN for p in parts}
+    read = {p: [] for p in parts}
+    for _ in range(10_000):
+        plan = plan_epoch(committed, ends, part_max, {p: 0 for p in parts}, now_ms=0,
+                          events_per_epoch=events_per_epoch, bounded=True, max_drift_ms=drift_ms)
+        if not plan.has_input:
+            break
+        rows = [(i, o, o * speeds[i]) for i, p in enumerate(parts) for o in range(*plan.offsets[p])]
+        part, offset, ts = (np.array(c, dtype=np.int64) for c in zip(*rows))
+        holders = [p for p in parts if committed[p] < ends[p]]
+        cuts = alignment_cuts(parts, part, offset, ts, part_max, holders, drift_ms)
+        if cuts:
+            latest = [max([part_max[p], *ts[part == parts.index(p)]]) for p in holders]
+            limit = min(t for t in latest if t != WATERMARK_MIN) + drift_ms
+            kept = offset < np.array([cuts.get(p, 1 << 62) for p in parts])[part]
+            assert (ts[kept] <= limit).all() and kept.any()
+        for i, p in enumerate(parts):
+            start, end = plan.offsets[p]
+            end = cuts.get(p, end)
+            read[p] += range(start, end)
+            if end > start:
+                part_max[p] = max(part_max[p], (end - 1) * speeds[i])
+            committed[p] = end
+    else:
+        raise AssertionError("planning never finished")
+    assert read == {p: list(range(ends[p])) for p in parts}
