@@ -28,12 +28,15 @@ source yields one binary ``value`` column.
 """
 from __future__ import annotations
 
+import io
 import json
 import math
+import re
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.json as pa_json
 
 from operators.io.sinks import Sink
 from operators.io.sources import (
@@ -166,7 +169,82 @@ class TopicSource(Source):
 
 
 def decode_json_values(raw: list[bytes | None], schema: pa.Schema) -> tuple[dict[str, pa.Array], pa.Array]:
-    """Decodes JSON-object record values into the columns of ``schema``.
+    """Decodes JSON-object record values into the columns of ``schema``: the result of
+    ``decode_json_values_per_record``, computed by Arrow's JSON reader over the
+    newline-joined values when that is sure to give the same (``_decode_json_arrow``),
+    else record by record. A batch with a bad value, or one the fast path cannot vouch
+    for, takes the per-record path whole, so dead letters and their messages are the
+    same either way.
+
+    Returns:
+        ``({column: array}, errors)`` as ``decode_json_values_per_record``.
+    """
+    fast = _decode_json_arrow(raw, schema) if raw else None
+    return fast if fast is not None else decode_json_values_per_record(raw, schema)
+
+
+# Column types the Arrow fast path decodes exactly as ``pa.array`` converts the values of
+# json.loads; any other type takes the per-record path.
+def _fast_type(t: pa.DataType) -> bool:
+    return (pa.types.is_integer(t) or pa.types.is_float32(t) or pa.types.is_float64(t)
+            or pa.types.is_boolean(t) or pa.types.is_string(t) or pa.types.is_large_string(t))
+
+
+# Control characters other than the newline that separates values: json.loads refuses
+# them inside strings, Arrow's reader may not (a tab), and \r would split a line.
+# Counted as the bytes 0-31 deleted minus the newlines (faster than a regex search).
+_CONTROL = bytes(range(32))
+# Integer literals a float column may not hold exactly (beyond 2**53 in float64, 2**24
+# in float32): Arrow's reader rounds them, ``pa.array`` refuses them. Conservative: any
+# run of that many digits anywhere (a string, a fraction) sends the batch the slow way.
+_LONG_DIGITS = {pa.float64(): re.compile(rb"[0-9]{16}"), pa.float32(): re.compile(rb"[0-9]{8}")}
+
+
+def _decode_json_arrow(raw: list[bytes | None], schema: pa.Schema) -> tuple[dict[str, pa.Array], pa.Array] | None:
+    """``decode_json_values_per_record(raw, schema)`` by ``pyarrow.json.read_json`` over
+    the values joined by newlines (the explicit schema, other fields ignored), or None
+    when that might differ from it: a column type outside ``_fast_type``; a null value;
+    a value with a newline or another control character (``_CONTROL``), invalid UTF-8,
+    or not starting with ``{`` (a leading space too); a long digit run with a float column (``_LONG_DIGITS``); Arrow
+    refusing the batch (a value of the wrong JSON type, a fraction in an integer column,
+    a duplicate field, a number out of range, bad JSON, ...); a row count other than
+    ``len(raw)`` (two objects in one value); a non-finite float. Every such batch holds a
+    value the per-record path must judge, or one Arrow would take differently."""
+    if not all(_fast_type(f.type) for f in schema):
+        return None
+    try:
+        joined = b"\n".join(raw)
+    except TypeError:  # a null value (a tombstone)
+        return None
+    # Every value starts with "{" and holds no newline: one line each, each an object's
+    # start (Arrow's reader takes a top-level null as a row of nulls, or crashes on one).
+    if (not joined.startswith(b"{") or joined.count(b"\n{") != len(raw) - 1
+            or joined.count(b"\n") != len(raw) - 1
+            or len(joined) - len(joined.translate(None, _CONTROL)) != len(raw) - 1):
+        return None
+    for f in schema:
+        digits = _LONG_DIGITS.get(f.type)
+        if digits is not None and digits.search(joined) is not None:
+            return None
+    try:
+        joined.decode("utf-8")  # Arrow's reader does not check
+        table = pa_json.read_json(io.BytesIO(joined), parse_options=pa_json.ParseOptions(
+            explicit_schema=schema, unexpected_field_behavior="ignore"))
+    except (UnicodeDecodeError, pa.ArrowException):
+        return None
+    if table.num_rows != len(raw) or table.schema.types != schema.types:
+        return None
+    columns = {f.name: table.column(f.name).combine_chunks() for f in schema}
+    for f in schema:  # NaN, Infinity: json.loads and Arrow's reader take them, the column may not
+        if pa.types.is_floating(f.type) and pc.any(pc.invert(pc.is_finite(columns[f.name]))).as_py():
+            return None
+    return columns, pa.nulls(len(raw), pa.string())
+
+
+def decode_json_values_per_record(raw: list[bytes | None],
+                                  schema: pa.Schema) -> tuple[dict[str, pa.Array], pa.Array]:
+    """Decodes JSON-object record values into the columns of ``schema``, one
+    ``json.loads`` per value (the reference ``decode_json_values`` follows).
 
     A value that is not JSON, not an object, or has a field its column cannot hold as
     written does not raise: its columns are null and its error message is set (naming
@@ -196,7 +274,7 @@ def decode_json_values(raw: list[bytes | None], schema: pa.Schema) -> tuple[dict
         try:
             row = json.loads(value) if value is not None else {}
             if not isinstance(row, dict):
-                raise ValueError(f"value is a JSON {type(row).__name__}, not an object")
+                raise ValueError(f"value is a JSON {type(row).__name__}, not an object")  # noqa: TRY004 - caught below
             rows.append(row)
             errors.append(None)
         except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
