@@ -194,13 +194,15 @@ def _dkvstream_main(argv: list[str]) -> int:
 # ------------------------------------------------------------------- the parent
 class TreeMemory:
     """Peak RSS of a process tree, sampled every ``interval_s``: driver (the root and
-    its JVMs) and workers (Python processes below a JVM)."""
+    its JVMs) and workers (Python processes below a JVM). ``exclude(process)``: True for
+    a descendant not to count, with its own descendants (e.g. a load generator)."""
 
-    def __init__(self, pid: int, interval_s: float = 0.2) -> None:
+    def __init__(self, pid: int, interval_s: float = 0.2, exclude=None) -> None:
         import psutil
 
         self._psutil, self.root = psutil, psutil.Process(pid)
         self.interval_s = interval_s
+        self.exclude = exclude
         self.driver_peak = self.workers_peak = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
@@ -214,6 +216,8 @@ class TreeMemory:
                 workers = 0
                 for child in self.root.children(recursive=True):
                     try:
+                        if self.exclude is not None and any(self.exclude(p) for p in (child, *child.parents())):
+                            continue
                         below_jvm = any(p.name() == "java" for p in child.parents())
                         rss = child.memory_info().rss
                     except (ps.NoSuchProcess, ps.AccessDenied):

@@ -60,7 +60,10 @@ def test_sustained_rule() -> None:
     assert sustained(row) is True
     assert sustained({**row, "drain_s": 2.5}) is False
     assert sustained({**row, "events_per_s": 9_000}) is False
-    assert sustained({**row, "producer_rate": 9_000}) is None  # producer-limited: says nothing
+    # Producers short of the nominal rate: the engine is judged against what they offered.
+    assert sustained({**row, "producer_rate": 8_000, "events_per_s": 7_700}) is True
+    assert sustained({**row, "producer_rate": 8_000, "events_per_s": 7_500}) is False
+    assert sustained({"engine": "quix", "rate": 10_000, "error": "killed"}) is False
 
 
 def test_cli_prints_the_tables_and_checks_every_run(kafka_broker, tmp_path, capsys) -> None:
