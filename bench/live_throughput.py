@@ -4,7 +4,7 @@ Usage (needs the ``bench`` extra: Quix Streams, Bytewax, psutil, matplotlib, tab
 
     .venv/bin/python bench/live_throughput.py                      # rates 10k,50k,100k,200k, 60 s each
     .venv/bin/python bench/live_throughput.py --rates 20000,50000 --duration-s 300 \\
-        --plot docs/img/live_lag.png
+        --plot docs/img/live-lag.png
     .venv/bin/python bench/live_throughput.py --engines dkvstream,dkvstream-in-process --no-live
 
 Every run starts its own Tansu broker (``operators.io.kafka_broker.TansuBroker``, in
