@@ -24,76 +24,20 @@ from dagster import (
     instance_for_test,
     materialize,
 )
-from dagster_pyspark import PySparkResource
 
 import assets.job_assets as job_assets_module
 from assets.checkpoints import checkpoint_asset_key
 from assets.definitions import dkvstream_definitions, stream_job_definitions
 from assets.job_assets import job_assets
 from assets.resources import DKVSettingsResource, ObjectStoreResource
-from examples.synthetic import WINDOW_COUNT_SCHEMA, KeyWindowCount, SyntheticSource
 from operators.api.job import Job
-from operators.io.sinks import ParquetSink
 from operators.runtime.checkpoints import latest_checkpoint
 from operators.runtime.control import read_lease
 from operators.runtime.driver import JobRunner
 from operators.tools.state_reader import checkpoint_entries
 from storage.objectstore import open_object_store
+from tests.assets.live_job import NAME, PREFIX, NoSpark, live_job
 from tests.assets.small_job import small_job
-
-NAME = "live_small"
-PREFIX = f"jobs/{NAME}"
-EVENTS_PER_EPOCH = 1_000  # 500 per partition and epoch
-
-
-class LiveSource(SyntheticSource):
-    """``SyntheticSource`` made live: ``visible`` events per partition are readable, and
-    the rest never arrives. ``end_offsets`` refuses to answer before ``attach`` (as a
-    source keeping its metadata in the store would). ``on_read(start)`` and
-    ``on_end_offsets()`` are test hooks, called on the thread reading."""
-
-    name = "live_synthetic"
-
-    def __init__(self, visible: int) -> None:
-        super().__init__(events=3_000, keys=400, partitions=2, step_ms=1_000)
-        self.visible = visible
-        self.attached: tuple | None = None
-        self.on_read = lambda start: None
-        self.on_end_offsets = lambda: None
-
-    def __getstate__(self) -> dict:
-        return {k: v for k, v in super().__getstate__().items() if not k.startswith("on_")}
-
-    @property
-    def bounded(self) -> bool:
-        return False
-
-    def attach(self, store, job_prefix: str) -> None:
-        self.attached = (store.uri(""), job_prefix)
-
-    def end_offsets(self) -> dict[str, int]:
-        if self.attached is None:
-            raise RuntimeError(f"{self.name}: end_offsets() before attach()")
-        self.on_end_offsets()
-        return {p: self.visible for p in self.partitions()}
-
-    def read(self, partition: str, start: int, end: int):
-        self.on_read(start)
-        return super().read(partition, start, end)
-
-
-def live_job(visible: int) -> Job:
-    return Job(name=NAME, source=LiveSource(visible), operators=[KeyWindowCount()],
-               sinks={"main": ParquetSink("live_window_counts", WINDOW_COUNT_SCHEMA)},
-               key_groups=64, parallelism=2, events_per_epoch=EVENTS_PER_EPOCH, trigger_interval_ms=0)
-
-
-class NoSpark(PySparkResource):
-    """The ``pyspark`` resource without a session: ``JobRunner`` then runs every stage
-    in process (``spark=None``)."""
-
-    def setup_for_execution(self, context) -> None:
-        pass
 
 
 class StopRecordingRunner(JobRunner):
