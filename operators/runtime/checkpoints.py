@@ -9,13 +9,19 @@ checkpoint exists. Layout::
         "watermark": int (ms),                      # reached at the end of the epoch
         "source_offsets": {partition: int},         # next offset to read
         "partition_max_ts": {partition: int (ms)},  # watermark inputs
+        "partition_active_at_ms": {partition: int},  # wall clock (ms) the partition's
+            # offset last advanced, or the driver first saw it: partition idleness
+            # (operators.runtime.live.idle_partitions); absent in checkpoints written
+            # before idleness existed (read as {})
         "finished": bool,                           # bounded source fully read
         "key_groups": int, "parallelism": int,
         "operators": {op_name: {range_label: dkv manifest key}},
         "outputs": {output_name: [staged object keys]},
         "metrics": {...,                            # events, tables, bytes, ...
-            "requests": {"driver": {...}, "tasks": {...}}}}}  # object-store requests
+            "requests": {"driver": {...}, "tasks": {...}},  # object-store requests
             # by kind and bytes since the previous commit (RequestStats.snapshot() shape)
+            "live": {...}}}}                        # rates, lag, latency, watermark delay
+            # at the commit (operators.runtime.live.epoch_metrics)
 
 Everything a task wrote is garbage until a checkpoint names it (docs/design.md, "Epochs and
 checkpoints").
@@ -76,6 +82,7 @@ class JobCheckpoint:
     outputs: dict[str, list[str]]
     metrics: dict = field(default_factory=dict)
     format: int = FORMAT_VERSION
+    partition_active_at_ms: dict[str, int] = field(default_factory=dict)
 
     def encode(self) -> bytes:
         """Checksummed JSON bytes."""

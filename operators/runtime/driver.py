@@ -40,6 +40,7 @@ are fixed for a job's lifetime).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 import uuid
@@ -114,6 +115,10 @@ class EpochResult:
             reason and ``total`` (``operators.runtime.dead_letter``).
         recovery: set on the first epoch after a restart that fell back from an
             unusable checkpoint (``operators.runtime.recovery.Fallback.as_metrics``).
+        live: input and processing rates (events/s), lag (offsets and ms), end-to-end
+            latency (ms) and watermark delay (ms), measured after the publish
+            (``operators.runtime.live.epoch_metrics``; the checkpoint's ``metrics["live"]``
+            holds the same measured at the commit).
     """
 
     epoch: int
@@ -130,6 +135,7 @@ class EpochResult:
     published: list[str]
     dead_letter: dict[str, int] = field(default_factory=dict)
     recovery: dict | None = None
+    live: dict = field(default_factory=dict)
 
     @property
     def events_per_second(self) -> float:
@@ -157,6 +163,8 @@ class JobRunner:
             from it, ``"names"`` (files exist at their recorded size) or ``"full"``
             (every block and record); an unusable one is fallen back from where that
             is correct (``operators.runtime.recovery``).
+        clock: wall clock, seconds since the Unix epoch (``time.time``): partition
+            idleness, live metrics, the dead-letter table's times. Tests pass a fake one.
 
     An in-process runner (``spark=None``) keeps each range's DKV open between epochs;
     ``close()`` (or leaving a ``with JobRunner(...) as runner:`` block) closes them.
@@ -168,7 +176,8 @@ class JobRunner:
 
     def __init__(self, job: Job, spark, store: ObjectStore | str = ".dkvstream",
                  dkv_options: DKVOptions | None = None, failpoint: Failpoint | None = None,
-                 retain_checkpoints: int | None = 10, verify_restart: str = "names") -> None:
+                 retain_checkpoints: int | None = 10, verify_restart: str = "names",
+                 clock: Callable[[], float] = time.time) -> None:
         job.validate()  # again: fields may have changed since construction; fail before any write
         self.job = job
         self.spark = spark
@@ -191,6 +200,9 @@ class JobRunner:
         self._retention_damage: list[str] = []  # found by retention, for the next checkpoint
         self.last_cleanup: CleanupReport | None = None
         self._stop = live.StopRequest()
+        self._clock = clock
+        self._previous_plan_ms: int | None = None  # for the input rate (live.epoch_metrics)
+        self._first_seen_ms: dict[str, int] = {}  # partitions without an activity record
 
     def close(self) -> None:
         """Closes the DKV instances in-process tasks kept open; a later epoch reopens
@@ -212,7 +224,8 @@ class JobRunner:
         parts = self.job.source.partitions()
         return JobCheckpoint(
             job=self.job.name, epoch=0, watermark=WATERMARK_MIN,
-            source_offsets={p: 0 for p in parts}, partition_max_ts={p: WATERMARK_MIN for p in parts},
+            source_offsets={p: self.job.source.start_offset(p) for p in parts},
+            partition_max_ts={p: WATERMARK_MIN for p in parts},
             finished=False, key_groups=self.job.key_groups, parallelism=self.job.parallelism,
             operators={op.name: {} for op in self.job.operators}, outputs={},
         )
@@ -223,12 +236,35 @@ class JobRunner:
                 f"job {self.job.name}: checkpoint epoch {ckpt.epoch} has key_groups={ckpt.key_groups}, "
                 f"job has {self.job.key_groups}; key groups are fixed for a job's lifetime")
 
-    def _plan_offsets(self, ckpt: JobCheckpoint) -> dict[str, tuple[int, int]]:
-        ends = self.job.source.end_offsets()
-        open_parts = [p for p in ckpt.source_offsets if ckpt.source_offsets[p] < ends[p]]
-        share = -(-self.job.events_per_epoch // max(1, len(open_parts)))
-        return {p: (ckpt.source_offsets[p], min(ends[p], ckpt.source_offsets[p] + share))
-                for p in ckpt.source_offsets}
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    def _plan(self, ckpt: JobCheckpoint) -> live.EpochPlan:
+        """Step 1 (``live.plan_epoch``): the partitions of the source now, new ones
+        from their ``start_offset``, with idleness and watermark alignment."""
+        source, now_ms = self.job.source, self._now_ms()
+        parts = list(ckpt.source_offsets)
+        parts += [p for p in source.partitions() if p not in ckpt.source_offsets]
+        committed = {p: ckpt.source_offsets[p] if p in ckpt.source_offsets else source.start_offset(p)
+                     for p in parts}
+        return live.plan_epoch(
+            committed, source.end_offsets(), self._partition_max_ts(ckpt, parts),
+            self._active_at_ms(ckpt, parts, now_ms), now_ms=now_ms,
+            events_per_epoch=self.job.events_per_epoch, bounded=source.bounded,
+            idle_timeout_ms=self.job.idle_timeout_ms, max_drift_ms=self.job.max_watermark_drift_ms)
+
+    @staticmethod
+    def _partition_max_ts(ckpt: JobCheckpoint, parts: list[str]) -> dict[str, int]:
+        return {p: ckpt.partition_max_ts.get(p, WATERMARK_MIN) for p in parts}
+
+    def _active_at_ms(self, ckpt: JobCheckpoint, parts: list[str], now_ms: int) -> dict[str, int]:
+        """When each partition's offset last advanced (the checkpoint's record); a
+        partition without one (new, or a checkpoint written before the record existed)
+        counts from when this driver first saw it."""
+        seen = self._first_seen_ms
+        for p in parts:
+            seen.setdefault(p, now_ms)
+        return {p: ckpt.partition_active_at_ms.get(p, seen[p]) for p in parts}
 
     # ------------------------------------------------------------------ running
     def run(self, max_epochs: int | None = None) -> list[EpochResult]:
@@ -275,12 +311,15 @@ class JobRunner:
             if self._stop.wait(trigger.seconds_to_next()):
                 return
             trigger.fire()
-            plan = self._plan_offsets(ckpt)
-            if not self.job.source.bounded and all(a == b for a, b in plan.values()):
+            plan = self._plan(ckpt)
+            if not self.job.source.bounded and not plan.has_input:
                 if not continuous:
                     return
-                trigger.nothing_new()
-                continue
+                if self._watermark(ckpt, plan, {})[0] <= ckpt.watermark:
+                    trigger.nothing_new()
+                    continue
+                # No input, but a partition went idle and the watermark advances: an
+                # epoch without events fires the timers it passes.
             # Requests seen now are served by this epoch; the lease keeps a concurrent
             # cleanup off the files the tasks write before the commit (operators.runtime.control).
             flushes = pending_flush_requests(self.store, self.job.prefix)
@@ -328,11 +367,11 @@ class JobRunner:
     def _read_events(self, plan: dict[str, tuple[int, int]], epoch: int) -> tuple[pa.Table, dict[str, int]]:
         """Reads the planned slices; bad rows go to ``self._dead_letters`` (not to the
         operators, nor into the watermark)."""
-        source, parts = self.job.source, self.job.source.partitions()
+        source = self.job.source
         tables, max_ts, dead = [], {}, [dead_letter.DEAD_LETTER_SCHEMA.empty_table()]
-        now_ms = int(time.time() * 1000)
+        now_ms = self._now_ms()
         ingest = []
-        for i, p in enumerate(parts):
+        for i, p in enumerate(plan):  # the source's partition order
             start, end = plan[p]
             if end <= start:
                 continue
@@ -366,31 +405,34 @@ class JobRunner:
             RANGE_COLUMN, pa.array(range_indexes_of(kgs, self.job.key_groups, self.job.parallelism), pa.int32()))
         return events, max_ts
 
-    def _watermark(self, ckpt: JobCheckpoint, plan, max_ts: dict[str, int]) -> tuple[int, dict[str, int], bool]:
+    def _watermark(self, ckpt: JobCheckpoint, plan: live.EpochPlan,
+                   max_ts: dict[str, int]) -> tuple[int, dict[str, int], bool]:
         """``(watermark, max event time per partition, finished)`` after reading ``plan``.
 
         The watermark is min over the input partitions of their max event time, minus
-        the bound (never below the previous one). Input partitions: a bounded source's
-        partitions not read to the end (none left: finished, +infinity); a live
-        source's every partition, caught up or not (Flink's rule without idleness)."""
-        ends = self.job.source.end_offsets()
-        part_max = {p: max(ckpt.partition_max_ts[p], max_ts.get(p, WATERMARK_MIN)) for p in ckpt.partition_max_ts}
+        the bound (never below the previous one; ``live.watermark``). Input partitions:
+        a bounded source's partitions not read to the end (none left: finished,
+        +infinity); a live source's partitions, caught up or not (they may still receive
+        older events), except idle ones (Flink's ``withIdleness``: ``Job.idle_timeout_ms``;
+        all idle: the watermark stays)."""
+        offsets = plan.offsets
+        part_max = self._partition_max_ts(ckpt, list(offsets))
+        part_max = {p: max(t, max_ts.get(p, WATERMARK_MIN)) for p, t in part_max.items()}
         if self.job.source.bounded:
-            inputs = [p for p in plan if plan[p][1] < ends[p]]
+            inputs = [p for p in offsets if offsets[p][1] < plan.ends[p]]
             if not inputs:
                 return WATERMARK_MAX, part_max, True
         else:
-            inputs = list(plan)
-        low = min((part_max[p] for p in inputs), default=WATERMARK_MIN)
-        if low == WATERMARK_MIN:
-            return ckpt.watermark, part_max, False
-        return max(ckpt.watermark, low - self.job.max_out_of_orderness_ms), part_max, False
+            inputs = [p for p in offsets if p not in plan.idle]
+        return (live.watermark(ckpt.watermark, part_max, inputs, self.job.max_out_of_orderness_ms),
+                part_max, False)
 
-    def _run_epoch(self, ckpt: JobCheckpoint, plan, flush: bool = False) -> tuple[EpochResult, JobCheckpoint]:
+    def _run_epoch(self, ckpt: JobCheckpoint, plan: live.EpochPlan,
+                   flush: bool = False) -> tuple[EpochResult, JobCheckpoint]:
         """Runs, commits, publishes and retains epoch ``ckpt.epoch + 1`` (module docstring)."""
         started = time.perf_counter()
         epoch = ckpt.epoch + 1
-        events, max_ts = self._read_events(plan, epoch)
+        events, max_ts = self._read_events(plan.offsets, epoch)
         watermark, part_max, finished = self._watermark(ckpt, plan, max_ts)
         results = self._run_stages(ckpt, epoch, events, watermark, flush)
         self.failpoint("after_tasks", epoch)
@@ -398,19 +440,30 @@ class JobRunner:
         outputs = _staged_outputs(results[self.job.operators[-1].name])
         outputs.update(self._stage_dead_letters(epoch))
         self._prepare_sinks(epoch, outputs)
+        offsets = {p: end for p, (_, end) in plan.offsets.items()}
+        live_metrics = functools.partial(
+            live.epoch_metrics, events=events.num_rows, ingest_times_ms=self._ingest_times, plan=plan,
+            committed=offsets, partition_max_ts=part_max, watermark_ms=watermark,
+            previous_plan_ms=self._previous_plan_ms)
         metrics = self._metrics(events, results, flush)
+        metrics["live"] = live_metrics(now_ms=self._now_ms())  # at the commit
+        active_at = self._active_at_ms(ckpt, list(plan.offsets), plan.planned_at_ms)
         new = JobCheckpoint(
             job=self.job.name, epoch=epoch, watermark=watermark,
-            source_offsets={p: plan[p][1] for p in plan}, partition_max_ts=part_max,
+            source_offsets=offsets, partition_max_ts=part_max,
             finished=finished, key_groups=self.job.key_groups, parallelism=self.job.parallelism,
             operators={op: {res.range_label: res.manifest_key for res in rs}
                        for op, rs in results.items()},
             outputs=outputs, metrics=metrics,
+            partition_active_at_ms={p: plan.planned_at_ms if end > start else active_at[p]
+                                    for p, (start, end) in plan.offsets.items()},
         )
         key = self._commit(new)
+        self._previous_plan_ms = plan.planned_at_ms
         self.failpoint("after_commit", epoch)
         fault_point("after_commit")
         published = self._publish(new)
+        published_live = live_metrics(now_ms=self._now_ms())  # after the publish
         self.failpoint("before_cleanup", epoch)
         fault_point("before_cleanup")
         self._apply_retention()
@@ -423,6 +476,7 @@ class JobRunner:
             finished=finished, tables=metrics["tables"], table_bytes=metrics["table_bytes"],
             keys=metrics["keys"], output_rows=metrics["output_rows"], published=published,
             dead_letter=metrics["dead_letter"], recovery=metrics.get("recovery"),
+            live=published_live,
         ), new
 
     def _run_stages(self, ckpt: JobCheckpoint, epoch: int, events: pa.Table, watermark: int,

@@ -8,12 +8,24 @@ the pieces of that loop that are not the epoch protocol itself:
   Streaming's ``Trigger.ProcessingTime``).
 * ``StopRequest``: a request to stop the loop, safe to make from any thread and from
   a signal handler.
+* ``plan_epoch``: the offsets an epoch reads, with idle partitions
+  (``idle_partitions``, Flink's ``withIdleness``) and watermark alignment
+  (``paused_partitions``, Flink's ``withWatermarkAlignment``); ``watermark``: the
+  watermark over the partitions that hold it back.
+* ``epoch_metrics``: input and processing rates, lag, end-to-end latency and watermark
+  delay of an epoch.
 """
 from __future__ import annotations
 
 import queue
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from operators.api.operator import WATERMARK_MAX, WATERMARK_MIN
 
 # With no new input, the driver asks the source again after the trigger interval, but
 # never more often than this (ms): a trigger interval of 0 must not poll the source's
@@ -98,3 +110,179 @@ class StopRequest:
         except queue.Empty:
             pass
         return self._requested
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """What an epoch reads, decided before it reads anything (``plan_epoch``).
+
+    Attributes:
+        offsets: ``{partition: (start, end)}`` offsets to read, ``[start, end)``, for every
+            partition of the source in its order (``start == end``: nothing).
+        ends: end offset of each partition when planned.
+        idle: partitions idle when planned (``idle_partitions``); they do not hold back
+            the watermark.
+        paused: partitions with input that read nothing this epoch because their event
+            time is too far ahead (watermark alignment, ``paused_partitions``).
+        planned_at_ms: wall clock when planned, ms since the Unix epoch.
+    """
+
+    offsets: dict[str, tuple[int, int]]
+    ends: dict[str, int]
+    idle: frozenset[str]
+    paused: frozenset[str]
+    planned_at_ms: int
+
+    @property
+    def has_input(self) -> bool:
+        """True if some partition has offsets to read."""
+        return any(end > start for start, end in self.offsets.values())
+
+
+def idle_partitions(committed: dict[str, int], ends: dict[str, int], active_at_ms: dict[str, int],
+                    now_ms: int, idle_timeout_ms: int | None) -> frozenset[str]:
+    """Partitions that stopped holding back the watermark (Flink's
+    ``WatermarkStrategy.withIdleness``): read up to their end offset, and no offset
+    read for ``idle_timeout_ms`` (wall clock).
+
+    A partition with events it has not read is never idle (it is behind, not quiet);
+    one that receives events is read and active again at the next epoch.
+
+    Args:
+        committed: next offset to read per partition.
+        ends: end offset per partition.
+        active_at_ms: wall clock (ms) when each partition's committed offset last
+            advanced, or when the driver first saw it if it never did.
+        now_ms: wall clock now, ms.
+        idle_timeout_ms: ``Job.idle_timeout_ms``; None: no partition is ever idle.
+
+    Returns:
+        The idle partitions.
+    """
+    if idle_timeout_ms is None:
+        return frozenset()
+    return frozenset(p for p in committed
+                     if committed[p] >= ends[p] and now_ms - active_at_ms[p] >= idle_timeout_ms)
+
+
+def paused_partitions(open_partitions: list[str], candidates: list[str], partition_max_ts: dict[str, int],
+                      max_drift_ms: int | None) -> frozenset[str]:
+    """Watermark alignment (Flink's ``WatermarkStrategy.withWatermarkAlignment``): the
+    partitions whose max event time is more than ``max_drift_ms`` ahead of the slowest
+    candidate; they read nothing this epoch, so the slower ones catch up and the events
+    of the fast ones do not wait in state for the watermark.
+
+    Args:
+        open_partitions: partitions with offsets to read.
+        candidates: partitions that hold back the watermark (not idle; of a bounded
+            source, not read to the end). One without an event time yet does not count:
+            it has told nothing of where it is.
+        partition_max_ts: max event time read per partition, ms (``WATERMARK_MIN``: none).
+        max_drift_ms: ``Job.max_watermark_drift_ms``; None: no alignment.
+
+    Returns:
+        The paused partitions (never the slowest one, so an epoch with input reads
+        something unless only paused partitions have input).
+    """
+    timed = [partition_max_ts[p] for p in candidates if partition_max_ts[p] != WATERMARK_MIN]
+    if max_drift_ms is None or not timed:
+        return frozenset()
+    slowest = min(timed)
+    return frozenset(p for p in open_partitions if partition_max_ts[p] > slowest + max_drift_ms)
+
+
+def plan_epoch(committed: dict[str, int], ends: dict[str, int], partition_max_ts: dict[str, int],
+               active_at_ms: dict[str, int], *, now_ms: int, events_per_epoch: int, bounded: bool,
+               idle_timeout_ms: int | None = None, max_drift_ms: int | None = None) -> EpochPlan:
+    """The offsets the next epoch reads: ``events_per_epoch`` split equally over the
+    partitions that have input (one with less than its share reads what it has); a
+    partition paused by watermark alignment reads nothing, and its share is not given
+    to the others: an epoch's share of one partition spans a long event time
+    (on the flights data, 50,000 events per epoch are ~50 days per airport), and the
+    partitions receiving more would overshoot the paused one, which raised the events
+    waiting in state on the flights data instead of lowering them. With alignment, an
+    epoch may so read fewer than ``events_per_epoch`` events although more are available.
+
+    Args:
+        committed: next offset per partition, in the source's partition order (new
+            partitions at their ``Source.start_offset``).
+        ends: end offset per partition (``Source.end_offsets``; a partition missing
+            there has none yet).
+        partition_max_ts, active_at_ms: per partition, as in the checkpoint
+            (``WATERMARK_MIN`` / first seen for a new one).
+        now_ms: wall clock, ms.
+        events_per_epoch, idle_timeout_ms, max_drift_ms: the ``Job`` fields.
+        bounded: ``Source.bounded`` (a bounded source's partitions read to the end
+            hold back nothing).
+
+    Returns:
+        The ``EpochPlan``.
+    """
+    ends = {p: max(ends.get(p, committed[p]), committed[p]) for p in committed}
+    open_parts = [p for p in committed if committed[p] < ends[p]]
+    idle = idle_partitions(committed, ends, active_at_ms, now_ms, idle_timeout_ms)
+    candidates = [p for p in (open_parts if bounded else committed) if p not in idle]
+    paused = paused_partitions(open_parts, candidates, partition_max_ts, max_drift_ms)
+    share = -(-events_per_epoch // max(1, len(open_parts)))
+    offsets = {p: (committed[p], min(ends[p], committed[p] + share) if p not in paused else committed[p])
+               for p in committed}
+    return EpochPlan(offsets=offsets, ends=ends, idle=idle, paused=paused, planned_at_ms=now_ms)
+
+
+def watermark(previous: int, partition_max_ts: dict[str, int], inputs: list[str], bound_ms: int) -> int:
+    """Bounded out-of-orderness: min over ``inputs`` of their max event time, minus
+    ``bound_ms``, never below ``previous`` (Flink's ``forBoundedOutOfOrderness`` with the
+    min over input partitions). No inputs (all idle), or one without an event time yet:
+    ``previous``."""
+    low = min((partition_max_ts[p] for p in inputs), default=WATERMARK_MIN)
+    if low == WATERMARK_MIN:
+        return previous
+    return max(previous, low - bound_ms)
+
+
+def epoch_metrics(*, events: int, ingest_times_ms: pa.ChunkedArray, plan: EpochPlan,
+                  committed: dict[str, int], partition_max_ts: dict[str, int], watermark_ms: int,
+                  now_ms: int, previous_plan_ms: int | None) -> dict:
+    """An epoch's live metrics (Spark's ``StreamingQueryProgress`` and Kafka's consumer
+    lag, per epoch).
+
+    Args:
+        events: events the epoch read.
+        ingest_times_ms: ``_ingest_time`` of the events read, ms (empty: the source gives none).
+        plan: the epoch's plan.
+        committed: next offset per partition after the epoch.
+        partition_max_ts: max event time read per partition after the epoch, ms.
+        watermark_ms: the epoch's watermark.
+        now_ms: wall clock the measurement is taken at (the commit, or after the publish).
+        previous_plan_ms: when the previous epoch of this driver was planned (None: this
+            is its first).
+
+    Returns:
+        ``{"at_ms": now_ms,
+        "input_rate": events/s since the previous epoch's plan (null on a driver's first epoch),
+        "processing_rate": events/s from the plan to now_ms (null if no time passed),
+        "lag_events": {partition: end offset at planning - committed offset (offsets)},
+        "lag_ms": {partition: now - max event time read, ms, null if none read},
+        "latency_ms": {"p50", "p99", "max"}: now - ingest time over the epoch's events
+            (nearest rank), null without ingest times,
+        "watermark_delay_ms": now - watermark (null before any event time and at the end of
+            a bounded source)}``.
+    """
+    since_previous = None if previous_plan_ms is None else plan.planned_at_ms - previous_plan_ms
+    elapsed = now_ms - plan.planned_at_ms
+    latency = None
+    if len(ingest_times_ms):
+        ages = now_ms - ingest_times_ms.to_numpy().astype(np.int64, copy=False)
+        p50, p99 = np.percentile(ages, [50, 99], method="inverted_cdf")
+        latency = {"p50": int(p50), "p99": int(p99), "max": int(ages.max())}
+    unknown = (WATERMARK_MIN, WATERMARK_MAX)
+    return {
+        "at_ms": now_ms,
+        "input_rate": events / (since_previous / 1000) if since_previous else None,
+        "processing_rate": events / (elapsed / 1000) if elapsed > 0 else None,
+        "lag_events": {p: plan.ends[p] - committed[p] for p in committed},
+        "lag_ms": {p: None if partition_max_ts[p] == WATERMARK_MIN else now_ms - partition_max_ts[p]
+                   for p in committed},
+        "latency_ms": latency,
+        "watermark_delay_ms": None if watermark_ms in unknown else now_ms - watermark_ms,
+    }

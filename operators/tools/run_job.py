@@ -12,8 +12,10 @@ On a cluster the executors get the S3 endpoint and credentials of this process's
 environment through the Spark configuration (``operators.spark.session.executor_env_conf``).
 Prints one JSON object per line to stdout: ``{"event": "started", "app_id", "ui"}``
 once the Spark session is up, then ``{"event": "committed", "epoch", "events",
-"seconds", "finished", "parallelism", "requests"}`` per committed epoch (``requests``:
-the checkpoint's object-store request counts, ``{"driver": {...}, "tasks": {...}}``).
+"seconds", "finished", "parallelism", "requests", "watermark", "live"}`` per committed
+epoch (``requests``: the checkpoint's object-store request counts, ``{"driver": {...},
+"tasks": {...}}``; ``watermark``: ms; ``live``: input and processing rates, lag, end-to-end
+latency and watermark delay, ``EpochResult.live``).
 
 ``--continuous`` keeps a job on a live source running (``JobRunner.epochs(continuous=True)``,
 docs/continuous-jobs.md): SIGTERM or SIGINT asks it to stop after the epoch in flight
@@ -88,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
                 requests = read_checkpoint(runner.store, job.prefix, result.epoch).metrics["requests"]
                 _print({"event": "committed", "epoch": result.epoch, "events": result.events,
                         "seconds": round(result.seconds, 3), "finished": result.finished,
-                        "parallelism": job.parallelism, "requests": requests})
+                        "parallelism": job.parallelism, "requests": requests,
+                        "watermark": result.watermark, "live": result.live})
                 last = result.epoch
             if a.continuous:
                 _print({"event": "stopped", "epoch": last or _newest_epoch(runner)})
