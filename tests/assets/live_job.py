@@ -2,11 +2,13 @@
 counts, and the ``pyspark`` resource without Spark (the in-process runner)."""
 from __future__ import annotations
 
+import pyarrow as pa
 from dagster_pyspark import PySparkResource
 
 from examples.synthetic import WINDOW_COUNT_SCHEMA, KeyWindowCount, SyntheticSource
 from operators.api.job import Job
 from operators.io.sinks import ParquetSink
+from operators.io.sources import INGEST_TIME_COLUMN
 
 NAME = "live_small"
 PREFIX = f"jobs/{NAME}"
@@ -16,14 +18,16 @@ EVENTS_PER_EPOCH = 1_000  # 500 per partition and epoch
 class LiveSource(SyntheticSource):
     """``SyntheticSource`` made live: ``visible`` events per partition are readable, and
     the rest never arrives. ``end_offsets`` refuses to answer before ``attach`` (as a
-    source keeping its metadata in the store would). ``on_read(start)`` and
-    ``on_end_offsets()`` are test hooks, called on the thread reading."""
+    source keeping its metadata in the store would). With ``ingest_time_ms`` set, every
+    event has that ``_ingest_time``. ``on_read(start)`` and ``on_end_offsets()`` are
+    test hooks, called on the thread reading."""
 
     name = "live_synthetic"
 
     def __init__(self, visible: int) -> None:
         super().__init__(events=3_000, keys=400, partitions=2, step_ms=1_000)
         self.visible = visible
+        self.ingest_time_ms: int | None = None
         self.attached: tuple | None = None
         self.on_read = lambda start: None
         self.on_end_offsets = lambda: None
@@ -46,7 +50,10 @@ class LiveSource(SyntheticSource):
 
     def read(self, partition: str, start: int, end: int):
         self.on_read(start)
-        return super().read(partition, start, end)
+        table = super().read(partition, start, end)
+        if self.ingest_time_ms is None:
+            return table
+        return table.append_column(INGEST_TIME_COLUMN, pa.array([self.ingest_time_ms] * table.num_rows, pa.int64()))
 
 
 def live_job(visible: int, trigger_interval_ms: int = 0) -> Job:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from collections import Counter
 
 import pytest
@@ -20,13 +21,15 @@ from dagster import (
     DagsterInstance,
     DagsterRunStatus,
     DefaultSensorStatus,
+    FloatMetadataValue,
+    IntMetadataValue,
     in_process_executor,
     instance_for_test,
     materialize,
 )
 
 import assets.job_assets as job_assets_module
-from assets.checkpoints import checkpoint_asset_key
+from assets.checkpoints import LIVE_METRICS, checkpoint_asset_key, live_metadata
 from assets.definitions import dkvstream_definitions, stream_job_definitions
 from assets.job_assets import job_assets
 from assets.resources import DKVSettingsResource, ObjectStoreResource
@@ -111,6 +114,7 @@ def test_terminating_a_continuous_run_finishes_the_epoch_in_flight(tmp_path, ins
             assert recording_runner.stopped.wait(60), "the termination never reached JobRunner.stop()"
 
     job.source.on_read = on_read
+    job.source.ingest_time_ms = int(time.time() * 1000)
     result = materialize(job_assets(job), resources=_resources(tmp_path / "store"), instance=instance)
 
     assert result.success
@@ -126,6 +130,17 @@ def test_terminating_a_continuous_run_finishes_the_epoch_in_flight(tmp_path, ins
                for e in result.get_asset_materialization_events()}["live_window_counts"]
     assert sink_md["committed_epoch"].value == 3 and sink_md["epochs_this_run"].value == 3
     assert sink_md["rows"].value == len(rows)
+    # Lag and latency per epoch, as numbers the UI plots: after epoch e, 3,000 - 500 e
+    # events of each partition are left.
+    records = instance.fetch_materializations(checkpoint_asset_key(job), limit=10).records
+    md = {r.asset_materialization.metadata["epoch"].value: r.asset_materialization.metadata for r in records}
+    assert [md[e]["lag_events"].value for e in (1, 2, 3)] == [5_000, 4_000, 3_000]
+    assert md[3]["lag_events_by_partition"].value == {"p0": 1_500, "p1": 1_500}
+    for e in (2, 3):  # input_rate needs a previous epoch in this run
+        assert set(LIVE_METRICS) <= set(md[e]), sorted(set(LIVE_METRICS) - set(md[e]))
+        assert all(isinstance(md[e][k], (FloatMetadataValue, IntMetadataValue)) for k in LIVE_METRICS)
+        assert 0 <= md[e]["latency_p50_ms"].value <= md[e]["latency_p99_ms"].value <= md[e]["latency_max_ms"].value
+    assert "input_rate" not in md[1]
     # The step's handler is gone (Dagster itself leaves SIGTERM mapped to SIGINT's handler).
     assert signal.getsignal(signal.SIGINT) is sigint_handler
     assert job.source.attached == (store.uri(""), PREFIX)
@@ -204,3 +219,13 @@ def test_source_sensor_is_on_by_default_only_for_short_runs_on_a_live_source() -
     assert epochs_job.executor_def is in_process_executor
     with pytest.raises(ValueError, match="not defined here: \\['nope'\\]"):
         dkvstream_definitions(live_job(0), resources={}, continuous={"nope": True})
+
+
+def test_live_metadata_is_one_number_per_measured_metric() -> None:
+    live = {"at_ms": 1_700_000_000_000, "input_rate": 1234.56, "processing_rate": None,
+            "lag_events": {"p0": 3, "p1": 4}, "lag_ms": {"p0": 250, "p1": None, "p2": 90},
+            "latency_ms": {"p50": 5, "p99": 9, "max": 12}, "watermark_delay_ms": None}
+    assert {k: v.value for k, v in live_metadata(live).items()} == {
+        "input_rate": 1234.6, "lag_events": 7, "lag_events_by_partition": {"p0": 3, "p1": 4}, "lag_ms_max": 250,
+        "latency_p50_ms": 5, "latency_p99_ms": 9, "latency_max_ms": 12}
+    assert live_metadata({}) == {}

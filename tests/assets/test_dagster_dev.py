@@ -240,3 +240,8 @@ def test_dagster_dev_terminating_a_continuous_run_stops_it_at_a_checkpoint(tmp_p
         store = open_object_store(str(store_root))
         assert epochs == list(range(1, len(epochs) + 1)) and epochs[-1] == latest_checkpoint(store, PREFIX).epoch
         assert read_lease(store, PREFIX) is None
+        data = dagster.query("""query($key: [String!]!) { assetOrError(assetKey: {path: $key}) {
+            ... on Asset { assetMaterializations(limit: 1) { metadataEntries { label } } } } }""",
+                             {"key": [f"{NAME}_checkpoint"]})
+        labels = {e["label"] for e in data["assetOrError"]["assetMaterializations"][0]["metadataEntries"]}
+        assert {"lag_events", "lag_ms_max", "processing_rate", "watermark_delay_ms"} <= labels
