@@ -19,9 +19,12 @@ bytecode: it either commits whole or is never started.
   committed epoch was reported.
 
 This is Flink's stop-with-savepoint rather than its cancel: the run ends at a
-checkpoint and nothing is left half done. Termination that does not wait (Dagster's
-"force termination", a SIGKILL) is a driver crash, which the epoch protocol already makes
-safe: the next run restarts from the newest checkpoint (``operators.runtime.recovery``).
+checkpoint, nothing is left half done, and the step succeeds (under the in-process
+executor the run then ends SUCCESS; ``assets.definitions``). Dagster's "force
+termination" sends the same interrupt, it only does not wait for the run before marking
+it canceled. A run worker killed outright (SIGKILL, a lost machine) is a driver crash,
+which the epoch protocol already makes safe: an epoch in flight is abandoned before its
+commit and the next run restarts from the newest checkpoint (``operators.runtime.recovery``).
 """
 from __future__ import annotations
 
