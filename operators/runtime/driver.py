@@ -3,16 +3,21 @@
 The design is in docs/design.md, "Epochs and checkpoints". Per epoch
 (``JobRunner._run_epoch``, one method per step):
 
-1. Plan: for each source partition the offset range ``[committed, end)`` (an equal
-   share of ``events_per_epoch`` per unfinished partition); a live source with nothing
-   new ends the run, or, in a continuous run (``JobRunner.epochs(continuous=True)``),
-   the driver waits for the next firing of the processing-time trigger and plans again
-   (``operators.runtime.live``). ``JobRunner.stop()`` ends the run between epochs.
+1. Plan (``operators.runtime.live.plan_epoch``): for each source partition, new ones
+   from ``Source.start_offset``, the offset range ``[committed, end)`` (an equal share
+   of ``events_per_epoch`` per unfinished partition; none for a partition more than
+   ``max_watermark_drift_ms`` ahead in event time: watermark alignment). A live source
+   with nothing new ends the run, or, in a continuous run
+   (``JobRunner.epochs(continuous=True)``), the driver waits for the next firing of the
+   processing-time trigger and plans again; it runs an epoch without input only when
+   the watermark advances (a partition became idle). ``JobRunner.stop()`` ends the run
+   between epochs.
 2. Read: the planned slices, bad rows screened out to the dead-letter table, and the
    watermark the epoch reaches (bounded out-of-orderness: min over the partitions of the
    max event time seen, minus the bound; a bounded source's fully read partitions do not
    count, and once all are read it is +infinity; a live source's caught-up partitions
-   do count, as they may still receive older events).
+   do count, as they may still receive older events, unless idle for
+   ``idle_timeout_ms``).
 3. Run stages: the events, tagged with key group and range, are cut into one Arrow
    payload per key-group range and one Spark stage runs ``operators.runtime.task.run_task``
    once per range (``operators.spark.stage``; a range without events still runs, so it
@@ -20,7 +25,8 @@ The design is in docs/design.md, "Epochs and checkpoints". Per epoch
    operator's stage.
 4. Stage dead letters: the epoch's bad input rows as one staged file.
 5. Prepare sinks: each sink checks the staged files of the epoch (``Sink.prepare``).
-6. Metrics: events, timers, DKV shape, requests, recorded in the checkpoint.
+6. Metrics: events, timers, DKV shape, requests, live metrics (rates, lag, latency;
+   ``live.epoch_metrics``), recorded in the checkpoint.
 7. Commit: one job checkpoint manifest, written with put-if-absent, names the source
    offsets, the watermark, every DKV range manifest and every staged output file; it
    counts only if its epoch is newer than every epoch committed before (the fence,

@@ -1,0 +1,84 @@
+"""Per-epoch live metrics (``operators.runtime.live.epoch_metrics``): in the checkpoint
+(measured at the commit) and in ``EpochResult.live`` (after the publish), against a hand
+computation with a fake wall clock that only the test moves."""
+from __future__ import annotations
+
+import math
+
+from operators.runtime.checkpoints import read_checkpoint
+from operators.runtime.driver import JobRunner
+from tests.operators import live_sources
+from tests.operators.live_sources import STEP_MS, reveal
+
+T0_MS = 1_700_000_000_000
+INGEST_BASE_MS = T0_MS - 60_000
+COMMIT_AFTER_MS, PUBLISH_AFTER_MS, NEXT_PLAN_AFTER_MS = 500, 250, 2_000
+
+
+def _ingest(partition: str, offsets) -> list[int]:
+    """Ingest time of each offset: 10 ms apart, partition p1 5 ms after p0."""
+    return [INGEST_BASE_MS + 10 * o + 5 * int(partition[1:]) for o in offsets]
+
+
+def _ts(partition: str, offset: int) -> int:
+    return offset * STEP_MS + int(partition[1:])
+
+
+def _nearest_rank(values: list[int], q: float) -> int:
+    return sorted(values)[math.ceil(q * len(values)) - 1]
+
+
+def _expected(read: dict[str, range], ends: dict[str, int], now_ms: int, plan_ms: int,
+              previous_plan_ms: int | None, watermark: int) -> dict:
+    events = sum(len(r) for r in read.values())
+    ages = [now_ms - t for p, r in read.items() for t in _ingest(p, r)]
+    return {
+        "at_ms": now_ms,
+        "input_rate": None if previous_plan_ms is None else events / ((plan_ms - previous_plan_ms) / 1000),
+        "processing_rate": events / ((now_ms - plan_ms) / 1000),
+        "lag_events": {p: ends[p] - r.stop for p, r in read.items()},
+        "lag_ms": {p: now_ms - _ts(p, r.stop - 1) for p, r in read.items()},
+        "latency_ms": {"p50": _nearest_rank(ages, 0.5), "p99": _nearest_rank(ages, 0.99), "max": max(ages)},
+        "watermark_delay_ms": now_ms - watermark,
+    }
+
+
+def test_live_metrics_against_a_hand_computation(tmp_path) -> None:
+    now = [T0_MS / 1000]
+
+    def advance(point: str, epoch: int) -> None:
+        now[0] += {"after_tasks": COMMIT_AFTER_MS, "after_commit": PUBLISH_AFTER_MS}.get(point, 0) / 1000
+
+    visible = tmp_path / "visible.json"
+    reveal(visible, {"p0": 300, "p1": 350})
+    job = live_sources.job(visible, events_per_epoch=400, source_args={"ingest_time": _ingest})
+    runner = JobRunner(job, None, str(tmp_path / "s"), clock=lambda: now[0], failpoint=advance)
+    epochs = runner.epochs()
+    ends = {"p0": 300, "p1": 350}
+
+    first = next(epochs)  # planned at T0: p0 and p1 [0, 200)
+    plan1 = T0_MS
+    read1 = {"p0": range(200), "p1": range(200)}
+    ckpt1 = read_checkpoint(runner.store, job.prefix, 1)
+    assert ckpt1.metrics["live"] == _expected(read1, ends, plan1 + COMMIT_AFTER_MS, plan1, None,
+                                              first.watermark)
+    assert first.live == _expected(read1, ends, plan1 + COMMIT_AFTER_MS + PUBLISH_AFTER_MS, plan1, None,
+                                   first.watermark)
+
+    now[0] += NEXT_PLAN_AFTER_MS / 1000
+    second = next(epochs)  # p0 [200, 300), p1 [200, 350)
+    plan2 = plan1 + COMMIT_AFTER_MS + PUBLISH_AFTER_MS + NEXT_PLAN_AFTER_MS
+    read2 = {"p0": range(200, 300), "p1": range(200, 350)}
+    ckpt2 = read_checkpoint(runner.store, job.prefix, 2)
+    assert ckpt2.metrics["live"] == _expected(read2, ends, plan2 + COMMIT_AFTER_MS, plan2, plan1,
+                                              second.watermark)
+    assert second.live["input_rate"] == 250 / 2.75
+    assert second.live["lag_events"] == {"p0": 0, "p1": 0}
+
+
+def test_latency_is_null_without_ingest_times(tmp_path) -> None:
+    visible = tmp_path / "visible.json"
+    reveal(visible, {"p0": 10, "p1": 10})
+    [result] = JobRunner(live_sources.job(visible), None, str(tmp_path / "s")).run()
+    assert result.live["latency_ms"] is None and result.live["input_rate"] is None
+    assert result.live["lag_events"] == {"p0": 0, "p1": 0}
