@@ -136,9 +136,8 @@ def job_assets(job: Job, group_name: str | None = None, continuous: bool | None 
                 f"epoch {result.epoch} committed: {result.events:,} events in {result.seconds:.1f} s "
                 f"({result.events_per_second:,.0f} events/s), watermark {format_watermark(result.watermark)}")
 
-        with runner:
-            outcome = run_epochs(runner, max_epochs=config.max_epochs or None, continuous=continuous,
-                                 after_commit=shape, on_epoch=report)
+        outcome = run_epochs(runner, max_epochs=config.max_epochs or None, continuous=continuous,
+                             after_commit=shape, on_epoch=report)  # closes the runner
         epochs = outcome.epochs
         store = runner.store
         latest = runner.latest()

@@ -17,6 +17,10 @@ bytecode: it either commits whole or is never started.
   flight finishes its commit, publish and retention, a run waiting for input or for its
   trigger returns without starting one, and ``run_epochs`` returns normally once every
   committed epoch was reported.
+* a second signal does not wait (as ``operators.tools.run_job --continuous`` and Spark's
+  and Flink's command lines): it raises ``DagsterExecutionInterruptedError`` on the
+  step's thread and the epoch in flight is abandoned to the process's exit, which is a
+  driver crash, safe as below. For an epoch that hangs (a stuck Spark task).
 
 This is Flink's stop-with-savepoint rather than its cancel: the run ends at a
 checkpoint, nothing is left half done, and the step succeeds (under the in-process
@@ -35,6 +39,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+
+from dagster import DagsterExecutionInterruptedError
 
 from operators.runtime.driver import EpochResult, JobRunner
 
@@ -75,11 +81,14 @@ def run_epochs(runner: JobRunner, *, max_epochs: int | None, continuous: bool,
                on_epoch: Callable[[EpochResult, Any], None]) -> RunOutcome:
     """Runs ``runner.epochs(max_epochs, continuous=continuous)`` in a worker thread
     and reports each committed epoch on the calling thread, stopping the runner
-    (never interrupting an epoch) when the process receives SIGINT or SIGTERM.
+    (never interrupting an epoch) when the process receives SIGINT or SIGTERM, and
+    abandoning the epoch in flight at a second one (module docstring).
 
     Args:
-        runner: the job's runner; it is used by the worker thread only until this
-            returns (the caller may close it afterwards).
+        runner: the job's runner; this closes it (``JobRunner.close``) once its epochs
+            have ended: before returning or raising, or, when a second signal abandoned
+            the epoch in flight, on the worker thread after that epoch (the caller must
+            not close it).
         max_epochs: stop after this many committed epochs (None: no limit).
         continuous: keep running on a live source until stopped (``JobRunner.epochs``).
         after_commit: called on the worker thread right after each commit, before the
@@ -96,11 +105,13 @@ def run_epochs(runner: JobRunner, *, max_epochs: int | None, continuous: bool,
     Raises:
         Whatever the epochs raised (``JobFailedError``, ``JobFencedError``, ...), after
         every epoch committed before it was reported; whatever ``on_epoch`` raised,
-        after stopping the runner and waiting for the epoch in flight. The signal
+        after stopping the runner and waiting for the epoch in flight;
+        ``DagsterExecutionInterruptedError`` at a second signal, at once. The signal
         handlers are only installed when called on the main thread (elsewhere Python
         cannot install them, and Dagster does not interrupt such a step either).
     """
     results: queue.SimpleQueue = queue.SimpleQueue()
+    abandoned = threading.Event()
 
     def work() -> None:
         error = None
@@ -109,6 +120,9 @@ def run_epochs(runner: JobRunner, *, max_epochs: int | None, continuous: bool,
                 results.put((result, after_commit(result)))
         except BaseException as e:  # noqa: BLE001 - handed to the caller's thread, which raises it
             error = e
+        finally:
+            if abandoned.is_set():  # nobody waits for this thread: it closes what it used
+                runner.close()
         results.put(_Done(error))
 
     outcome = RunOutcome()
@@ -121,11 +135,18 @@ def run_epochs(runner: JobRunner, *, max_epochs: int | None, continuous: bool,
             while not isinstance(item := results.get(), _Done):
                 outcome.epochs += 1
                 on_epoch(*item)
+            worker.join()
+        except DagsterExecutionInterruptedError:
+            # The second signal: the worker closes the runner after its epoch (if the
+            # process lives that long), since it may still be using it.
+            abandoned.set()
+            raise
         except BaseException:
             runner.stop()
             worker.join()
+            runner.close()
             raise
-        worker.join()
+    runner.close()
     if item.error is not None:
         raise item.error
     return outcome
@@ -134,8 +155,9 @@ def run_epochs(runner: JobRunner, *, max_epochs: int | None, continuous: bool,
 @contextmanager
 def _stop_on_termination(runner: JobRunner, received: list[str]) -> Iterator[None]:
     """SIGINT and SIGTERM call ``runner.stop()`` (and append the signal's name to
-    ``received``) instead of raising, until the block ends; the previous handlers
-    (Dagster's) are restored then. A no-op off the main thread."""
+    ``received``) instead of raising, until the block ends; a second one raises
+    ``DagsterExecutionInterruptedError``. The previous handlers (Dagster's) are restored
+    at the end. A no-op off the main thread."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -143,6 +165,10 @@ def _stop_on_termination(runner: JobRunner, received: list[str]) -> Iterator[Non
     def handler(signum: int, _frame) -> None:
         received.append(signal.Signals(signum).name)
         runner.stop()
+        if len(received) > 1:
+            raise DagsterExecutionInterruptedError(
+                f"{' then '.join(received)}: the epoch in flight is abandoned; the next run restarts from "
+                f"the newest checkpoint")
 
     previous = {s: signal.getsignal(s) for s in TERMINATION_SIGNALS}
     try:

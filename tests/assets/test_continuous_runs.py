@@ -29,7 +29,7 @@ from dagster import (
 )
 
 import assets.job_assets as job_assets_module
-from assets.checkpoints import LIVE_METRICS, checkpoint_asset_key, live_metadata
+from assets.checkpoints import LIVE_METRICS, checkpoint_asset_key, live_metadata, verify_checkpoint
 from assets.definitions import dkvstream_definitions, stream_job_definitions
 from assets.job_assets import job_assets
 from assets.resources import DKVSettingsResource, ObjectStoreResource
@@ -166,6 +166,39 @@ def test_terminating_a_continuous_run_waiting_for_input(tmp_path, instance, reco
     assert _reported_epochs(instance, result.run_id) == [1, 2]
     assert latest_checkpoint(store, PREFIX).epoch == 2 and read_lease(store, PREFIX) is None
     assert _rows(store, job) == _reference(tmp_path, 2)[0]
+
+
+def test_a_second_termination_signal_abandons_the_epoch_in_flight(tmp_path, instance, recording_runner) -> None:
+    """Epoch 3 hangs after the termination; a second SIGINT ends the run at once,
+    CANCELED, with epoch 3 still in flight (its lease held, nothing of it committed)."""
+    job = live_job(visible=3_000)
+    release = threading.Event()
+
+    def on_read(start: int) -> None:
+        if start == 1_000 and not recording_runner.stopped.is_set():
+            _terminate(instance)
+            assert recording_runner.stopped.wait(60), "the termination never reached JobRunner.stop()"
+            os.kill(os.getpid(), signal.SIGINT)  # the impatient second one
+            assert release.wait(60)
+
+    job.source.on_read = on_read
+    store = open_object_store(str(tmp_path / "store"))
+    try:
+        result = materialize(job_assets(job), resources=_resources(tmp_path / "store"), instance=instance,
+                             raise_on_error=False)
+        assert not result.success
+        assert instance.get_run_by_id(result.run_id).status == DagsterRunStatus.CANCELED
+        assert _reported_epochs(instance, result.run_id) == [1, 2]
+        assert latest_checkpoint(store, PREFIX).epoch == 2
+        assert read_lease(store, PREFIX).epoch == 3
+    finally:
+        release.set()
+        for worker in [t for t in threading.enumerate() if t.name == f"dkvstream-epochs-{NAME}"]:
+            worker.join(60)
+    # Here the process lived on, so the abandoned epoch went on to commit whole (a process
+    # that exits first leaves epoch 2 newest): the store is consistent either way.
+    newest = latest_checkpoint(store, PREFIX)
+    assert newest.epoch == 3 and verify_checkpoint(store, PREFIX, newest).ok and read_lease(store, PREFIX) is None
 
 
 def test_short_run_on_a_live_source_ends_when_caught_up(tmp_path, instance) -> None:
