@@ -7,7 +7,9 @@ For a job J with source S and sinks T1..Tn this yields:
   A *short run* ends when the source is drained, or, on a live source, when it has
   nothing new; a *continuous run* on a live source keeps committing an epoch per
   trigger interval until the run is terminated (``assets.stream_run``). Either ends
-  early at ``max_epochs``. Each committed epoch is logged, as it commits, as a
+  early at ``max_epochs``. Each sink is also materialized by every committed epoch that
+  published rows to it (metadata ``epoch``, ``rows_published``), and once more when the
+  run ends (its rows and a preview). Each committed epoch is logged, as it commits, as a
   materialization of
 - ``<J>_checkpoint`` (the job's state checkpoint), with metadata: epoch, watermark,
   source offsets, manifest URI, DKV tables and bytes per level, size amplification,
@@ -132,6 +134,14 @@ def job_assets(job: Job, group_name: str | None = None, continuous: bool | None 
         def report(result, stats) -> None:
             context.log_event(AssetMaterialization(asset_key=ckpt_key, metadata=checkpoint_metadata(result, stats),
                                                    description=f"epoch {result.epoch}"))
+            # A sink that published rows is materialized now, not when the run ends: a
+            # continuous run may last days, and Dagster's freshness and automation go by this.
+            for output, sink in job.sinks.items():
+                if result.output_rows.get(output, 0) > 0:
+                    context.log_event(AssetMaterialization(
+                        asset_key=sink.name, description=f"epoch {result.epoch}",
+                        metadata={"epoch": MetadataValue.int(result.epoch),
+                                  "rows_published": MetadataValue.int(result.output_rows[output])}))
             context.log.info(
                 f"epoch {result.epoch} committed: {result.events:,} events in {result.seconds:.1f} s "
                 f"({result.events_per_second:,.0f} events/s), watermark {format_watermark(result.watermark)}")

@@ -47,6 +47,9 @@ from operators.runtime.driver import EpochResult, JobRunner
 __all__ = ["RunOutcome", "run_epochs"]
 
 TERMINATION_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# Longest a termination signal waits for its handler while the step's thread waits for
+# an epoch (``_next``), s.
+SIGNAL_CHECK_S = 0.5
 
 
 @dataclass
@@ -130,9 +133,7 @@ def run_epochs(runner: JobRunner, *, max_epochs: int | None, continuous: bool,
     with _stop_on_termination(runner, outcome.stop_signals):
         worker.start()
         try:
-            # A blocking get: the signal handler still runs (CPython wakes the main
-            # thread's lock wait for it), and no timeout means no polling.
-            while not isinstance(item := results.get(), _Done):
+            while not isinstance(item := _next(results), _Done):
                 outcome.epochs += 1
                 on_epoch(*item)
             worker.join()
@@ -150,6 +151,18 @@ def run_epochs(runner: JobRunner, *, max_epochs: int | None, continuous: bool,
     if item.error is not None:
         raise item.error
     return outcome
+
+
+def _next(results: queue.SimpleQueue):
+    """The next item, waking at least every ``SIGNAL_CHECK_S``: Python runs a signal
+    handler on the main thread only, and a lock wait there is cut short only when the
+    kernel delivers the signal to that very thread (it may pick another), so the wait is
+    cut into slices after each of which a pending handler runs."""
+    while True:
+        try:
+            return results.get(timeout=SIGNAL_CHECK_S)
+        except queue.Empty:
+            pass
 
 
 @contextmanager

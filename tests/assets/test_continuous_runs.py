@@ -18,6 +18,7 @@ from collections import Counter
 
 import pytest
 from dagster import (
+    AssetKey,
     DagsterInstance,
     DagsterRunStatus,
     DefaultSensorStatus,
@@ -130,6 +131,13 @@ def test_terminating_a_continuous_run_finishes_the_epoch_in_flight(tmp_path, ins
                for e in result.get_asset_materialization_events()}["live_window_counts"]
     assert sink_md["committed_epoch"].value == 3 and sink_md["epochs_this_run"].value == 3
     assert sink_md["rows"].value == len(rows)
+    # The sink is materialized by every epoch that published rows to it, as it commits,
+    # then once more at the end.
+    sink_events = instance.fetch_materializations(AssetKey(job.sinks["main"].name), limit=10).records
+    per_epoch = {r.asset_materialization.metadata["epoch"].value: r.asset_materialization.metadata["rows_published"].value
+                 for r in sink_events if "epoch" in r.asset_materialization.metadata}
+    assert sum(per_epoch.values()) == len(rows) > 0 and set(per_epoch) <= {1, 2, 3}
+    assert len(sink_events) == len(per_epoch) + 1
     # Lag and latency per epoch, as numbers the UI plots: after epoch e, 3,000 - 500 e
     # events of each partition are left.
     records = instance.fetch_materializations(checkpoint_asset_key(job), limit=10).records
