@@ -160,11 +160,15 @@ def test_terminating_a_continuous_run_waiting_for_input(tmp_path, instance, reco
     job = live_job(visible=1_000)
     store = open_object_store(str(tmp_path / "store"))
 
+    sent = []
+
     def on_end_offsets() -> None:
-        # The epochs' thread planning after epoch 2: nothing new from here on.
-        if threading.current_thread() is not threading.main_thread() and not recording_runner.stopped.is_set():
+        # The epochs' thread planning after epoch 2: nothing new from here on. Once only:
+        # a second signal before the first one's handler ran would abandon the run.
+        if threading.current_thread() is not threading.main_thread() and not sent:
             ckpt = latest_checkpoint(store, PREFIX)
             if ckpt is not None and ckpt.epoch == 2:
+                sent.append(True)
                 _terminate(instance)
 
     job.source.on_end_offsets = on_end_offsets
