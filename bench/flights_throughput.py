@@ -139,8 +139,9 @@ def run_dkvstream(plan: EpochPlan, input_dir: str, work_dir: str, spark, progres
 
     shutil.rmtree(work_dir, ignore_errors=True)
     engine = engine or ("dkvstream" if batch else "dkvstream-on-event")
+    # No watermark alignment: every engine must process the same micro-batches.
     job = flights_job(scale=plan.scale, events_per_epoch=plan.events_per_epoch, parallelism=2,
-                      name="flights_bench", batch=batch)
+                      name="flights_bench", batch=batch, max_watermark_drift_ms=None)
     job.source = EpochFilesSource(input_dir)  # lists and reads the files inside the clock
     started = last_report = time.perf_counter()
     runner = JobRunner(job, spark, work_dir)

@@ -12,7 +12,9 @@ The design is in docs/design.md, "Epochs and checkpoints". Per epoch
    processing-time trigger and plans again; it runs an epoch without input only when
    the watermark advances (a partition became idle). ``JobRunner.stop()`` ends the run
    between epochs.
-2. Read: the planned slices, bad rows screened out to the dead-letter table, and the
+2. Read: the planned slices, bad rows screened out to the dead-letter table, each slice
+   cut before its first event too far ahead of the slowest partition (watermark
+   alignment, ``live.alignment_cuts``: the offsets committed end there), and the
    watermark the epoch reaches (bounded out-of-orderness: min over the partitions of the
    max event time seen, minus the bound; a bounded source's fully read partitions do not
    count, and once all are read it is +infinity; a live source's caught-up partitions
@@ -46,6 +48,7 @@ are fixed for a job's lifetime).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
@@ -387,19 +390,24 @@ class JobRunner:
                 t = t.drop_columns([OFFSET_COLUMN])
             else:
                 offsets = np.arange(start, end, dtype=np.int64)
+            ingest_times = None
             if INGEST_TIME_COLUMN in t.column_names:  # for the latency metric, not operators
-                ingest.append(t.column(INGEST_TIME_COLUMN))
+                ingest_times = t.column(INGEST_TIME_COLUMN).combine_chunks()
                 t = t.drop_columns([INGEST_TIME_COLUMN])
+            read_offsets = offsets
             t, bad, offsets = dead_letter.screen(t, offsets, self.job.dead_letter, source=source.name,
                                                  partition=p, epoch=epoch, now_ms=now_ms)
             dead.append(bad)
+            ingest.append(pa.nulls(len(offsets), pa.int64()) if ingest_times is None else
+                          ingest_times.take(pa.array(np.searchsorted(read_offsets, offsets))))
             if t.num_rows:
                 max_ts[p] = pa.compute.max(t.column(TIMESTAMP_COLUMN)).as_py()
             t = t.append_column(PART_COLUMN, pa.array(np.full(t.num_rows, i, np.int32)))
             t = t.append_column(OFFSET_COLUMN, pa.array(offsets))
             tables.append(t)
-        # Ingest times of the epoch's input (ms), for end-to-end latency metrics.
-        self._ingest_times = pa.chunked_array([c for col in ingest for c in col.chunks], pa.int64())
+        # Ingest times of the epoch's good events (ms; null where the source gives none),
+        # row for row with the events, for end-to-end latency metrics.
+        self._ingest_times = pa.chunked_array(ingest, pa.int64())
         self._dead_letters = pa.concat_tables(dead)
         if not tables:
             events = _empty_events(source.value_schema)
@@ -410,6 +418,50 @@ class JobRunner:
         events = events.append_column(
             RANGE_COLUMN, pa.array(range_indexes_of(kgs, self.job.key_groups, self.job.parallelism), pa.int32()))
         return events, max_ts
+
+    def _align(self, ckpt: JobCheckpoint, plan: live.EpochPlan, events: pa.Table,
+               max_ts: dict[str, int]) -> tuple[pa.Table, dict[str, int], live.EpochPlan]:
+        """Watermark alignment within the epoch (``live.alignment_cuts``): each
+        partition's slice ends before its first event more than ``max_watermark_drift_ms``
+        ahead of the slowest partition holding back the watermark; the events, their
+        ingest times and dead letters past the cut are dropped (the next epoch reads them
+        again) and the plan's offsets end at the cut.
+
+        Returns:
+            ``(events, max event time per partition read, plan)``, unchanged without a cut.
+        """
+        drift = self.job.max_watermark_drift_ms
+        if drift is None or not events.num_rows:
+            return events, max_ts, plan
+        parts = list(plan.offsets)
+        part = events.column(PART_COLUMN).to_numpy()
+        offset = events.column(OFFSET_COLUMN).to_numpy()
+        ts = events.column(TIMESTAMP_COLUMN).to_numpy()
+        holders = live.watermark_holders({p: start for p, (start, _) in plan.offsets.items()},
+                                         plan.ends, plan.idle, self.job.source.bounded)
+        cuts = live.alignment_cuts(parts, part, offset, ts, self._partition_max_ts(ckpt, parts),
+                                   holders, drift)
+        if not cuts:
+            return events, max_ts, plan
+        cut_of_part = np.array([cuts.get(p, np.iinfo(np.int64).max) for p in parts], np.int64)
+        keep = offset < cut_of_part[part]
+        events = events.filter(pa.array(keep))
+        self._ingest_times = self._ingest_times.filter(pa.array(keep))
+        dead = self._dead_letters
+        if dead.num_rows:
+            dead_part = dead.column("partition").to_pylist()
+            dead_offset = dead.column("offset").to_pylist()
+            self._dead_letters = dead.filter(pa.array(
+                [o < cuts.get(p, o + 1) for p, o in zip(dead_part, dead_offset)]))
+        max_ts = dict(max_ts)
+        for p in cuts:
+            mine = ts[keep & (part == parts.index(p))]
+            if len(mine):
+                max_ts[p] = int(mine.max())
+            else:
+                max_ts.pop(p, None)
+        offsets = {p: (start, cuts.get(p, end)) for p, (start, end) in plan.offsets.items()}
+        return events, max_ts, dataclasses.replace(plan, offsets=offsets)
 
     def _watermark(self, ckpt: JobCheckpoint, plan: live.EpochPlan,
                    max_ts: dict[str, int]) -> tuple[int, dict[str, int], bool]:
@@ -439,6 +491,7 @@ class JobRunner:
         started = time.perf_counter()
         epoch = ckpt.epoch + 1
         events, max_ts = self._read_events(plan.offsets, epoch)
+        events, max_ts, plan = self._align(ckpt, plan, events, max_ts)
         watermark, part_max, finished = self._watermark(ckpt, plan, max_ts)
         results = self._run_stages(ckpt, epoch, events, watermark, flush)
         self.failpoint("after_tasks", epoch)

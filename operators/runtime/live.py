@@ -195,13 +195,10 @@ def plan_epoch(committed: dict[str, int], ends: dict[str, int], partition_max_ts
                active_at_ms: dict[str, int], *, now_ms: int, events_per_epoch: int, bounded: bool,
                idle_timeout_ms: int | None = None, max_drift_ms: int | None = None) -> EpochPlan:
     """The offsets the next epoch reads: ``events_per_epoch`` split equally over the
-    partitions that have input (one with less than its share reads what it has); a
-    partition paused by watermark alignment reads nothing, and its share is not given
-    to the others: an epoch's share of one partition spans a long event time
-    (on the flights data, 50,000 events per epoch are ~50 days per airport), and the
-    partitions receiving more would overshoot the paused one, which raised the events
-    waiting in state on the flights data instead of lowering them. With alignment, an
-    epoch may so read fewer than ``events_per_epoch`` events although more are available.
+    partitions that have input and are not paused by watermark alignment (one with less
+    than its share reads what it has). A paused partition's share goes to the others;
+    that they do not then run ahead within the epoch is ``alignment_cuts``' job, after
+    reading.
 
     Args:
         committed: next offset per partition, in the source's partition order (new
@@ -221,12 +218,68 @@ def plan_epoch(committed: dict[str, int], ends: dict[str, int], partition_max_ts
     ends = {p: max(ends.get(p, committed[p]), committed[p]) for p in committed}
     open_parts = [p for p in committed if committed[p] < ends[p]]
     idle = idle_partitions(committed, ends, active_at_ms, now_ms, idle_timeout_ms)
-    candidates = [p for p in (open_parts if bounded else committed) if p not in idle]
+    candidates = watermark_holders(committed, ends, idle, bounded)
     paused = paused_partitions(open_parts, candidates, partition_max_ts, max_drift_ms)
-    share = -(-events_per_epoch // max(1, len(open_parts)))
-    offsets = {p: (committed[p], min(ends[p], committed[p] + share) if p not in paused else committed[p])
+    reading = [p for p in open_parts if p not in paused]
+    share = -(-events_per_epoch // max(1, len(reading)))
+    offsets = {p: (committed[p], min(ends[p], committed[p] + share) if p in reading else committed[p])
                for p in committed}
     return EpochPlan(offsets=offsets, ends=ends, idle=idle, paused=paused, planned_at_ms=now_ms)
+
+
+def watermark_holders(committed: dict[str, int], ends: dict[str, int], idle: frozenset[str],
+                      bounded: bool) -> list[str]:
+    """The partitions that hold back the watermark when an epoch is planned: not idle,
+    and of a bounded source not read to the end."""
+    return [p for p in committed if p not in idle and (not bounded or committed[p] < ends[p])]
+
+
+def alignment_cuts(partitions: list[str], part_of_row: np.ndarray, offset_of_row: np.ndarray,
+                   ts_of_row: np.ndarray, partition_max_ts: dict[str, int], holders: list[str],
+                   max_drift_ms: int | None) -> dict[str, int]:
+    """Watermark alignment within an epoch: where to end each partition's slice so that
+    no partition reads events more than ``max_drift_ms`` ahead of the slowest holder.
+
+    Pausing at planning (``paused_partitions``) cannot stop a partition from running
+    ahead within one epoch, by up to its whole share; so after reading, the slowest
+    holder's max event time (with this epoch's events) plus the drift is a limit, and a
+    partition's slice ends before its first event past the limit. The events cut off
+    are read again by the next epoch (Flink pauses a split's reader at that point).
+
+    Args:
+        partitions: the source's partitions; ``part_of_row`` indexes into it.
+        part_of_row, offset_of_row, ts_of_row: partition index, offset and event time of
+            each event read (the good rows of the epoch), each partition's rows in offset order.
+        partition_max_ts: max event time per partition before the epoch, ms.
+        holders: partitions holding back the watermark (``watermark_holders``).
+        max_drift_ms: ``Job.max_watermark_drift_ms``; None: no cut.
+
+    Returns:
+        ``{partition: offset}``: the first offset a cut partition did not read. Empty
+        when nothing is cut, and also when the cut would leave the epoch without events
+        (a slowest holder that read nothing and a gap in the others' event times): the
+        epoch then keeps its planned slices, so a run always makes progress.
+    """
+    if max_drift_ms is None or not len(ts_of_row):
+        return {}
+    new_max = dict(partition_max_ts)
+    for i, p in enumerate(partitions):
+        mine = ts_of_row[part_of_row == i]
+        if len(mine):
+            new_max[p] = max(new_max.get(p, WATERMARK_MIN), int(mine.max()))
+    timed = [new_max[p] for p in holders if new_max.get(p, WATERMARK_MIN) != WATERMARK_MIN]
+    if not timed:
+        return {}
+    past = ts_of_row > min(timed) + max_drift_ms
+    cuts = {}
+    for i, p in enumerate(partitions):
+        first = np.flatnonzero(past & (part_of_row == i))
+        if len(first):
+            cuts[p] = int(offset_of_row[first[0]])
+    kept = sum(int(np.count_nonzero((part_of_row == partitions.index(p)) & (offset_of_row < cut)))
+               for p, cut in cuts.items())
+    untouched = int(np.count_nonzero(~np.isin(part_of_row, [partitions.index(p) for p in cuts])))
+    return cuts if kept + untouched else {}
 
 
 def watermark(previous: int, partition_max_ts: dict[str, int], inputs: list[str], bound_ms: int) -> int:
@@ -248,7 +301,8 @@ def epoch_metrics(*, events: int, ingest_times_ms: pa.ChunkedArray, plan: EpochP
 
     Args:
         events: events the epoch read.
-        ingest_times_ms: ``_ingest_time`` of the events read, ms (empty: the source gives none).
+        ingest_times_ms: ``_ingest_time`` of the events read, ms (null or empty: the
+            source gives none).
         plan: the epoch's plan.
         committed: next offset per partition after the epoch.
         partition_max_ts: max event time read per partition after the epoch, ms.
@@ -271,6 +325,7 @@ def epoch_metrics(*, events: int, ingest_times_ms: pa.ChunkedArray, plan: EpochP
     since_previous = None if previous_plan_ms is None else plan.planned_at_ms - previous_plan_ms
     elapsed = now_ms - plan.planned_at_ms
     latency = None
+    ingest_times_ms = ingest_times_ms.drop_null()
     if len(ingest_times_ms):
         ages = now_ms - ingest_times_ms.to_numpy().astype(np.int64, copy=False)
         p50, p99 = np.percentile(ages, [50, 99], method="inverted_cdf")

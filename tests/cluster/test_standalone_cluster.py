@@ -44,9 +44,9 @@ pytestmark = pytest.mark.slow("starts a Spark cluster")
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB_SPEC = "examples.flights:flights_job"
-EPOCH_EVENTS = 120_000  # 4 epochs over the full data set (the last one has 835 events)
+EPOCH_EVENTS = 120_000  # 4 epochs over the full data set (the last one has 1,751 events)
 EPOCHS = list(range(1, 5))
-KILL_EPOCH_EVENTS = 15_000  # the executor-kill test: ~23 epochs
+KILL_EPOCH_EVENTS = 15_000  # the executor-kill test: ~25 epochs
 DRIVER_TIMEOUT_S = 600
 
 
