@@ -227,7 +227,9 @@ def watch(job_out: str, producer_out: str, job_pid: int, producer_pid: int, rate
         if not job_alive:
             print("run-live: the job exited before reading everything produced", file=sys.stderr)
             return 1
-        if not producer_alive and produced is None and not producer.new():
+        # The flags were taken before reading: the lines a process wrote before it
+        # exited have been read above.
+        if not producer_alive and produced is None:
             print("run-live: the producer exited without producing every flight", file=sys.stderr)
             return 1
         time.sleep(poll_s)
@@ -261,7 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     h.add_argument("--store", required=True)
     a = p.parse_args(argv)
     if a.command == "watch":
-        return watch(a.job_out, a.producer_out, a.job_pid, a.producer_pid, a.rate)
+        try:
+            return watch(a.job_out, a.producer_out, a.job_pid, a.producer_pid, a.rate)
+        except KeyboardInterrupt:  # Ctrl-C reaches the whole script: it stops the rest
+            return 130
     if a.command == "last-epoch":
         committed = [r for r in _Lines(a.job_out).new() if r.get("event") == "committed"]
         if committed:

@@ -92,7 +92,11 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 broker_started=1
-bootstrap=$(bash platform/kafka-broker.sh start --dir "$run_dir/kafka" 2>/dev/null)
+if ! bootstrap=$(bash platform/kafka-broker.sh start --dir "$run_dir/kafka" 2>"$run_dir/broker.err"); then
+  echo "run-live.sh: the broker did not start:" >&2
+  cat "$run_dir/broker.err" >&2
+  exit 1
+fi
 echo "broker: Tansu on $bootstrap (pid $("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["pid"])' "$run_dir/kafka/broker.json"))"
 "$py" -c 'import sys; from examples.flights_producer import create_topic; create_topic(sys.argv[1], "flights")' \
   "$bootstrap"

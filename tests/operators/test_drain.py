@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from examples.keyed_count import WINDOW_MS, keyed_count_oracle
 from operators.api.operator import WATERMARK_MAX
@@ -169,10 +170,9 @@ def test_run_job_drain_on_stop(tmp_path) -> None:
 def test_drain_on_stop_needs_continuous(capsys) -> None:
     from operators.tools import run_job
 
-    try:
+    with pytest.raises(SystemExit) as exited:
         run_job.main(["--job", "examples.keyed_count:keyed_count_job", "--in-process", "--drain-on-stop"])
-    except SystemExit as e:
-        assert e.code == 2
+    assert exited.value.code == 2
     assert "--drain-on-stop needs --continuous" in capsys.readouterr().err
 
 
