@@ -21,7 +21,7 @@ rates, lag, end-to-end latency and watermark delay, ``EpochResult.live``).
 ``--continuous`` keeps a job on a live source running (``JobRunner.epochs(continuous=True)``,
 docs/continuous-jobs.md): SIGTERM or SIGINT asks it to stop after the epoch in flight
 (``JobRunner.stop()``), prints ``{"event": "stopped", "epoch", "drained"}`` (the newest
-committed epoch, 0 if none) and exits 0; a second signal exits at once with 128 + the
+committed epoch, 0 if none; whether the job is drained, finished for good) and exits 0; a second signal exits at once with 128 + the
 signal number, like an uncaught SIGTERM (a restart continues from the newest checkpoint,
 as after any crash). With ``--drain-on-stop`` the first signal stops with a drain
 (``JobRunner.stop(drain=True)``, Flink's ``stop --drain``): one more epoch at watermark
@@ -93,7 +93,6 @@ def main(argv: list[str] | None = None) -> int:
         with JobRunner(job, spark, a.store, retain_checkpoints=a.retain_checkpoints or None) as runner:
             if a.continuous:
                 _stop_on_signals(runner, drain=a.drain_on_stop)
-            last, drained = 0, False
             for result in runner.epochs(a.max_epochs, continuous=a.continuous):
                 requests = read_checkpoint(runner.store, job.prefix, result.epoch).metrics["requests"]
                 _print({"event": "committed", "epoch": result.epoch, "events": result.events,
@@ -101,9 +100,10 @@ def main(argv: list[str] | None = None) -> int:
                         "drained": result.drained, "parallelism": job.parallelism,
                         "requests": requests, "watermark": result.watermark,
                         "source_offsets": result.source_offsets, "live": result.live})
-                last, drained = result.epoch, drained or result.drained
             if a.continuous:
-                _print({"event": "stopped", "epoch": last or _newest_epoch(runner), "drained": drained})
+                newest = runner.latest()
+                _print({"event": "stopped", "epoch": newest.epoch if newest else 0,
+                        "drained": bool(newest and newest.metrics.get("drained"))})
     finally:
         if spark is not None:
             spark.stop()
@@ -128,12 +128,6 @@ def _stop_on_signals(runner: JobRunner, drain: bool = False) -> None:
 
     signal.signal(signal.SIGTERM, handle)
     signal.signal(signal.SIGINT, handle)
-
-
-def _newest_epoch(runner: JobRunner) -> int:
-    """The newest committed epoch of the runner's job (0: none)."""
-    ckpt = runner.latest()
-    return ckpt.epoch if ckpt else 0
 
 
 if __name__ == "__main__":

@@ -165,6 +165,13 @@ def test_run_job_drain_on_stop(tmp_path) -> None:
     assert "draining" in err
     runner = JobRunner(live_sources.job(visible), None, root)
     _assert_output(runner, _oracle_of_read(runner.job.source, ALL))
+    # Started again, the drained job runs nothing, says so, and exits 0 at once.
+    again = subprocess.run(proc.args, capture_output=True, text=True, cwd=REPO, env=env, timeout=120,
+                           check=False)
+    assert again.returncode == 0, again.stderr
+    assert [json.loads(line) for line in again.stdout.splitlines()] == [
+        {"event": "stopped", "epoch": committed[-1]["epoch"], "drained": True}]
+    assert "was drained at epoch" in again.stderr
 
 
 def test_drain_on_stop_needs_continuous(capsys) -> None:
