@@ -12,11 +12,14 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from examples.keyed_count import WINDOW_MS, keyed_count_oracle
 from operators.api.operator import WATERMARK_MAX
@@ -254,3 +257,38 @@ def test_source_is_closed_when_a_run_ends_and_by_close(tmp_path) -> None:
     with runner:
         pass
     assert job.source.closed == 4
+
+
+@settings(max_examples=10)
+@example(visible=(0, 0), events_per_epoch=100, drain_at=2)
+@given(visible=st.tuples(st.integers(0, EVENTS), st.integers(0, EVENTS)),
+       events_per_epoch=st.integers(100, 4_000), drain_at=st.integers(0, 4))
+def test_drain_anywhere_emits_every_window_of_what_was_read(visible, events_per_epoch, drain_at) -> None:
+    """Whatever the input and wherever the drain is asked for (before the first epoch,
+    or during epoch ``drain_at``): the run ends with one drain epoch that reads nothing,
+    and the output is exactly the oracle over the events read (each window once)."""
+    offsets = {"p0": visible[0], "p1": visible[1]}
+    with tempfile.TemporaryDirectory() as root:
+        reveal(Path(root, "visible.json"), offsets)
+
+        def drain_during(point: str, epoch: int) -> None:
+            if point == "after_tasks" and epoch == drain_at:
+                runner.stop(drain=True)
+
+        job = live_sources.job(Path(root, "visible.json"), events_per_epoch=events_per_epoch,
+                               trigger_interval_ms=0)
+        runner = JobRunner(job, None, root, failpoint=drain_during)
+        if drain_at == 0 or not any(visible):
+            runner.stop(drain=True)  # (no input: the run would wait for some)
+        results = []
+        for result in runner.epochs(continuous=True):
+            results.append(result)
+            if result.source_offsets == offsets and not result.drained:
+                runner.stop(drain=True)  # caught up before epoch drain_at
+        runner.close()
+        assert [r.drained for r in results] == [False] * (len(results) - 1) + [True]
+        read = results[-1].source_offsets
+        assert results[-1].events == 0 and all(read[p] <= offsets[p] for p in read)
+        assert sum(r.events for r in results) == sum(read.values())
+        want = _oracle_of_read(job.source, read)
+        pd.testing.assert_frame_equal(live_sources.output(runner), want, check_dtype=False)
