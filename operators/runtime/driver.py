@@ -286,9 +286,10 @@ class JobRunner:
         """Logs a warning, once per partition until it recovers, when the source reports
         an end offset below the committed one. Offsets never go backwards: such a
         partition reads nothing until its end passes the committed offset again
-        (``live.plan_epoch`` clamps the end). Tansu reports an end of 0 under
-        ``read_committed`` while a transaction is open; a topic deleted and created
-        again under the same name starts at 0 (then the job must be reset)."""
+        (``live.plan_epoch`` clamps the end). Causes: a topic deleted and created again
+        under the same name starts over at 0 (the job must then be reset); a broker may
+        answer an end below what was read while a transaction is open (Tansu's
+        ListOffsets under ``read_committed``, docs/kafka.md)."""
         behind = {p: ends[p] for p in committed if p in ends and ends[p] < committed[p]}
         for p in sorted(behind.keys() - self._ends_behind):
             log.warning("job %s: source %s reports end offset %d for partition %s, below the "
@@ -437,9 +438,10 @@ class JobRunner:
                 fully read: a restart runs no epoch (and logs a warning), and events the
                 source received after the last offsets read are never read by it (had
                 it gone on, its watermark of +infinity would make every one of them
-                late; Flink documents the same for a drained job's restart). Drain to
-                end a job for good and have its last windows; stop without draining to
-                restart it later.
+                late; Flink's documentation likewise says to drain only to terminate a
+                job permanently, as a drained job resumed later may give incorrect
+                results). Drain to end a job for good and have its last windows; stop
+                without draining to restart it later.
         """
         self._stop.request(drain)
 
