@@ -41,7 +41,9 @@ def failing_job():
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    # TMPDIR: the script's log directory, kept after a failed run, goes under tmp_path.
     return {**os.environ, "DKVSTREAM_STORE": str(tmp_path / "store"), "DKVSTREAM_LIVE_RATE": RATE,
+            "TMPDIR": str(tmp_path),
             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), **extra}
 
 
