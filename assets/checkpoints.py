@@ -110,6 +110,8 @@ def checkpoint_metadata(result: EpochResult, stats: LevelStats) -> dict:
         "output_rows": MetadataValue.json(result.output_rows),
         "finished": MetadataValue.bool(result.finished),
     }
+    if result.drained:  # the job was stopped with a drain: it is finished for good
+        md["drained"] = MetadataValue.bool(True)
     for reason, n in result.dead_letter.items():  # bad input rows this epoch, per reason
         md[f"dead_letter_{reason}"] = MetadataValue.int(n)
     if result.recovery:  # this run fell back from an unusable checkpoint
