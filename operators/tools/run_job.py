@@ -18,6 +18,9 @@ object-store request counts, ``{"driver": {...}, "tasks": {...}}``; ``watermark`
 ``source_offsets``: the next offset per source partition; ``live``: input and processing
 rates, lag, end-to-end latency and watermark delay, ``EpochResult.live``).
 
+``--dkv FIELD=VALUE`` (repeatable) sets a ``storage.dkv.DKVOptions`` field of every
+task's state, e.g. ``--dkv wal_flush_bytes=1048576``.
+
 ``--continuous`` keeps a job on a live source running (``JobRunner.epochs(continuous=True)``,
 docs/continuous-jobs.md): SIGTERM or SIGINT asks it to stop after the epoch in flight
 (``JobRunner.stop()``), prints ``{"event": "stopped", "epoch", "drained"}`` (the newest
@@ -39,6 +42,7 @@ import sys
 from operators.runtime.checkpoints import read_checkpoint
 from operators.runtime.driver import JobRunner
 from operators.tools.state_reader import load_job
+from storage.dkv import DKVOptions
 
 
 def _print(record: dict) -> None:
@@ -69,9 +73,13 @@ def main(argv: list[str] | None = None) -> int:
                         "job for good) before exiting")
     p.add_argument("--retain-checkpoints", type=int, default=10, help="0 keeps every checkpoint")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting (repeatable)")
+    p.add_argument("--dkv", action="append", default=[], metavar="FIELD=VALUE",
+                   help="a DKV option of every task's state (storage.dkv.DKVOptions field, e.g. "
+                        "wal_flush_bytes=1048576; repeatable)")
     a = p.parse_args(argv)
     if a.drain_on_stop and not a.continuous:
         p.error("--drain-on-stop needs --continuous (without it the run ends when caught up)")
+    dkv_options = _dkv_options(p, a.dkv)
 
     job = load_job(a.job)
     changes = {k: v for k, v in (("parallelism", a.parallelism), ("events_per_epoch", a.events_per_epoch))
@@ -90,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         _print({"event": "started", "app_id": spark.sparkContext.applicationId,
                 "ui": spark.sparkContext.uiWebUrl, "master": spark.sparkContext.master})
     try:
-        with JobRunner(job, spark, a.store, retain_checkpoints=a.retain_checkpoints or None) as runner:
+        with JobRunner(job, spark, a.store, retain_checkpoints=a.retain_checkpoints or None,
+                       dkv_options=dkv_options) as runner:
             if a.continuous:
                 _stop_on_signals(runner, drain=a.drain_on_stop)
             for result in runner.epochs(a.max_epochs, continuous=a.continuous):
@@ -108,6 +117,24 @@ def main(argv: list[str] | None = None) -> int:
         if spark is not None:
             spark.stop()
     return 0
+
+
+def _dkv_options(parser: argparse.ArgumentParser, settings: list[str]) -> DKVOptions | None:
+    """``DKVOptions`` from ``FIELD=VALUE`` strings (None: none given, the defaults); an
+    unknown field or a value of the wrong type exits with a usage error naming it."""
+    if not settings:
+        return None
+    fields = {f.name: f.type for f in dataclasses.fields(DKVOptions)}
+    values = {}
+    for kv in settings:
+        name, sep, value = kv.partition("=")
+        if not sep or name not in fields:
+            parser.error(f"--dkv {kv!r}: expected FIELD=VALUE with FIELD one of {sorted(fields)}")
+        try:
+            values[name] = float(value) if fields[name] in (float, "float") else int(value)
+        except ValueError:
+            parser.error(f"--dkv {kv!r}: {name} takes {'a number' if fields[name] in (float, 'float') else 'an integer'}")
+    return DKVOptions(**values)
 
 
 def _stop_on_signals(runner: JobRunner, drain: bool = False) -> None:
