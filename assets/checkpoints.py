@@ -1,8 +1,9 @@
 """The job's state checkpoint asset: materialization metadata and the verification check.
 
 Every committed epoch is one materialization of ``<job>_checkpoint``. Its numeric
-metadata (epoch, events/s, keys, per-level table counts and bytes, size amplification)
-is what the Dagster UI plots over time, and what the compaction sensor reads.
+metadata (epoch, events/s, keys, per-level table counts and bytes, size amplification,
+lag, latency, rates) is what the Dagster UI plots over time (one point per epoch), and
+what the compaction sensor reads.
 """
 
 import datetime as dt
@@ -27,6 +28,9 @@ from storage.objectstore import ObjectStore
 # Metadata keys the compaction sensor reads.
 L0_TABLES_MAX = "l0_tables_max_range"
 SIZE_AMP_MAX = "size_amplification_max_range"
+# Numeric metadata keys of an epoch's live metrics (``live_metadata``), plotted per epoch.
+LIVE_METRICS = ("input_rate", "processing_rate", "lag_events", "lag_ms_max", "latency_p50_ms",
+                "latency_p99_ms", "latency_max_ms", "watermark_delay_ms")
 
 
 def checkpoint_asset_key(job: Job) -> AssetKey:
@@ -106,6 +110,8 @@ def checkpoint_metadata(result: EpochResult, stats: LevelStats) -> dict:
         "output_rows": MetadataValue.json(result.output_rows),
         "finished": MetadataValue.bool(result.finished),
     }
+    if result.drained:  # the job was stopped with a drain: it is finished for good
+        md["drained"] = MetadataValue.bool(True)
     for reason, n in result.dead_letter.items():  # bad input rows this epoch, per reason
         md[f"dead_letter_{reason}"] = MetadataValue.int(n)
     if result.recovery:  # this run fell back from an unusable checkpoint
@@ -114,6 +120,47 @@ def checkpoint_metadata(result: EpochResult, stats: LevelStats) -> dict:
     for i, (n, size) in enumerate(zip(stats.tables_per_level, stats.bytes_per_level)):
         md[f"L{i}_tables"] = MetadataValue.int(n)
         md[f"L{i}_bytes"] = MetadataValue.int(size)
+    md.update(live_metadata(result.live))
+    return md
+
+
+def live_metadata(live: dict) -> dict:
+    """An epoch's live metrics (``EpochResult.live``, ``operators.runtime.live.epoch_metrics``)
+    as Dagster metadata: one number per metric, so the UI plots each across epochs.
+
+    Entries (a metric the epoch could not measure, null in ``live``, is left out, so its
+    plot has a gap rather than a false zero):
+
+    - ``input_rate`` / ``processing_rate``: events/s arriving since the previous epoch's
+      plan / processed from this epoch's plan to its publish.
+    - ``lag_events``: offsets left unread after the epoch (end offsets at its plan minus
+      committed offsets), summed over the partitions (Kafka consumer lag);
+      ``lag_events_by_partition`` (JSON) the same per partition.
+    - ``lag_ms_max``: the most any partition's newest event read is behind the wall
+      clock, ms.
+    - ``latency_p50_ms`` / ``latency_p99_ms`` / ``latency_max_ms``: end-to-end latency of
+      the epoch's events, ingest time to publish, ms (sources with ``_ingest_time`` only).
+    - ``watermark_delay_ms``: wall clock minus the watermark, ms.
+
+    Args:
+        live: the metrics dict (empty: nothing measured, no entries).
+    """
+    md = {}
+    for key in ("input_rate", "processing_rate"):
+        if live.get(key) is not None:
+            md[key] = MetadataValue.float(round(float(live[key]), 1))
+    lag = live.get("lag_events")
+    if lag:
+        md["lag_events"] = MetadataValue.int(int(sum(lag.values())))
+        md["lag_events_by_partition"] = MetadataValue.json(lag)
+    lag_ms = [v for v in (live.get("lag_ms") or {}).values() if v is not None]
+    if lag_ms:
+        md["lag_ms_max"] = MetadataValue.int(int(max(lag_ms)))
+    for quantile, value in (live.get("latency_ms") or {}).items():
+        if value is not None:
+            md[f"latency_{quantile}_ms"] = MetadataValue.int(int(value))
+    if live.get("watermark_delay_ms") is not None:
+        md["watermark_delay_ms"] = MetadataValue.int(int(live["watermark_delay_ms"]))
     return md
 
 

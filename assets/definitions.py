@@ -3,13 +3,28 @@
 Per stream job: its assets (``job_assets``), the ``verified`` check on its checkpoint
 asset, an asset job running its epochs, and its compaction, cleanup and source sensors.
 Once for all stream jobs: the ``compaction``, ``flush`` and ``cleanup`` jobs.
+
+A stream job runs in one of two modes (``continuous``; default: continuous for a live
+source, short runs for a bounded one, ``assets.job_assets.continuous_by_default``):
+
+* continuous: one long-running run commits an epoch per trigger interval while there is
+  input, until it is terminated; its source sensor is off by default (on, it restarts
+  the run when there is new input and none is running).
+* short runs: each run processes the input there is and ends; on a live source the
+  source sensor is on by default and starts a run whenever new input arrives.
+
+Every run executes in process (``in_process_executor``): the epochs job is a single
+step, so a step process of its own would only cost a second Python start, and a
+terminated run's step then stops in the run worker itself (``assets.stream_run``), so a
+stopped stream ends SUCCESS whichever way it was launched (the job, or the asset graph's
+"Materialize").
 """
 import os
 
-from dagster import AssetSelection, Definitions, define_asset_job
+from dagster import AssetSelection, Definitions, define_asset_job, in_process_executor
 
 from assets.checkpoints import make_checkpoint_check
-from assets.job_assets import job_assets
+from assets.job_assets import continuous_by_default, job_assets
 from assets.jobs import MAINTENANCE_JOBS
 from assets.resources import default_resources
 from assets.sensors import (
@@ -24,35 +39,56 @@ from examples.flights import flights_job
 from operators.api.job import Job
 
 
-def stream_job_definitions(job: Job) -> dict:
-    """Assets, checks, the epochs job and sensors of one stream job, as ``Definitions`` kwargs."""
-    assets = job_assets(job)
+def stream_job_definitions(job: Job, continuous: bool | None = None) -> dict:
+    """Assets, checks, the epochs job and sensors of one stream job, as ``Definitions`` kwargs.
+
+    Args:
+        job: the stream job.
+        continuous: its mode (module docstring); None: ``continuous_by_default(job)``.
+    """
+    continuous = continuous_by_default(job) if continuous is None else continuous
+    assets = job_assets(job, continuous=continuous)
+    mode = "until terminated" if continuous and not job.source.bounded else "until the input is processed"
     epochs_job = define_asset_job(
         job.name, selection=AssetSelection.assets(*[s.name for s in job.sinks.values()]),
-        tags={STREAM_JOB_TAG: job.name}, description=f"Run the epochs of stream job {job.name}")
+        tags={STREAM_JOB_TAG: job.name}, executor_def=in_process_executor,
+        description=f"Run the epochs of stream job {job.name} ({mode})")
     return {
         "assets": assets,
         "asset_checks": [make_checkpoint_check(job)],
         "jobs": [epochs_job],
-        "sensors": [make_compaction_sensor(job), make_cleanup_sensor(job), make_source_sensor(job, epochs_job),
+        "sensors": [make_compaction_sensor(job), make_cleanup_sensor(job),
+                    make_source_sensor(job, epochs_job, continuous=continuous),
                     *filter(None, [make_table_compaction_sensor(job)])],
     }
 
 
-def dkvstream_definitions(*jobs: Job, resources: dict | None = None) -> Definitions:
+def dkvstream_definitions(*jobs: Job, resources: dict | None = None,
+                          continuous: dict[str, bool] | None = None) -> Definitions:
     """The ``Definitions`` of the given stream jobs plus the maintenance jobs.
 
     Args:
         jobs: stream jobs (names must differ).
         resources: Dagster resources (default: ``assets.resources.default_resources()``).
+        continuous: job name -> mode (module docstring); a job not named runs in its
+            default mode (continuous for a live source, short runs for a bounded one).
+
+    Raises:
+        ValueError: ``continuous`` names a job not among ``jobs``.
     """
-    parts = [stream_job_definitions(job) for job in jobs]
+    modes = continuous or {}
+    unknown = sorted(set(modes) - {job.name for job in jobs})
+    if unknown:
+        raise ValueError(f"continuous names jobs that are not defined here: {unknown}; "
+                         f"defined: {sorted(job.name for job in jobs)}")
+    parts = [stream_job_definitions(job, modes.get(job.name)) for job in jobs]
     return Definitions(
         assets=[a for p in parts for a in p["assets"]],
         asset_checks=[c for p in parts for c in p["asset_checks"]],
         jobs=[*(j for p in parts for j in p["jobs"]), *MAINTENANCE_JOBS],
         sensors=[s for p in parts for s in p["sensors"]],
         resources=resources if resources is not None else default_resources(),
+        executor=in_process_executor,  # module docstring
     )
 
 

@@ -3,12 +3,18 @@
 For a job J with source S and sinks T1..Tn this yields:
 
 - ``S`` (the source): materializing it records its partitions and end offsets.
-- ``T1..Tn`` (one multi-asset, upstream ``S``): materializing runs the job's epochs
-  until the source is drained (or ``max_epochs``). Each committed epoch is logged as a
+- ``T1..Tn`` (one multi-asset, upstream ``S``): materializing runs the job's epochs.
+  A *short run* ends when the source is drained, or, on a live source, when it has
+  nothing new; a *continuous run* on a live source keeps committing an epoch per
+  trigger interval until the run is terminated (``assets.stream_run``). Either ends
+  early at ``max_epochs``. Each sink is also materialized by every committed epoch that
+  published rows to it (metadata ``epoch``, ``rows_published``), and once more when the
+  run ends (its rows and a preview). Each committed epoch is logged, as it commits, as a
   materialization of
 - ``<J>_checkpoint`` (the job's state checkpoint), with metadata: epoch, watermark,
   source offsets, manifest URI, DKV tables and bytes per level, size amplification,
-  keys, events and events/s (``assets.checkpoints``), so the Dagster UI plots them.
+  keys, events and events/s, and lag and latency (``assets.checkpoints``), so the
+  Dagster UI plots them.
 """
 from dagster import (
     AssetExecutionContext,
@@ -33,21 +39,35 @@ from assets.checkpoints import (
     level_stats,
 )
 from assets.resources import DKVSettingsResource, ObjectStoreResource
+from assets.stream_run import run_epochs
 from operators.api.job import Job
 from operators.runtime.checkpoints import read_checkpoint
 from operators.runtime.driver import JobRunner
 
-__all__ = ["RunJobConfig", "checkpoint_asset_key", "job_assets", "pool_name"]
+__all__ = ["RunJobConfig", "checkpoint_asset_key", "continuous_by_default", "job_assets", "pool_name"]
 
 
 class RunJobConfig(Config):
     """Launch configuration of a job run.
 
     Attributes:
-        max_epochs: stop after this many committed epochs (0: until the source is drained).
+        max_epochs: stop after this many committed epochs (0: no limit).
+        continuous: True: a continuous run (on a live source, an epoch per
+            ``Job.trigger_interval_ms`` while there is input, waiting otherwise, until
+            the run is terminated); False: a short run (until the source is drained or,
+            live, has nothing new). None (default): the job's mode (``job_assets``'s
+            ``continuous``). A bounded source's run ends once it is drained either way.
     """
 
     max_epochs: int = 0
+    continuous: bool | None = None
+
+
+def continuous_by_default(job: Job) -> bool:
+    """The default mode of ``job``'s runs: continuous for a live source (a stream is one
+    long-running run, as a Flink job or a Structured Streaming query is), short runs for
+    a bounded one (it is drained once)."""
+    return not job.source.bounded
 
 
 def pool_name(job: Job) -> str:
@@ -56,12 +76,14 @@ def pool_name(job: Job) -> str:
     return f"dkvstream-{job.name}"
 
 
-def job_assets(job: Job, group_name: str | None = None) -> list:
+def job_assets(job: Job, group_name: str | None = None, continuous: bool | None = None) -> list:
     """Assets of ``job`` (see module docstring).
 
     Args:
         job: the job definition.
         group_name: Dagster asset group (default: the job name).
+        continuous: the mode of runs whose launch config leaves ``continuous`` unset
+            (None: ``continuous_by_default(job)``).
 
     Returns:
         ``[source asset, sinks multi-asset, checkpoint AssetSpec]``.
@@ -71,8 +93,11 @@ def job_assets(job: Job, group_name: str | None = None) -> list:
     source_key = AssetKey(source.name)
     ckpt_key = checkpoint_asset_key(job)
 
+    default_continuous = continuous_by_default(job) if continuous is None else continuous
+
     @asset(name=source.name, group_name=group, description=f"Source of job {job.name}: {type(source).__name__}")
-    def source_asset() -> MaterializeResult:
+    def source_asset(object_store: ObjectStoreResource) -> MaterializeResult:
+        source.attach(object_store.open(), job.prefix)  # before any other call (Source.attach)
         ends = source.end_offsets()
         return MaterializeResult(metadata={
             "partitions": MetadataValue.json(source.partitions()),
@@ -90,22 +115,45 @@ def job_assets(job: Job, group_name: str | None = None) -> list:
     @multi_asset(name=f"run_{job.name}", specs=sink_specs, required_resource_keys=set(), pool=pool_name(job))
     def run_job(context: AssetExecutionContext, config: RunJobConfig, object_store: ObjectStoreResource,
                 pyspark: PySparkResource, dkv: DKVSettingsResource):
+        continuous = default_continuous if config.continuous is None else config.continuous
         # The store of the object_store resource, as the maintenance ops open it; the Spark
         # tasks receive it pickled (its configuration, credentials included), not a URI.
         runner = JobRunner(job, pyspark.spark_session, object_store.open(), dkv_options=dkv.options(),
                            # Retention and compaction are the cleanup and compaction sensors' runs.
                            retain_checkpoints=dkv.retain_checkpoints if dkv.inline_retention else None)
-        epochs = 0
-        for result in runner.epochs(max_epochs=config.max_epochs or None):
-            epochs += 1
-            stats = level_stats(runner.store, read_checkpoint(runner.store, job.prefix, result.epoch))
+        # Dagster's own reads (checkpoint shape) go through a store of their own, so the
+        # driver's request counts in each checkpoint stay the driver's.
+        stats_store = object_store.open()
+        if continuous and not source.bounded:
+            context.log.info(f"continuous run: an epoch at most every {job.trigger_interval_ms} ms while "
+                             f"{source.name} has new input, until the run is terminated")
+
+        def shape(result):  # on the epochs' thread, before the next epoch's retention
+            return level_stats(stats_store, read_checkpoint(stats_store, job.prefix, result.epoch))
+
+        def report(result, stats) -> None:
             context.log_event(AssetMaterialization(asset_key=ckpt_key, metadata=checkpoint_metadata(result, stats),
                                                    description=f"epoch {result.epoch}"))
+            # A sink that published rows is materialized now, not when the run ends: a
+            # continuous run may last days, and Dagster's freshness and automation go by this.
+            for output, sink in job.sinks.items():
+                if result.output_rows.get(output, 0) > 0:
+                    context.log_event(AssetMaterialization(
+                        asset_key=sink.name, description=f"epoch {result.epoch}",
+                        metadata={"epoch": MetadataValue.int(result.epoch),
+                                  "rows_published": MetadataValue.int(result.output_rows[output])}))
             context.log.info(
                 f"epoch {result.epoch} committed: {result.events:,} events in {result.seconds:.1f} s "
                 f"({result.events_per_second:,.0f} events/s), watermark {format_watermark(result.watermark)}")
+
+        outcome = run_epochs(runner, max_epochs=config.max_epochs or None, continuous=continuous,
+                             after_commit=shape, on_epoch=report)  # closes the runner
+        epochs = outcome.epochs
         store = runner.store
         latest = runner.latest()
+        if outcome.terminated:
+            context.log.info(f"stopped on a termination request ({', '.join(outcome.stop_signals)}) after "
+                             f"{epochs} epochs; newest checkpoint: epoch {latest.epoch if latest else 0}")
         for sink in job.sinks.values():
             table = sink.read(store, job.prefix)
             yield MaterializeResult(asset_key=sink.name, metadata={

@@ -16,10 +16,13 @@
   when one has at least ``min_small_files`` (``TableCompactionConfig``); cursor: the
   tables (Delta table id and version) it last requested a run for.
 * ``<job>_source_sensor`` compares the source's end offsets with the newest checkpoint's
-  and starts a run of the job's asset job when new input arrived (cursor: the end
-  offsets, the newest checkpoint's identity and the job's newest checkpoint event it
-  last started a run for). Off by default: the bundled flights source is a finished
-  replay.
+  and starts a run of the job's asset job when new input arrived and no run of it is in
+  progress (cursor: the end offsets, the newest checkpoint's identity and the job's
+  newest checkpoint event it last started a run for). On by default for a live source
+  whose job runs in short runs (each run processes the new input and ends); off by
+  default for a bounded source (finished data: the bundled flights replay) and for a
+  continuous job, whose one long-running run is started and terminated by hand (turned
+  on, the sensor restarts it when new input arrives and none is running).
 
 Cursors and run keys name things that never come back. A job reset (its prefix deleted)
 numbers its epochs from 1 again and recreates its Delta tables at version 0, so an epoch
@@ -179,10 +182,14 @@ def make_cleanup_sensor(job: Job):
     return cleanup_sensor
 
 
-def make_source_sensor(job: Job, asset_job):
-    """The new-input sensor of ``job``, starting runs of ``asset_job`` (see module docstring)."""
+def make_source_sensor(job: Job, asset_job, continuous: bool = False):
+    """The new-input sensor of ``job``, starting runs of ``asset_job`` (see module
+    docstring); ``continuous``: the job's runs are continuous (the sensor is then off by
+    default)."""
+    on = not job.source.bounded and not continuous
 
     @sensor(name=f"{job.name}_source_sensor", job=asset_job, minimum_interval_seconds=sensor_interval_s(),
+            default_status=DefaultSensorStatus.RUNNING if on else DefaultSensorStatus.STOPPED,
             description=f"Run {job.name}'s epochs when its source has new input")
     def source_sensor(context: SensorEvaluationContext, object_store: ObjectStoreResource):
         store = object_store.open()

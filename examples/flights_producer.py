@@ -11,10 +11,12 @@ Usage::
     python -m examples.flights_producer --bootstrap 127.0.0.1:9092 --topic flights \\
         [--rate 20000] [--scale 1] [--limit N] [--partitions 0,2]
 
-Prints one JSON line when done: ``{"produced": n, "first_tick": t, "seconds": s, "rate":
-events/s}``, with ``first_tick`` the wall clock (s since the Unix epoch) when the first
-record was handed to the client and ``seconds`` the time from then to the last
-acknowledgement (preparing the records is outside that clock).
+Prints a JSON line ``{"first_tick": t}`` when it starts producing, ``t`` the wall clock
+(s since the Unix epoch) when the first record is handed to the client (record i of the
+replay order is handed over ``i // (rate * 0.1)`` ticks of 100 ms later), and one when
+done: ``{"produced": n, "first_tick": t, "seconds": s, "rate": events/s}``, ``seconds``
+the time from the first tick to the last acknowledgement (preparing the records is
+outside that clock).
 
 ``--partitions``: produce only the records of these partitions, on the same schedule (tick
 ``k`` releases the records of ``[k r, (k + 1) r)`` of the replay order that belong to
@@ -168,8 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.create:
         create_topic(args.bootstrap, args.topic)
     first: list[float] = []
+
+    def started(t: float) -> None:
+        first.append(t)
+        print(json.dumps({"first_tick": round(t, 3)}), flush=True)
+
     n = produce(args.bootstrap, args.topic, args.rate, args.scale, args.limit,
-                log=lambda line: print(line, file=sys.stderr, flush=True), started=first.append,
+                log=lambda line: print(line, file=sys.stderr, flush=True), started=started,
                 partitions=[int(x) for x in args.partitions.split(",")] if args.partitions else None)
     seconds = time.time() - first[0]
     print(json.dumps({"produced": n, "first_tick": round(first[0], 3), "seconds": round(seconds, 3),

@@ -1,7 +1,9 @@
 """Print what the flights job produced and whether it equals the pandas oracle.
 
-Usage: ``python -m examples.flights_report [--store URI]``; the store defaults to
-``$DKVSTREAM_STORE`` or ``.dkvstream``, the store the job's Dagster assets use.
+Usage: ``python -m examples.flights_report [--store URI] [--job-name NAME]``; the store
+defaults to ``$DKVSTREAM_STORE`` or ``.dkvstream``, the store the job's Dagster assets
+use; the job name to ``flights`` (``flights_live``: the job of ``examples.flights_live``,
+same sinks).
 Exit status: 0 when the finished job's output equals the oracle (or the job has not
 finished yet), 1 when it differs or nothing was committed.
 """
@@ -28,12 +30,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--store", default=None,
                         help="object-store root (default: $DKVSTREAM_STORE or .dkvstream)")
+    parser.add_argument("--job-name", default="flights",
+                        help="the flights job's name (default flights; flights_live for examples.flights_live)")
     args = parser.parse_args(argv)
     # The Dagster resource reads $DKVSTREAM_STORE: the report reads where the run wrote.
     resource = ObjectStoreResource() if args.store is None else ObjectStoreResource(
         root_uri=args.store)
     store = resource.open()
-    job = flights_job()
+    job = flights_job(name=args.job_name)  # only its name and sinks are used
     ckpt = latest_checkpoint(store, job.prefix)
     if ckpt is None:
         print(f"no committed checkpoint of job {job.name} under {store.root_uri}")

@@ -75,6 +75,12 @@ class Source(ABC):
     def value_schema(self) -> pa.Schema:
         """Schema of the value columns of ``read``."""
 
+    def close(self) -> None:
+        """Releases what the source holds open (a Kafka consumer, connections). Called by
+        the runtime when a run ends (``JobRunner.epochs`` returns or raises) and by
+        ``JobRunner.close()``; a source must work again after it (reopening lazily), as
+        the next run of the same runner uses it. Idempotent. Default: nothing."""
+
     @abstractmethod
     def read(self, partition: str, start: int, end: int) -> pa.Table:
         """Events at offsets ``[start, end)`` of ``partition``, in offset order: one row

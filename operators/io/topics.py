@@ -70,8 +70,10 @@ class TopicSource(Source):
         value_schema: decode JSON-object values into these columns (default: one
             binary ``value`` column). A tombstone (null value) decodes to nulls.
         bounded: True: the job ends (watermark +infinity) once it has read up to the
-            end offsets; False (default): a live topic, each run reads what was
-            appended since the last one and stops when caught up.
+            end offsets; False (default): a live topic: a continuous run
+            (``JobRunner.epochs(continuous=True)``) keeps reading as records are
+            appended; any other run reads what was appended since the last one and
+            returns when caught up.
 
     ``read`` returns ``key``, ``timestamp``, the value columns, ``_offset`` and
     ``_ingest_time`` (ms; null for records the cleaner rewrote).

@@ -13,11 +13,12 @@ checkpoint exists. Layout::
             # offset last advanced, or the driver first saw it: partition idleness
             # (operators.runtime.live.idle_partitions); absent in checkpoints written
             # before idleness existed (read as {})
-        "finished": bool,                           # bounded source fully read
+        "finished": bool,                           # bounded source fully read, or drained
         "key_groups": int, "parallelism": int,
         "operators": {op_name: {range_label: dkv manifest key}},
         "outputs": {output_name: [staged object keys]},
         "metrics": {...,                            # events, tables, bytes, ...
+            "drained": true,                        # only in a drain epoch (JobRunner.stop)
             "requests": {"driver": {...}, "tasks": {...}},  # object-store requests
             # by kind and bytes since the previous commit (RequestStats.snapshot() shape)
             "live": {...}}}}                        # rates, lag, latency, watermark delay

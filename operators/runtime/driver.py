@@ -11,7 +11,8 @@ The design is in docs/design.md, "Epochs and checkpoints". Per epoch
    (``JobRunner.epochs(continuous=True)``), the driver waits for the next firing of the
    processing-time trigger and plans again; it runs an epoch without input only when
    the watermark advances (a partition became idle). ``JobRunner.stop()`` ends the run
-   between epochs.
+   between epochs; ``stop(drain=True)`` first commits a drain epoch: nothing read,
+   watermark +infinity (every timer fires), the job finished (Flink's ``stop --drain``).
 2. Read: the planned slices, bad rows screened out to the dead-letter table, each slice
    cut before its first event too far ahead of the slowest partition (watermark
    alignment, ``live.alignment_cuts``: the offsets committed end there), and the
@@ -116,7 +117,8 @@ class EpochResult:
         checkpoint_uri: URI of the job checkpoint manifest.
         events: events read this epoch.
         seconds: wall time of the epoch, s.
-        finished: True when a bounded source is fully processed.
+        finished: True when a bounded source is fully processed, or the job was drained
+            (``drained``); a finished job runs no more epochs.
         tables / table_bytes / keys: DKV tables, bytes and entries over all ranges.
         output_rows: rows published per output.
         published: object keys published this epoch.
@@ -129,6 +131,8 @@ class EpochResult:
             latency (ms) and watermark delay (ms), measured after the publish
             (``operators.runtime.live.epoch_metrics``; the checkpoint's ``metrics["live"]``
             holds the same measured at the commit).
+        drained: True for the drain epoch of ``JobRunner.stop(drain=True)`` (no events
+            read, watermark +infinity, ``finished``).
     """
 
     epoch: int
@@ -146,6 +150,7 @@ class EpochResult:
     dead_letter: dict[str, int] = field(default_factory=dict)
     recovery: dict | None = None
     live: dict = field(default_factory=dict)
+    drained: bool = False
 
     @property
     def events_per_second(self) -> float:
@@ -214,11 +219,22 @@ class JobRunner:
         self._clock = clock
         self._previous_plan_ms: int | None = None  # for the input rate (live.epoch_metrics)
         self._first_seen_ms: dict[str, int] = {}  # partitions without an activity record
+        self._ends_behind: set[str] = set()  # partitions warned of an end below the committed offset
 
     def close(self) -> None:
-        """Closes the DKV instances in-process tasks kept open; a later epoch reopens
-        them from the object store. Idempotent."""
+        """Closes the DKV instances in-process tasks kept open (a later epoch reopens
+        them from the object store) and the source (``Source.close``). Idempotent."""
         self._open_state.close_all()
+        self._close_source()
+
+    def _close_source(self) -> None:
+        """``Source.close``; a failure is logged, not raised: nothing read or committed
+        depends on it, and an error of the run it ends must stay the one reported."""
+        try:
+            self.job.source.close()
+        except Exception:  # any source's close: logged, not raised
+            log.warning("job %s: closing source %s failed", self.job.name, self.job.source.name,
+                        exc_info=True)
 
     def __enter__(self) -> JobRunner:
         return self
@@ -258,11 +274,29 @@ class JobRunner:
         parts += [p for p in source.partitions() if p not in ckpt.source_offsets]
         committed = {p: ckpt.source_offsets[p] if p in ckpt.source_offsets else source.start_offset(p)
                      for p in parts}
+        ends = source.end_offsets()
+        self._warn_ends_behind(committed, ends)
         return live.plan_epoch(
-            committed, source.end_offsets(), self._partition_max_ts(ckpt, parts),
+            committed, ends, self._partition_max_ts(ckpt, parts),
             self._active_at_ms(ckpt, parts, now_ms), now_ms=now_ms,
             events_per_epoch=self.job.events_per_epoch, bounded=source.bounded,
             idle_timeout_ms=self.job.idle_timeout_ms, max_drift_ms=self.job.max_watermark_drift_ms)
+
+    def _warn_ends_behind(self, committed: dict[str, int], ends: dict[str, int]) -> None:
+        """Logs a warning, once per partition until it recovers, when the source reports
+        an end offset below the committed one. Offsets never go backwards: such a
+        partition reads nothing until its end passes the committed offset again
+        (``live.plan_epoch`` clamps the end). Causes: a topic deleted and created again
+        under the same name starts over at 0 (the job must then be reset); a broker may
+        answer an end below what was read while a transaction is open (Tansu's
+        ListOffsets under ``read_committed``, docs/kafka.md)."""
+        behind = {p: ends[p] for p in committed if p in ends and ends[p] < committed[p]}
+        for p in sorted(behind.keys() - self._ends_behind):
+            log.warning("job %s: source %s reports end offset %d for partition %s, below the "
+                        "committed offset %d; reading nothing from it until its end passes %d "
+                        "again (a topic deleted and recreated under the same name needs a new job)",
+                        self.job.name, self.job.source.name, behind[p], p, committed[p], committed[p])
+        self._ends_behind = set(behind)
 
     @staticmethod
     def _partition_max_ts(ckpt: JobCheckpoint, parts: list[str]) -> dict[str, int]:
@@ -303,7 +337,8 @@ class JobRunner:
         (after its publish and retention).
 
         Args:
-            max_epochs: stop after this many committed epochs (None: no limit).
+            max_epochs: stop after this many committed epochs (None: no limit; a drain
+                epoch, below, is not counted).
             continuous: on a live source, do not end when it has nothing new: plan an
                 epoch each time the job's processing-time trigger fires
                 (``Job.trigger_interval_ms``, ``operators.runtime.live``) and there is
@@ -312,45 +347,78 @@ class JobRunner:
                 on ``stop()``, or on an error. A bounded source ends as without it,
                 once fully read. False: a live source with nothing new ends the run.
 
-        The run also ends after the epoch in flight once ``stop()`` was called.
-        Errors as ``run``.
+        The run also ends after the epoch in flight once ``stop()`` was called; after
+        ``stop(drain=True)`` it first commits the drain epoch (``stop``) and yields it.
+        A finished job (a bounded source fully read, or drained) runs no epoch; a
+        drained one logs a warning saying so. When the run ends, however it ends, the
+        source is closed (``Source.close``). Errors as ``run``.
         """
-        ckpt = self._restart()
-        trigger = live.ProcessingTimeTrigger(self.job.trigger_interval_ms if continuous else 0)
-        done = 0
-        while not ckpt.finished and (max_epochs is None or done < max_epochs):
-            if self._stop.wait(trigger.seconds_to_next()):
-                return
-            trigger.fire()
-            plan = self._plan(ckpt)
-            if not self.job.source.bounded and not plan.has_input:
-                if not continuous:
-                    return
-                if self._watermark(ckpt, plan, {})[0] <= ckpt.watermark:
-                    trigger.nothing_new()
-                    continue
-                # No input, but a partition went idle and the watermark advances: an
-                # epoch without events fires the timers it passes.
-            # Requests seen now are served by this epoch; the lease keeps a concurrent
-            # cleanup off the files the tasks write before the commit (operators.runtime.control).
-            flushes = pending_flush_requests(self.store, self.job.prefix)
-            lease = acquire_lease(self.store, self.job.prefix, ckpt.epoch + 1)
-            try:
-                fault_point("epoch_planned")
-                result, ckpt = self._run_epoch(ckpt, plan, flush=bool(flushes))
-            except BaseException:
-                # The epoch's own error is the one to report: with the store down,
-                # releasing the lease fails too, and the lease goes stale on its own.
-                with contextlib.suppress(Exception):
-                    release_lease(self.store, self.job.prefix, lease)
-                raise
-            fault_point("after_cleanup")
-            release_lease(self.store, self.job.prefix, lease)
-            consume_flush_requests(self.store, flushes)
-            done += 1
-            yield result
+        try:
+            ckpt = self._restart()
+            if ckpt.finished and ckpt.metrics.get("drained"):
+                log.warning(
+                    "job %s was drained at epoch %d (watermark +infinity, every window emitted) and "
+                    "is finished: it runs no more epochs and does not read what its source received "
+                    "after offsets %s. Were it to go on, every event would be late. Run the job under "
+                    "a new name to process them.", self.job.name, ckpt.epoch, ckpt.source_offsets)
+            trigger = live.ProcessingTimeTrigger(self.job.trigger_interval_ms if continuous else 0)
+            done = 0
+            while not ckpt.finished and (max_epochs is None or done < max_epochs):
+                if self._stop.wait(trigger.seconds_to_next()):
+                    break
+                trigger.fire()
+                plan = self._plan(ckpt)
+                if not self.job.source.bounded and not plan.has_input:
+                    if not continuous:
+                        break
+                    if self._watermark(ckpt, plan, {})[0] <= ckpt.watermark:
+                        trigger.nothing_new()
+                        continue
+                    # No input, but a partition went idle and the watermark advances: an
+                    # epoch without events fires the timers it passes.
+                result, ckpt = self._run_leased(ckpt, plan)
+                done += 1
+                yield result
+            if self._stop.requested and self._stop.drain and not ckpt.finished:
+                result, ckpt = self._run_leased(ckpt, self._drain_plan(ckpt), drain=True)
+                yield result
+        finally:
+            self._close_source()
 
-    def stop(self) -> None:
+    def _run_leased(self, ckpt: JobCheckpoint, plan: live.EpochPlan,
+                    drain: bool = False) -> tuple[EpochResult, JobCheckpoint]:
+        """``_run_epoch`` under the epoch's lease, serving the pending flush requests."""
+        # Requests seen now are served by this epoch; the lease keeps a concurrent
+        # cleanup off the files the tasks write before the commit (operators.runtime.control).
+        flushes = pending_flush_requests(self.store, self.job.prefix)
+        lease = acquire_lease(self.store, self.job.prefix, ckpt.epoch + 1)
+        try:
+            fault_point("epoch_planned")
+            result, ckpt = self._run_epoch(ckpt, plan, flush=bool(flushes), drain=drain)
+        except BaseException:
+            # The epoch's own error is the one to report: with the store down,
+            # releasing the lease fails too, and the lease goes stale on its own.
+            with contextlib.suppress(Exception):
+                release_lease(self.store, self.job.prefix, lease)
+            raise
+        fault_point("after_cleanup")
+        release_lease(self.store, self.job.prefix, lease)
+        consume_flush_requests(self.store, flushes)
+        return result, ckpt
+
+    def _drain_plan(self, ckpt: JobCheckpoint) -> live.EpochPlan:
+        """The drain epoch's plan: nothing read (each partition's range is empty at its
+        committed offset); the ends are asked for, so its lag metric tells what the
+        drained job leaves unread."""
+        plan = self._plan(ckpt)
+        unread = {p: plan.ends[p] - start for p, (start, _) in plan.offsets.items() if plan.ends[p] > start}
+        if unread:
+            log.warning("job %s: draining leaves unread the events after the committed offsets "
+                        "(per partition: %s); a restart of the drained job does not read them",
+                        self.job.name, unread)
+        return dataclasses.replace(plan, offsets={p: (start, start) for p, (start, _) in plan.offsets.items()})
+
+    def stop(self, drain: bool = False) -> None:
         """Asks a run (``epochs``/``run``, continuous or not) to stop: an epoch in
         flight finishes (commit, publish, retention) and is yielded, then the run
         returns normally; a run waiting for its trigger returns at once without
@@ -358,8 +426,24 @@ class JobRunner:
         whole or was not started. Safe to call from any thread and from a signal
         handler (``operators.tools.run_job --continuous`` calls it on SIGTERM/SIGINT);
         idempotent. A stopped runner stays stopped: later ``epochs`` calls return
-        without running an epoch."""
-        self._stop.request()
+        without running an epoch (but for a drain asked for and not yet done).
+
+        Args:
+            drain: Flink's ``stop --drain``: before returning, the run commits one more
+                epoch that reads nothing and whose watermark is +infinity
+                (``WATERMARK_MAX``), so every event-time timer fires and every window
+                still open is emitted; its checkpoint has ``finished=True`` and
+                ``metrics["drained"]=True`` and its ``EpochResult.drained`` is True.
+                A drained job is finished for good, as one whose bounded source was
+                fully read: a restart runs no epoch (and logs a warning), and events the
+                source received after the last offsets read are never read by it (had
+                it gone on, its watermark of +infinity would make every one of them
+                late; Flink's documentation likewise says to drain only to terminate a
+                job permanently, as a drained job resumed later may give incorrect
+                results). Drain to end a job for good and have its last windows; stop
+                without draining to restart it later.
+        """
+        self._stop.request(drain)
 
     def _restart(self) -> JobCheckpoint:
         """The checkpoint to continue from (``operators.runtime.recovery``), its commit
@@ -487,14 +571,18 @@ class JobRunner:
         return (live.watermark(ckpt.watermark, part_max, inputs, self.job.max_out_of_orderness_ms),
                 part_max, False)
 
-    def _run_epoch(self, ckpt: JobCheckpoint, plan: live.EpochPlan,
-                   flush: bool = False) -> tuple[EpochResult, JobCheckpoint]:
-        """Runs, commits, publishes and retains epoch ``ckpt.epoch + 1`` (module docstring)."""
+    def _run_epoch(self, ckpt: JobCheckpoint, plan: live.EpochPlan, flush: bool = False,
+                   drain: bool = False) -> tuple[EpochResult, JobCheckpoint]:
+        """Runs, commits, publishes and retains epoch ``ckpt.epoch + 1`` (module docstring);
+        ``drain``: the drain epoch (``stop``), whose ``plan`` reads nothing, at watermark
+        +infinity, finished."""
         started = time.perf_counter()
         epoch = ckpt.epoch + 1
         events, max_ts = self._read_events(plan.offsets, epoch)
         events, max_ts, plan = self._align(ckpt, plan, events, max_ts)
         watermark, part_max, finished = self._watermark(ckpt, plan, max_ts)
+        if drain:
+            watermark, finished = WATERMARK_MAX, True
         results = self._run_stages(ckpt, epoch, events, watermark, flush)
         self.failpoint("after_tasks", epoch)
         fault_point("after_tasks")
@@ -508,6 +596,8 @@ class JobRunner:
             previous_plan_ms=self._previous_plan_ms)
         metrics = self._metrics(events, results, flush)
         metrics["live"] = live_metrics(now_ms=self._now_ms())  # at the commit
+        if drain:
+            metrics["drained"] = True
         active_at = self._active_at_ms(ckpt, list(plan.offsets), plan.planned_at_ms)
         new = JobCheckpoint(
             job=self.job.name, epoch=epoch, watermark=watermark,
@@ -537,7 +627,7 @@ class JobRunner:
             finished=finished, tables=metrics["tables"], table_bytes=metrics["table_bytes"],
             keys=metrics["keys"], output_rows=metrics["output_rows"], published=published,
             dead_letter=metrics["dead_letter"], recovery=metrics.get("recovery"),
-            live=published_live,
+            live=published_live, drained=drain,
         ), new
 
     def _run_stages(self, ckpt: JobCheckpoint, epoch: int, events: pa.Table, watermark: int,

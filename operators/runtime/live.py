@@ -85,17 +85,27 @@ class StopRequest:
 
     def __init__(self) -> None:
         self._requested = False
+        self._drain = False
         self._wakeups: queue.SimpleQueue[bool] = queue.SimpleQueue()
 
-    def request(self) -> None:
-        """Asks the run to stop (idempotent; a stopped run stays stopped)."""
-        self._requested = True  # a plain store: atomic, safe in a signal handler
+    def request(self, drain: bool = False) -> None:
+        """Asks the run to stop (idempotent; a stopped run stays stopped); ``drain``:
+        with a final epoch at watermark +infinity (``JobRunner.stop``). A drain asked for
+        once stays asked for, whatever later requests say."""
+        if drain:
+            self._drain = True  # before _requested: a run that sees the stop sees the drain
+        self._requested = True  # plain stores: atomic, safe in a signal handler
         self._wakeups.put(True)
 
     @property
     def requested(self) -> bool:
         """True once ``request`` was called."""
         return self._requested
+
+    @property
+    def drain(self) -> bool:
+        """True once ``request(drain=True)`` was called."""
+        return self._drain
 
     def wait(self, seconds: float) -> bool:
         """Blocks up to ``seconds`` or until a stop is requested.

@@ -12,17 +12,23 @@ On a cluster the executors get the S3 endpoint and credentials of this process's
 environment through the Spark configuration (``operators.spark.session.executor_env_conf``).
 Prints one JSON object per line to stdout: ``{"event": "started", "app_id", "ui"}``
 once the Spark session is up, then ``{"event": "committed", "epoch", "events",
-"seconds", "finished", "parallelism", "requests", "watermark", "live"}`` per committed
-epoch (``requests``: the checkpoint's object-store request counts, ``{"driver": {...},
-"tasks": {...}}``; ``watermark``: ms; ``live``: input and processing rates, lag, end-to-end
-latency and watermark delay, ``EpochResult.live``).
+"seconds", "finished", "drained", "parallelism", "requests", "watermark",
+"source_offsets", "live"}`` per committed epoch (``requests``: the checkpoint's
+object-store request counts, ``{"driver": {...}, "tasks": {...}}``; ``watermark``: ms;
+``source_offsets``: the next offset per source partition; ``live``: input and processing
+rates, lag, end-to-end latency and watermark delay, ``EpochResult.live``).
+
+``--dkv FIELD=VALUE`` (repeatable) sets a ``storage.dkv.DKVOptions`` field of every
+task's state, e.g. ``--dkv wal_flush_bytes=1048576``.
 
 ``--continuous`` keeps a job on a live source running (``JobRunner.epochs(continuous=True)``,
 docs/continuous-jobs.md): SIGTERM or SIGINT asks it to stop after the epoch in flight
-(``JobRunner.stop()``), prints ``{"event": "stopped", "epoch"}`` (the newest committed
-epoch, 0 if none) and exits 0; a second signal exits at once with 128 + the signal
-number, like an uncaught SIGTERM (a restart continues from the newest checkpoint, as
-after any crash).
+(``JobRunner.stop()``), prints ``{"event": "stopped", "epoch", "drained"}`` (the newest
+committed epoch, 0 if none; whether the job is drained, finished for good) and exits 0; a second signal exits at once with 128 + the
+signal number, like an uncaught SIGTERM (a restart continues from the newest checkpoint,
+as after any crash). With ``--drain-on-stop`` the first signal stops with a drain
+(``JobRunner.stop(drain=True)``, Flink's ``stop --drain``): one more epoch at watermark
++infinity emits every open window, and the job is finished for good.
 """
 from __future__ import annotations
 
@@ -36,6 +42,7 @@ import sys
 from operators.runtime.checkpoints import read_checkpoint
 from operators.runtime.driver import JobRunner
 from operators.tools.state_reader import load_job
+from storage.dkv import DKVOptions
 
 
 def _print(record: dict) -> None:
@@ -61,9 +68,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-epochs", type=int, help="stop after this many committed epochs (default: to the end)")
     p.add_argument("--continuous", action="store_true",
                    help="on a live source, keep running until SIGTERM/SIGINT (default: stop when caught up)")
+    p.add_argument("--drain-on-stop", action="store_true",
+                   help="with --continuous: on SIGTERM/SIGINT, drain (emit every open window, finish the "
+                        "job for good) before exiting")
     p.add_argument("--retain-checkpoints", type=int, default=10, help="0 keeps every checkpoint")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting (repeatable)")
+    p.add_argument("--dkv", action="append", default=[], metavar="FIELD=VALUE",
+                   help="a DKV option of every task's state (storage.dkv.DKVOptions field, e.g. "
+                        "wal_flush_bytes=1048576; repeatable)")
     a = p.parse_args(argv)
+    if a.drain_on_stop and not a.continuous:
+        p.error("--drain-on-stop needs --continuous (without it the run ends when caught up)")
+    dkv_options = _dkv_options(p, a.dkv)
 
     job = load_job(a.job)
     changes = {k: v for k, v in (("parallelism", a.parallelism), ("events_per_epoch", a.events_per_epoch))
@@ -82,28 +98,49 @@ def main(argv: list[str] | None = None) -> int:
         _print({"event": "started", "app_id": spark.sparkContext.applicationId,
                 "ui": spark.sparkContext.uiWebUrl, "master": spark.sparkContext.master})
     try:
-        with JobRunner(job, spark, a.store, retain_checkpoints=a.retain_checkpoints or None) as runner:
+        with JobRunner(job, spark, a.store, retain_checkpoints=a.retain_checkpoints or None,
+                       dkv_options=dkv_options) as runner:
             if a.continuous:
-                _stop_on_signals(runner)
-            last = 0
+                _stop_on_signals(runner, drain=a.drain_on_stop)
             for result in runner.epochs(a.max_epochs, continuous=a.continuous):
                 requests = read_checkpoint(runner.store, job.prefix, result.epoch).metrics["requests"]
                 _print({"event": "committed", "epoch": result.epoch, "events": result.events,
                         "seconds": round(result.seconds, 3), "finished": result.finished,
-                        "parallelism": job.parallelism, "requests": requests,
-                        "watermark": result.watermark, "live": result.live})
-                last = result.epoch
+                        "drained": result.drained, "parallelism": job.parallelism,
+                        "requests": requests, "watermark": result.watermark,
+                        "source_offsets": result.source_offsets, "live": result.live})
             if a.continuous:
-                _print({"event": "stopped", "epoch": last or _newest_epoch(runner)})
+                newest = runner.latest()
+                _print({"event": "stopped", "epoch": newest.epoch if newest else 0,
+                        "drained": bool(newest and newest.metrics.get("drained"))})
     finally:
         if spark is not None:
             spark.stop()
     return 0
 
 
-def _stop_on_signals(runner: JobRunner) -> None:
-    """SIGTERM/SIGINT: the first asks ``runner`` to stop after the epoch in flight, the
-    second exits at once (Spark's and Flink's command lines do the same)."""
+def _dkv_options(parser: argparse.ArgumentParser, settings: list[str]) -> DKVOptions | None:
+    """``DKVOptions`` from ``FIELD=VALUE`` strings (None: none given, the defaults); an
+    unknown field or a value of the wrong type exits with a usage error naming it."""
+    if not settings:
+        return None
+    fields = {f.name: f.type for f in dataclasses.fields(DKVOptions)}
+    values = {}
+    for kv in settings:
+        name, sep, value = kv.partition("=")
+        if not sep or name not in fields:
+            parser.error(f"--dkv {kv!r}: expected FIELD=VALUE with FIELD one of {sorted(fields)}")
+        try:
+            values[name] = float(value) if fields[name] in (float, "float") else int(value)
+        except ValueError:
+            parser.error(f"--dkv {kv!r}: {name} takes {'a number' if fields[name] in (float, 'float') else 'an integer'}")
+    return DKVOptions(**values)
+
+
+def _stop_on_signals(runner: JobRunner, drain: bool = False) -> None:
+    """SIGTERM/SIGINT: the first asks ``runner`` to stop after the epoch in flight (with
+    ``drain``: and to drain, ``JobRunner.stop(drain=True)``), the second exits at once
+    (Spark's and Flink's command lines do the same)."""
     received = []
 
     def handle(signum, frame) -> None:
@@ -111,18 +148,13 @@ def _stop_on_signals(runner: JobRunner) -> None:
             os._exit(128 + signum)  # no cleanup: a restart recovers as after a crash
         received.append(signum)
         # os.write, not print: a handler may interrupt a print to the same stream.
+        then = "draining: every open window is emitted, " if drain else ""
         os.write(2, f"run_job: {signal.Signals(signum).name}: stopping after the epoch in "
-                    f"flight (send it again to exit at once)\n".encode())
-        runner.stop()
+                    f"flight ({then}send it again to exit at once)\n".encode())
+        runner.stop(drain=drain)
 
     signal.signal(signal.SIGTERM, handle)
     signal.signal(signal.SIGINT, handle)
-
-
-def _newest_epoch(runner: JobRunner) -> int:
-    """The newest committed epoch of the runner's job (0: none)."""
-    ckpt = runner.latest()
-    return ckpt.epoch if ckpt else 0
 
 
 if __name__ == "__main__":

@@ -8,6 +8,12 @@ checkpoint's files all exist and verify (the cleanup raced the running job), the
 of checkpoint materializations equals the epochs run. The screenshot goes to the test's
 temporary directory, or with ``DKVSTREAM_UPDATE_DOCS=1`` to
 ``docs/dagster-checkpoint-asset.png`` (the README's picture).
+
+A second ``dagster dev`` serves a live job (``tests.assets.live_definitions``, no
+Spark): its continuous run is terminated through the GraphQL API, as the UI's
+"Terminate" does, after 2 committed epochs. Oracles: the run ends SUCCESS, the epochs
+Dagster recorded are 1..n with n the store's newest checkpoint, and no epoch lease is
+left (nothing was in flight when the run ended).
 """
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ import signal
 import socket
 import subprocess
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -64,23 +71,18 @@ class Dagster:
         raise AssertionError(f"no {job} run reached {done} within {timeout_s} s: {self.runs(job)}")
 
 
-@pytest.fixture(scope="module")
-def dagster_dev(tmp_path_factory):
-    home = tmp_path_factory.mktemp("dagster_home")
-    # The repository's instance settings, storage moved into the temporary home.
+@contextmanager
+def _dagster_dev(home: Path, workspace: Path, env: dict[str, str]):
+    """``dagster dev`` on a free loopback port with ``workspace``, DAGSTER_HOME ``home``
+    (the repository's ``dagster.yaml``, storage moved into ``home``) and ``env`` added
+    to the environment; yields a ``Dagster`` client once the webserver answers."""
     (home / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text().replace(".dagster_home", str(home)))
-    store = home / "store"
     port = _free_port()
-    env = {**os.environ, "DAGSTER_HOME": str(home), "DKVSTREAM_STORE": str(store),
-           "DKVSTREAM_EVENTS_PER_EPOCH": "25000", "DKVSTREAM_SENSOR_INTERVAL_S": "5",
-           # Small memtables make level-0 tables pile up within a few epochs, and a short
-           # retention makes the cleanup sensor fire while the job still runs.
-           "DKVSTREAM_DKV_MEMTABLE_BYTES": str(256 << 10), "DKVSTREAM_DKV_RETAIN_CHECKPOINTS": "3",
-           "SPARK_CONF_DIR": str(ROOT / "platform" / "conf"), "PYSPARK_PYTHON": str(ROOT / ".venv" / "bin" / "python")}
-    log = open(home / "dagster-dev.log", "w")
-    proc = subprocess.Popen([str(ROOT / ".venv" / "bin" / "dagster"), "dev", "-w", "workspace.yaml",
+    log = open(home / "dagster-dev.log", "w")  # noqa: SIM115 - the process writes it until the finally
+    proc = subprocess.Popen([str(ROOT / ".venv" / "bin" / "dagster"), "dev", "-w", str(workspace),
                              "-h", "127.0.0.1", "-p", str(port)],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                            cwd=ROOT, env={**os.environ, "DAGSTER_HOME": str(home), **env}, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -93,7 +95,7 @@ def dagster_dev(tmp_path_factory):
                 pass
             assert time.monotonic() < deadline, "dagster dev did not come up in 120 s"
             time.sleep(1)
-        yield Dagster(base), store
+        yield Dagster(base)
     finally:
         os.killpg(proc.pid, signal.SIGINT)  # the process group this fixture started; dagster dev's Ctrl-C
         try:
@@ -105,6 +107,20 @@ def dagster_dev(tmp_path_factory):
         except ProcessLookupError:
             pass
         log.close()
+
+
+@pytest.fixture(scope="module")
+def dagster_dev(tmp_path_factory):
+    home = tmp_path_factory.mktemp("dagster_home")
+    store = home / "store"
+    env = {"DKVSTREAM_STORE": str(store),
+           "DKVSTREAM_EVENTS_PER_EPOCH": "25000", "DKVSTREAM_SENSOR_INTERVAL_S": "5",
+           # Small memtables make level-0 tables pile up within a few epochs, and a short
+           # retention makes the cleanup sensor fire while the job still runs.
+           "DKVSTREAM_DKV_MEMTABLE_BYTES": str(256 << 10), "DKVSTREAM_DKV_RETAIN_CHECKPOINTS": "3",
+           "SPARK_CONF_DIR": str(ROOT / "platform" / "conf"), "PYSPARK_PYTHON": str(ROOT / ".venv" / "bin" / "python")}
+    with _dagster_dev(home, ROOT / "workspace.yaml", env) as dagster:
+        yield dagster, store
 
 
 def test_dagster_dev_runs_flights_and_sensors_compact_and_clean_up(dagster_dev, tmp_path) -> None:
@@ -179,3 +195,53 @@ def _screenshot(base: str, path: Path) -> None:
         finally:
             browser.close()
     assert path.stat().st_size > 10_000
+
+
+def test_dagster_dev_terminating_a_continuous_run_stops_it_at_a_checkpoint(tmp_path) -> None:
+    from dagster_graphql import DagsterGraphQLClient
+
+    from operators.runtime.checkpoints import latest_checkpoint
+    from operators.runtime.control import read_lease
+    from storage.objectstore import open_object_store
+    from tests.assets.live_job import NAME, PREFIX
+
+    workspace = tmp_path / "workspace.yaml"
+    workspace.write_text("load_from:\n  - python_module:\n      module_name: tests.assets.live_definitions\n"
+                         f"      working_directory: {ROOT}\n")
+    store_root = tmp_path / "store"
+    with _dagster_dev(tmp_path, workspace, {"DKVSTREAM_STORE": str(store_root)}) as dagster:
+        port = int(dagster.base.rsplit(":", 1)[1])
+        run_id = DagsterGraphQLClient("127.0.0.1", port_number=port).submit_job_execution(NAME)
+
+        def recorded() -> list[int]:
+            data = dagster.query("""query($key: [String!]!) { assetOrError(assetKey: {path: $key}) {
+                ... on Asset { assetMaterializations(limit: 100) { runId metadataEntries {
+                    label ... on IntMetadataEntry { intValue } } } } } }""", {"key": [f"{NAME}_checkpoint"]})
+            return sorted(e["intValue"] for m in data["assetOrError"]["assetMaterializations"]
+                          if m["runId"] == run_id for e in m["metadataEntries"] if e["label"] == "epoch")
+
+        def status() -> str:
+            return dagster.query("""query($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }""",
+                                 {"id": run_id})["runOrError"]["status"]
+
+        deadline = time.monotonic() + 180
+        while len(recorded()) < 2:
+            assert status() in ("QUEUED", "NOT_STARTED", "STARTING", "STARTED"), status()
+            assert time.monotonic() < deadline, "no 2 epochs within 180 s"
+            time.sleep(0.5)
+        data = dagster.query("""mutation($id: String!) { terminateRun(runId: $id) { __typename } }""",
+                             {"id": run_id})
+        assert data["terminateRun"]["__typename"] == "TerminateRunSuccess"
+        while status() not in ("SUCCESS", "FAILURE", "CANCELED"):
+            assert time.monotonic() < deadline, f"run still {status()} after the termination"
+            time.sleep(0.5)
+        assert status() == "SUCCESS"
+        epochs = recorded()
+        store = open_object_store(str(store_root))
+        assert epochs == list(range(1, len(epochs) + 1)) and epochs[-1] == latest_checkpoint(store, PREFIX).epoch
+        assert read_lease(store, PREFIX) is None
+        data = dagster.query("""query($key: [String!]!) { assetOrError(assetKey: {path: $key}) {
+            ... on Asset { assetMaterializations(limit: 1) { metadataEntries { label } } } } }""",
+                             {"key": [f"{NAME}_checkpoint"]})
+        labels = {e["label"] for e in data["assetOrError"]["assetMaterializations"][0]["metadataEntries"]}
+        assert {"lag_events", "lag_ms_max", "processing_rate", "watermark_delay_ms"} <= labels

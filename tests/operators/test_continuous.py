@@ -210,7 +210,7 @@ def test_run_job_continuous_stops_cleanly_on_sigterm(tmp_path) -> None:
     committed = [r["epoch"] for r in lines if r["event"] == "committed"]
     assert all(set(r["live"]["lag_events"]) == {"p0", "p1"} for r in lines if r["event"] == "committed")
     assert committed == list(range(1, len(committed) + 1))
-    assert lines[-1] == {"event": "stopped", "epoch": committed[-1]}
+    assert lines[-1] == {"event": "stopped", "epoch": committed[-1], "drained": False}
     assert "SIGTERM" in err
     runner = JobRunner(live_sources.job(visible), None, root)
     assert runner.latest().epoch == committed[-1]
