@@ -43,8 +43,9 @@ the input within 2 s of the producers' end (``drain s`` <= 2: the lag at the end
 most 2 s of input). An engine's highest sustained rate is the largest offered rate it
 sustained.
 
-dkvstream's job (``flights_kafka_job``): ``examples/flights.py``'s vectorised form on a
-``KafkaSource`` (JSON values, record key and timestamp), 1-s trigger, continuous run,
+dkvstream's job: ``examples.flights_live.flights_kafka_job``, the vectorised form of
+``examples/flights.py``'s job on a ``KafkaSource`` (JSON values, record key and
+timestamp), 1-s trigger, continuous run,
 local[2] (``--in-process`` form: ``JobRunner(job, None)``). Spark's Python workers are
 started before the producers (one trivial job), as the peers' start-up (Quix's group
 join) is outside their clocks too. The peers: ``quix_flights.py`` (exactly-once) and
@@ -62,7 +63,6 @@ load average and what each clock covers. ``--plot PATH``: lag over time per live
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shutil
@@ -109,40 +109,25 @@ CLOCKS = (
 
 
 # ------------------------------------------------------------- dkvstream's job
-def flights_value_schema() -> pa.Schema:
-    """The JSON value of a flights record (``examples/flights_producer.py``) as columns:
-    ``examples.flights.EVENT_COLUMNS``, integers int64, the rest strings."""
-    from examples.flights import EVENT_COLUMNS
-
-    strings = {"carrier", "origin", "dest"}
-    return pa.schema([pa.field(c, pa.string() if c in strings else pa.int64()) for c in EVENT_COLUMNS])
-
-
 def flights_kafka_job(bootstrap: str, topic: str, *, events_per_epoch: int = 1_000_000,
-                      trigger_interval_ms: int = 1_000, parallelism: int = 2, name: str = "flights_live"):
-    """``examples/flights.py``'s job (vectorised operator, one-day watermark alignment)
-    reading the flights topic live: ``KafkaSource`` with JSON values
-    (``flights_value_schema``), the record key (``origin-dest``) as the event key and the
-    record timestamp (scheduled departure, ms) as the event time.
+                      trigger_interval_ms: int = 1_000, name: str = "flights_live"):
+    """``examples.flights_live.flights_kafka_job`` (the flights job on a ``KafkaSource``,
+    one-day watermark alignment, 10-s idleness) in its vectorised form, local[2]'s 2 tasks.
 
     Args:
-        bootstrap: Kafka bootstrap servers, ``host:port``.
-        topic: the flights topic (3 partitions).
+        bootstrap, topic: the flights topic (3 partitions).
         events_per_epoch: the most events an epoch reads (a continuous run that fell
             behind catches up in epochs of this size).
         trigger_interval_ms: the processing-time trigger, ms.
-        parallelism: tasks per operator (2: local[2]'s cores).
         name: job name (its object-store prefix).
 
     Returns:
         ``operators.api.job.Job``.
     """
-    from examples.flights import flights_job
-    from operators.io.kafka import KafkaSource
+    from examples.flights_live import flights_kafka_job as job
 
-    job = flights_job(events_per_epoch=events_per_epoch, parallelism=parallelism, name=name, batch=True)
-    return dataclasses.replace(job, source=KafkaSource(bootstrap, topic, value_schema=flights_value_schema()),
-                               trigger_interval_ms=trigger_interval_ms)
+    return job(bootstrap, topic, name=name, events_per_epoch=events_per_epoch, parallelism=2,
+               trigger_interval_ms=trigger_interval_ms, batch=True)
 
 
 def run_dkvstream(bootstrap: str, topic: str, progress: Progress, spark, work_dir: str, *,
