@@ -11,7 +11,7 @@ After every epoch the compaction and cleanup sensors are evaluated with Dagster'
 is stopped at one third and two thirds of the run, from another thread, at whatever the
 job or maintenance is doing, and started again 2 s after the stop ended; an iteration
 that fails in such an outage is retried (any other failure fails the test). At the end
-the source is closed, the job runs to its end and a last cleanup runs, both without
+the source's input ends, the job runs to its end and a last cleanup runs, both without
 retries; then:
 
 * the output equals the pandas oracle over every event the source produced, exactly;
@@ -70,7 +70,8 @@ DKV = DKVSettingsResource(memtable_bytes=16 << 10, l0_compaction_trigger=3, size
 
 class GrowingSource(SyntheticSource):
     """``SyntheticSource`` whose partitions grow at ``rate`` events/s from construction
-    until ``close()``; unbounded until then."""
+    until ``end_input()``; unbounded until then (not ``close()``: the runtime calls
+    ``Source.close()`` at the end of every run to release a source's clients)."""
 
     def __init__(self, rate: float, capacity: int, **kw) -> None:
         super().__init__(capacity, 500, **kw)
@@ -84,7 +85,7 @@ class GrowingSource(SyntheticSource):
         n = self.limit if self.limit is not None else int((time.monotonic() - self.started) * self.rate)
         return {p: min(n, self.events) for p in self.partitions()}
 
-    def close(self) -> None:
+    def end_input(self) -> None:
         """Stops the growth: the events produced so far are all there is."""
         self.limit = min(self.events, int((time.monotonic() - self.started) * self.rate))
 
@@ -251,7 +252,7 @@ def test_soak_with_sensors_and_s3_restarts(s3_server, s3_store) -> None:
             t.join()
         start_again_if_down(seconds)
     assert len(outages) == 2 and all(o.restarted for o in outages), outages
-    source.close()
+    source.end_input()
     # The server is up: the rest of the job and the last cleanup must succeed at once.
     runner = JobRunner(job, None, uri, dkv_options=DKV.options(), retain_checkpoints=None)
     runner.run()
