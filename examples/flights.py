@@ -149,17 +149,23 @@ def flights_job(scale: int = 1, events_per_epoch: int = 50_000, parallelism: int
             it, equal shares of events per airport let LGA (fewer flights a day) run weeks
             ahead, and its flights wait in state for the watermark; the output is the same.
     """
+    return route_delays_job(FlightsSource(scale), name=name, batch=batch, key_groups=key_groups,
+                            parallelism=parallelism, events_per_epoch=events_per_epoch,
+                            max_watermark_drift_ms=max_watermark_drift_ms)
+
+
+def route_delays_job(source: Source, *, name: str, batch: bool, **settings) -> Job:
+    """The route-delays job on ``source`` (the replay or a live topic): the operator, its
+    two Parquet sinks and the 1-hour watermark bound; ``settings`` are further ``Job``
+    fields (parallelism, epoch size, alignment, trigger, idleness)."""
     return Job(
         name=name,
-        source=FlightsSource(scale),
+        source=source,
         operators=[RouteDailyDelaysBatch() if batch else RouteDailyDelays()],
         sinks={"main": ParquetSink("route_daily_delays", OUTPUT_SCHEMA),
                "late": ParquetSink("route_daily_delays_late", LATE_SCHEMA)},
-        key_groups=key_groups,
-        parallelism=parallelism,
-        events_per_epoch=events_per_epoch,
         max_out_of_orderness_ms=HOUR_MS,
-        max_watermark_drift_ms=max_watermark_drift_ms,
+        **settings,
     )
 
 

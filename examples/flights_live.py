@@ -25,19 +25,12 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from examples.flights import (
-    HOUR_MS,
-    LATE_SCHEMA,
-    OUTPUT_SCHEMA,
-    RouteDailyDelays,
-    RouteDailyDelaysBatch,
-)
+from examples.flights import route_delays_job
 from examples.flights_data import DAY_MS, ORIGINS
 from examples.flights_producer import TICK_S, replay_order
 from operators.api.job import Job
 from operators.api.operator import WATERMARK_MAX, WATERMARK_MIN
 from operators.io.kafka import KafkaSource
-from operators.io.sinks import ParquetSink
 
 # The value columns, as examples.flights.FlightsSource reads them from the CSV (a test
 # checks they agree): the producer writes integers as JSON integers, null when missing.
@@ -76,20 +69,9 @@ def flights_kafka_job(bootstrap: str, topic: str = "flights", *, name: str = "fl
         The ``Job`` (``bounded=False`` source: run it continuously, stop it with a drain).
     """
     source = KafkaSource(bootstrap, topic, value_format="json", value_schema=VALUE_SCHEMA, bounded=False)
-    return Job(
-        name=name,
-        source=source,
-        operators=[RouteDailyDelaysBatch() if batch else RouteDailyDelays()],
-        sinks={"main": ParquetSink("route_daily_delays", OUTPUT_SCHEMA),
-               "late": ParquetSink("route_daily_delays_late", LATE_SCHEMA)},
-        key_groups=key_groups,
-        parallelism=parallelism,
-        events_per_epoch=events_per_epoch,
-        max_out_of_orderness_ms=HOUR_MS,
-        max_watermark_drift_ms=DAY_MS,
-        trigger_interval_ms=trigger_interval_ms,
-        idle_timeout_ms=idle_timeout_ms,
-    )
+    return route_delays_job(source, name=name, batch=batch, key_groups=key_groups, parallelism=parallelism,
+                            events_per_epoch=events_per_epoch, max_watermark_drift_ms=DAY_MS,
+                            trigger_interval_ms=trigger_interval_ms, idle_timeout_ms=idle_timeout_ms)
 
 
 def flights_live_job() -> Job:

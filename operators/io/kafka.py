@@ -57,11 +57,10 @@ from operators.io.sources import (
     TIMESTAMP_COLUMN,
     Source,
 )
-from operators.io.topics import columns_of_rows, decode_json_values
+from operators.io.topics import VALUE_COLUMN, columns_of_rows, decode_json_values
 from operators.paths import range_label_of
 from storage.objectstore import ObjectStore
 
-VALUE_COLUMN = "value"
 VALUE_FORMATS = ("json", "bytes", "utf8")
 EPOCH_HEADER = "dkvstream-epoch"
 RANGE_HEADER = "dkvstream-range"
