@@ -12,6 +12,14 @@ Atomicity:
   wins, and the winner's file is complete the instant it becomes visible. The temp file is
   unlinked afterwards in every case.
 
+* ``copy`` hard-links the source to a temp name in the target directory and renames it
+  over the key (a byte copy where the filesystem has no hard links): no bytes move, and
+  the result is atomic as ``put``'s. Sharing the inode is safe because no write ever
+  changes a file in place (``put`` renames a new file over the name).
+* ``delete_many`` unlinks the keys one by one and counts one ``DELETE`` per batch of
+  ``DELETE_BATCH`` keys, the requests S3's ``DeleteObjects`` would make, so request
+  counts measured on a directory match a bucket's.
+
 Temp files start with ``.tmp-`` and are never returned by ``list``; a writer killed
 between the write and the rename leaves one, which ``remove_abandoned_writes`` (called by
 the job's cleanup) deletes once it is old.
@@ -25,6 +33,7 @@ the interface allows for immutable objects.
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 import uuid
@@ -32,7 +41,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from storage.errors import ObjectExistsError, ObjectNotFoundError
-from storage.objectstore import ObjectStore
+from storage.objectstore import DELETE_BATCH, ObjectStore
 
 TMP_PREFIX = ".tmp-"
 MAX_OPEN_FILES = 256  # per store instance, for get_range_immutable
@@ -255,8 +264,37 @@ class LocalObjectStore(ObjectStore):
 
     def delete(self, key: str) -> None:
         self.stats.record("DELETE")
+        self._unlink(key)
+
+    def _unlink(self, key: str) -> None:
         self._forget_fd(key)
         try:
             self._path(key).unlink()
         except FileNotFoundError:
             pass
+
+    def delete_many(self, keys: list[str]) -> None:
+        for start in range(0, len(keys), DELETE_BATCH):
+            self.stats.record("DELETE")  # one request per batch, as S3's DeleteObjects
+            for key in keys[start:start + DELETE_BATCH]:
+                self._unlink(key)
+
+    def copy(self, src_key: str, dst_key: str) -> None:
+        src, dst = self._path(src_key), self._path(dst_key)
+        self.stats.record("COPY")
+        if not src.is_file():
+            raise ObjectNotFoundError(f"object not found: {self.uri(src_key)}")
+        self._forget_fd(dst_key)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.parent / f"{TMP_PREFIX}{uuid.uuid4().hex}-{dst.name}"
+        try:
+            try:
+                os.link(src, tmp)
+            except FileNotFoundError:
+                raise ObjectNotFoundError(f"object not found: {self.uri(src_key)}") from None
+            except OSError:  # no hard links on this filesystem: copy the bytes
+                shutil.copyfile(src, tmp)
+            os.replace(tmp, dst)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise

@@ -18,6 +18,9 @@ operation           S3 request                                                  
 ``size/exists``     ``HeadObject``                                               HEAD
 ``list``            ``ListObjectsV2`` pages of ``list_page_size`` keys            LIST per page
 ``delete``          ``DeleteObject`` (idempotent)                                DELETE
+``delete_many``     ``DeleteObjects`` per ``DELETE_BATCH`` (1,000) keys          DELETE per
+                    (quiet mode: only failures are answered)                     batch
+``copy``            ``CopyObject`` (server-side, up to 5 GiB; atomic)            COPY
 ==================  ==========================================================  =========
 
 ``remove_abandoned_writes`` lists multipart uploads (LIST per page) and aborts the old
@@ -51,7 +54,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from storage.errors import ObjectExistsError, ObjectNotFoundError, StorageError
-from storage.objectstore import ObjectStore
+from storage.objectstore import DELETE_BATCH, ObjectStore
 
 DEFAULT_REGION = "us-east-1"
 DEFAULT_MAX_ATTEMPTS = 5
@@ -435,6 +438,29 @@ class S3ObjectStore(ObjectStore):
         object_key = self._object_key(key)
         self.stats.record("DELETE")
         self._call("DeleteObject", key, self._client.delete_object, Bucket=self.bucket, Key=object_key)
+
+    def delete_many(self, keys: list[str]) -> None:
+        for start in range(0, len(keys), DELETE_BATCH):
+            batch = keys[start:start + DELETE_BATCH]
+            objects = [{"Key": self._object_key(k)} for k in batch]
+            self.stats.record("DELETE")
+            response = self._call("DeleteObjects", batch[0], self._client.delete_objects,
+                                  Bucket=self.bucket, Delete={"Objects": objects, "Quiet": True})
+            # DeleteObjects answers 200 even when some keys failed; a missing key is a
+            # success (S3 deletes are idempotent), anything else is reported.
+            errors = response.get("Errors") or []
+            if errors:
+                first = errors[0]
+                raise S3RequestError(
+                    f"S3 DeleteObjects failed for {len(errors)} of {len(batch)} keys, first "
+                    f"s3://{self.bucket}/{first.get('Key')}: {first.get('Code')} {first.get('Message', '')} "
+                    f"(endpoint {self._endpoint_name()}); deleting again is safe")
+
+    def copy(self, src_key: str, dst_key: str) -> None:
+        source = {"Bucket": self.bucket, "Key": self._object_key(src_key)}
+        self.stats.record("COPY")
+        self._call("CopyObject", src_key, self._client.copy_object, Bucket=self.bucket,
+                   Key=self._object_key(dst_key), CopySource=source)
 
 
 def _reraise(e: BaseException):

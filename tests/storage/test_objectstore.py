@@ -189,6 +189,59 @@ def test_delete_and_delete_missing(store: ObjectStore) -> None:
     store.delete("never/was")
 
 
+def test_copy_is_a_whole_independent_object(store: ObjectStore) -> None:
+    store.put("staged/a.parquet", b"payload")
+    store.put("final/a.parquet", b"older")
+    before = store.stats.snapshot()
+    store.copy("staged/a.parquet", "final/a.parquet")  # replaces, no bytes through us
+    store.copy("staged/a.parquet", "final/a.parquet")  # again: idempotent
+    after = store.stats.snapshot()
+    assert after["COPY"] - before["COPY"] == 2
+    assert after["bytes_read"] == before["bytes_read"] and after["bytes_written"] == before["bytes_written"]
+    store.put("staged/a.parquet", b"rewritten")  # the copy is not a view of the source
+    store.delete("staged/a.parquet")
+    assert store.get("final/a.parquet") == b"payload"
+    with pytest.raises(ObjectNotFoundError, match="staged/a.parquet"):
+        store.copy("staged/a.parquet", "final/b.parquet")
+    assert not store.exists("final/b.parquet")
+
+
+def test_delete_many_batches(store: ObjectStore, monkeypatch) -> None:
+    import storage.objectstore.local
+    import storage.objectstore.s3
+    from storage import objectstore
+
+    for module in (objectstore, storage.objectstore.local, storage.objectstore.s3):
+        monkeypatch.setattr(module, "DELETE_BATCH", 3, raising=False)
+    keys = [f"d/{i}" for i in range(7)]
+    for k in keys:
+        store.put(k, b"x")
+    before = store.stats.snapshot()["DELETE"]
+    store.delete_many([*keys[:5], "d/missing"])  # 6 keys: 2 requests
+    assert store.stats.snapshot()["DELETE"] - before == 2
+    assert store.list("d/") == keys[5:]
+    store.delete_many([])
+    assert store.stats.snapshot()["DELETE"] - before == 2
+
+
+def test_map_requests_keeps_order_and_raises_after_all_ran() -> None:
+    from storage.objectstore import map_requests
+
+    ran: list[int] = []
+
+    def call(i: int) -> int:
+        ran.append(i)
+        if i == 3:
+            raise ValueError("three")
+        return i * i
+
+    assert map_requests(call, range(3), threads=4) == [0, 1, 4]
+    ran.clear()
+    with pytest.raises(ValueError, match="three"):
+        map_requests(call, range(8), threads=4)
+    assert sorted(ran) == list(range(8))
+
+
 def test_missing_key_raises_naming_key(store: ObjectStore) -> None:
     for call in (
         lambda: store.get("no/such/key"),
@@ -204,7 +257,7 @@ def test_missing_key_raises_naming_key(store: ObjectStore) -> None:
 
 def test_stats_count_requests_and_bytes(store: ObjectStore) -> None:
     before = store.stats.snapshot()
-    assert set(before) == {"GET", "PUT", "LIST", "DELETE", "HEAD", "bytes_read", "bytes_written"}
+    assert set(before) == {"GET", "PUT", "LIST", "DELETE", "HEAD", "COPY", "bytes_read", "bytes_written"}
     store.put("a", b"12345")
     store.put_if_absent("b", b"67")
     store.get("a")
@@ -212,13 +265,16 @@ def test_stats_count_requests_and_bytes(store: ObjectStore) -> None:
     store.list("")
     store.exists("a")
     store.size("a")
+    store.copy("a", "c")
     store.delete("a")
+    store.delete_many(["b", "c"])
     s = store.stats.snapshot()
+    assert s["COPY"] - before["COPY"] == 1
     assert s["PUT"] - before["PUT"] == 2
     assert s["GET"] - before["GET"] == 2
     assert s["LIST"] - before["LIST"] == 1
     assert s["HEAD"] - before["HEAD"] == 2
-    assert s["DELETE"] - before["DELETE"] == 1
+    assert s["DELETE"] - before["DELETE"] == 2  # one delete, one batch
     assert s["bytes_written"] - before["bytes_written"] == 7
     assert s["bytes_read"] - before["bytes_read"] == 7
 
@@ -260,7 +316,7 @@ def test_rejects_escaping_keys(tmp_path: Path) -> None:
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(st.tuples(
-    st.sampled_from(["put", "put_if_absent", "delete"]),
+    st.sampled_from(["put", "put_if_absent", "delete", "copy", "delete_many"]),
     # No key is also a "directory" of another: the local store keeps keys as files.
     st.sampled_from(["a/x", "a/y", "a/z/w", "b/x", "ax"]),
     st.binary(max_size=64)), max_size=12))
@@ -280,6 +336,18 @@ def test_operations_match_a_dict(store: ObjectStore, ops) -> None:
             else:
                 store.put_if_absent(key, data)
                 model[key] = data
+        elif op == "copy":  # from the key named by the data's first byte, if any
+            src = sorted(model)[data[0] % len(model)] if model and data else "a/x"
+            if src in model:
+                store.copy(src, key)
+                model[key] = model[src]
+            else:
+                with pytest.raises(ObjectNotFoundError):
+                    store.copy(src, key)
+        elif op == "delete_many":
+            store.delete_many([key, "b/x"])
+            model.pop(key, None)
+            model.pop("b/x", None)
         else:
             store.delete(key)
             model.pop(key, None)
