@@ -17,7 +17,8 @@ import pyarrow.parquet as pq
 
 from operators import paths
 from operators.paths import range_label_of
-from storage.objectstore import ObjectStore
+from storage.errors import ObjectNotFoundError
+from storage.objectstore import REQUEST_THREADS, ObjectStore, map_requests
 
 _EPOCH_DIR = re.compile(r"/epoch=(\d+)/")
 
@@ -83,13 +84,32 @@ class ParquetSink(Sink):
         return f"{self.table_prefix(job_prefix)}epoch={epoch:08d}/part-{range_label_of(staged_key)}.parquet"
 
     def publish(self, store: ObjectStore, job_prefix: str, epoch: int, staged: list[str]) -> list[str]:
-        published = []
-        for key in staged:
-            final = self.published_key(job_prefix, epoch, key)
+        """Copies each staged file to its final name inside the store (``ObjectStore.copy``:
+        S3 ``CopyObject``, no bytes through the driver), ``REQUEST_THREADS`` at a time.
+
+        Idempotent: a final name is deterministic in (epoch, range), and a copy replaces
+        it atomically with the same bytes, so a re-publish after a crash rewrites what
+        was published and duplicates nothing. One COPY per file; a staged file already
+        gone (deleted by retention after its epoch expired) costs a HEAD of the final
+        name more.
+
+        Returns:
+            the final keys, in the order of ``staged``.
+
+        Raises:
+            ObjectNotFoundError: a staged file is gone and was never published.
+        """
+        return map_requests(lambda key: self._publish_one(store, job_prefix, epoch, key), staged,
+                            REQUEST_THREADS)
+
+    def _publish_one(self, store: ObjectStore, job_prefix: str, epoch: int, key: str) -> str:
+        final = self.published_key(job_prefix, epoch, key)
+        try:
+            store.copy(key, final)
+        except ObjectNotFoundError:
             if not store.exists(final):
-                store.put(final, store.get(key))
-            published.append(final)
-        return published
+                raise
+        return final
 
     def published_after(self, store: ObjectStore, job_prefix: str, epoch: int) -> list[str]:
         return [store.uri(k) for k in store.list(self.table_prefix(job_prefix))

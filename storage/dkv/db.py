@@ -47,7 +47,7 @@ from storage.dkv.compaction import (
 from storage.dkv.flush import wal_fits, write_l0, write_wal_object
 from storage.dkv.gc_pause import gc_paused
 from storage.dkv.levels import LevelList
-from storage.dkv.manifest import Manifest, WalRef
+from storage.dkv.manifest import Manifest, WalRef, dropped_files, files_of
 from storage.dkv.memtable import ENTRY_OVERHEAD, Memtable
 from storage.dkv.options import DKVOptions
 from storage.dkv.paths import PathResolver, validate_name
@@ -85,6 +85,12 @@ class DKV:
         self._wal_keys: list[bytes] = []
         self._wal_values: list[bytes | None] = []
         self._closed = False
+        # The manifest this instance was opened at or last checkpointed (key, manifest),
+        # what ``dropped_at_checkpoint`` compares the next one with; None for an empty
+        # instance; ``_base_known`` is False for one opened from parents (a rescale).
+        self._base: tuple[str, Manifest] | None = None
+        self._base_known = True
+        self._dropped: dict[str, int] | None = None
         self._compactions: dict[str, int] = {}
         self._point = PointReader(self._tables)
         if manifest is None:
@@ -134,7 +140,10 @@ class DKV:
         options = options or DKVOptions()
         paths = PathResolver(prefix)
         manifest = None if manifest_key is None else load_checked(store, manifest_key)
-        return cls(store, paths, options, manifest)
+        db = cls(store, paths, options, manifest)
+        if manifest_key is not None:
+            db._base = (manifest_key, manifest)
+        return db
 
     @classmethod
     def open_from_parents(
@@ -181,6 +190,7 @@ class DKV:
         tables = TableStore(store, paths, options)
         start, manifests = start_manifest(tables, parents, key_range)
         db = cls(store, paths, options, start)
+        db._base_known = False  # the parents' files may be shared: dropped_at_checkpoint is None
         for keys, values in wal_in_range(tables, manifests, key_range):
             db.write_batch(keys, values)
         return db
@@ -214,6 +224,7 @@ class DKV:
         if not extends(self._manifest(""), m):
             return False
         self._replay(m.wal[len(self._wal_refs):])
+        self._base, self._base_known = (manifest_key, m), True
         self._wal_refs = list(m.wal)
         self._seq = m.last_seq
         self._handled = set(m.handled_compactions)
@@ -512,8 +523,30 @@ class DKV:
                 self._wal_keys = []
                 self._wal_values = []
         self._maybe_compact()
-        publish(self._store, mkey, self._manifest(name))
+        manifest = self._manifest(name)
+        publish(self._store, mkey, manifest)
+        written, self._tables.written = self._tables.written, {}
+        if not self._base_known:
+            self._dropped = None
+        elif self._base is None:
+            named = files_of(manifest)
+            self._dropped = {k: n for k, n in written.items() if k not in named}
+        else:
+            self._dropped = dropped_files(*self._base, manifest, written)
+        self._base, self._base_known = (mkey, manifest), True
         return mkey
+
+    def dropped_at_checkpoint(self) -> dict[str, int] | None:
+        """What the manifest of the last ``checkpoint`` stopped naming compared with the
+        one before it (the manifest opened, advanced to or checkpointed last), with the
+        objects written in between that it does not name: ``{object key: bytes}``
+        (``manifest.dropped_files``); the previous manifest itself is included.
+
+        Returns:
+            that dict; None if unknown: no checkpoint yet, the instance was opened from
+            parents (a rescale), or a table shared with other ranges was dropped.
+        """
+        return self._dropped
 
     def _manifest(self, name: str) -> Manifest:
         """The current state as a manifest named ``name`` (the WAL buffer not included)."""

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from crc32c import crc32c
@@ -269,6 +270,47 @@ def decode_manifest(data: bytes, uri: str) -> Manifest:
     except (ValueError, KeyError, TypeError) as e:
         end = data.find(b"\n")
         raise CorruptionError(f"{uri}: malformed manifest body in bytes [0, {end}): {e}") from None
+
+
+def files_of(m: Manifest) -> dict[str, int]:
+    """The tables and WAL objects ``m`` names (not the manifest itself): key -> size, bytes."""
+    out = {t.key: t.size for t in m.levels.all_tables()}
+    out.update((w.key, w.size) for w in m.wal)
+    return out
+
+
+def dropped_files(old_key: str, old: Manifest, new: Manifest,
+                  written: Mapping[str, int] | None = None) -> dict[str, int] | None:
+    """What stops being needed when one range's checkpoint moves from manifest ``old``
+    (stored at ``old_key``) to ``new``: the old manifest itself and every table or WAL
+    object it named that ``new`` does not, plus every object written in between
+    (``written``, key -> bytes) that ``new`` does not name. Pure; sizes come from the
+    manifests (the old manifest's is its encoded length), no request is made.
+
+    These objects are garbage once no retained checkpoint names ``old`` (checkpoint
+    retention, ``operators.runtime.cleanup``), provided no other range names them. A
+    table referenced with a ``clip`` may be named by another range too (a table shared
+    after a rescale, ``rescale.py``), and only a reference count over every range could
+    tell; so when such a table is dropped the answer is None (unknown: a full sweep
+    must decide). Any other table lies inside this range's key interval, which no other
+    range of the operator overlaps.
+
+    Args:
+        old_key / old: the manifest the range was opened at (or last checkpointed).
+        new: the manifest just published.
+        written: objects written between the two (``TableStore.written``).
+
+    Returns:
+        ``{object key: size in bytes}``, or None (see above).
+    """
+    keep = files_of(new)
+    if any(t.clip is not None and t.key not in keep for t in old.levels.all_tables()):
+        return None
+    dropped = {old_key: len(encode_manifest(old))}
+    for key, size in (*files_of(old).items(), *(written or {}).items()):
+        if key not in keep:
+            dropped[key] = size
+    return dropped
 
 
 def publish_manifest(store: ObjectStore, key: str, m: Manifest) -> None:

@@ -50,6 +50,10 @@ class TableStore:
         # when the live tables outgrow the budget, fetching a whole table again for each
         # get would read megabytes per 4 KiB block (a 64 MiB-capped run read 160 GB).
         self._demoted: set[str] = set()
+        # Every object this instance wrote since ``DKV`` last took the record (key ->
+        # bytes): the tables and WAL objects of a checkpoint that its manifest may not
+        # name (an L0 table compacted away before the checkpoint), for retention.
+        self.written: dict[str, int] = {}
 
     def _builder(self) -> SSTableBuilder:
         o = self.options
@@ -59,6 +63,7 @@ class TableStore:
         data, meta = builder.finish()
         key = self.paths.next_sst_key()
         self.store.put(key, data)
+        self.written[key] = len(data)
         return TableInfo(
             key=key, size=len(data), entries=meta["entries"], min_key=meta["min_key"],
             max_key=meta["max_key"], min_seq=meta["min_seq"], max_seq=meta["max_seq"],
@@ -213,6 +218,7 @@ class TableStore:
         """
         key = self.paths.wal_key(checkpoint)
         self.store.put(key, data)
+        self.written[key] = len(data)
         return WalRef(key, first_seq, last_seq, len(data), records)
 
     def read_wal(self, ref: WalRef) -> list[WalRecord]:
