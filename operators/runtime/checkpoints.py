@@ -17,6 +17,17 @@ checkpoint exists. Layout::
         "key_groups": int, "parallelism": int,
         "operators": {op_name: {range_label: dkv manifest key}},
         "outputs": {output_name: [staged object keys]},
+        "dropped": {op_name: {range_label: [[name, bytes], ...]} | null} | null,
+            # what the epoch's range manifests stopped naming compared with the previous
+            # checkpoint's (DKV.dropped_at_checkpoint): garbage once the previous
+            # checkpoint expires (incremental retention, operators.runtime.cleanup).
+            # ``name`` is relative to the range's state prefix, or "/" + the whole key
+            # for an object elsewhere (a parent range's table after a rescale). null for
+            # an operator: unknown (a rescale epoch, a shared table dropped); null
+            # (or absent, in checkpoints written before it existed): unknown for all.
+        "unkept": {op_name: {range_label: [[name, bytes], ...]}} | null,
+            # what the epoch's tasks wrote and their manifests do not name
+            # (DKV.unkept_at_checkpoint): garbage once this checkpoint is committed
         "metrics": {...,                            # events, tables, bytes, ...
             "drained": true,                        # only in a drain epoch (JobRunner.stop)
             "requests": {"driver": {...}, "tasks": {...}},  # object-store requests
@@ -84,6 +95,8 @@ class JobCheckpoint:
     metrics: dict = field(default_factory=dict)
     format: int = FORMAT_VERSION
     partition_active_at_ms: dict[str, int] = field(default_factory=dict)
+    dropped: dict[str, dict[str, list] | None] | None = None
+    unkept: dict[str, dict[str, list] | None] | None = None
 
     def encode(self) -> bytes:
         """Checksummed JSON bytes."""
@@ -120,6 +133,54 @@ class JobCheckpoint:
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise CorruptionError(f"{uri}: unreadable job checkpoint ({len(data)} bytes): {e}") from e
+
+
+def encode_objects(job_prefix: str, by_operator: dict[str, dict[str, dict[str, int] | None]]
+                   ) -> dict[str, dict[str, list] | None]:
+    """The checkpoint's ``dropped`` or ``unkept`` field from each range's
+    ``DKV.dropped_at_checkpoint`` or ``DKV.unkept_at_checkpoint``.
+
+    Args:
+        job_prefix: ``jobs/<job name>``.
+        by_operator: ``{operator: {range label: {object key: bytes} or None}}``; an
+            operator with an unknown (None) range is unknown as a whole.
+
+    Returns:
+        ``{operator: {range label: [[name, bytes], ...]} or None}``, names relative to
+        the range's state prefix where they lie under it (the compact form: about 60
+        bytes per object, so tens of KB per epoch at P = 1,000).
+    """
+    out: dict[str, dict[str, list] | None] = {}
+    for op, ranges in by_operator.items():
+        if any(d is None for d in ranges.values()):
+            out[op] = None
+            continue
+        out[op] = {}
+        for label, objects in ranges.items():
+            if not objects:
+                continue
+            base = paths.state_prefix(job_prefix, op, label) + "/"
+            out[op][label] = sorted([k[len(base):] if k.startswith(base) else "/" + k, n]
+                                    for k, n in objects.items())
+    return out
+
+
+def decode_objects(field_value: dict | None, job_prefix: str) -> dict[str, int] | None:
+    """``{object key: bytes}`` of a checkpoint's ``dropped`` or ``unkept`` field; None if
+    unknown for any operator (or the field is absent).
+
+    Raises:
+        ValueError / TypeError / AttributeError: a malformed field.
+    """
+    if field_value is None or any(ranges is None for ranges in field_value.values()):
+        return None
+    out: dict[str, int] = {}
+    for op, ranges in field_value.items():
+        for label, entries in ranges.items():
+            base = paths.state_prefix(job_prefix, op, label) + "/"
+            for name, size in entries:
+                out[name[1:] if name.startswith("/") else base + name] = int(size)
+    return out
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,22 @@
 """Checkpoint retention and garbage collection of a job's files.
 
+Two ways, one policy (keep the newest ``retain`` checkpoints and what they name):
+
+* **Incremental** (``IncrementalRetention``, the driver after each epoch): each
+  checkpoint records what its epoch's range manifests stopped naming compared with the
+  previous checkpoint's (``JobCheckpoint.dropped``, from ``DKV.dropped_at_checkpoint``,
+  with sizes from the manifests). When checkpoint e expires, exactly these become
+  garbage: what checkpoint e+1 dropped, and e's staged output files (published by
+  then). The driver deletes them with batched deletes (``ObjectStore.delete_many``, S3
+  ``DeleteObjects`` of up to 1,000 keys), a few requests per epoch whatever the number of
+  ranges, reading no range manifest and listing no state. See its docstring for when
+  it falls back to the full sweep.
+* **The full sweep** (``cleanup_job``, the Dagster ``cleanup`` op, and the driver every
+  ``full_sweep_every`` epochs or when the incremental way cannot tell): lists the
+  job's files and deletes whatever no retained checkpoint names, including the files
+  of failed task attempts, which no checkpoint ever records. The rest of this docstring
+  is about it.
+
 Keeps the newest ``retain`` job checkpoints and deletes what only older checkpoints
 named: expired checkpoint manifests first (so a crash half-way leaves garbage, never a
 dangling reference), then DKV files no retained range manifest of any range names (the
@@ -53,6 +70,8 @@ from dataclasses import dataclass, field
 from operators import paths
 from operators.paths import checkpoint_key
 from operators.runtime.checkpoints import (
+    JobCheckpoint,
+    decode_objects,
     list_epochs,
     read_checkpoint,
     read_commit_log,
@@ -62,7 +81,7 @@ from operators.runtime.control import read_lease
 from storage.dkv.gc import collect_garbage
 from storage.errors import CorruptionError, ObjectNotFoundError
 from storage.faults import fault_point
-from storage.objectstore import ObjectStore
+from storage.objectstore import DELETE_BATCH, ObjectStore, map_requests
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +102,9 @@ class CleanupReport:
         abandoned_writes_removed: partial writes of killed writers removed.
         damaged: one message per retained object that does not read (a checkpoint or a
             range manifest, naming its URI and the epoch); what it could name was kept.
+        full_sweep: why the full sweep ran (``cleanup_job``), or "" for an incremental
+            retention (``IncrementalRetention``), which counts in ``bytes_freed`` the DKV
+            files only (staged files' sizes are not recorded anywhere).
     """
 
     retained_epochs: list[int]
@@ -92,6 +114,7 @@ class CleanupReport:
     deferred: str = ""
     abandoned_writes_removed: int = 0
     damaged: list[str] = field(default_factory=list)
+    full_sweep: str = ""
 
 
 def cleanup_job(store: ObjectStore, job_prefix: str, retain: int, *, concurrent: bool = False) -> CleanupReport:
@@ -128,12 +151,12 @@ def cleanup_job(store: ObjectStore, job_prefix: str, retain: int, *, concurrent:
             report.deferred = _in_flight(store, job_prefix, kept[-1])
             store = _ListedOnly(store, {*listed[0], *listed[1]})
     retained = []
-    for e in kept:
-        try:
-            retained.append(read_checkpoint(store, job_prefix, e))
-        except (ObjectNotFoundError, CorruptionError) as err:
+    for e, read in zip(kept, map_requests(lambda e: _read_or_error(store, job_prefix, e), kept)):
+        if isinstance(read, JobCheckpoint):
+            retained.append(read)
+        else:
             _damaged(report, job_prefix,
-                     f"retained checkpoint epoch {e}: {err}; no file is collected")
+                     f"retained checkpoint epoch {e}: {read}; no file is collected")
     if expired:
         retire_through(store, job_prefix, expired[-1])  # first: the fence (module docstring)
     for e in expired:
@@ -180,6 +203,174 @@ def cleanup_job(store: ObjectStore, job_prefix: str, retain: int, *, concurrent:
         report.files_deleted += 1
     report.abandoned_writes_removed = store.remove_abandoned_writes(f"{job_prefix}/", ABANDONED_WRITE_AGE_S)
     return report
+
+
+def _read_or_error(store: ObjectStore, job_prefix: str, epoch: int) -> JobCheckpoint | Exception:
+    try:
+        return read_checkpoint(store, job_prefix, epoch)
+    except (ObjectNotFoundError, CorruptionError) as err:
+        return err
+
+
+class IncrementalRetention:
+    """The driver's checkpoint retention after each epoch, in O(1) requests per epoch:
+    deletes what expired checkpoints made garbage, as the checkpoints recorded it
+    (module docstring), never listing the job's files nor reading range manifests.
+
+    Per call, when checkpoint e (and older) expire: one LIST of ``checkpoints/`` (the
+    commit log), the retention floor's PUT (first: the fence, as in ``cleanup_job``),
+    one ``delete_many`` of the expired checkpoints and superseded markers, then the
+    garbage in batches of ``DELETE_BATCH`` keys sent ``REQUEST_THREADS`` at a time: the
+    objects checkpoint e+1's ranges dropped and e's staged output files; and, for the
+    checkpoints committed since the previous call, what their tasks wrote and their
+    manifests do not name (``JobCheckpoint.unkept``: garbage from the commit on). A
+    checkpoint this runner committed is known from ``committed``; another (after a
+    restart) costs one GET.
+
+    Checkpoints first, then files: a crash in between leaves garbage (for the full
+    sweep), never a retained checkpoint naming a deleted file. Nothing deleted here is
+    a file an epoch in flight may need: it was named only by expired checkpoints (or
+    written by a committed task attempt and named by none), and an epoch runs from the
+    newest checkpoint, which is retained. So unlike the full sweep this needs neither
+    the lease nor the re-check; a driver lagging behind by the retention count is fenced
+    at its commit (``operators.runtime.checkpoints``) whatever it finds missing.
+
+    Falls back to the full sweep (``cleanup_job(concurrent=True)``) when it cannot tell:
+    an expired checkpoint or its successor does not read (the sweep reports the damage)
+    or is not the next epoch, or an operator's drops are unknown (a rescale epoch, a
+    table shared after a rescale dropped, a checkpoint written before ``dropped``
+    existed); and every ``full_sweep_every`` calls, which also collects what no
+    checkpoint records: failed task attempts' files, remote compaction results, what a
+    crash between the two deletions above left, abandoned writes.
+
+    A damaged retained object that no expiry needs is not noticed here (nothing it
+    could name is deleted either: only expired checkpoints' garbage is); the full sweep
+    and the Dagster ``verified`` check report it.
+
+    Args:
+        store: the job's object store.
+        job_prefix: ``jobs/<job name>``.
+        retain: checkpoints to keep, >= 1.
+        full_sweep_every: run the full sweep instead every this many calls (>= 1), or
+            None: only when needed (leave the periodic sweep to the Dagster ``cleanup``
+            op).
+
+    Raises:
+        ValueError: ``retain`` < 1 or ``full_sweep_every`` < 1.
+    """
+
+    def __init__(self, store: ObjectStore, job_prefix: str, retain: int,
+                 full_sweep_every: int | None = None) -> None:
+        if retain < 1:
+            raise ValueError(f"retain must be >= 1, got {retain}")
+        if full_sweep_every is not None and full_sweep_every < 1:
+            raise ValueError(f"full_sweep_every must be >= 1 or None, got {full_sweep_every}")
+        self.store, self.job_prefix, self.retain = store, job_prefix, retain
+        self.full_sweep_every = full_sweep_every
+        self._calls = 0
+        # epoch -> (staged output keys, dropped objects or None, unkept objects or None),
+        # of checkpoints this runner committed or read; pruned below the retention floor.
+        self._known: dict[int, _Record] = {}
+        # Unkept objects are deleted for the epochs up to this one (None: none yet; after
+        # a restart only the newest checkpoint's are, the older ones' were before).
+        self._unkept_through: int | None = None
+
+    def committed(self, ckpt: JobCheckpoint) -> None:
+        """Remembers what retention needs of a checkpoint just committed (no request)."""
+        self._known[ckpt.epoch] = self._record(ckpt)
+
+    def _record(self, ckpt: JobCheckpoint) -> _Record:
+        decoded = []
+        for value in (ckpt.dropped, ckpt.unkept):
+            try:
+                decoded.append(decode_objects(value, self.job_prefix))
+            except (ValueError, TypeError, AttributeError):  # a malformed field: unknown
+                decoded.append(None)
+        return _Record([k for keys in ckpt.outputs.values() for k in keys], *decoded)
+
+    def _known_or_read(self, epoch: int) -> _Record | None:
+        if epoch not in self._known:
+            try:
+                self._known[epoch] = self._record(read_checkpoint(self.store, self.job_prefix, epoch))
+            except (ObjectNotFoundError, CorruptionError):
+                return None
+        return self._known[epoch]
+
+    def apply(self) -> CleanupReport:
+        """Expires the checkpoints older than the newest ``retain`` and deletes their
+        garbage (see the class docstring).
+
+        Returns:
+            A ``CleanupReport`` (``full_sweep`` says why the full sweep ran instead, if
+            it did).
+        """
+        self._calls += 1
+        if self.full_sweep_every is not None and self._calls % self.full_sweep_every == 0:
+            return self._full_sweep(f"every {self.full_sweep_every} epochs")
+        commits = read_commit_log(self.store, self.job_prefix)
+        epochs = commits.epochs
+        kept, expired = epochs[-self.retain:], epochs[:-self.retain]
+        report = CleanupReport(retained_epochs=kept)
+        if not kept:
+            return report
+        state: dict[str, int] = {}
+        staged: list[str] = []
+        for i, epoch in enumerate(expired):
+            successor = epochs[i + 1]
+            this, after = self._known_or_read(epoch), self._known_or_read(successor)
+            if this is None or after is None:
+                return self._full_sweep(f"checkpoint {epoch} or {successor} does not read")
+            if successor != epoch + 1 or after.dropped is None:
+                return self._full_sweep(f"what epoch {successor} dropped is unknown")
+            staged += this.staged
+            state.update(after.dropped)
+        done = self._unkept_through
+        for epoch in [kept[-1]] if done is None else [e for e in epochs if e > done]:
+            record = self._known_or_read(epoch)
+            if record is not None and record.unkept:
+                state.update(record.unkept)
+        garbage = commits.withdrawn + commits.old_markers
+        if expired:
+            retire_through(self.store, self.job_prefix, expired[-1])  # first: the fence
+            garbage += [checkpoint_key(self.job_prefix, e) for e in expired]
+            if commits.retired_through:  # the floor written above superseded it
+                garbage.append(paths.retired_key(self.job_prefix, commits.retired_through))
+        if garbage:
+            self.store.delete_many(garbage)
+            fault_point("cleanup_checkpoint")
+        report.checkpoints_deleted = len(expired)
+        self._delete(sorted(state), "gc_delete")
+        self._delete(staged, "cleanup_staged")
+        report.files_deleted = len(state) + len(staged)
+        report.bytes_freed = sum(state.values())
+        floor = expired[-1] if expired else commits.retired_through
+        self._known = {e: r for e, r in self._known.items() if e > floor}
+        self._unkept_through = kept[-1]
+        return report
+
+    def _delete(self, keys: list[str], point: str) -> None:
+        def batch(start: int) -> None:
+            self.store.delete_many(keys[start:start + DELETE_BATCH])
+            fault_point(point)
+
+        map_requests(batch, range(0, len(keys), DELETE_BATCH))
+
+    def _full_sweep(self, why: str) -> CleanupReport:
+        report = cleanup_job(self.store, self.job_prefix, self.retain, concurrent=True)
+        report.full_sweep = why
+        self._known = {e: r for e, r in self._known.items() if e in set(report.retained_epochs)}
+        if report.retained_epochs and not report.deferred and not report.damaged:
+            self._unkept_through = report.retained_epochs[-1]  # the sweep took them
+        return report
+
+
+@dataclass(frozen=True)
+class _Record:
+    """What retention needs of one checkpoint (``JobCheckpoint`` fields decoded)."""
+
+    staged: list[str]
+    dropped: dict[str, int] | None
+    unkept: dict[str, int] | None
 
 
 def _damaged(report: CleanupReport, job_prefix: str, message: str) -> None:

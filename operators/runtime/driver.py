@@ -70,11 +70,12 @@ from operators.runtime import dead_letter, live
 from operators.runtime.checkpoints import (
     JobCheckpoint,
     commit_checkpoint,
+    encode_objects,
     latest_checkpoint,
     read_commit_log,
     record_commit,
 )
-from operators.runtime.cleanup import CleanupReport, cleanup_job
+from operators.runtime.cleanup import CleanupReport, IncrementalRetention
 from operators.runtime.control import (
     acquire_lease,
     consume_flush_requests,
@@ -173,7 +174,13 @@ class JobRunner:
         failpoint: fault injection for tests (see ``Failpoint``).
         retain_checkpoints: keep this many newest checkpoints and, after each epoch,
             delete older ones and the files only they named (``operators.runtime.cleanup``);
-            None keeps everything.
+            None keeps everything. Incremental: a few requests per epoch whatever the
+            number of ranges (``operators.runtime.cleanup.IncrementalRetention``).
+        full_sweep_every: every this many epochs, retention runs the full sweep
+            instead, which also deletes what failed task attempts left
+            (``operators.runtime.cleanup.cleanup_job``; its requests grow with
+            retained checkpoints x ranges); None: never inline (schedule the Dagster
+            ``cleanup`` op instead).
         verify_restart: how a restart checks the newest checkpoint before continuing
             from it, ``"names"`` (files exist at their recorded size) or ``"full"``
             (every block and record); an unusable one is fallen back from where that
@@ -191,7 +198,8 @@ class JobRunner:
 
     def __init__(self, job: Job, spark, store: ObjectStore | str = ".dkvstream",
                  dkv_options: DKVOptions | None = None, failpoint: Failpoint | None = None,
-                 retain_checkpoints: int | None = 10, verify_restart: str = "names",
+                 retain_checkpoints: int | None = 10, full_sweep_every: int | None = 100,
+                 verify_restart: str = "names",
                  clock: Callable[[], float] = time.time) -> None:
         job.validate()  # again: fields may have changed since construction; fail before any write
         self.job = job
@@ -207,6 +215,8 @@ class JobRunner:
         if retain_checkpoints is not None and retain_checkpoints < 1:
             raise ValueError(f"retain_checkpoints must be >= 1 or None, got {retain_checkpoints}")
         self.retain_checkpoints = retain_checkpoints
+        self._retention = None if retain_checkpoints is None else IncrementalRetention(
+            self.store, job.prefix, retain_checkpoints, full_sweep_every)
         if verify_restart not in VERIFY_MODES:
             raise ValueError(f"verify_restart must be one of {VERIFY_MODES}, got {verify_restart!r}")
         self.verify_restart = verify_restart
@@ -606,10 +616,16 @@ class JobRunner:
             operators={op: {res.range_label: res.manifest_key for res in rs}
                        for op, rs in results.items()},
             outputs=outputs, metrics=metrics,
+            dropped=encode_objects(self.job.prefix, {  # retention hook (operators.runtime.cleanup)
+                op: {res.range_label: res.dropped for res in rs} for op, rs in results.items()}),
+            unkept=encode_objects(self.job.prefix, {  # retention hook
+                op: {res.range_label: res.unkept for res in rs} for op, rs in results.items()}),
             partition_active_at_ms={p: plan.planned_at_ms if end > start else active_at[p]
                                     for p, (start, end) in plan.offsets.items()},
         )
         key = self._commit(new)
+        if self._retention is not None:  # retention hook
+            self._retention.committed(new)
         self._previous_plan_ms = plan.planned_at_ms
         self.failpoint("after_commit", epoch)
         fault_point("after_commit")
@@ -772,10 +788,9 @@ class JobRunner:
         In the concurrent mode: another driver of the job may have an epoch in flight
         (``operators.runtime.cleanup``). Damage found is recorded in the next checkpoint.
         """
-        if self.retain_checkpoints is None:
+        if self._retention is None:
             return
-        self.last_cleanup = cleanup_job(self.store, self.job.prefix, self.retain_checkpoints,
-                                        concurrent=True)
+        self.last_cleanup = self._retention.apply()
         self._retention_damage = list(self.last_cleanup.damaged)
 
     def _epoch_requests(self, results_by_op: dict[str, list[TaskResult]]) -> dict[str, dict[str, int]]:

@@ -101,6 +101,11 @@ class TaskResult:
     and, on Spark, ``requests`` (object-store requests of the task).
 
     ``dead_letter_key``: the staged file of the task's dead-letter rows, or None.
+
+    ``dropped`` / ``unkept``: what the range's new DKV manifest stopped naming and what
+    the task wrote that it does not name (``{object key: bytes}``,
+    ``DKV.dropped_at_checkpoint`` / ``unkept_at_checkpoint``; None: unknown), for
+    incremental retention (``operators.runtime.cleanup``).
     """
 
     range_index: int
@@ -110,6 +115,8 @@ class TaskResult:
     metrics: dict = field(default_factory=dict)
     forwarded: pa.Table | None = None  # main output events for the next operator
     dead_letter_key: str | None = None
+    dropped: dict[str, int] | None = None  # retention hook (operators.runtime.cleanup)
+    unkept: dict[str, int] | None = None  # retention hook
 
 
 class _TaskSubject(Subject):
@@ -247,6 +254,7 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
         db.flush()
     fault_point("task_before_checkpoint")
     manifest_key = db.checkpoint(f"e{spec.epoch:010d}-{attempt}")
+    dropped, unkept = db.dropped_at_checkpoint(), db.unkept_at_checkpoint()  # retention hook
     fault_point("task_after_checkpoint")
     dkv_stats = db.stats()
     if open_state is not None:
@@ -271,6 +279,7 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
         },
         forwarded=forwarded,
         dead_letter_key=dead_letter_key,
+        dropped=dropped, unkept=unkept,  # retention hook
     )
 
 

@@ -47,7 +47,7 @@ from storage.dkv.compaction import (
 from storage.dkv.flush import wal_fits, write_l0, write_wal_object
 from storage.dkv.gc_pause import gc_paused
 from storage.dkv.levels import LevelList
-from storage.dkv.manifest import Manifest, WalRef, dropped_files, files_of
+from storage.dkv.manifest import Manifest, WalRef, dropped_files, unkept_files
 from storage.dkv.memtable import ENTRY_OVERHEAD, Memtable
 from storage.dkv.options import DKVOptions
 from storage.dkv.paths import PathResolver, validate_name
@@ -91,6 +91,7 @@ class DKV:
         self._base: tuple[str, Manifest] | None = None
         self._base_known = True
         self._dropped: dict[str, int] | None = None
+        self._unkept: dict[str, int] = {}
         self._compactions: dict[str, int] = {}
         self._point = PointReader(self._tables)
         if manifest is None:
@@ -526,27 +527,33 @@ class DKV:
         manifest = self._manifest(name)
         publish(self._store, mkey, manifest)
         written, self._tables.written = self._tables.written, {}
+        self._unkept = unkept_files(manifest, written)
         if not self._base_known:
             self._dropped = None
         elif self._base is None:
-            named = files_of(manifest)
-            self._dropped = {k: n for k, n in written.items() if k not in named}
+            self._dropped = {}
         else:
-            self._dropped = dropped_files(*self._base, manifest, written)
+            self._dropped = dropped_files(*self._base, manifest)
         self._base, self._base_known = (mkey, manifest), True
         return mkey
 
     def dropped_at_checkpoint(self) -> dict[str, int] | None:
         """What the manifest of the last ``checkpoint`` stopped naming compared with the
-        one before it (the manifest opened, advanced to or checkpointed last), with the
-        objects written in between that it does not name: ``{object key: bytes}``
-        (``manifest.dropped_files``); the previous manifest itself is included.
+        one before it (the manifest opened, advanced to or checkpointed last):
+        ``{object key: bytes}`` (``manifest.dropped_files``), the previous manifest
+        itself included; garbage once no retained checkpoint names that one.
 
         Returns:
             that dict; None if unknown: no checkpoint yet, the instance was opened from
             parents (a rescale), or a table shared with other ranges was dropped.
         """
         return self._dropped
+
+    def unkept_at_checkpoint(self) -> dict[str, int]:
+        """The objects this instance wrote for the last ``checkpoint`` that its manifest
+        does not name (``manifest.unkept_files``): ``{object key: bytes}``, garbage once
+        that checkpoint is committed. ``{}`` before the first checkpoint."""
+        return self._unkept
 
     def _manifest(self, name: str) -> Manifest:
         """The current state as a manifest named ``name`` (the WAL buffer not included)."""

@@ -279,13 +279,11 @@ def files_of(m: Manifest) -> dict[str, int]:
     return out
 
 
-def dropped_files(old_key: str, old: Manifest, new: Manifest,
-                  written: Mapping[str, int] | None = None) -> dict[str, int] | None:
+def dropped_files(old_key: str, old: Manifest, new: Manifest) -> dict[str, int] | None:
     """What stops being needed when one range's checkpoint moves from manifest ``old``
     (stored at ``old_key``) to ``new``: the old manifest itself and every table or WAL
-    object it named that ``new`` does not, plus every object written in between
-    (``written``, key -> bytes) that ``new`` does not name. Pure; sizes come from the
-    manifests (the old manifest's is its encoded length), no request is made.
+    object it named that ``new`` does not. Pure; sizes come from the manifests (the old
+    manifest's is its encoded length), no request is made.
 
     These objects are garbage once no retained checkpoint names ``old`` (checkpoint
     retention, ``operators.runtime.cleanup``), provided no other range names them. A
@@ -298,7 +296,6 @@ def dropped_files(old_key: str, old: Manifest, new: Manifest,
     Args:
         old_key / old: the manifest the range was opened at (or last checkpointed).
         new: the manifest just published.
-        written: objects written between the two (``TableStore.written``).
 
     Returns:
         ``{object key: size in bytes}``, or None (see above).
@@ -307,10 +304,21 @@ def dropped_files(old_key: str, old: Manifest, new: Manifest,
     if any(t.clip is not None and t.key not in keep for t in old.levels.all_tables()):
         return None
     dropped = {old_key: len(encode_manifest(old))}
-    for key, size in (*files_of(old).items(), *(written or {}).items()):
-        if key not in keep:
-            dropped[key] = size
+    dropped.update((k, n) for k, n in files_of(old).items() if k not in keep)
     return dropped
+
+
+def unkept_files(new: Manifest, written: Mapping[str, int]) -> dict[str, int]:
+    """The objects written for a checkpoint that its manifest ``new`` does not name (an
+    L0 table compacted away before the checkpoint): garbage as soon as the checkpoint
+    is committed, since no manifest ever named them. Pure.
+
+    Args:
+        new: the manifest just published.
+        written: ``{object key: bytes}`` written since the previous checkpoint.
+    """
+    keep = files_of(new)
+    return {k: n for k, n in written.items() if k not in keep}
 
 
 def publish_manifest(store: ObjectStore, key: str, m: Manifest) -> None:

@@ -3,7 +3,10 @@ that no longer reads. The epochs after it commit (the damage cannot be repaired 
 failing them); retention keeps what the damaged manifest could name, logs a warning,
 reports it in its ``CleanupReport`` and in the next checkpoint's metrics, and the
 Dagster ``verified`` check fails naming that checkpoint. Once the checkpoint expires the
-job is clean again. In process; oracle: the pandas answer of the job."""
+job is clean again. The full sweep (``cleanup_job``) reads the damaged manifest and
+reports it; the driver's incremental retention never reads retained manifests, so it
+neither trips over the damage nor deletes anything the damaged manifest names before its
+checkpoint expires. In process; oracle: the pandas answer of the job."""
 
 from __future__ import annotations
 
@@ -18,16 +21,22 @@ from tests.operators import small_keyed_count as small
 RETAIN = 3
 
 
-def test_damaged_older_manifest_does_not_fail_later_epochs(tmp_path, caplog) -> None:
-    root = str(tmp_path)
-    runner = small.runner(root, retain=RETAIN)
-    runner.run(max_epochs=3)  # retained: 1, 2, 3
+def _damage_epoch_2_manifest(runner) -> str:
     store, prefix = runner.store, runner.job.prefix
     manifest = min(read_checkpoint(store, prefix, 2).operators["keyed_window_count"].values())
     path = Path(store.uri(manifest).removeprefix("file://"))
     raw = bytearray(path.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
     path.write_bytes(bytes(raw))
+    return manifest
+
+
+def test_damaged_older_manifest_does_not_fail_later_epochs(tmp_path, caplog) -> None:
+    root = str(tmp_path)
+    runner = small.runner(root, retain=RETAIN, full_sweep_every=1)  # the full sweep every epoch
+    runner.run(max_epochs=3)  # retained: 1, 2, 3
+    store, prefix = runner.store, runner.job.prefix
+    manifest = _damage_epoch_2_manifest(runner)
 
     with caplog.at_level(logging.WARNING, logger="operators.runtime.cleanup"):
         [fourth] = runner.run(max_epochs=1)  # retention keeps 2, 3, 4: reads the damaged manifest
@@ -54,3 +63,23 @@ def test_damaged_older_manifest_does_not_fail_later_epochs(tmp_path, caplog) -> 
     runner.run()
     assert "retention_damage" not in runner.latest().metrics
     small.assert_output_exact(runner, "after retention met a damaged manifest")
+
+
+def test_incremental_retention_passes_a_damaged_manifest_by(tmp_path) -> None:
+    root = str(tmp_path)
+    runner = small.runner(root, retain=RETAIN, full_sweep_every=None)
+    runner.run(max_epochs=3)
+    store, prefix = runner.store, runner.job.prefix
+    manifest = _damage_epoch_2_manifest(runner)
+    [fourth] = runner.run(max_epochs=1)  # expires epoch 1: what epoch 2 dropped goes
+    assert fourth.epoch == 4
+    assert runner.last_cleanup.full_sweep == "" and runner.last_cleanup.damaged == []
+    assert runner.last_cleanup.checkpoints_deleted == 1 and store.exists(manifest)
+    check = make_checkpoint_check(runner.job)
+    verified = check(object_store=ObjectStoreResource(root_uri=root))
+    assert verified.metadata["damaged_epochs"].value == [2]  # found by the check, not retention
+    runner.run(max_epochs=1)  # epoch 2 expires: its manifest was dropped by epoch 3
+    assert runner.last_cleanup.full_sweep == "" and not store.exists(manifest)
+    assert check(object_store=ObjectStoreResource(root_uri=root)).passed
+    runner.run()
+    small.assert_output_exact(runner, "after incremental retention passed a damaged manifest")

@@ -47,16 +47,17 @@ def test_deleting_what_each_checkpoint_dropped_leaves_what_the_newest_names(tmp_
                       value_bytes=(0, 40))
         previous = manifest
         manifest = db.checkpoint(f"c{i}")
-        dropped = db.dropped_at_checkpoint()
+        dropped, unkept = db.dropped_at_checkpoint(), db.unkept_at_checkpoint()
         assert dropped is not None
         named = files_named_by(store, [manifest])
-        assert not set(dropped) & named, "a file the new manifest names was dropped"
+        assert not (set(dropped) | set(unkept)) & named, "a file the new manifest names was dropped"
+        assert not set(dropped) & set(unkept)
         if previous is not None:
             assert previous in dropped
-        for key, size in dropped.items():
+        for key, size in (*dropped.items(), *unkept.items()):
             if key != previous:
                 assert store.size(key) == size, key
-        store.delete_many(list(dropped))
+        store.delete_many([*dropped, *unkept])
         assert set(store.list("op/r/")) == named
     db.close()
     assert dict(DKV.open(store, "op/r", manifest, OPTS).scan_range(b"", None)) == model
