@@ -69,7 +69,7 @@ def test_incremental_retention_passes_a_damaged_manifest_by(tmp_path) -> None:
     root = str(tmp_path)
     runner = small.runner(root, retain=RETAIN, full_sweep_every=None)
     runner.run(max_epochs=3)
-    store, prefix = runner.store, runner.job.prefix
+    store = runner.store
     manifest = _damage_epoch_2_manifest(runner)
     [fourth] = runner.run(max_epochs=1)  # expires epoch 1: what epoch 2 dropped goes
     assert fourth.epoch == 4

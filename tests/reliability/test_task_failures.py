@@ -18,6 +18,7 @@ from __future__ import annotations
 import pytest
 
 from operators.runtime import driver as runtime
+from operators.runtime.cleanup import cleanup_job
 from tests.reliability import harness
 
 
@@ -47,7 +48,11 @@ def test_duplicate_attempts_leave_no_trace(reference, tmp_path, monkeypatch) -> 
     assert len(chosen) == 2 * reference.epochs and 0 < sum(chosen) < len(chosen)
     monkeypatch.setattr(runtime, "run_task", real)
     harness.check_recovery(store, reference)  # output equals the oracle, state the reference
-    # Retention collected the unnamed attempts' files: only retained checkpoints' staged files stay.
+    # The full sweep (the Dagster cleanup op; the driver's every ``full_sweep_every`` epochs)
+    # collects the unnamed attempts' files, which no checkpoint records: only retained
+    # checkpoints' staged files stay.
+    report = cleanup_job(r.store, r.job.prefix, harness.RETAIN, concurrent=True)
+    assert report.files_deleted >= len(chosen) // 2 and not report.deferred
     staged = r.store.list(f"{r.job.prefix}/staging/")
     named = {k for e in r.latest().outputs.values() for k in e}
     assert len(staged) <= harness.RETAIN * len(named), staged
