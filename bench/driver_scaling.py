@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from examples.keyed_count import WINDOW_MS, keyed_count_job
 from examples.synthetic import SyntheticSource
 from operators.api.job import Job
+from operators.paths import checkpoint_key
 from operators.runtime import driver as driver_module
 from operators.runtime.driver import JobRunner
 from storage.objectstore import REQUEST_KINDS, ObjectStore, subtract_requests
@@ -181,6 +182,7 @@ def run(parallelism: int, epochs: int, retain: int, latency_ms: float,
                                  "published": len(result.published),
                                  "expired": runner.last_cleanup.checkpoints_deleted,
                                  "full_sweep": runner.last_cleanup.full_sweep})
+                checkpoint_bytes = len(store.inner.get(checkpoint_key(job.prefix, rows[-1]["epoch"])))
         finally:
             driver_module.run_task = real_run_task
     steady = [r for r in rows if r["expired"]]
@@ -192,20 +194,22 @@ def run(parallelism: int, epochs: int, retain: int, latency_ms: float,
             "driver_s": statistics.median(r["driver_s"] for r in steady),
             "task_s": statistics.median(r["task_s"] for r in steady),
             "published": statistics.median(r["published"] for r in steady),
+            "checkpoint_bytes": checkpoint_bytes,
             "full_sweeps": sum(1 for r in steady if r["full_sweep"])}
 
 
 def print_table(results: list[dict], latency_ms: float, retain: int) -> None:
     print(f"\nDriver per steady epoch (medians; retain={retain}; {latency_ms:g} ms per driver request)")
     print("| P | key groups | GET | PUT | LIST | HEAD | DELETE | COPY | total | target 3P+50 "
-          "| bytes read / written | driver s/epoch | tasks s/epoch |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| bytes read / written | checkpoint | driver s/epoch | tasks s/epoch |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         d = r["driver"]
         total = sum(d[k] for k in REQUEST_KINDS)
         print(f"| {r['P']:,} | {r['key_groups']:,} | {d['GET']:.0f} | {d['PUT']:.0f} | {d['LIST']:.0f} | "
               f"{d['HEAD']:.0f} | {d['DELETE']:.0f} | {d['COPY']:.0f} | {total:.0f} | {3 * r['P'] + 50:,} | "
               f"{d['bytes_read'] / 1024:.0f} / {d['bytes_written'] / 1024:.0f} KiB | "
+              f"{r['checkpoint_bytes'] / 1024:.0f} KiB | "
               f"{r['driver_s']:.2f} | {r['task_s']:.1f} |")
 
 
