@@ -20,11 +20,14 @@ they would dominate the run). Requests issued from a thread pool overlap their w
 the driver's time shows whether its requests are issued in parallel.
 
 Per epoch, the driver's requests are the store's counts over the epoch minus those made
-inside ``run_task`` (the same subtraction as the in-process runner's ``requests``
-metric, ``driver._epoch_requests``, but aligned to the epoch: the epoch's own commit,
-publish and retention). Driver seconds are the epoch's wall time (``time.perf_counter``,
-a monotonic wall clock) minus the time spent inside ``run_task``: planning, reading the
-(in-memory) source slices, the commit, the publish, retention and the lease. Steady
+inside the stage (``JobRunner._run_stage``: in process, cutting the events per range and
+running the tasks one after another, what a Spark stage does on the executors; the same
+subtraction as the in-process runner's ``requests`` metric, ``driver._epoch_requests``,
+but aligned to the epoch: the epoch's own commit, publish and retention). Driver seconds
+are the epoch's wall time (``time.perf_counter``, a monotonic wall clock) minus the time
+spent inside the stage: planning, reading the (in-memory) source slices, the commit, the
+publish, retention and the lease, with the local directory's own costs (a hard link per
+published file, an unlink per deleted one) on top of the simulated latency. Steady
 epochs are those in which a checkpoint expires; the table gives their medians, and the
 target of at most 3P + 50 requests and under 1 s per epoch.
 
@@ -48,7 +51,6 @@ from examples.keyed_count import WINDOW_MS, keyed_count_job
 from examples.synthetic import SyntheticSource
 from operators.api.job import Job
 from operators.paths import checkpoint_key
-from operators.runtime import driver as driver_module
 from operators.runtime.driver import JobRunner
 from storage.objectstore import REQUEST_KINDS, ObjectStore, subtract_requests
 from storage.objectstore.local import LocalObjectStore
@@ -61,7 +63,7 @@ FIELDS = (*REQUEST_KINDS, "bytes_read", "bytes_written")
 
 class LatencyStore(ObjectStore):
     """A ``LocalObjectStore`` whose requests wait ``latency_s`` first, except inside a
-    task (``in_task``): a stand-in for S3's per-request latency on the driver's side.
+    stage (``in_task``): a stand-in for S3's per-request latency on the driver's side.
     Counts are the inner store's (one per request, ``delete_many`` per 1,000 keys)."""
 
     def __init__(self, root: str, latency_s: float) -> None:
@@ -148,19 +150,21 @@ def run(parallelism: int, epochs: int, retain: int, latency_ms: float,
         store = LatencyStore(root, latency_ms / 1000)
         task_requests: list[dict[str, int]] = []
         task_seconds = [0.0]
-        real_run_task = driver_module.run_task
+        real_run_stage = JobRunner._run_stage
 
-        def run_task(*args, **kwargs):
+        def run_stage(runner, *args, **kwargs):
+            # The in-process stage (cutting the events per range, the tasks one after
+            # another) stands for a Spark stage: its time and requests are the tasks'.
             store.in_task.on = True
             before, started = store.stats.snapshot(), time.perf_counter()
             try:
-                return real_run_task(*args, **kwargs)
+                return real_run_stage(runner, *args, **kwargs)
             finally:
                 task_seconds[0] += time.perf_counter() - started
                 task_requests.append(subtract_requests(store.stats.snapshot(), before))
                 store.in_task.on = False
 
-        driver_module.run_task = run_task
+        JobRunner._run_stage = run_stage
         rows = []
         try:
             with JobRunner(job, None, store, retain_checkpoints=retain,
@@ -184,7 +188,7 @@ def run(parallelism: int, epochs: int, retain: int, latency_ms: float,
                                  "full_sweep": runner.last_cleanup.full_sweep})
                 checkpoint_bytes = len(store.inner.get(checkpoint_key(job.prefix, rows[-1]["epoch"])))
         finally:
-            driver_module.run_task = real_run_task
+            JobRunner._run_stage = real_run_stage
     steady = [r for r in rows if r["expired"]]
     if not steady:
         raise SystemExit(f"P={parallelism}: no epoch expired a checkpoint; run more than --retain epochs")

@@ -25,11 +25,14 @@ Points (where they are called):
 ``dkv_before_manifest``    DKV checkpoint: WAL written, manifest not published
 ``after_tasks``            runtime: every task done, job checkpoint not written
 ``after_commit``           runtime: job checkpoint written, nothing published
-``publish_file``           runtime: one sink file published (others may not be)
+``publish_file``           runtime: one sink's files published (other sinks' may not be)
 ``before_cleanup``         runtime: published, retention not applied
-``cleanup_checkpoint``     cleanup: one expired job checkpoint deleted
-``gc_delete``              DKV garbage collection: one unnamed file deleted
-``cleanup_staged``         cleanup: one unnamed staged file deleted
+``cleanup_checkpoint``     cleanup: one expired job checkpoint deleted (incremental
+                           retention: the batch of expired checkpoints and markers)
+``gc_delete``              DKV garbage collection: one unnamed file deleted (incremental
+                           retention: one batch of dropped DKV files)
+``cleanup_staged``         cleanup: one unnamed staged file deleted (incremental
+                           retention: one batch of expired staged files)
 ``after_cleanup``          runtime: cleanup done, lease not released
 =========================  ==================================================================
 """
