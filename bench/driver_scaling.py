@@ -165,6 +165,21 @@ def run(parallelism: int, epochs: int, retain: int, latency_ms: float,
                 store.in_task.on = False
 
         JobRunner._run_stage = run_stage
+        phases = {"commit": 0.0, "publish": 0.0, "retention": 0.0}
+        real_steps = {"commit": JobRunner._commit, "publish": JobRunner._publish,
+                      "retention": JobRunner._apply_retention}
+
+        def timed(name, step):
+            def call(runner, *args, **kwargs):
+                started = time.perf_counter()
+                try:
+                    return step(runner, *args, **kwargs)
+                finally:
+                    phases[name] += time.perf_counter() - started
+            return call
+
+        JobRunner._commit, JobRunner._publish, JobRunner._apply_retention = (
+            timed(name, step) for name, step in real_steps.items())
         rows = []
         try:
             with JobRunner(job, None, store, retain_checkpoints=retain,
@@ -174,6 +189,7 @@ def run(parallelism: int, epochs: int, retain: int, latency_ms: float,
                     before, started = store.stats.snapshot(), time.perf_counter()
                     task_requests.clear()
                     task_seconds[0] = 0.0
+                    phases.update(dict.fromkeys(phases, 0.0))
                     result = next(stream, None)
                     if result is None:
                         break
@@ -183,12 +199,14 @@ def run(parallelism: int, epochs: int, retain: int, latency_ms: float,
                     driver = {k: spent[k] - tasks[k] for k in FIELDS}
                     rows.append({"epoch": result.epoch, "driver": driver,
                                  "driver_s": wall - task_seconds[0], "task_s": task_seconds[0],
+                                 **{f"{k}_s": v for k, v in phases.items()},
                                  "published": len(result.published),
                                  "expired": runner.last_cleanup.checkpoints_deleted,
                                  "full_sweep": runner.last_cleanup.full_sweep})
                 checkpoint_bytes = len(store.inner.get(checkpoint_key(job.prefix, rows[-1]["epoch"])))
         finally:
             JobRunner._run_stage = real_run_stage
+            JobRunner._commit, JobRunner._publish, JobRunner._apply_retention = real_steps.values()
     steady = [r for r in rows if r["expired"]]
     if not steady:
         raise SystemExit(f"P={parallelism}: no epoch expired a checkpoint; run more than --retain epochs")
@@ -197,6 +215,7 @@ def run(parallelism: int, epochs: int, retain: int, latency_ms: float,
             "driver": med, "max_total": max(sum(r["driver"][k] for k in REQUEST_KINDS) for r in steady),
             "driver_s": statistics.median(r["driver_s"] for r in steady),
             "task_s": statistics.median(r["task_s"] for r in steady),
+            **{f"{k}_s": statistics.median(r[f"{k}_s"] for r in steady) for k in ("commit", "publish", "retention")},
             "published": statistics.median(r["published"] for r in steady),
             "checkpoint_bytes": checkpoint_bytes,
             "full_sweeps": sum(1 for r in steady if r["full_sweep"])}
@@ -205,8 +224,9 @@ def run(parallelism: int, epochs: int, retain: int, latency_ms: float,
 def print_table(results: list[dict], latency_ms: float, retain: int) -> None:
     print(f"\nDriver per steady epoch (medians; retain={retain}; {latency_ms:g} ms per driver request)")
     print("| P | key groups | GET | PUT | LIST | HEAD | DELETE | COPY | total | target 3P+50 "
-          "| bytes read / written | checkpoint | driver s/epoch | tasks s/epoch |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| bytes read / written | checkpoint | driver s/epoch | of which commit / publish / retention "
+          "| tasks s/epoch |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         d = r["driver"]
         total = sum(d[k] for k in REQUEST_KINDS)
@@ -214,7 +234,8 @@ def print_table(results: list[dict], latency_ms: float, retain: int) -> None:
               f"{d['HEAD']:.0f} | {d['DELETE']:.0f} | {d['COPY']:.0f} | {total:.0f} | {3 * r['P'] + 50:,} | "
               f"{d['bytes_read'] / 1024:.0f} / {d['bytes_written'] / 1024:.0f} KiB | "
               f"{r['checkpoint_bytes'] / 1024:.0f} KiB | "
-              f"{r['driver_s']:.2f} | {r['task_s']:.1f} |")
+              f"{r['driver_s']:.2f} | {r['commit_s']:.2f} / {r['publish_s']:.2f} / {r['retention_s']:.2f} | "
+              f"{r['task_s']:.1f} |")
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
