@@ -138,3 +138,16 @@ def test_rescale_falls_back_to_the_full_sweep_and_keeps_shared_tables(tmp_path) 
     assert not sweep.deferred and not sweep.damaged
     _assert_exactly_named(runner, "after the rescale and a full sweep")
     small.assert_output_exact(runner, "rescaled with incremental retention")
+
+
+def test_incremental_retention_and_publish_on_s3(s3_store) -> None:
+    """The same on SeaweedFS S3: published by CopyObject, garbage deleted by
+    DeleteObjects, the bucket left holding exactly what the retained checkpoints name."""
+    runner = small.runner(s3_store, retain=2, full_sweep_every=None)
+    copies = 0
+    for result in runner.epochs():
+        assert runner.last_cleanup.full_sweep == ""
+        copies += len(result.published)
+    _assert_exactly_named(runner, "on S3")
+    assert copies > 0
+    small.assert_output_exact(runner, "incremental retention on S3")
