@@ -238,8 +238,8 @@ class IncrementalRetention:
     Falls back to the full sweep (``cleanup_job(concurrent=True)``) when it cannot tell:
     an expired checkpoint or its successor does not read (the sweep reports the damage)
     or is not the next epoch, or an operator's drops are unknown (a rescale epoch, a
-    table shared after a rescale dropped, a checkpoint written before ``dropped``
-    existed); and every ``full_sweep_every`` calls, which also collects what no
+    table shared after a rescale dropped, an operator removed from the job, a
+    checkpoint written before ``dropped`` existed); and every ``full_sweep_every`` calls, which also collects what no
     checkpoint records: failed task attempts' files, remote compaction results, what a
     crash between the two deletions above left, abandoned writes.
 
@@ -286,7 +286,8 @@ class IncrementalRetention:
                 decoded.append(decode_objects(value, self.job_prefix))
             except (ValueError, TypeError, AttributeError):  # a malformed field: unknown
                 decoded.append(None)
-        return _Record([k for keys in ckpt.outputs.values() for k in keys], *decoded)
+        return _Record([k for keys in ckpt.outputs.values() for k in keys], *decoded,
+                       frozenset(ckpt.operators), frozenset(ckpt.dropped or ()))
 
     def _known_or_read(self, epoch: int) -> _Record | None:
         if epoch not in self._known:
@@ -320,7 +321,8 @@ class IncrementalRetention:
             this, after = self._known_or_read(epoch), self._known_or_read(successor)
             if this is None or after is None:
                 return self._full_sweep(f"checkpoint {epoch} or {successor} does not read")
-            if successor != epoch + 1 or after.dropped is None:
+            if successor != epoch + 1 or after.dropped is None or not this.operators <= after.recorded:
+                # (An operator no longer in the job left its ranges' files unrecorded.)
                 return self._full_sweep(f"what epoch {successor} dropped is unknown")
             staged += this.staged
             state.update(after.dropped)
@@ -371,6 +373,8 @@ class _Record:
     staged: list[str]
     dropped: dict[str, int] | None
     unkept: dict[str, int] | None
+    operators: frozenset[str]  # the checkpoint's operators
+    recorded: frozenset[str]  # the operators its ``dropped`` covers
 
 
 def _damaged(report: CleanupReport, job_prefix: str, message: str) -> None:
