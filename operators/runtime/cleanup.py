@@ -341,8 +341,7 @@ class IncrementalRetention:
             self.store.delete_many(garbage)
             fault_point("cleanup_checkpoint")
         report.checkpoints_deleted = len(expired)
-        self._delete(sorted(state), "gc_delete")
-        self._delete(staged, "cleanup_staged")
+        self._delete({"gc_delete": sorted(state), "cleanup_staged": staged})
         report.files_deleted = len(state) + len(staged)
         report.bytes_freed = sum(state.values())
         floor = expired[-1] if expired else commits.retired_through
@@ -350,12 +349,17 @@ class IncrementalRetention:
         self._unkept_through = kept[-1]
         return report
 
-    def _delete(self, keys: list[str], point: str) -> None:
-        def batch(start: int) -> None:
-            self.store.delete_many(keys[start:start + DELETE_BATCH])
-            fault_point(point)
+    def _delete(self, keys_by_point: dict[str, list[str]]) -> None:
+        """Deletes the keys in batches of ``DELETE_BATCH``, all batches in parallel; the
+        fault point named by a batch's key passes after it."""
+        batches = [(point, keys[i:i + DELETE_BATCH]) for point, keys in keys_by_point.items()
+                   for i in range(0, len(keys), DELETE_BATCH)]
 
-        map_requests(batch, range(0, len(keys), DELETE_BATCH))
+        def delete(batch: tuple[str, list[str]]) -> None:
+            self.store.delete_many(batch[1])
+            fault_point(batch[0])
+
+        map_requests(delete, batches)
 
     def _full_sweep(self, why: str) -> CleanupReport:
         report = cleanup_job(self.store, self.job_prefix, self.retain, concurrent=True)
