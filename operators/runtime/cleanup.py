@@ -224,8 +224,8 @@ class IncrementalRetention:
     objects checkpoint e+1's ranges dropped and e's staged output files; and, for the
     checkpoints committed since the previous call, what their tasks wrote and their
     manifests do not name (``JobCheckpoint.unkept``: garbage from the commit on). A
-    checkpoint this runner committed is known from ``committed``; another (after a
-    restart) costs one GET.
+    checkpoint this runner committed is known from ``committed``; another costs one GET
+    (after a restart: each retained one, once).
 
     Checkpoints first, then files: a crash in between leaves garbage (for the full
     sweep), never a retained checkpoint naming a deleted file. Nothing deleted here is
@@ -271,8 +271,8 @@ class IncrementalRetention:
         # epoch -> (staged output keys, dropped objects or None, unkept objects or None),
         # of checkpoints this runner committed or read; pruned below the retention floor.
         self._known: dict[int, _Record] = {}
-        # Unkept objects are deleted for the epochs up to this one (None: none yet; after
-        # a restart only the newest checkpoint's are, the older ones' were before).
+        # Unkept objects are deleted for the epochs up to this one (None: none yet, so
+        # the first call takes every retained checkpoint's, which a crash may have left).
         self._unkept_through: int | None = None
 
     def committed(self, ckpt: JobCheckpoint) -> None:
@@ -327,7 +327,7 @@ class IncrementalRetention:
             staged += this.staged
             state.update(after.dropped)
         done = self._unkept_through
-        for epoch in [kept[-1]] if done is None else [e for e in epochs if e > done]:
+        for epoch in [e for e in epochs if done is None or e > done]:
             record = self._known_or_read(epoch)
             if record is not None and record.unkept:
                 state.update(record.unkept)
