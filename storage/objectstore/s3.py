@@ -20,7 +20,8 @@ operation           S3 request                                                  
 ``delete``          ``DeleteObject`` (idempotent)                                DELETE
 ``delete_many``     ``DeleteObjects`` per ``DELETE_BATCH`` (1,000) keys          DELETE per
                     (quiet mode: only failures are answered)                     batch
-``copy``            ``CopyObject`` (server-side, up to 5 GiB; atomic)            COPY
+``copy``            ``CopyObject`` (server-side, up to 5 GiB; atomic; onto        COPY (HEAD
+                    itself: only ``HeadObject``)                                 onto itself)
 ==================  ==========================================================  =========
 
 ``remove_abandoned_writes`` lists multipart uploads (LIST per page) and aborts the old
@@ -457,6 +458,10 @@ class S3ObjectStore(ObjectStore):
                     f"(endpoint {self._endpoint_name()}); deleting again is safe")
 
     def copy(self, src_key: str, dst_key: str) -> None:
+        if src_key == dst_key:  # S3 refuses a copy onto itself; there is nothing to do
+            if not self.exists(src_key):
+                raise ObjectNotFoundError(f"object not found: {self.uri(src_key)}")
+            return
         source = {"Bucket": self.bucket, "Key": self._object_key(src_key)}
         self.stats.record("COPY")
         self._call("CopyObject", src_key, self._client.copy_object, Bucket=self.bucket,

@@ -201,6 +201,8 @@ def test_copy_is_a_whole_independent_object(store: ObjectStore) -> None:
     store.put("staged/a.parquet", b"rewritten")  # the copy is not a view of the source
     store.delete("staged/a.parquet")
     assert store.get("final/a.parquet") == b"payload"
+    store.copy("final/a.parquet", "final/a.parquet")  # onto itself: nothing changes
+    assert store.get("final/a.parquet") == b"payload"
     with pytest.raises(ObjectNotFoundError, match="staged/a.parquet"):
         store.copy("staged/a.parquet", "final/b.parquet")
     assert not store.exists("final/b.parquet")
