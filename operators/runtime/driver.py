@@ -57,7 +57,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from operators.api.job import Job
-from operators.api.keygroups import key_group_ranges
+from operators.api.keygroups import KeyGroupRange, key_group_ranges
 from operators.api.operator import MAIN_OUTPUT, WATERMARK_MAX, WATERMARK_MIN
 from operators.errors import BadInputError, JobFailedError, JobFencedError
 from operators.paths import checkpoint_key
@@ -191,7 +191,7 @@ class JobRunner:
         self.dkv_options = dkv_options
         # In-process tasks keep their ranges' DKV open between epochs, as Spark workers do:
         # one per range and operator of this job at most (``close`` closes them).
-        self._open_state = OpenState(capacity=job.parallelism * len(job.operators))
+        self._open_state = OpenState(capacity=sum(job.parallelism_of(op.name) for op in job.operators))
         self.failpoint = failpoint or (lambda point, epoch: None)
         if retain_checkpoints is not None and retain_checkpoints < 1:
             raise ValueError(f"retain_checkpoints must be >= 1 or None, got {retain_checkpoints}")
@@ -455,7 +455,11 @@ class JobRunner:
             return LocalExchange(self.store, self.dkv_options, self._open_state)
         from operators.spark.stage import SparkExchange
 
-        return SparkExchange(self.spark, self.store, self.dkv_options, self.job.parallelism)
+        return SparkExchange(self.spark, self.store, self.dkv_options, self._first_parallelism)
+
+    @property
+    def _first_parallelism(self) -> int:
+        return self.job.parallelism_of(self.job.operators[0].name)
 
     def _read_events(self, plan: dict[str, tuple[int, int]], epoch: int) -> list[SplitSummary]:
         """Step 2: the read tasks read the planned slices (``operators.runtime.splits``);
@@ -468,7 +472,7 @@ class JobRunner:
         """
         splits = [Split(p, i, start, end) for i, (p, (start, end)) in enumerate(plan.items()) if end > start]
         ctx = ReadContext(epoch=epoch, now_ms=self._now_ms(), key_groups=self.job.key_groups,
-                          parallelism=self.job.parallelism, dead_letter=self.job.dead_letter)
+                          parallelism=self._first_parallelism, dead_letter=self.job.dead_letter)
         self._exchange = self._new_exchange()
         try:
             return self._exchange.read(self.job.source, splits, ctx)
@@ -621,9 +625,6 @@ class JobRunner:
             JobFencedError: a stage failed and another driver has committed this epoch.
             JobFailedError: a stage failed.
         """
-        ranges = key_group_ranges(self.job.key_groups, self.job.parallelism)
-        old_ranges = key_group_ranges(self.job.key_groups, ckpt.parallelism)
-        rescaled = old_ranges != ranges
         results_by_op: dict[str, list[TaskResult]] = {}
         # Partition names by the events' ``_part`` index: a source's partitions keep their
         # order, so the list now extends the one the events were read with.
@@ -638,6 +639,11 @@ class JobRunner:
         for i, op in enumerate(self.job.operators):
             last = i == len(self.job.operators) - 1
             previous = ckpt.operators.get(op.name, {})
+            ranges = key_group_ranges(self.job.key_groups, self.job.parallelism_of(op.name))
+            # Rescaled: the previous checkpoint's ranges of this operator are others.
+            old_ranges = sorted(KeyGroupRange.from_label(label) for label in previous)
+            rescaled = bool(previous) and old_ranges != ranges
+            next_parallelism = None if last else self.job.parallelism_of(self.job.operators[i + 1].name)
             specs = [
                 TaskSpec(
                     job_prefix=self.job.prefix, epoch=epoch, op_index=i, range_index=r,
@@ -646,7 +652,7 @@ class JobRunner:
                     parent_manifests=_parents(previous, old_ranges, kr) if rescaled else (),
                     watermark_before=ckpt.watermark, watermark_after=watermark,
                     next_key_groups=None if last else self.job.key_groups,
-                    next_parallelism=None if last else self.job.parallelism,
+                    next_parallelism=next_parallelism,
                     flush=flush,
                     on_operator_error=self.job.on_operator_error,
                     input_name=self.job.source.name if i == 0 else f"operator:{self.job.operators[i - 1].name}",
