@@ -472,7 +472,8 @@ class JobRunner:
         """
         splits = [Split(p, i, start, end) for i, (p, (start, end)) in enumerate(plan.items()) if end > start]
         ctx = ReadContext(epoch=epoch, now_ms=self._now_ms(), key_groups=self.job.key_groups,
-                          parallelism=self._first_parallelism, dead_letter=self.job.dead_letter)
+                          parallelism=self._first_parallelism, dead_letter=self.job.dead_letter,
+                          alignment=self.job.max_watermark_drift_ms is not None)
         self._exchange = self._new_exchange()
         try:
             return self._exchange.read(self.job.source, splits, ctx)
