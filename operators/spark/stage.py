@@ -99,6 +99,7 @@ class SparkExchange(Exchange):
         self.store, self.dkv_options = store, dkv_options
         self._parallelism = parallelism
         self._input = None  # the shuffled RDD the next operator stage reads
+        self._dead_letters = False  # a read task screened out rows: the dead-letter task runs
         self.bytes_received = 0  # pickled summaries and results the driver took from tasks
 
     def _take(self, rdd, partitions: list[int]) -> list:
@@ -112,10 +113,15 @@ class SparkExchange(Exchange):
         p = self._parallelism
         if not splits:
             self._input = self.sc.parallelize([], p + 2)
+            self._dead_letters = False
             return []
-        rdd = self.sc.parallelize(splits, len(splits)).mapPartitions(functools.partial(_read_splits, source, ctx))
+        # No more read tasks than cores: a task's fixed cost (closure, worker round trip)
+        # is paid once per core, and every core still reads.
+        tasks = min(len(splits), max(1, self.sc.defaultParallelism))
+        rdd = self.sc.parallelize(splits, tasks).mapPartitions(functools.partial(_read_splits, source, ctx))
         self._input = rdd.partitionBy(p + 2, _identity)
         summaries = self._take(self._input, [p + 1])
+        self._dead_letters = any(s.dead for s in summaries)
         order = {s: i for i, s in enumerate(splits)}
         return sorted(summaries, key=lambda s: order[s.split])
 
@@ -131,7 +137,7 @@ class SparkExchange(Exchange):
         body = functools.partial(_run_partition, operator, specs, input_schema, self.store, sinks,
                                  self.dkv_options, dead, next_p)
         tasks = self._input.mapPartitionsWithIndex(body)
-        wanted = list(range(p)) + ([p] if dead is not None else [])
+        wanted = list(range(p)) + ([p] if dead is not None and self._dead_letters else [])
         if last:
             out = self._take(tasks, wanted)
         else:
