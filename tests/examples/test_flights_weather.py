@@ -16,6 +16,7 @@ from examples.flights_weather import (
     OUTPUT_SCHEMA,
     WEATHER_COLUMNS,
     HourlyWeatherDelays,
+    HourlyWeatherDelaysBatch,
     flights_weather_job,
     weather_partitions,
 )
@@ -62,10 +63,12 @@ def test_in_process_equals_oracle(tmp_path, oracle) -> None:
 
 
 def test_spark_rescaled_restart_equals_oracle(spark, tmp_path, oracle) -> None:
+    """Three epochs with the on_event form at parallelism 2, then the rest with the
+    vectorised form at parallelism 3: the state carries over both changes."""
     store = str(tmp_path / "store")
     first = JobRunner(flights_weather_job(events_per_epoch=100_000, parallelism=2), spark, store).run(max_epochs=3)
     assert [r.epoch for r in first] == [1, 2, 3] and not first[-1].finished
-    runner = JobRunner(flights_weather_job(events_per_epoch=100_000, parallelism=3), spark, store)
+    runner = JobRunner(flights_weather_job(events_per_epoch=100_000, parallelism=3, batch=True), spark, store)
     rest = runner.run()
     assert rest[0].epoch == 4 and rest[-1].finished
     assert runner.latest().parallelism == 3
@@ -77,11 +80,14 @@ def _hour(h: int) -> int:
     return 1_357_020_000_000 + h * HOUR_MS  # 2013-01-01 06:00 UTC + h hours
 
 
-def test_repeated_observation_last_wins_and_edge_hours(tmp_path) -> None:
+@pytest.mark.parametrize("operator", [HourlyWeatherDelays, HourlyWeatherDelaysBatch], ids=["on_event", "batch"])
+@pytest.mark.parametrize("events_per_epoch", [2, 100], ids=["epochs", "one-epoch"])
+def test_repeated_observation_last_wins_and_edge_hours(operator, events_per_epoch, tmp_path) -> None:
     """Hand-made input: an hour observed twice (the later observation in replay order
     wins, across epochs), an hour without an observation (null weather), an hour with
     only missing delays (NaN mean), an observation without flights (no row), weather
-    offsets with gaps; against ``hourly_weather_delays`` on the same rows."""
+    offsets with gaps; against ``hourly_weather_delays`` on the same rows. The repeated
+    observation's two rows come in different epochs, or both in the one epoch."""
     flights = pd.DataFrame({
         "origin": ["EWR", "EWR", "EWR", "EWR", "JFK", "JFK"],
         "hour": [_hour(0), _hour(0), _hour(1), _hour(3), _hour(0), _hour(0)],
@@ -115,11 +121,12 @@ def test_repeated_observation_last_wins_and_edge_hours(tmp_path) -> None:
         flights, flights["hour"] + flights["minute"] * 60_000, ("dep_delay",), gaps=False))
     weather_source = TableSource("weather", parts(weather, weather["hour"], WEATHER_COLUMNS, gaps=True))
     job = Job(name="weather_edges", source=UnionSource([flights_source, weather_source], name="edges"),
-              operators=[HourlyWeatherDelays()],
+              operators=[operator()],
               sinks={"main": ParquetSink("edges_main", OUTPUT_SCHEMA), "late": ParquetSink("edges_late", LATE_SCHEMA)},
-              events_per_epoch=2, max_out_of_orderness_ms=HOUR_MS)
+              events_per_epoch=events_per_epoch, max_out_of_orderness_ms=HOUR_MS)
     runner = JobRunner(job, None, str(tmp_path / "store"))
-    assert len(runner.run()) >= 3  # the repeated observation's two rows come in different epochs
+    results = runner.run()
+    assert len(results) >= 3 if events_per_epoch == 2 else len(results) == 1
 
     expected = hourly_weather_delays(flights, weather)
     assert expected["temp"].tolist()[:1] == [41.5]  # the oracle, too, keeps the later observation
