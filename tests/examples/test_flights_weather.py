@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
@@ -15,8 +16,10 @@ from examples.flights_weather import (
     LATE_SCHEMA,
     OUTPUT_SCHEMA,
     WEATHER_COLUMNS,
+    HourlyFlightsSource,
     HourlyWeatherDelays,
     HourlyWeatherDelaysBatch,
+    WeatherSource,
     flights_weather_job,
     weather_partitions,
 )
@@ -48,6 +51,15 @@ def _check_run(runner: JobRunner, oracle: pd.DataFrame) -> None:
     assert job.sinks["late"].read(store, job.prefix).num_rows == 0
     assert_equals_oracle(job.sinks["main"].read(store, job.prefix), oracle)
     assert list(checkpoint_entries(store, job.prefix)) == []
+
+
+def test_replay_order_is_event_time_order() -> None:
+    """What MAX_OUT_OF_ORDERNESS_MS rests on: in every partition of both sources, event
+    time never goes back (so, with a bound of an hour, nothing can be late)."""
+    for source in (HourlyFlightsSource(), WeatherSource()):
+        for partition, end in source.end_offsets().items():
+            stamps = source.read(partition, 0, end).column("timestamp").to_numpy()
+            assert (np.diff(stamps) >= 0).all(), f"{source.name}/{partition} goes back in event time"
 
 
 def test_in_process_equals_oracle(tmp_path, oracle) -> None:
