@@ -22,13 +22,13 @@ they would dominate the run). Requests issued from a thread pool overlap their w
 the driver's time shows whether its requests are issued in parallel.
 
 Per epoch, the driver's requests are the store's counts over the epoch minus those made
-inside the stage (``JobRunner._run_stage``: in process, cutting the events per range and
-running the tasks one after another, what a Spark stage does on the executors; the same
+by the executors' side (``LocalExchange.read`` and ``run_operator``: in process, reading
+the source splits and running each operator's tasks one after another, what Spark's
+executors do on a cluster; the same
 subtraction as the in-process runner's ``requests`` metric, ``driver._epoch_requests``,
 but aligned to the epoch: the epoch's own commit, publish and retention). Driver seconds
 are the epoch's wall time (``time.perf_counter``, a monotonic wall clock) minus the time
-spent inside the stage: planning, reading the (in-memory) source slices, the commit, the
-publish, retention and the lease, with the local directory's own costs (a hard link per
+spent on the executors' side: planning, the commit, the publish, retention and the lease, with the local directory's own costs (a hard link per
 published file, an unlink per deleted one) on top of the simulated latency. Steady
 epochs are those in which a checkpoint expires; the table gives their medians, and the
 target of at most 3P + 50 requests and under 1 s per epoch.
@@ -54,6 +54,7 @@ from examples.synthetic import SyntheticSource
 from operators.api.job import Job
 from operators.paths import checkpoint_key
 from operators.runtime.driver import JobRunner
+from operators.runtime.exchange import LocalExchange
 from storage.objectstore import REQUEST_KINDS, ObjectStore, subtract_requests
 from storage.objectstore.local import LocalObjectStore
 
@@ -64,9 +65,10 @@ FIELDS = (*REQUEST_KINDS, "bytes_read", "bytes_written")
 
 
 class LatencyStore(ObjectStore):
-    """A ``LocalObjectStore`` whose requests wait ``latency_s`` first, except inside a
-    stage (``in_task``): a stand-in for S3's per-request latency on the driver's side.
-    Counts are the inner store's (one per request, ``delete_many`` per 1,000 keys)."""
+    """A ``LocalObjectStore`` whose requests wait ``latency_s`` first, except on the
+    executors' side (``in_task``): a stand-in for S3's per-request latency on the
+    driver's side. Counts are the inner store's (one per request, ``delete_many`` per
+    1,000 keys)."""
 
     def __init__(self, root: str, latency_s: float) -> None:
         super().__init__()
@@ -152,21 +154,24 @@ def run(parallelism: int, epochs: int, retain: int, latency_ms: float,
         store = LatencyStore(root, latency_ms / 1000)
         task_requests: list[dict[str, int]] = []
         task_seconds = [0.0]
-        real_run_stage = JobRunner._run_stage
+        real_stages = {"read": LocalExchange.read, "run_operator": LocalExchange.run_operator}
 
-        def run_stage(runner, *args, **kwargs):
-            # The in-process stage (cutting the events per range, the tasks one after
-            # another) stands for a Spark stage: its time and requests are the tasks'.
-            store.in_task.on = True
-            before, started = store.stats.snapshot(), time.perf_counter()
-            try:
-                return real_run_stage(runner, *args, **kwargs)
-            finally:
-                task_seconds[0] += time.perf_counter() - started
-                task_requests.append(subtract_requests(store.stats.snapshot(), before))
-                store.in_task.on = False
+        def executor_side(step):
+            # The in-process exchange (reading the source splits, running each operator's
+            # tasks one after another) stands for Spark's executors: its time and
+            # requests are the tasks'.
+            def call(exchange, *args, **kwargs):
+                store.in_task.on = True
+                before, started = store.stats.snapshot(), time.perf_counter()
+                try:
+                    return step(exchange, *args, **kwargs)
+                finally:
+                    task_seconds[0] += time.perf_counter() - started
+                    task_requests.append(subtract_requests(store.stats.snapshot(), before))
+                    store.in_task.on = False
+            return call
 
-        JobRunner._run_stage = run_stage
+        LocalExchange.read, LocalExchange.run_operator = (executor_side(f) for f in real_stages.values())
         phases = {"commit": 0.0, "publish": 0.0, "retention": 0.0}
         real_steps = {"commit": JobRunner._commit, "publish": JobRunner._publish,
                       "retention": JobRunner._apply_retention}
@@ -207,7 +212,7 @@ def run(parallelism: int, epochs: int, retain: int, latency_ms: float,
                                  "full_sweep": runner.last_cleanup.full_sweep})
                 checkpoint_bytes = len(store.inner.get(checkpoint_key(job.prefix, rows[-1]["epoch"])))
         finally:
-            JobRunner._run_stage = real_run_stage
+            LocalExchange.read, LocalExchange.run_operator = real_stages.values()
             JobRunner._commit, JobRunner._publish, JobRunner._apply_retention = real_steps.values()
     steady = [r for r in rows if r["expired"]]
     if not steady:
