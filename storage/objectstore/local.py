@@ -290,6 +290,9 @@ class LocalObjectStore(ObjectStore):
         try:
             try:
                 os.link(src, tmp)
+                # The link has the source's age; a cleanup takes old temp files for
+                # abandoned writes (remove_abandoned_writes), so it is made young.
+                os.utime(tmp)
             except FileNotFoundError:
                 raise ObjectNotFoundError(f"object not found: {self.uri(src_key)}") from None
             except OSError:  # no hard links on this filesystem: copy the bytes
