@@ -12,6 +12,10 @@ Layout under the store root::
                                                  range (its own layout: storage.dkv.paths)
       staging/epoch=<epoch:010d>/<operator>/<range label>@<attempt>/<file>
                                                  task output, garbage until a checkpoint names it
+      r/<hh>/state/<operator>/<range label>/...  the same two under ``LAYOUT_HASHED``: hh =
+      r/<hh>/staging/<operator>/<range label>/epoch=<epoch:010d>@<attempt>/<file>
+                                                 xxh3_64("<operator>/<range label>") mod 256,
+                                                 two hex digits, first (``range_hash``)
       sinks/<name>/...                           published output (Parquet, Delta table)
       control/flush/<id>.json, control/lease.json
                                                  flush requests and the epoch lease
@@ -21,15 +25,33 @@ Layout under the store root::
 
 Every function returns a key or prefix relative to the store root; prefixes of a
 "directory" end with ``/``, prefixes a caller extends with its own name do not (they say so).
+
+Key layouts of the tasks' files (a job's layout is fixed at its first epoch and recorded
+in its checkpoints, ``JobCheckpoint.layout``; ``Job.key_layout`` chooses it for a new job):
+
+* ``LAYOUT_FLAT`` (1): ``state/`` and ``staging/`` as above. Staging keys start with the
+  epoch, so each epoch writes a new, increasing key range.
+* ``LAYOUT_HASHED`` (2): a two-hex-digit hash of the operator and range label first, so an
+  epoch's task requests spread evenly over 256 prefixes from the first epoch on, and a
+  rescale's new ranges land on the same 256; S3 scales request rates per prefix (as
+  Iceberg's object-storage location provider does it for data files). Checkpoints, the
+  lease and published sinks stay where they are in both.
 """
 from __future__ import annotations
 
 import re
 
+import xxhash
+
 _CHECKPOINT_NAME = re.compile(r"epoch-(\d{10})\.json$")
 _COMMIT_RECORD_NAME = re.compile(r"committed-(\d{10})\.json$")
 _RETIRED_NAME = re.compile(r"retired-(\d{10})\.json$")
-_STAGED_EPOCH = re.compile(r"/staging/epoch=(\d+)/")
+_STAGED_EPOCH = re.compile(r"/staging/(?:[^/]+/[^/]+/)?epoch=(\d+)[/@]")
+
+LAYOUT_FLAT = 1
+LAYOUT_HASHED = 2
+LAYOUTS = {"flat": LAYOUT_FLAT, "hashed": LAYOUT_HASHED}
+HASH_PREFIXES = 256
 
 
 def job_prefix(name: str) -> str:
@@ -92,25 +114,66 @@ def quarantine_key(job: str, stamp: str, checkpoint: str) -> str:
 
 # ----------------------------------------------------------------------------------- state
 def state_root(job: str) -> str:
-    """``<job>/state/``: every DKV instance of the job."""
+    """``<job>/state/``: every DKV instance of a job of ``LAYOUT_FLAT``."""
     return f"{job}/state/"
 
 
-def state_prefix(job: str, operator: str, range_label: str) -> str:
+def hashed_root(job: str) -> str:
+    """``<job>/r/``: every DKV instance and staged file of a job of ``LAYOUT_HASHED``."""
+    return f"{job}/r/"
+
+
+def range_hash(operator: str, range_label: str) -> str:
+    """The two hex digits that lead a range's keys under ``LAYOUT_HASHED``:
+    ``xxh3_64("<operator>/<range label>") mod 256`` (stable across processes)."""
+    return f"{xxhash.xxh3_64_intdigest(f'{operator}/{range_label}'.encode()) % HASH_PREFIXES:02x}"
+
+
+def state_prefix(job: str, operator: str, range_label: str, layout: int = LAYOUT_FLAT) -> str:
     """Prefix of the DKV instance of ``operator`` over one key-group range (no trailing slash)."""
+    if layout == LAYOUT_HASHED:
+        return f"{hashed_root(job)}{range_hash(operator, range_label)}/state/{operator}/{range_label}"
     return f"{state_root(job)}{operator}/{range_label}"
+
+
+def state_listing_roots(job: str) -> list[str]:
+    """The prefixes to LIST for every DKV file of a job, whatever its layout."""
+    return [state_root(job), hashed_root(job)]
+
+
+def parse_state_key(job: str, key: str) -> tuple[str, str, str] | None:
+    """``(operator, range label, state prefix)`` of a DKV file's key in either layout,
+    or None for a key that is not one."""
+    if key.startswith(state_root(job)):
+        parts = key[len(state_root(job)):].split("/", 2)
+        if len(parts) == 3:
+            return parts[0], parts[1], state_prefix(job, parts[0], parts[1], LAYOUT_FLAT)
+    elif key.startswith(hashed_root(job)):
+        parts = key[len(hashed_root(job)):].split("/", 4)
+        if len(parts) == 5 and parts[1] == "state":
+            return parts[2], parts[3], state_prefix(job, parts[2], parts[3], LAYOUT_HASHED)
+    return None
 
 
 # --------------------------------------------------------------------------------- staging
 def staging_root(job: str) -> str:
-    """``<job>/staging/``: task output not yet published."""
+    """``<job>/staging/``: task output not yet published, of a job of ``LAYOUT_FLAT``."""
     return f"{job}/staging/"
 
 
-def staging_prefix(job: str, epoch: int, operator: str, range_label: str, attempt: str) -> str:
+def staging_prefix(job: str, epoch: int, operator: str, range_label: str, attempt: str,
+                   layout: int = LAYOUT_FLAT) -> str:
     """Prefix a task attempt writes its staged files under (no trailing slash): unique per
     epoch, operator, range and attempt, so retried and speculative attempts never collide."""
+    if layout == LAYOUT_HASHED:
+        return (f"{hashed_root(job)}{range_hash(operator, range_label)}/staging/{operator}/{range_label}/"
+                f"epoch={epoch:010d}@{attempt}")
     return f"{staging_root(job)}epoch={epoch:010d}/{operator}/{range_label}@{attempt}"
+
+
+def is_staged_key(job: str, key: str) -> bool:
+    """True for a staged file's key of either layout."""
+    return key.startswith(staging_root(job)) or (key.startswith(hashed_root(job)) and "/staging/" in key)
 
 
 def staged_epoch(key: str) -> int | None:
@@ -120,12 +183,14 @@ def staged_epoch(key: str) -> int | None:
 
 
 def range_label_of(staged_key: str) -> str:
-    """The key-group range label a staged file belongs to.
+    """The key-group range label a staged file belongs to (either layout).
 
     Raises:
         ValueError: ``staged_key`` is not under a ``staging_prefix``.
     """
     parts = staged_key.split("/")
+    if len(parts) >= 5 and parts[-5] == "staging" and parts[-2].startswith("epoch=") and "@" in parts[-2]:
+        return parts[-3]  # LAYOUT_HASHED: .../staging/<op>/<label>/epoch=<e>@<attempt>/<file>
     if len(parts) < 5 or parts[-5] != "staging" or "@" not in parts[-2]:
         raise ValueError(f"not a staged output key: {staged_key!r}")
     return parts[-2].split("@", 1)[0]

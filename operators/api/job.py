@@ -29,6 +29,12 @@ class Job:
         operator_parallelism: ``{operator name: P}`` for operators that run with their
             own number of key-group ranges (Flink's per-operator ``setParallelism``); the
             exchange between two operators re-routes events by the next one's ranges.
+        key_layout: where a new job's tasks put their DKV and staged files:
+            ``"flat"`` (``jobs/<job>/state/...``, ``staging/...``) or ``"hashed"`` (a
+            two-hex-digit hash of operator and range first, ``jobs/<job>/r/<hh>/...``,
+            spreading an epoch's requests over 256 S3 prefixes: for jobs with hundreds of
+            ranges; Iceberg's ``write.object-storage.enabled``). Fixed at the job's first
+            epoch and recorded in its checkpoints; a restart keeps the recorded layout.
         events_per_epoch: events read per micro-batch epoch, over all partitions.
         max_out_of_orderness_ms: watermark bound: watermark = min over unfinished
             source partitions of the max event time seen, minus this (>= 0).
@@ -72,6 +78,7 @@ class Job:
     max_watermark_drift_ms: int | None = None
     on_operator_error: str = "fail"
     operator_parallelism: dict[str, int] = field(default_factory=dict)
+    key_layout: str = "flat"
 
     def __post_init__(self) -> None:
         self.validate()

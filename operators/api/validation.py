@@ -21,6 +21,7 @@ from operators.api.state import ListSpec, MapSpec, ValueSpec, state_specs
 from operators.errors import InvalidJobError
 from operators.io.sinks import Sink
 from operators.io.sources import Source
+from operators.paths import LAYOUTS
 
 if TYPE_CHECKING:
     from operators.api.job import Job
@@ -161,6 +162,9 @@ def check_job(job: Job) -> None:
                                   f"operator of the job (operators: {sorted(names)})")
         _check_int(job, f"operator_parallelism[{name!r}]", parallelism, 1, job.key_groups,
                    " (at most key_groups: a task owns at least one key group)")
+    if job.key_layout not in LAYOUTS:
+        raise InvalidJobError(f"job {job.name}: key_layout must be one of {sorted(LAYOUTS)}, "
+                              f"got {job.key_layout!r}")
     for name, sink in job.sinks.items():
         if not isinstance(sink, Sink):
             raise InvalidJobError(f"job {job.name}: sink {name!r} is {sink!r}, not a Sink")

@@ -28,6 +28,8 @@ checkpoint exists. Layout::
         "unkept": {op_name: {range_label: [[name, bytes], ...]}} | null,
             # what the epoch's tasks wrote and their manifests do not name
             # (DKV.unkept_at_checkpoint): garbage once this checkpoint is committed
+        "layout": int,                              # key layout of the tasks' files, fixed
+            # at the job's first epoch (operators.paths: 1 flat, 2 hashed; absent: 1)
         "metrics": {...,                            # events, tables, bytes, ...
             "drained": true,                        # only in a drain epoch (JobRunner.stop)
             "requests": {"driver": {...}, "tasks": {...}},  # object-store requests
@@ -97,6 +99,7 @@ class JobCheckpoint:
     partition_active_at_ms: dict[str, int] = field(default_factory=dict)
     dropped: dict[str, dict[str, list] | None] | None = None
     unkept: dict[str, dict[str, list] | None] | None = None
+    layout: int = paths.LAYOUT_FLAT  # the key layout of the tasks' files (operators.paths)
 
     def encode(self) -> bytes:
         """Checksummed JSON bytes."""
@@ -135,13 +138,15 @@ class JobCheckpoint:
             raise CorruptionError(f"{uri}: unreadable job checkpoint ({len(data)} bytes): {e}") from e
 
 
-def encode_objects(job_prefix: str, by_operator: dict[str, dict[str, dict[str, int] | None]]
+def encode_objects(job_prefix: str, by_operator: dict[str, dict[str, dict[str, int] | None]],
+                   layout: int = paths.LAYOUT_FLAT
                    ) -> dict[str, dict[str, list] | None]:
     """The checkpoint's ``dropped`` or ``unkept`` field from each range's
     ``DKV.dropped_at_checkpoint`` or ``DKV.unkept_at_checkpoint``.
 
     Args:
         job_prefix: ``jobs/<job name>``.
+        layout: the job's key layout (``operators.paths``), which places the range prefixes.
         by_operator: ``{operator: {range label: {object key: bytes} or None}}``; an
             operator with an unknown (None) range is unknown as a whole.
 
@@ -159,13 +164,14 @@ def encode_objects(job_prefix: str, by_operator: dict[str, dict[str, dict[str, i
         for label, objects in ranges.items():
             if not objects:
                 continue
-            base = paths.state_prefix(job_prefix, op, label) + "/"
+            base = paths.state_prefix(job_prefix, op, label, layout) + "/"
             out[op][label] = sorted([k[len(base):] if k.startswith(base) else "/" + k, n]
                                     for k, n in objects.items())
     return out
 
 
-def decode_objects(field_value: dict | None, job_prefix: str) -> dict[str, int] | None:
+def decode_objects(field_value: dict | None, job_prefix: str, layout: int = paths.LAYOUT_FLAT
+                   ) -> dict[str, int] | None:
     """``{object key: bytes}`` of a checkpoint's ``dropped`` or ``unkept`` field; None if
     unknown for any operator (or the field is absent).
 
@@ -177,7 +183,7 @@ def decode_objects(field_value: dict | None, job_prefix: str) -> dict[str, int] 
     out: dict[str, int] = {}
     for op, ranges in field_value.items():
         for label, entries in ranges.items():
-            base = paths.state_prefix(job_prefix, op, label) + "/"
+            base = paths.state_prefix(job_prefix, op, label, layout) + "/"
             for name, size in entries:
                 out[name[1:] if name.startswith("/") else base + name] = int(size)
     return out

@@ -146,8 +146,7 @@ def cleanup_job(store: ObjectStore, job_prefix: str, retain: int, *, concurrent:
     if concurrent:
         report.deferred = _in_flight(store, job_prefix, kept[-1])
         if not report.deferred:
-            listed = (store.list(paths.state_root(job_prefix)),
-                      store.list(paths.staging_root(job_prefix)))
+            listed = _list_task_files(store, job_prefix)
             report.deferred = _in_flight(store, job_prefix, kept[-1])
             store = _ListedOnly(store, {*listed[0], *listed[1]})
     retained = []
@@ -171,13 +170,11 @@ def cleanup_job(store: ObjectStore, job_prefix: str, retain: int, *, concurrent:
     if report.deferred or len(retained) < len(kept):
         return report
 
-    prefix_root = paths.state_root(job_prefix)
-    state_keys, staged_keys = listed or (store.list(prefix_root),
-                                         store.list(paths.staging_root(job_prefix)))
+    state_keys, staged_keys = listed or _list_task_files(store, job_prefix)
     range_prefixes: dict[str, set[str]] = {}  # operator -> DKV prefixes of all its ranges, old and new
     for key in state_keys:
-        op, label = key[len(prefix_root):].split("/", 2)[:2]
-        range_prefixes.setdefault(op, set()).add(paths.state_prefix(job_prefix, op, label))
+        op, _, prefix = paths.parse_state_key(job_prefix, key)
+        range_prefixes.setdefault(op, set()).add(prefix)
     for op, prefixes in sorted(range_prefixes.items()):
         manifests = [m for c in retained for m in c.operators.get(op, {}).values()]
         try:
@@ -203,6 +200,16 @@ def cleanup_job(store: ObjectStore, job_prefix: str, retain: int, *, concurrent:
         report.files_deleted += 1
     report.abandoned_writes_removed = store.remove_abandoned_writes(f"{job_prefix}/", ABANDONED_WRITE_AGE_S)
     return report
+
+
+def _list_task_files(store: ObjectStore, job_prefix: str) -> tuple[list[str], list[str]]:
+    """``(DKV files, staged files)`` of the job in either key layout (``operators.paths``):
+    a LIST of ``state/``, ``staging/`` and ``r/``."""
+    flat_state, flat_staged, hashed = map_requests(
+        store.list, [paths.state_root(job_prefix), paths.staging_root(job_prefix), paths.hashed_root(job_prefix)])
+    state = flat_state + [k for k in hashed if paths.parse_state_key(job_prefix, k) is not None]
+    staged = flat_staged + [k for k in hashed if paths.is_staged_key(job_prefix, k)]
+    return state, staged
 
 
 def _read_or_error(store: ObjectStore, job_prefix: str, epoch: int) -> JobCheckpoint | Exception:
@@ -283,7 +290,7 @@ class IncrementalRetention:
         decoded = []
         for value in (ckpt.dropped, ckpt.unkept):
             try:
-                decoded.append(decode_objects(value, self.job_prefix))
+                decoded.append(decode_objects(value, self.job_prefix, ckpt.layout))
             except (ValueError, TypeError, AttributeError):  # a malformed field: unknown
                 decoded.append(None)
         return _Record([k for keys in ckpt.outputs.values() for k in keys], *decoded,

@@ -59,7 +59,7 @@ import pyarrow.parquet as pq
 from operators.errors import BadInputError
 from operators.io.sinks import ParquetSink
 from operators.io.sources import ERROR_COLUMN, KEY_COLUMN, RAW_VALUE_COLUMN, TIMESTAMP_COLUMN
-from operators.paths import staging_prefix
+from operators.paths import LAYOUT_FLAT, staging_prefix
 from storage.objectstore import ObjectStore
 
 DEAD_LETTER_OUTPUT = "_dead_letter"  # its key in JobCheckpoint.outputs
@@ -197,7 +197,7 @@ def counts(screened: dict[str, int], operator_errors: int = 0) -> dict[str, int]
 
 
 def stage(store: ObjectStore, job_prefix: str, epoch: int, dead: pa.Table, attempt: str,
-          label: str = "source") -> str:
+          label: str = "source", layout: int = LAYOUT_FLAT) -> str:
     """Writes dead-letter rows as a staged Parquet file; returns its key.
 
     Args:
@@ -206,9 +206,10 @@ def stage(store: ObjectStore, job_prefix: str, epoch: int, dead: pa.Table, attem
             published file (``part-<label>.parquet``), so it is unique within an epoch.
         attempt: unique to the writer's attempt (driver or task): a failed attempt's file
             is never named by a checkpoint and is cleaned up like any staged output.
+        layout: the job's key layout (``operators.paths``).
     """
     buf = io.BytesIO()
     pq.write_table(dead, buf, compression="zstd")
-    key = f"{staging_prefix(job_prefix, epoch, DEAD_LETTER_OUTPUT, label, attempt)}/dead_letter.parquet"
+    key = f"{staging_prefix(job_prefix, epoch, DEAD_LETTER_OUTPUT, label, attempt, layout)}/dead_letter.parquet"
     store.put(key, buf.getvalue())
     return key

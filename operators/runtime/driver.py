@@ -60,7 +60,7 @@ from operators.api.job import Job
 from operators.api.keygroups import KeyGroupRange, key_group_ranges
 from operators.api.operator import MAIN_OUTPUT, WATERMARK_MIN
 from operators.errors import BadInputError, JobFailedError, JobFencedError
-from operators.paths import checkpoint_key
+from operators.paths import LAYOUTS, checkpoint_key
 from operators.runtime import dead_letter, live
 from operators.runtime.checkpoints import (
     JobCheckpoint,
@@ -262,6 +262,7 @@ class JobRunner:
             partition_max_ts={p: WATERMARK_MIN for p in parts},
             finished=False, key_groups=self.job.key_groups, parallelism=self.job.parallelism,
             operators={op.name: {} for op in self.job.operators}, outputs={},
+            layout=LAYOUTS[self.job.key_layout],
         )
 
     def _check_compatible(self, ckpt: JobCheckpoint) -> None:
@@ -269,6 +270,11 @@ class JobRunner:
             raise JobFailedError(
                 f"job {self.job.name}: checkpoint epoch {ckpt.epoch} has key_groups={ckpt.key_groups}, "
                 f"job has {self.job.key_groups}; key groups are fixed for a job's lifetime")
+        if ckpt.layout != LAYOUTS[self.job.key_layout]:
+            recorded = next(name for name, n in LAYOUTS.items() if n == ckpt.layout)
+            log.warning("job %s: key_layout=%r, but the job's files are in the %r layout since its first "
+                        "epoch; it keeps that one (a layout is fixed for a job's lifetime)",
+                        self.job.name, self.job.key_layout, recorded)
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
@@ -556,11 +562,11 @@ class JobRunner:
             finished=finished, key_groups=self.job.key_groups, parallelism=self.job.parallelism,
             operators={op: {res.range_label: res.manifest_key for res in rs}
                        for op, rs in results.items()},
-            outputs=outputs, metrics=metrics,
+            outputs=outputs, metrics=metrics, layout=ckpt.layout,
             dropped=encode_objects(self.job.prefix, {  # retention hook (operators.runtime.cleanup)
-                op: {res.range_label: res.dropped for res in rs} for op, rs in results.items()}),
+                op: {res.range_label: res.dropped for res in rs} for op, rs in results.items()}, ckpt.layout),
             unkept=encode_objects(self.job.prefix, {  # retention hook
-                op: {res.range_label: res.unkept for res in rs} for op, rs in results.items()}),
+                op: {res.range_label: res.unkept for res in rs} for op, rs in results.items()}, ckpt.layout),
             partition_active_at_ms={p: plan.planned_at_ms if end > start else active_at[p]
                                     for p, (start, end) in plan.offsets.items()},
         )
@@ -638,12 +644,13 @@ class JobRunner:
                     input_name=self.job.source.name if i == 0 else f"operator:{self.job.operators[i - 1].name}",
                     input_partitions=partitions if i == 0 and dead_letter_policy else None,
                     offset_limits=offset_limits if i == 0 else None,
+                    layout=ckpt.layout,
                 )
                 for r, kr in enumerate(ranges)
             ]
             first = None
             if i == 0:
-                first = FirstStage(DeadLetterSpec(self.job.prefix, epoch, dict(cuts)),
+                first = FirstStage(DeadLetterSpec(self.job.prefix, epoch, dict(cuts), ckpt.layout),
                                    event_time=inputs if event_time is None else None)
             try:
                 results, screened = self._exchange.run_operator(

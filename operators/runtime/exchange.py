@@ -33,6 +33,7 @@ import pyarrow as pa
 from operators.api.operator import Operator
 from operators.io.sinks import Sink
 from operators.io.sources import Source
+from operators.paths import LAYOUT_FLAT
 from operators.runtime import dead_letter, live
 from operators.runtime.live import EventTimeInputs
 from operators.runtime.open_state import OpenState
@@ -57,11 +58,13 @@ class DeadLetterSpec:
     Attributes:
         job_prefix, epoch: where and for which epoch it stages.
         cuts: watermark alignment's cuts, ``{partition: first offset not read}``.
+        layout: the job's key layout (``operators.paths``).
     """
 
     job_prefix: str
     epoch: int
     cuts: dict[str, int]
+    layout: int = LAYOUT_FLAT
 
 
 @dataclass
@@ -134,7 +137,7 @@ def run_dead_letters(spec: DeadLetterSpec, tables: list[pa.Table], store: Object
     dead = cut_dead_letters(pa.concat_tables(tables), spec.cuts) if tables else None
     if dead is None or not dead.num_rows:
         return DeadLetterResult(None, {})
-    key = dead_letter.stage(store, spec.job_prefix, spec.epoch, dead, uuid.uuid4().hex[:12])
+    key = dead_letter.stage(store, spec.job_prefix, spec.epoch, dead, uuid.uuid4().hex[:12], layout=spec.layout)
     return DeadLetterResult(key, dead_letter.reason_counts(dead))
 
 

@@ -35,7 +35,8 @@ def compact_job(store: ObjectStore, job_prefix: str, options: DKVOptions | None 
     results = []
     for op, ranges in sorted(ckpt.operators.items()):
         for label, manifest_key in sorted(ranges.items()):
-            key = compact_checkpoint(store, paths.state_prefix(job_prefix, op, label), manifest_key, options)
+            key = compact_checkpoint(store, paths.state_prefix(job_prefix, op, label, ckpt.layout), manifest_key,
+                                     options)
             if key is not None:
                 results.append(key)
     return results

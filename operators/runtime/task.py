@@ -74,6 +74,8 @@ class TaskSpec:
         offset_limits: watermark alignment's cuts for the first operator,
             ``{_part index: first offset not read}`` (``live.alignment_cuts``): events at
             or past it are dropped (the next epoch reads them again); None: no cut.
+        layout: the job's key layout (``operators.paths``): where the range's DKV files
+            and staged output go.
     """
 
     job_prefix: str
@@ -92,6 +94,7 @@ class TaskSpec:
     input_name: str = ""
     input_partitions: tuple[str, ...] | None = None
     offset_limits: dict[int, int] | None = None
+    layout: int = paths.LAYOUT_FLAT
 
 
 @dataclass
@@ -215,7 +218,7 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
         ingest = IngestSketch.of(events.filter(pc.is_valid(events.column(KEY_COLUMN)))
                                  .column(INGEST_TIME_COLUMN))
     krange = spec.key_group_range
-    state_prefix = paths.state_prefix(spec.job_prefix, operator.name, krange.label)
+    state_prefix = paths.state_prefix(spec.job_prefix, operator.name, krange.label, spec.layout)
     db = timers = None
     if open_state is not None and not spec.parent_manifests:
         taken = open_state.take(store.root_uri, state_prefix, spec.manifest_key, dkv_options)
@@ -260,7 +263,7 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
         buffer.commit()
         timers = None
 
-    staging = staging_prefix(spec.job_prefix, spec.epoch, operator.name, krange.label, attempt)
+    staging = staging_prefix(spec.job_prefix, spec.epoch, operator.name, krange.label, attempt, spec.layout)
     tables = {name: e[0] for name, e in emitted.items()}
     forwarded = None
     staged: dict[str, str] = {}
@@ -273,7 +276,7 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
     dead_letter_key = None
     if dead is not None and dead.count:
         dead_letter_key = dead_letter.stage(store, spec.job_prefix, spec.epoch, dead.table(), attempt,
-                                            label=f"{operator.name}-{krange.label}")
+                                            label=f"{operator.name}-{krange.label}", layout=spec.layout)
     if spec.flush:
         db.flush()
     fault_point("task_before_checkpoint")

@@ -63,7 +63,7 @@ def checkpoint_entries(store: ObjectStore, job_prefix: str, epoch: int | None = 
         if operator is not None and op_name != operator:
             continue
         for label, manifest_key in sorted(ckpt.operators[op_name].items()):
-            db = DKV.open(store, paths.state_prefix(job_prefix, op_name, label), manifest_key)
+            db = DKV.open(store, paths.state_prefix(job_prefix, op_name, label, ckpt.layout), manifest_key)
             try:
                 yield from ((op_name, label, k, v) for k, v in db.scan_range(b"", None))
             finally:
