@@ -33,7 +33,10 @@ that fails any check is printed as FAILED with no rate, and the exit status is 1
 
 Output: ``os.cpu_count()`` and the load average at the start, one line per run as it
 ends, then a table of every run (in run order, never only the best) and the ratio
-2-worker/1-worker of each pair (run 2k over run 2k-1), whole run and steady state.
+2-worker/1-worker of each pair (run 2k over run 2k-1), whole run and steady state,
+next to the ratio the pair would have if the second worker only halved the 1-worker
+run's task time (``tasks_halved_bound``: the driver's share bounds the ratio). The
+table also gives each executor's summed task time.
 ``--json PATH`` writes the same as JSON.
 """
 from __future__ import annotations
@@ -246,18 +249,27 @@ def _ratio(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}x"
 
 
+def tasks_halved_bound(one: dict) -> float:
+    """The whole-run ratio a second worker could give if it halved the 1-worker run's
+    task time and nothing else changed (Amdahl's law): ``s / (s - T / 2)``, with ``s``
+    the run's clock and ``T`` its executor's summed task time. The driver's own share of
+    each epoch (planning, commit, publish, what it does between stages) stays."""
+    task_s = sum(one["task_seconds"].values())
+    return one["seconds"] / (one["seconds"] - task_s / 2)
+
+
 def ratios(rows: list[dict]) -> list[dict]:
     """2-worker/1-worker per pair of runs (run 2k over run 2k-1), whole run and steady
     state; a pair with a failed run has no ratio."""
     out = []
     for one, two in zip(rows[0::2], rows[1::2]):
         if "error" in one or "error" in two:
-            out.append({"runs": [one["run"], two["run"]], "whole": None, "steady": None})
+            out.append({"runs": [one["run"], two["run"]], "whole": None, "steady": None, "tasks_halved": None})
             continue
         steady = (two["steady_events_per_s"] / one["steady_events_per_s"]
                   if one["steady_events_per_s"] and two["steady_events_per_s"] else None)
         out.append({"runs": [one["run"], two["run"]], "whole": two["events_per_s"] / one["events_per_s"],
-                    "steady": steady})
+                    "steady": steady, "tasks_halved": tasks_halved_bound(one)})
     return out
 
 
@@ -277,7 +289,8 @@ def print_report(rows: list[dict], pairs: list[dict]) -> None:
     print("\n2 workers / 1 worker, per pair of runs:")
     for p in pairs:
         print(f"  runs {p['runs'][1]}/{p['runs'][0]}: whole run {_ratio(p['whole'])}, "
-              f"steady state {_ratio(p['steady'])}")
+              f"steady state {_ratio(p['steady'])}; with run {p['runs'][0]}'s task time halved "
+              f"and nothing else: {_ratio(p['tasks_halved'])}")
     whole = [p["whole"] for p in pairs if p["whole"] is not None]
     if len(whole) > 1:
         steady = [p["steady"] for p in pairs if p["steady"] is not None]

@@ -13,7 +13,14 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from bench.cluster_scaling import EVENTS_PER_SCALE, QUICK, check_run, rates, ratios
+from bench.cluster_scaling import (
+    EVENTS_PER_SCALE,
+    QUICK,
+    check_run,
+    rates,
+    ratios,
+    tasks_halved_bound,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,12 +56,20 @@ def test_rates_whole_run_and_steady_state() -> None:
 
 
 def test_ratios_pair_runs_in_order_and_skip_failed_pairs() -> None:
-    rows = [{"run": 1, "workers": 1, "events_per_s": 100.0, "steady_events_per_s": 120.0},
+    rows = [{"run": 1, "workers": 1, "events_per_s": 100.0, "steady_events_per_s": 120.0, "seconds": 10.0,
+             "task_seconds": {"0": 10.0}},
             {"run": 2, "workers": 2, "events_per_s": 150.0, "steady_events_per_s": 240.0},
             {"run": 3, "workers": 1, "error": "RuntimeError: driver exited with 1"},
             {"run": 4, "workers": 2, "events_per_s": 170.0, "steady_events_per_s": 200.0}]
-    assert ratios(rows) == [{"runs": [1, 2], "whole": 1.5, "steady": 2.0},
-                            {"runs": [3, 4], "whole": None, "steady": None}]
+    # Run 1's 10 s were all task time: halving it would double the rate.
+    assert ratios(rows) == [{"runs": [1, 2], "whole": 1.5, "steady": 2.0, "tasks_halved": 2.0},
+                            {"runs": [3, 4], "whole": None, "steady": None, "tasks_halved": None}]
+
+
+def test_tasks_halved_bound_keeps_the_drivers_share() -> None:
+    # 12 s on one worker, 8 s of them in its tasks:
+    # 4 s of driver time stay, the tasks' 8 s become 4 s: 12 / 8.
+    assert tasks_halved_bound({"seconds": 12.0, "task_seconds": {"0": 8.0}}) == pytest.approx(1.5)
 
 
 def test_check_run_refuses_missing_events_an_idle_worker_and_wrong_output(flights_oracle) -> None:
