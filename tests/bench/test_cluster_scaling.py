@@ -6,6 +6,7 @@ each worker's executor and matched the oracle."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,9 +29,13 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow("starts SeaweedFS and two Spark standalone clusters (~65 s)")
 def test_quick_run_completes_and_matches_oracle(tmp_path) -> None:
     out = tmp_path / "scaling.json"
+    # Its SeaweedFS and clusters live under TMPDIR: every process it started names tmp_path.
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "cluster_scaling.py"), "--quick", "--json", str(out)],
-                          check=False, cwd=ROOT, capture_output=True, text=True, timeout=600)
+                          check=False, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TMPDIR": str(tmp_path)})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    left = _processes_naming(str(tmp_path))
+    assert not left, f"processes left running by the benchmark: {left}"
     report = json.loads(out.read_text())
     runs = report["runs"]
     assert [r["workers"] for r in runs] == [1, 2]
@@ -43,6 +48,24 @@ def test_quick_run_completes_and_matches_oracle(tmp_path) -> None:
     assert len(report["ratios"]) == 1 and report["ratios"][0]["whole"] is not None
     assert report["setup"]["cpu_count"] >= 1 and report["setup"]["scale"] == QUICK["scale"]
     assert "output equals the oracle" in done.stdout and "2 workers / 1 worker" in done.stdout
+
+
+def _processes_naming(text: str) -> list[str]:
+    """Command lines of running processes whose command line or environment contains
+    ``text`` (a worker's executors and their Python workers inherit its environment)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            environ = (proc / "environ").read_bytes()
+        except OSError:  # ended meanwhile, or not ours to read
+            continue
+        if text.encode() in cmdline or text.encode() in environ:
+            args = cmdline.replace(b"\0", b" ").decode(errors="replace")
+            found.append(f"{proc.name}: {args[:200]}")
+    return found
 
 
 def _committed(events_at: list[tuple[int, float]]) -> list[dict]:
