@@ -37,7 +37,7 @@ ends, then a table of every run (in run order, never only the best) and the rati
 next to the ratio the pair would have if the second worker only halved the 1-worker
 run's task time (``tasks_halved_bound``: the driver's share bounds the ratio). The
 table also gives each executor's summed task time.
-``--json PATH`` writes the same as JSON.
+``--json PATH`` writes the same as JSON, ``--plot PATH`` as a PNG.
 """
 from __future__ import annotations
 
@@ -297,6 +297,27 @@ def print_report(rows: list[dict], pairs: list[dict]) -> None:
     print(f"\nClock: {CLOCK}.\n{STEADY}.")
 
 
+def write_plot(path: str, setup: dict, rows: list[dict], pairs: list[dict]) -> None:
+    """The runs' events/s (whole run, steady state) and each pair's ratios as a PNG
+    (``bench.plot.bar_panels``); a failed run or pair draws no bar."""
+    from bench.plot import bar_panels
+
+    labels = [f"run {r['run']}: {r['workers']} worker{'s' if r['workers'] > 1 else ''}" for r in rows]
+    pair_labels = [f"runs {p['runs'][1]}/{p['runs'][0]}: {kind}" for p in pairs
+                   for kind in ("whole run", "steady state", "bound: task time halved")]
+    bar_panels(path, f"Flights job, scale {setup['scale']}: 2 workers against 1 (one core each)", [
+        {"title": "events/s, whole run", "labels": labels, "xlabel": "events/s",
+         "values": [r.get("events_per_s") for r in rows]},
+        {"title": "events/s, steady state", "labels": labels, "xlabel": "events/s",
+         "values": [r.get("steady_events_per_s") for r in rows]},
+        {"title": "2 workers / 1 worker", "labels": pair_labels, "xlabel": "ratio", "ref": 1.0,
+         "fmt": "{:.2f}x", "values": [p[k] for p in pairs for k in ("whole", "steady", "tasks_halved")]}],
+        caption=f"Wall clock from the first epoch's start to the last commit. {setup['cpu_count']} cores "
+                f"shared by the executors, the driver and SeaweedFS; load average {setup['load_start']} "
+                "at start.")
+    print(f"plot written to {path}")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--driver"]:
@@ -311,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"a short run: scale {QUICK['scale']}, {QUICK['events_per_epoch']:,} events per epoch, "
                         "one pair")
     p.add_argument("--json", metavar="PATH", help="also write the setup, every run and the ratios as JSON")
+    p.add_argument("--plot", metavar="PATH", help="write the runs' events/s and the ratios as a PNG")
     a = p.parse_args(argv)
     if a.quick:
         for k, v in QUICK.items():
@@ -355,6 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     print_report(rows, pairs)
     if a.json:
         Path(a.json).write_text(json.dumps({"setup": setup, "runs": rows, "ratios": pairs}, indent=1))
+    if a.plot:
+        write_plot(a.plot, setup, rows, pairs)
     return 1 if any("error" in r for r in rows) else 0
 
 

@@ -21,6 +21,7 @@ from bench.cluster_scaling import (
     rates,
     ratios,
     tasks_halved_bound,
+    write_plot,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,6 +88,16 @@ def test_ratios_pair_runs_in_order_and_skip_failed_pairs() -> None:
     # Run 1's 10 s were all task time: halving it would double the rate.
     assert ratios(rows) == [{"runs": [1, 2], "whole": 1.5, "steady": 2.0, "tasks_halved": 2.0},
                             {"runs": [3, 4], "whole": None, "steady": None, "tasks_halved": None}]
+
+
+def test_plot_draws_every_run_and_pair_failed_ones_without_bars(tmp_path) -> None:
+    pytest.importorskip("matplotlib", reason="matplotlib comes with the bench extra")
+    rows = [{"run": 1, "workers": 1, "events_per_s": 100.0, "steady_events_per_s": 120.0},
+            {"run": 2, "workers": 2, "error": "RuntimeError: driver exited with 1"}]
+    pairs = [{"runs": [1, 2], "whole": None, "steady": None, "tasks_halved": None}]
+    path = tmp_path / "scaling.png"
+    write_plot(str(path), {"scale": 1, "cpu_count": 2, "load_start": "0.1 / 0.2 / 0.3"}, rows, pairs)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_tasks_halved_bound_keeps_the_drivers_share() -> None:
