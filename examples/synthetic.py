@@ -7,6 +7,7 @@ every machine.
 """
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -64,25 +65,31 @@ class SyntheticSource(Source):
         as ``k<(r - 1) mod keys>``.
         """
         cached = self._cache.get(partition)
-        if cached is not None:
-            return cached
-        p = self.partitions().index(partition)
-        rng = np.random.default_rng([self.seed, p])
-        if self.zipf is None:
-            ids = rng.integers(0, self.keys, self.events)
-        else:
-            ids = (rng.zipf(self.zipf, self.events) - 1) % self.keys
-        amounts = rng.integers(1, 100, self.events)
-        keys = pc.binary_join_element_wise("k", pc.cast(pa.array(ids), pa.string()), "").cast(pa.binary())
-        ts = np.arange(self.events, dtype=np.int64) * self.step_ms + p
-        table = pa.table({KEY_COLUMN: keys, TIMESTAMP_COLUMN: ts, "amount": amounts})
-        self._cache[partition] = table
-        return table
+        if cached is None:
+            # Read tasks get the source pickled without its cache (``__getstate__``): a
+            # worker process generates a partition once, not once per task.
+            cached = self._cache[partition] = _generated(self.events, self.keys, self.step_ms, self.seed,
+                                                         self.zipf, self.partitions().index(partition))
+        return cached
 
     def read(self, partition: str, start: int, end: int) -> pa.Table:
         if not 0 <= start <= end <= self.events:
             raise IndexError(f"{self.name}/{partition}: offsets [{start}, {end}) outside [0, {self.events}]")
         return self.full_partition(partition).slice(start, end - start)
+
+
+@functools.lru_cache(maxsize=8)
+def _generated(events: int, keys: int, step_ms: int, seed: int, zipf: float | None, p: int) -> pa.Table:
+    """Partition ``p`` of ``SyntheticSource(events, keys, step_ms=step_ms, seed=seed, zipf=zipf)``."""
+    rng = np.random.default_rng([seed, p])
+    if zipf is None:
+        ids = rng.integers(0, keys, events)
+    else:
+        ids = (rng.zipf(zipf, events) - 1) % keys
+    amounts = rng.integers(1, 100, events)
+    key_column = pc.binary_join_element_wise("k", pc.cast(pa.array(ids), pa.string()), "").cast(pa.binary())
+    ts = np.arange(events, dtype=np.int64) * step_ms + p
+    return pa.table({KEY_COLUMN: key_column, TIMESTAMP_COLUMN: ts, "amount": amounts})
 
 
 WINDOW_COUNT_SCHEMA = pa.schema([pa.field("group", pa.string()), pa.field("window_start", pa.int64()),

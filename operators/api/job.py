@@ -24,7 +24,11 @@ class Job:
         sinks: last operator's output name -> sink. Every declared output of the last
             operator needs a sink; intermediate operators may only emit to ``"main"``.
         key_groups: K, fixed for the job's lifetime (default 256).
-        parallelism: P, tasks (and DKV instances) per operator.
+        parallelism: P, tasks (and DKV instances) per operator, unless
+            ``operator_parallelism`` says otherwise.
+        operator_parallelism: ``{operator name: P}`` for operators that run with their
+            own number of key-group ranges (Flink's per-operator ``setParallelism``); the
+            exchange between two operators re-routes events by the next one's ranges.
         events_per_epoch: events read per micro-batch epoch, over all partitions.
         max_out_of_orderness_ms: watermark bound: watermark = min over unfinished
             source partitions of the max event time seen, minus this (>= 0).
@@ -67,6 +71,7 @@ class Job:
     idle_timeout_ms: int | None = None
     max_watermark_drift_ms: int | None = None
     on_operator_error: str = "fail"
+    operator_parallelism: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -80,6 +85,10 @@ class Job:
         from operators.api.validation import check_job  # imports state specs and codecs
 
         check_job(self)
+
+    def parallelism_of(self, operator: str) -> int:
+        """The number of key-group ranges (tasks) of ``operator``."""
+        return self.operator_parallelism.get(operator, self.parallelism)
 
     def output_sink(self, output: str) -> Sink:
         """The sink of a checkpoint output name (a last-operator output or the dead-letter table)."""

@@ -113,6 +113,19 @@ class KeyGroupRange:
         """A stable name for paths, e.g. ``kg-0000-0127`` (inclusive bounds)."""
         return f"kg-{self.start:04d}-{self.end - 1:04d}"
 
+    @classmethod
+    def from_label(cls, label: str) -> KeyGroupRange:
+        """The range a ``label`` names (``kg-0000-0127`` -> ``[0, 128)``).
+
+        Raises:
+            ValueError: not a range label.
+        """
+        prefix, _, rest = label.partition("-")
+        first, _, last = rest.partition("-")
+        if prefix != "kg" or not first.isdigit() or not last.isdigit():
+            raise ValueError(f"not a key-group range label: {label!r}")
+        return cls(int(first), int(last) + 1)
+
     @property
     def key_interval(self) -> tuple[bytes, bytes]:
         """The DKV key interval ``[lo, hi)`` that holds exactly this range's keys."""

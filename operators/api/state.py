@@ -80,7 +80,7 @@ def decode_state_key(dkv_key: bytes) -> tuple[int, bytes, str, bytes]:
 class _Spec:
     """Common part of state specs: the state id and its encoded form."""
 
-    def __init__(self, id: str | None) -> None:  # noqa: A002 - "id" is the field's name
+    def __init__(self, id: str | None) -> None:
         self.id = id
         self._id_bytes = b"" if id is None else self._encode_id(id)
 
@@ -126,7 +126,7 @@ def list_payload(raw: bytes) -> list[bytes]:
 class ValueState(Generic[V]):
     """One value per subject key and state id."""
 
-    __slots__ = ("_db", "_key", "_codec")
+    __slots__ = ("_codec", "_db", "_key")
 
     def __init__(self, db: StateStore, key: bytes, codec: Codec[V]) -> None:
         self._db, self._key, self._codec = db, key, codec
@@ -153,7 +153,7 @@ class ValueSpec(_Spec, Generic[V]):
         id: state id; defaults to the class attribute name it is assigned to.
     """
 
-    def __init__(self, codec: Codec[V], id: str | None = None) -> None:  # noqa: A002
+    def __init__(self, codec: Codec[V], id: str | None = None) -> None:
         super().__init__(id)
         self.codec = codec
 
@@ -165,7 +165,7 @@ class ValueSpec(_Spec, Generic[V]):
 class ListState(Generic[V]):
     """A list per subject key; elements in append order."""
 
-    __slots__ = ("_db", "_key", "_codec")
+    __slots__ = ("_codec", "_db", "_key")
 
     def __init__(self, db: StateStore, key: bytes, codec: Codec[V]) -> None:
         self._db, self._key, self._codec = db, key, codec
@@ -192,7 +192,7 @@ class ListState(Generic[V]):
 class ListSpec(_Spec, Generic[V]):
     """Declares a ``ListState``; arguments as ``ValueSpec``."""
 
-    def __init__(self, codec: Codec[V], id: str | None = None) -> None:  # noqa: A002
+    def __init__(self, codec: Codec[V], id: str | None = None) -> None:
         super().__init__(id)
         self.codec = codec
 
@@ -204,7 +204,7 @@ class ListSpec(_Spec, Generic[V]):
 class MapState(Generic[K, V]):
     """A map per subject key, one DKV entry per map key."""
 
-    __slots__ = ("_db", "_prefix", "_kc", "_vc")
+    __slots__ = ("_db", "_kc", "_prefix", "_vc")
 
     def __init__(self, db: StateStore, prefix: bytes, key_codec: Codec[K], value_codec: Codec[V]) -> None:
         self._db, self._prefix, self._kc, self._vc = db, prefix, key_codec, value_codec
@@ -253,7 +253,7 @@ class MapSpec(_Spec, Generic[K, V]):
         id: state id; defaults to the class attribute name.
     """
 
-    def __init__(self, key_codec: Codec[K], value_codec: Codec[V], id: str | None = None) -> None:  # noqa: A002
+    def __init__(self, key_codec: Codec[K], value_codec: Codec[V], id: str | None = None) -> None:
         super().__init__(id)
         self.key_codec, self.value_codec = key_codec, value_codec
 

@@ -154,6 +154,13 @@ def check_job(job: Job) -> None:
     if not isinstance(job.source, Source):
         raise InvalidJobError(f"job {job.name}: source {job.source!r} is not a Source")
     check_structure(job)
+    names = {op.name for op in job.operators}
+    for name, parallelism in job.operator_parallelism.items():
+        if name not in names:
+            raise InvalidJobError(f"job {job.name}: operator_parallelism names {name!r}, which is not an "
+                                  f"operator of the job (operators: {sorted(names)})")
+        _check_int(job, f"operator_parallelism[{name!r}]", parallelism, 1, job.key_groups,
+                   " (at most key_groups: a task owns at least one key group)")
     for name, sink in job.sinks.items():
         if not isinstance(sink, Sink):
             raise InvalidJobError(f"job {job.name}: sink {name!r} is {sink!r}, not a Sink")

@@ -32,7 +32,7 @@ class Sink(ABC):
         """Write ``table`` under ``staging_prefix`` (unique to the task attempt) in the
         task; return the staged object key."""
 
-    def prepare(self, store: ObjectStore, job_prefix: str, epoch: int, staged: list[str]) -> None:  # noqa: B027
+    def prepare(self, store: ObjectStore, job_prefix: str, epoch: int, staged: list[str]) -> None:
         """Called by the driver before it commits ``epoch``, with the epoch's staged
         files; raising fails the epoch with nothing committed (e.g. an insert of an
         existing key into a table sink). Default: nothing to check."""

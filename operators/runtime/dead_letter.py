@@ -179,13 +179,21 @@ def screen(table: pa.Table, offsets: np.ndarray, policy: DeadLetter, *, source: 
     return good.filter(pa.array(good_mask)), dead, offsets[good_mask]
 
 
-def counts(dead: pa.Table, operator_errors: int = 0) -> dict[str, int]:
-    """Per-reason row counts of dead-letter rows, every reason present, plus ``total``;
-    ``operator_errors`` rows the tasks staged (reason ``operator_error``) are added."""
-    got = dict(zip(*(c.to_pylist() for c in dead.group_by("reason").aggregate([("reason", "count")])
-                   .select(["reason", "reason_count"]).columns))) if dead.num_rows else {}
+def reason_counts(dead: pa.Table) -> dict[str, int]:
+    """``{reason: rows}`` of dead-letter rows (reasons present only)."""
+    if not dead.num_rows:
+        return {}
+    grouped = dead.group_by("reason").aggregate([("reason", "count")])
+    return {r: int(n) for r, n in zip(grouped.column("reason").to_pylist(), grouped.column("reason_count").to_pylist())}
+
+
+def counts(screened: dict[str, int], operator_errors: int = 0) -> dict[str, int]:
+    """Per-reason row counts of an epoch's dead letters, every reason present, plus
+    ``total``: ``screened`` (``reason_counts`` of the screen's rows) and ``operator_errors``
+    rows the tasks staged (reason ``operator_error``)."""
+    got = dict(screened)
     got[OPERATOR_ERROR] = got.get(OPERATOR_ERROR, 0) + operator_errors
-    return {"total": dead.num_rows + operator_errors, **{r: int(got.get(r, 0)) for r in REASONS}}
+    return {"total": sum(got.values()), **{r: int(got.get(r, 0)) for r in REASONS}}
 
 
 def stage(store: ObjectStore, job_prefix: str, epoch: int, dead: pa.Table, attempt: str,

@@ -53,18 +53,13 @@ import dataclasses
 import functools
 import logging
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-import numpy as np
-import pyarrow as pa
-
 from operators.api.job import Job
-from operators.api.keygroups import key_group_ranges, key_groups_of_column, range_indexes_of
-from operators.api.operator import WATERMARK_MAX, WATERMARK_MIN
-from operators.errors import JobFailedError, JobFencedError
-from operators.io.sources import INGEST_TIME_COLUMN, KEY_COLUMN, OFFSET_COLUMN, TIMESTAMP_COLUMN, check_slice
+from operators.api.keygroups import KeyGroupRange, key_group_ranges
+from operators.api.operator import MAIN_OUTPUT, WATERMARK_MAX, WATERMARK_MIN
+from operators.errors import BadInputError, JobFailedError, JobFencedError
 from operators.paths import checkpoint_key
 from operators.runtime import dead_letter, live
 from operators.runtime.checkpoints import (
@@ -81,17 +76,11 @@ from operators.runtime.control import (
     pending_flush_requests,
     release_lease,
 )
+from operators.runtime.exchange import DeadLetterResult, DeadLetterSpec, Exchange, LocalExchange
 from operators.runtime.open_state import OpenState
 from operators.runtime.recovery import VERIFY_MODES, restart_checkpoint
-from operators.runtime.task import (
-    KEY_GROUP_COLUMN,
-    PART_COLUMN,
-    RANGE_COLUMN,
-    TaskResult,
-    TaskSpec,
-    run_task,
-)
-from operators.spark import stage as spark_stage
+from operators.runtime.splits import ReadContext, Split, SplitSummary, stage_input_schema
+from operators.runtime.task import TaskResult, TaskSpec, forwarded_schema
 from storage.dkv import DKVOptions
 from storage.errors import ObjectExistsError
 from storage.faults import fault_point
@@ -202,7 +191,7 @@ class JobRunner:
         self.dkv_options = dkv_options
         # In-process tasks keep their ranges' DKV open between epochs, as Spark workers do:
         # one per range and operator of this job at most (``close`` closes them).
-        self._open_state = OpenState(capacity=job.parallelism * len(job.operators))
+        self._open_state = OpenState(capacity=sum(job.parallelism_of(op.name) for op in job.operators))
         self.failpoint = failpoint or (lambda point, epoch: None)
         if retain_checkpoints is not None and retain_checkpoints < 1:
             raise ValueError(f"retain_checkpoints must be >= 1 or None, got {retain_checkpoints}")
@@ -214,6 +203,8 @@ class JobRunner:
         self._recovery: dict | None = None  # a fallback, recorded in the next checkpoint
         self._retention_damage: list[str] = []  # found by retention, for the next checkpoint
         self._task_dead_letters: list[str] = []  # staged by the epoch's tasks (_run_stages)
+        self._exchange: Exchange | None = None  # the epoch's data plane (_read_events)
+        self._screened: DeadLetterResult | None = None  # the dead-letter task's (_run_stages)
         self.last_cleanup: CleanupReport | None = None
         self._stop = live.StopRequest()
         self._clock = clock
@@ -459,95 +450,81 @@ class JobRunner:
         self._publish(ckpt)  # idempotent: finishes a publish a crash interrupted
         return ckpt
 
-    def _read_events(self, plan: dict[str, tuple[int, int]], epoch: int) -> tuple[pa.Table, dict[str, int]]:
-        """Reads the planned slices; bad rows go to ``self._dead_letters`` (not to the
-        operators, nor into the watermark)."""
-        source = self.job.source
-        tables, max_ts, dead = [], {}, [dead_letter.DEAD_LETTER_SCHEMA.empty_table()]
-        now_ms = self._now_ms()
-        ingest = []
-        for i, p in enumerate(plan):  # the source's partition order
-            start, end = plan[p]
-            if end <= start:
-                continue
-            t = check_slice(source, p, start, end, source.read(p, start, end))
-            if OFFSET_COLUMN in t.column_names:  # a source with offset gaps names them
-                offsets = t.column(OFFSET_COLUMN).to_numpy().astype(np.int64, copy=False)
-                t = t.drop_columns([OFFSET_COLUMN])
-            else:
-                offsets = np.arange(start, end, dtype=np.int64)
-            ingest_times = None
-            if INGEST_TIME_COLUMN in t.column_names:  # for the latency metric, not operators
-                ingest_times = t.column(INGEST_TIME_COLUMN).combine_chunks()
-                t = t.drop_columns([INGEST_TIME_COLUMN])
-            read_offsets = offsets
-            t, bad, offsets = dead_letter.screen(t, offsets, self.job.dead_letter, source=source.name,
-                                                 partition=p, epoch=epoch, now_ms=now_ms)
-            dead.append(bad)
-            ingest.append(pa.nulls(len(offsets), pa.int64()) if ingest_times is None else
-                          ingest_times.take(pa.array(np.searchsorted(read_offsets, offsets))))
-            if t.num_rows:
-                max_ts[p] = pa.compute.max(t.column(TIMESTAMP_COLUMN)).as_py()
-            t = t.append_column(PART_COLUMN, pa.array(np.full(t.num_rows, i, np.int32)))
-            t = t.append_column(OFFSET_COLUMN, pa.array(offsets))
-            tables.append(t)
-        # Ingest times of the epoch's good events (ms; null where the source gives none),
-        # row for row with the events, for end-to-end latency metrics.
-        self._ingest_times = pa.chunked_array(ingest, pa.int64())
-        self._dead_letters = pa.concat_tables(dead)
-        if not tables:
-            events = _empty_events(source.value_schema)
-        else:
-            events = pa.concat_tables(tables)
-        kgs = key_groups_of_column(events.column(KEY_COLUMN), self.job.key_groups)
-        events = events.append_column(KEY_GROUP_COLUMN, pa.array(kgs, pa.int32()))
-        events = events.append_column(
-            RANGE_COLUMN, pa.array(range_indexes_of(kgs, self.job.key_groups, self.job.parallelism), pa.int32()))
-        return events, max_ts
+    def _new_exchange(self) -> Exchange:
+        if self.spark is None:
+            return LocalExchange(self.store, self.dkv_options, self._open_state)
+        from operators.spark.stage import SparkExchange
 
-    def _align(self, ckpt: JobCheckpoint, plan: live.EpochPlan, events: pa.Table,
-               max_ts: dict[str, int]) -> tuple[pa.Table, dict[str, int], live.EpochPlan]:
+        return SparkExchange(self.spark, self.store, self.dkv_options, self._first_parallelism)
+
+    @property
+    def _first_parallelism(self) -> int:
+        return self.job.parallelism_of(self.job.operators[0].name)
+
+    def _read_events(self, plan: dict[str, tuple[int, int]], epoch: int) -> list[SplitSummary]:
+        """Step 2: the read tasks read the planned slices (``operators.runtime.splits``);
+        their events and dead letters stay in the epoch's exchange, the driver gets one
+        ``SplitSummary`` per slice.
+
+        Raises:
+            BadInputError: a bad row under ``DeadLetter(tolerance="none")``.
+            JobFailedError: a read task failed (a bad slice, a source error).
+        """
+        splits = [Split(p, i, start, end) for i, (p, (start, end)) in enumerate(plan.items()) if end > start]
+        ctx = ReadContext(epoch=epoch, now_ms=self._now_ms(), key_groups=self.job.key_groups,
+                          parallelism=self._first_parallelism, dead_letter=self.job.dead_letter)
+        self._exchange = self._new_exchange()
+        try:
+            return self._exchange.read(self.job.source, splits, ctx)
+        except Exception as e:
+            if self.spark is None:  # in process: the source's own error, as raised
+                raise
+            root = _root_message(e)
+            if "BadInputError" in str(e):
+                raise BadInputError(root.split("BadInputError: ", 1)[-1]) from e
+            raise JobFailedError(f"job {self.job.name}: epoch {epoch} failed reading source "
+                                 f"{self.job.source.name}: {root}") from e
+
+    @staticmethod
+    def _max_event_times(summaries: list[SplitSummary]) -> dict[str, int]:
+        """Max event time read per partition (partitions with events only)."""
+        max_ts: dict[str, int] = {}
+        for s in summaries:
+            if s.rows:
+                p = s.split.partition
+                max_ts[p] = max(max_ts.get(p, WATERMARK_MIN), s.max_ts)
+        return max_ts
+
+    def _align(self, ckpt: JobCheckpoint, plan: live.EpochPlan, summaries: list[SplitSummary],
+               max_ts: dict[str, int]) -> tuple[dict[str, int], dict[str, int], live.EpochPlan]:
         """Watermark alignment within the epoch (``live.alignment_cuts``): each
         partition's slice ends before its first event more than ``max_watermark_drift_ms``
-        ahead of the slowest partition holding back the watermark; the events, their
-        ingest times and dead letters past the cut are dropped (the next epoch reads them
-        again) and the plan's offsets end at the cut.
+        ahead of the slowest partition holding back the watermark; the operator and
+        dead-letter tasks drop the events and dead letters past the cut (the next epoch
+        reads them again) and the plan's offsets end at the cut.
 
         Returns:
-            ``(events, max event time per partition read, plan)``, unchanged without a cut.
+            ``(cuts {partition: offset}, max event time per partition read, plan)``;
+            no cut: ``({}, max_ts, plan)``.
         """
         drift = self.job.max_watermark_drift_ms
-        if drift is None or not events.num_rows:
-            return events, max_ts, plan
+        if drift is None or not summaries:
+            return {}, max_ts, plan
         parts = list(plan.offsets)
-        part = events.column(PART_COLUMN).to_numpy()
-        offset = events.column(OFFSET_COLUMN).to_numpy()
-        ts = events.column(TIMESTAMP_COLUMN).to_numpy()
         holders = live.watermark_holders({p: start for p, (start, _) in plan.offsets.items()},
                                          plan.ends, plan.idle, self.job.source.bounded)
-        cuts = live.alignment_cuts(parts, part, offset, ts, self._partition_max_ts(ckpt, parts),
-                                   holders, drift)
-        if not cuts:
-            return events, max_ts, plan
-        cut_of_part = np.array([cuts.get(p, np.iinfo(np.int64).max) for p in parts], np.int64)
-        keep = offset < cut_of_part[part]
-        events = events.filter(pa.array(keep))
-        self._ingest_times = self._ingest_times.filter(pa.array(keep))
-        dead = self._dead_letters
-        if dead.num_rows:
-            dead_part = dead.column("partition").to_pylist()
-            dead_offset = dead.column("offset").to_pylist()
-            self._dead_letters = dead.filter(pa.array(
-                [o < cuts.get(p, o + 1) for p, o in zip(dead_part, dead_offset)]))
+        found = live.alignment_cuts(summaries, self._partition_max_ts(ckpt, parts), holders, drift)
+        if not found:
+            return {}, max_ts, plan
         max_ts = dict(max_ts)
-        for p in cuts:
-            mine = ts[keep & (part == parts.index(p))]
-            if len(mine):
-                max_ts[p] = int(mine.max())
-            else:
+        for p, (_, kept_max) in found.items():
+            if kept_max == WATERMARK_MIN:
                 max_ts.pop(p, None)
+            else:
+                max_ts[p] = kept_max
+        cuts = {p: cut for p, (cut, _) in found.items()}
         offsets = {p: (start, cuts.get(p, end)) for p, (start, end) in plan.offsets.items()}
-        return events, max_ts, dataclasses.replace(plan, offsets=offsets)
+        return cuts, max_ts, dataclasses.replace(plan, offsets=offsets)
 
     def _watermark(self, ckpt: JobCheckpoint, plan: live.EpochPlan,
                    max_ts: dict[str, int]) -> tuple[int, dict[str, int], bool]:
@@ -578,23 +555,28 @@ class JobRunner:
         +infinity, finished."""
         started = time.perf_counter()
         epoch = ckpt.epoch + 1
-        events, max_ts = self._read_events(plan.offsets, epoch)
-        events, max_ts, plan = self._align(ckpt, plan, events, max_ts)
+        summaries = self._read_events(plan.offsets, epoch)
+        cuts, max_ts, plan = self._align(ckpt, plan, summaries, self._max_event_times(summaries))
         watermark, part_max, finished = self._watermark(ckpt, plan, max_ts)
         if drain:
             watermark, finished = WATERMARK_MAX, True
-        results = self._run_stages(ckpt, epoch, events, watermark, flush)
+        results = self._run_stages(ckpt, epoch, watermark, flush, cuts)
+        received = self._exchange.bytes_received
+        self._exchange = None  # the epoch's events are no longer needed
         self.failpoint("after_tasks", epoch)
         fault_point("after_tasks")
         outputs = _staged_outputs(results[self.job.operators[-1].name])
-        outputs.update(self._stage_dead_letters(epoch))
+        outputs.update(self._stage_dead_letters())
         self._prepare_sinks(epoch, outputs)
         offsets = {p: end for p, (_, end) in plan.offsets.items()}
+        first = results[self.job.operators[0].name]
+        events = sum(res.metrics["events"] for res in first)
         live_metrics = functools.partial(
-            live.epoch_metrics, events=events.num_rows, ingest_times_ms=self._ingest_times, plan=plan,
-            committed=offsets, partition_max_ts=part_max, watermark_ms=watermark,
+            live.epoch_metrics, events=events, ingest=[res.metrics.get("ingest") for res in first],
+            plan=plan, committed=offsets, partition_max_ts=part_max, watermark_ms=watermark,
             previous_plan_ms=self._previous_plan_ms)
         metrics = self._metrics(events, results, flush)
+        metrics["driver_bytes_received"] = received
         metrics["live"] = live_metrics(now_ms=self._now_ms())  # at the commit
         if drain:
             metrics["drained"] = True
@@ -620,19 +602,21 @@ class JobRunner:
         self._apply_retention()
         seconds = time.perf_counter() - started
         log.info("job %s: committed epoch %d (%d events, watermark %d, %.1f s)",
-                 self.job.name, epoch, events.num_rows, watermark, seconds)
+                 self.job.name, epoch, events, watermark, seconds)
         return EpochResult(
             epoch=epoch, watermark=watermark, source_offsets=new.source_offsets,
-            checkpoint_uri=self.store.uri(key), events=events.num_rows, seconds=seconds,
+            checkpoint_uri=self.store.uri(key), events=events, seconds=seconds,
             finished=finished, tables=metrics["tables"], table_bytes=metrics["table_bytes"],
             keys=metrics["keys"], output_rows=metrics["output_rows"], published=published,
             dead_letter=metrics["dead_letter"], recovery=metrics.get("recovery"),
             live=published_live, drained=drain,
         ), new
 
-    def _run_stages(self, ckpt: JobCheckpoint, epoch: int, events: pa.Table, watermark: int,
-                    flush: bool) -> dict[str, list[TaskResult]]:
-        """Step 3: one stage per operator, each fed the previous one's ``main`` output.
+    def _run_stages(self, ckpt: JobCheckpoint, epoch: int, watermark: int, flush: bool,
+                    cuts: dict[str, int]) -> dict[str, list[TaskResult]]:
+        """Step 3: one stage per operator over the epoch's exchange (``_read_events``),
+        each fed the previous one's ``main`` output; the first one's runs the dead-letter
+        task too. ``cuts``: watermark alignment's (``_align``).
 
         Returns:
             ``{operator name: [TaskResult per range]}``.
@@ -641,19 +625,25 @@ class JobRunner:
             JobFencedError: a stage failed and another driver has committed this epoch.
             JobFailedError: a stage failed.
         """
-        ranges = key_group_ranges(self.job.key_groups, self.job.parallelism)
-        old_ranges = key_group_ranges(self.job.key_groups, ckpt.parallelism)
-        rescaled = old_ranges != ranges
         results_by_op: dict[str, list[TaskResult]] = {}
-        stage_input = events
         # Partition names by the events' ``_part`` index: a source's partitions keep their
         # order, so the list now extends the one the events were read with.
         dead_letter_policy = self.job.on_operator_error == "dead_letter"
         partitions = tuple(self.job.source.partitions()) if dead_letter_policy else ()
+        part_index = {p: i for i, p in enumerate(ckpt.source_offsets)}
+        part_index.update({p: i for i, p in enumerate(self.job.source.partitions()) if p not in part_index})
+        offset_limits = {part_index[p]: cut for p, cut in cuts.items()} or None
+        input_schema = stage_input_schema(self.job.source.value_schema)
         self._task_dead_letters = []
+        self._screened = None
         for i, op in enumerate(self.job.operators):
             last = i == len(self.job.operators) - 1
             previous = ckpt.operators.get(op.name, {})
+            ranges = key_group_ranges(self.job.key_groups, self.job.parallelism_of(op.name))
+            # Rescaled: the previous checkpoint's ranges of this operator are others.
+            old_ranges = sorted(KeyGroupRange.from_label(label) for label in previous)
+            rescaled = bool(previous) and old_ranges != ranges
+            next_parallelism = None if last else self.job.parallelism_of(self.job.operators[i + 1].name)
             specs = [
                 TaskSpec(
                     job_prefix=self.job.prefix, epoch=epoch, op_index=i, range_index=r,
@@ -662,21 +652,26 @@ class JobRunner:
                     parent_manifests=_parents(previous, old_ranges, kr) if rescaled else (),
                     watermark_before=ckpt.watermark, watermark_after=watermark,
                     next_key_groups=None if last else self.job.key_groups,
-                    next_parallelism=None if last else self.job.parallelism,
+                    next_parallelism=next_parallelism,
                     flush=flush,
                     on_operator_error=self.job.on_operator_error,
                     input_name=self.job.source.name if i == 0 else f"operator:{self.job.operators[i - 1].name}",
                     input_partitions=partitions if i == 0 and dead_letter_policy else None,
+                    offset_limits=offset_limits if i == 0 else None,
                 )
                 for r, kr in enumerate(ranges)
             ]
+            dead = DeadLetterSpec(self.job.prefix, epoch, dict(cuts)) if i == 0 else None
             try:
-                results, forwarded = self._run_stage(i, specs, stage_input, last)
-            except Exception as e:  # noqa: BLE001 - Spark wraps task errors in many types
+                results, screened = self._exchange.run_operator(
+                    op, specs, input_schema, self.job.sinks if last else None, dead)
+            except Exception as e:
                 raise self._stage_error(op.name, ckpt.epoch, epoch, e) from e
+            if i == 0:
+                self._screened = screened
             results_by_op[op.name] = results
             self._task_dead_letters += [res.dead_letter_key for res in results if res.dead_letter_key]
-            stage_input = forwarded
+            input_schema = forwarded_schema(op.outputs[MAIN_OUTPUT]) if not last else input_schema
         return results_by_op
 
     def _stage_error(self, operator: str, start_epoch: int, epoch: int,
@@ -695,14 +690,13 @@ class JobRunner:
         return JobFailedError(f"job {self.job.name}: epoch {epoch} failed in operator {operator}: "
                               f"{_root_message(e)}")
 
-    def _stage_dead_letters(self, epoch: int) -> dict[str, list[str]]:
-        """Step 4: the epoch's bad input rows as one staged file of the dead-letter
-        output, with the files tasks staged for events their operator raised on
+    def _stage_dead_letters(self) -> dict[str, list[str]]:
+        """Step 4: the epoch's bad input rows, staged by the dead-letter task, with the
+        files tasks staged for events their operator raised on
         (``operators.runtime.operator_errors``); ``{}`` when there were none."""
         keys = list(self._task_dead_letters)
-        if self._dead_letters.num_rows:
-            keys.insert(0, dead_letter.stage(self.store, self.job.prefix, epoch, self._dead_letters,
-                                             uuid.uuid4().hex[:12]))
+        if self._screened is not None and self._screened.staged_key:
+            keys.insert(0, self._screened.staged_key)
         return {dead_letter.DEAD_LETTER_OUTPUT: keys} if keys else {}
 
     def _prepare_sinks(self, epoch: int, outputs: dict[str, list[str]]) -> None:
@@ -710,17 +704,17 @@ class JobRunner:
         for name, staged in outputs.items():
             try:
                 self.job.output_sink(name).prepare(self.store, self.job.prefix, epoch, staged)
-            except Exception as e:  # noqa: BLE001 - any sink check failing fails the epoch
+            except Exception as e:
                 raise JobFailedError(f"job {self.job.name}: epoch {epoch} refused by sink {name}: {e}") from e
 
-    def _metrics(self, events: pa.Table, results_by_op: dict[str, list[TaskResult]],
+    def _metrics(self, events: int, results_by_op: dict[str, list[TaskResult]],
                  flush: bool) -> dict:
         """Step 6: the checkpoint's ``metrics`` (``operators.runtime.checkpoints``)."""
         every = [res for rs in results_by_op.values() for res in rs]
         last_results = results_by_op[self.job.operators[-1].name]
         dkv = [res.metrics["dkv"] for res in every]
         metrics = {
-            "events": events.num_rows,
+            "events": events,
             "timers_fired": sum(res.metrics["timers_fired"] for res in every),
             "output_rows": {name: sum(res.metrics["emitted"].get(name, 0) for res in last_results)
                             for name in self.job.sinks},
@@ -732,7 +726,8 @@ class JobRunner:
                 for kind in ("installed", "discarded")},
             "flushed": flush,
             "dead_letter": dead_letter.counts(
-                self._dead_letters, operator_errors=sum(res.metrics.get("dead_letter", 0) for res in every)),
+                self._screened.counts if self._screened is not None else {},
+                operator_errors=sum(res.metrics.get("dead_letter", 0) for res in every)),
             **({"recovery": self._recovery} if self._recovery else {}),
             **({"retention_damage": self._retention_damage} if self._retention_damage else {}),
             "task_seconds_max": max((res.metrics["seconds"] for res in every), default=0.0),
@@ -800,28 +795,6 @@ class JobRunner:
         except Exception:  # noqa: BLE001 - a failing store is reported through the stage's error
             return None
 
-    def _run_stage(self, op_index: int, specs: list[TaskSpec], events: pa.Table, last: bool):
-        if self.spark is None:
-            return self._run_stage_in_process(op_index, specs, events, last)
-        return spark_stage.run_stage(self.spark, self.job.operators[op_index], specs, events, self.store,
-                                     self.job.sinks if last else None, self.dkv_options)
-
-    def _run_stage_in_process(self, op_index: int, specs: list[TaskSpec], events: pa.Table, last: bool):
-        """The same stage without Spark: ranges one after another in this process."""
-        operator = self.job.operators[op_index]
-        ranges = events.column(RANGE_COLUMN).to_numpy()
-        results, forwarded = [], []
-        for spec in specs:
-            part = events.filter(pa.array(ranges == spec.range_index))
-            before = self.store.stats.snapshot()
-            res = run_task(operator, spec, part, self.store, sinks=self.job.sinks if last else None,
-                           dkv_options=self.dkv_options, open_state=self._open_state)
-            res.metrics["requests"] = subtract_requests(self.store.stats.snapshot(), before)
-            results.append(res)
-            if res.forwarded is not None:
-                forwarded.append(res.forwarded)
-        return results, (None if last else pa.concat_tables(forwarded))
-
 
 def _parents(manifests: dict[str, str], old_ranges, new_range) -> tuple[str, ...]:
     """Manifests of the old ranges whose key groups overlap ``new_range`` (rescaling)."""
@@ -844,10 +817,3 @@ def _root_message(e: BaseException) -> str:
     lines = [ln for ln in text.splitlines() if ln.strip()]
     errors = [ln for ln in lines if "Error" in ln and not ln.startswith(("\tat ", "  File"))]
     return errors[-1].strip() if errors else (lines[-1].strip() if lines else type(e).__name__)
-
-
-def _empty_events(value_schema: pa.Schema) -> pa.Table:
-    fields = [pa.field(KEY_COLUMN, pa.binary()), pa.field(TIMESTAMP_COLUMN, pa.int64()), *value_schema,
-              pa.field(PART_COLUMN, pa.int32()), pa.field(OFFSET_COLUMN, pa.int64())]
-    return pa.schema(fields).empty_table()
-

@@ -244,52 +244,126 @@ def watermark_holders(committed: dict[str, int], ends: dict[str, int], idle: fro
     return [p for p in committed if p not in idle and (not bounded or committed[p] < ends[p])]
 
 
-def alignment_cuts(partitions: list[str], part_of_row: np.ndarray, offset_of_row: np.ndarray,
-                   ts_of_row: np.ndarray, partition_max_ts: dict[str, int], holders: list[str],
-                   max_drift_ms: int | None) -> dict[str, int]:
+# Watermark alignment: a read task summarises its split's event times in at most this
+# many steps (``EventTimeSteps``), so what the driver receives does not grow with events.
+MAX_ALIGNMENT_STEPS = 1024
+
+
+@dataclass(frozen=True)
+class EventTimeSteps:
+    """Where a split's running maximum of event time rises, thinned to at most
+    ``MAX_ALIGNMENT_STEPS`` steps: what watermark alignment needs to know of a split
+    read in a task (``alignment_cuts``), in bytes independent of its events.
+
+    A step is kept where the running maximum enters a new bucket of ``quantum`` ms
+    (buckets counted from ``base``, the split's smallest event time); ``quantum`` is 1 ms
+    when the split spans at most ``MAX_ALIGNMENT_STEPS`` ms of event time, so the steps
+    are then every rise of the running maximum and the cut is exact; otherwise a cut may
+    come up to one quantum of event time earlier than the first event past the limit
+    (never later).
+
+    Attributes:
+        base, quantum: bucket of a time t is ``(t - base) // quantum``, ms.
+        values: event time of each step's row, ms (its running maximum there).
+        offsets: source offset of each step's row.
+        rows_before: good rows of the split before each step's row.
+        max_before: running maximum of event time before each step's row, ms
+            (``WATERMARK_MIN`` for the first row).
+    """
+
+    base: int
+    quantum: int
+    values: np.ndarray
+    offsets: np.ndarray
+    rows_before: np.ndarray
+    max_before: np.ndarray
+
+    @classmethod
+    def of(cls, offsets: np.ndarray, ts: np.ndarray) -> EventTimeSteps:
+        """The steps of a split's good rows (``offsets`` and event times ``ts``, ms, in
+        offset order, at least one row)."""
+        ts = np.asarray(ts, np.int64)
+        base = int(ts.min())
+        quantum = max(1, -(-(int(ts.max()) - base + 1) // MAX_ALIGNMENT_STEPS))
+        running = np.maximum.accumulate(ts)
+        bucket = (running - base) // quantum
+        idx = np.flatnonzero(np.diff(bucket, prepend=-1) > 0)
+        before = np.empty(len(idx), np.int64)
+        before[0] = WATERMARK_MIN
+        before[1:] = running[idx[1:] - 1]
+        return cls(base, quantum, ts[idx], np.asarray(offsets, np.int64)[idx], idx.astype(np.int64), before)
+
+    def first_past(self, limit: int) -> int | None:
+        """Index of the step the split is cut at so that no row kept is past ``limit``
+        (ms), or None if no row is past it."""
+        i = int(np.searchsorted(self.values, limit, side="right"))  # first step value > limit
+        if i == len(self.values):
+            # Rows after the last step stay in its bucket: past the limit only if the bucket is.
+            last = len(self.values) - 1
+            top = self.base + ((int(self.values[last]) - self.base) // self.quantum + 1) * self.quantum - 1
+            return None if top <= limit else last
+        if i > 0 and self.quantum > 1:
+            # Rows between steps i-1 and i stay in step i-1's bucket: if it reaches past the
+            # limit, one of them may be past it: cut at i-1 (earlier, never later).
+            top = self.base + ((int(self.values[i - 1]) - self.base) // self.quantum + 1) * self.quantum - 1
+            if top > limit:
+                return i - 1
+        return i
+
+
+def alignment_cuts(summaries: list, partition_max_ts: dict[str, int], holders: list[str],
+                   max_drift_ms: int | None) -> dict[str, tuple[int, int]]:
     """Watermark alignment within an epoch: where to end each partition's slice so that
     no partition reads events more than ``max_drift_ms`` ahead of the slowest holder.
 
     Pausing at planning (``paused_partitions``) cannot stop a partition from running
     ahead within one epoch, by up to its whole share; so after reading, the slowest
     holder's max event time (with this epoch's events) plus the drift is a limit, and a
-    partition's slice ends before its first event past the limit. The events cut off
-    are read again by the next epoch (Flink pauses a split's reader at that point).
+    partition's slice ends before its first event past the limit (to within a quantum of
+    its ``EventTimeSteps``). The events cut off are read again by the next epoch (Flink
+    pauses a split's reader at that point).
 
     Args:
-        partitions: the source's partitions; ``part_of_row`` indexes into it.
-        part_of_row, offset_of_row, ts_of_row: partition index, offset and event time of
-            each event read (the good rows of the epoch), each partition's rows in offset order.
+        summaries: the epoch's ``splits.SplitSummary``s (each partition's in offset order).
         partition_max_ts: max event time per partition before the epoch, ms.
         holders: partitions holding back the watermark (``watermark_holders``).
         max_drift_ms: ``Job.max_watermark_drift_ms``; None: no cut.
 
     Returns:
-        ``{partition: offset}``: the first offset a cut partition did not read. Empty
-        when nothing is cut, and also when the cut would leave the epoch without events
-        (a slowest holder that read nothing and a gap in the others' event times): the
-        epoch then keeps its planned slices, so a run always makes progress.
+        ``{partition: (offset, max event time of the rows kept)}``: the first offset a cut
+        partition did not read and the largest event time it did read this epoch
+        (``WATERMARK_MIN``: none). Empty when nothing is cut, and also when the cut would
+        leave the epoch without events (a slowest holder that read nothing and a gap in
+        the others' event times): the epoch then keeps its planned slices, so a run
+        always makes progress.
     """
-    if max_drift_ms is None or not len(ts_of_row):
+    read = [s for s in summaries if s.rows]
+    if max_drift_ms is None or not read:
         return {}
     new_max = dict(partition_max_ts)
-    for i, p in enumerate(partitions):
-        mine = ts_of_row[part_of_row == i]
-        if len(mine):
-            new_max[p] = max(new_max.get(p, WATERMARK_MIN), int(mine.max()))
+    for s in read:
+        p = s.split.partition
+        new_max[p] = max(new_max.get(p, WATERMARK_MIN), s.max_ts)
     timed = [new_max[p] for p in holders if new_max.get(p, WATERMARK_MIN) != WATERMARK_MIN]
     if not timed:
         return {}
-    past = ts_of_row > min(timed) + max_drift_ms
-    cuts = {}
-    for i, p in enumerate(partitions):
-        first = np.flatnonzero(past & (part_of_row == i))
-        if len(first):
-            cuts[p] = int(offset_of_row[first[0]])
-    kept = sum(int(np.count_nonzero((part_of_row == partitions.index(p)) & (offset_of_row < cut)))
-               for p, cut in cuts.items())
-    untouched = int(np.count_nonzero(~np.isin(part_of_row, [partitions.index(p) for p in cuts])))
-    return cuts if kept + untouched else {}
+    limit = min(timed) + max_drift_ms
+    cuts: dict[str, tuple[int, int]] = {}
+    kept = 0
+    by_partition: dict[str, list] = {}
+    for s in read:
+        by_partition.setdefault(s.split.partition, []).append(s)
+    for p, splits in by_partition.items():
+        seen_max, rows = WATERMARK_MIN, 0
+        for s in sorted(splits, key=lambda s: s.split.start):
+            i = s.steps.first_past(limit)
+            if i is not None:
+                cuts[p] = (int(s.steps.offsets[i]), max(seen_max, int(s.steps.max_before[i])))
+                rows += int(s.steps.rows_before[i])
+                break
+            seen_max, rows = max(seen_max, s.max_ts), rows + s.rows
+        kept += rows
+    return cuts if kept else {}
 
 
 def watermark(previous: int, partition_max_ts: dict[str, int], inputs: list[str], bound_ms: int) -> int:
@@ -303,7 +377,54 @@ def watermark(previous: int, partition_max_ts: dict[str, int], inputs: list[str]
     return max(previous, low - bound_ms)
 
 
-def epoch_metrics(*, events: int, ingest_times_ms: pa.ChunkedArray, plan: EpochPlan,
+# An ``IngestSketch`` keeps at most this many ingest times of a task's events.
+INGEST_SAMPLE = 1024
+
+
+@dataclass(frozen=True)
+class IngestSketch:
+    """The ``_ingest_time`` distribution of one task's events, in bytes independent of
+    their number: ``count`` times, the smallest ``min_ms``, and ``sample``: all of them
+    sorted when ``count <= INGEST_SAMPLE``, else ``INGEST_SAMPLE`` of them at evenly spaced
+    ranks (each standing for ``count / len(sample)`` events)."""
+
+    count: int
+    min_ms: int
+    sample: np.ndarray
+
+    @classmethod
+    def of(cls, ingest_ms: pa.Array | pa.ChunkedArray) -> IngestSketch | None:
+        """The sketch of ``ingest_ms`` (ms; nulls skipped), or None if all are null."""
+        values = ingest_ms.drop_null()
+        if not len(values):
+            return None
+        ordered = np.sort(values.to_numpy().astype(np.int64, copy=False))
+        n = len(ordered)
+        if n > INGEST_SAMPLE:
+            ordered = ordered[((np.arange(INGEST_SAMPLE) + 0.5) * n / INGEST_SAMPLE).astype(np.int64)]
+        return cls(n, int(values.to_numpy().min()), ordered)
+
+
+def latency_ms(sketches: list[IngestSketch], now_ms: int) -> dict | None:
+    """``{"p50", "p99", "max"}``: now - ingest time over the sketches' events, ms
+    (nearest rank over the weighted samples; exact when every task had at most
+    ``INGEST_SAMPLE`` events; max exact), or None without ingest times."""
+    sketches = [s for s in sketches if s is not None and s.count]
+    if not sketches:
+        return None
+    ages = np.concatenate([now_ms - s.sample for s in sketches])
+    weights = np.concatenate([np.full(len(s.sample), s.count / len(s.sample)) for s in sketches])
+    order = np.argsort(ages, kind="stable")
+    ages, cumulative = ages[order], np.cumsum(weights[order])
+    total = cumulative[-1]
+
+    def rank(q: float) -> int:
+        return int(ages[min(len(ages) - 1, int(np.searchsorted(cumulative, q * total - 1e-9)))])
+
+    return {"p50": rank(0.5), "p99": rank(0.99), "max": int(now_ms - min(s.min_ms for s in sketches))}
+
+
+def epoch_metrics(*, events: int, ingest: list[IngestSketch], plan: EpochPlan,
                   committed: dict[str, int], partition_max_ts: dict[str, int], watermark_ms: int,
                   now_ms: int, previous_plan_ms: int | None) -> dict:
     """An epoch's live metrics (Spark's ``StreamingQueryProgress`` and Kafka's consumer
@@ -311,8 +432,8 @@ def epoch_metrics(*, events: int, ingest_times_ms: pa.ChunkedArray, plan: EpochP
 
     Args:
         events: events the epoch read.
-        ingest_times_ms: ``_ingest_time`` of the events read, ms (null or empty: the
-            source gives none).
+        ingest: the ``IngestSketch``es of the epoch's events' ``_ingest_time`` (one per
+            first-operator task that had any; empty: the source gives none).
         plan: the epoch's plan.
         committed: next offset per partition after the epoch.
         partition_max_ts: max event time read per partition after the epoch, ms.
@@ -334,12 +455,7 @@ def epoch_metrics(*, events: int, ingest_times_ms: pa.ChunkedArray, plan: EpochP
     """
     since_previous = None if previous_plan_ms is None else plan.planned_at_ms - previous_plan_ms
     elapsed = now_ms - plan.planned_at_ms
-    latency = None
-    ingest_times_ms = ingest_times_ms.drop_null()
-    if len(ingest_times_ms):
-        ages = now_ms - ingest_times_ms.to_numpy().astype(np.int64, copy=False)
-        p50, p99 = np.percentile(ages, [50, 99], method="inverted_cdf")
-        latency = {"p50": int(p50), "p99": int(p99), "max": int(ages.max())}
+    latency = latency_ms(ingest, now_ms)
     unknown = (WATERMARK_MIN, WATERMARK_MAX)
     return {
         "at_ms": now_ms,

@@ -25,21 +25,22 @@ from operators.api.keygroups import KeyGroupRange, key_groups_of, range_indexes_
 from operators.api.operator import MAIN_OUTPUT, KeyedEvent, Operator, Subject
 from operators.api.state import subject_prefix
 from operators.io.sinks import Sink
-from operators.io.sources import KEY_COLUMN, OFFSET_COLUMN, TIMESTAMP_COLUMN
+from operators.io.sources import INGEST_TIME_COLUMN, KEY_COLUMN, OFFSET_COLUMN, TIMESTAMP_COLUMN
 from operators.paths import staging_prefix
 from operators.runtime import dead_letter, operator_errors
+from operators.runtime.live import IngestSketch
 from operators.runtime.open_state import OpenState
+from operators.runtime.splits import (
+    INTERNAL_COLUMNS,
+    KEY_GROUP_COLUMN,
+    PART_COLUMN,
+    RANGE_COLUMN,
+    apply_cuts,
+)
 from operators.runtime.timers import TimerService
 from storage.dkv import DKV, DKVOptions
 from storage.faults import fault_point
 from storage.objectstore import ObjectStore
-
-# Columns the runtime adds to events (and the source offset, ``OFFSET_COLUMN``);
-# everything else besides key/timestamp is value.
-PART_COLUMN = "_part"
-KEY_GROUP_COLUMN = "_kg"
-RANGE_COLUMN = "_range"
-INTERNAL_COLUMNS = (KEY_COLUMN, TIMESTAMP_COLUMN, PART_COLUMN, OFFSET_COLUMN, KEY_GROUP_COLUMN, RANGE_COLUMN)
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,9 @@ class TaskSpec:
             feeding a later one.
         input_partitions: source partition names by the events' ``_part`` index (the
             first operator), or None: the events have no source position.
+        offset_limits: watermark alignment's cuts for the first operator,
+            ``{_part index: first offset not read}`` (``live.alignment_cuts``): events at
+            or past it are dropped (the next epoch reads them again); None: no cut.
     """
 
     job_prefix: str
@@ -87,6 +91,7 @@ class TaskSpec:
     on_operator_error: str = "fail"
     input_name: str = ""
     input_partitions: tuple[str, ...] | None = None
+    offset_limits: dict[int, int] | None = None
 
 
 @dataclass
@@ -97,8 +102,9 @@ class TaskResult:
     (the task's wall time, s), ``open_seconds`` (of which opening or catching up DKV and
     installing remote compactions, s), ``dkv`` (``DKV.stats()``), ``remote_compactions``,
     ``dkv_reused`` (the worker's open instance was taken, ``operators.runtime.open_state``),
-    ``dead_letter`` (events and timers dead-lettered, ``operators.runtime.operator_errors``)
-    and, on Spark, ``requests`` (object-store requests of the task).
+    ``dead_letter`` (events and timers dead-lettered, ``operators.runtime.operator_errors``),
+    ``ingest`` (the ``live.IngestSketch`` of its events' ingest times, or None) and
+    ``requests`` (object-store requests of the task).
 
     ``dead_letter_key``: the staged file of the task's dead-letter rows, or None.
     """
@@ -115,8 +121,17 @@ class TaskResult:
 class _TaskSubject(Subject):
     """The mutable subject a task hands to its operator, re-pointed per event."""
 
-    __slots__ = ("key", "key_group", "timestamp", "watermark", "_db", "_state_prefix",
-                 "_timers", "_emitted", "_outputs")
+    __slots__ = (
+        "_db",
+        "_emitted",
+        "_outputs",
+        "_state_prefix",
+        "_timers",
+        "key",
+        "key_group",
+        "timestamp",
+        "watermark",
+    )
 
     def __init__(self, db: DKV, timers: TimerService, outputs: dict[str, pa.Schema]) -> None:
         self._db = db
@@ -183,6 +198,11 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
     """
     started = time.perf_counter()
     attempt = uuid.uuid4().hex[:12]
+    events = apply_cuts(events, spec.offset_limits)
+    ingest = None
+    if INGEST_TIME_COLUMN in events.column_names:  # for the latency metric only
+        ingest = IngestSketch.of(events.filter(pc.is_valid(events.column(KEY_COLUMN)))
+                                 .column(INGEST_TIME_COLUMN))
     krange = spec.key_group_range
     state_prefix = paths.state_prefix(spec.job_prefix, operator.name, krange.label)
     db = timers = None
@@ -268,6 +288,7 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
             "dkv_reused": reused,
             "open_seconds": open_seconds,
             "dead_letter": 0 if dead is None else dead.count,
+            "ingest": ingest,
         },
         forwarded=forwarded,
         dead_letter_key=dead_letter_key,
@@ -573,6 +594,15 @@ def _run_batch_guarded(operator: BatchOperator, spec: TaskSpec, events: pa.Table
         dead.timers([due_keys[i] for i in order], [stamps[i] for i in order], [bad[i] for i in order],
                     "on_timers")
     return batch.num_rows, timers_fired, _batch_emitted(operator, ctx)
+
+
+def forwarded_schema(main_output: pa.Schema) -> pa.Schema:
+    """Schema of a later operator's input: the previous operator's ``main`` output
+    columns, then key, timestamp, ``_part`` (the emitting range), ``_offset`` (emit
+    order), ``_kg`` and ``_range``."""
+    return pa.schema([*main_output, pa.field(KEY_COLUMN, pa.binary()), pa.field(TIMESTAMP_COLUMN, pa.int64()),
+                      pa.field(PART_COLUMN, pa.int32()), pa.field(OFFSET_COLUMN, pa.int64()),
+                      pa.field(KEY_GROUP_COLUMN, pa.int32()), pa.field(RANGE_COLUMN, pa.int32())])
 
 
 def _forward_table(values: pa.Table, keys: list, stamps: list, spec: TaskSpec) -> pa.Table:

@@ -1,35 +1,59 @@
-"""One operator's epoch as one Spark stage: one partition per key-group range, no shuffle.
+"""The epoch's data plane on Spark: read tasks, Spark's shuffle as the exchange, operator tasks.
 
-The driver already holds the epoch's events tagged with their range (``_range``), so it
-cuts them into one Arrow IPC payload per range and hands Spark exactly P elements,
-``(TaskSpec, payload)``, with ``SparkContext.parallelize(payloads, P)``: element i is
-partition i, the task of range i. ``mapPartitions`` runs ``operators.runtime.task.run_task`` on
-each and ``collect`` brings back the ``TaskResult``s (with an intermediate operator's
-forwarded events as IPC bytes). One action, so each range runs once per stage (Spark
-retries a failed task with the same element; a retried or duplicate attempt writes
-under its own attempt id, as before).
+``SparkExchange`` implements ``operators.runtime.exchange.Exchange`` with RDD operations
+(the task bodies are ``operators.runtime.exchange``'s, the same as in process):
 
-Why not ``createDataFrame(events).groupBy(range).applyInArrow(...)`` (the first form):
-that plans a SQL query, converts Arrow to rows and back, shuffles the events between
-two stages, and needed a probe job to find grouping values that hash to distinct
-shuffle partitions. Measured on ``local[2]`` (flights, 50,000 events per epoch) it cost
-~2 s per epoch and ~10 s more in the first epoch on top of the tasks' own work; the
-payloads here are the same bytes the shuffle moved, without the stage boundary.
+* **Read stage.** ``parallelize(splits)`` with one split per partition; each read task
+  (``splits.read_split``) emits ``(range index, Arrow IPC bytes)`` per key-group range of
+  the first operator it has events for, ``(DEAD, IPC)`` for its dead-letter rows and
+  ``(META, SplitSummary)``. ``partitionBy(P + 2)`` with the identity as partitioner is
+  the exchange: shuffle partition r < P holds range r's batches, ``DEAD = P`` the dead
+  letters, ``META = P + 1`` the summaries. The driver runs a job on the META partition
+  only (``SparkContext.runJob``), which runs the read stage (the shuffle's map side) and
+  brings back the summaries: the driver never receives an event.
+* **Operator stage.** ``mapPartitionsWithIndex`` over the same shuffled RDD: the task of
+  partition r < P runs range r's operator task over its batches, the DEAD task stages
+  the dead letters (first operator only). Spark reuses the read stage's shuffle output
+  (the map stage is skipped), so sources are read once per epoch. An intermediate
+  operator's tasks emit their ``main`` output the same way, ``(next range, IPC)``, plus
+  ``(META, TaskResult)``, into the next ``partitionBy``: the next operator's exchange;
+  the driver runs the job on META to take the results. The last operator's tasks
+  return their ``TaskResult`` straight to the driver.
+
+Task retries and speculation stay safe: a task writes only under names unique to its
+attempt (``task.run_task``), and the shuffle registers one map output per partition, so
+the results the driver collects and the events the next stage reads come from the same
+attempt. A map stage Spark re-runs after a lost executor (a fetch failure) recomputes the
+same events from the same offsets and state; its files are new names, and the
+checkpoint names the ones whose results the driver took.
+
+The earlier form of this module had the driver read every slice and ``parallelize`` one
+payload per range, and ``collect`` an intermediate operator's output to send it out
+again: every event crossed the driver twice per operator.
 """
 from __future__ import annotations
 
 import functools
+import pickle
 from collections.abc import Iterable, Iterator
 
-import numpy as np
 import pyarrow as pa
 
 from operators.api.operator import Operator
 from operators.io.sinks import Sink
+from operators.io.sources import Source
+from operators.runtime.exchange import (
+    DeadLetterResult,
+    DeadLetterSpec,
+    Exchange,
+    run_dead_letters,
+    run_range,
+)
 from operators.runtime.open_state import OpenState
-from operators.runtime.task import RANGE_COLUMN, TaskResult, TaskSpec, run_task
+from operators.runtime.splits import ReadContext, Split, SplitSummary, read_split
+from operators.runtime.task import TaskResult, TaskSpec
 from storage.dkv import DKVOptions
-from storage.objectstore import ObjectStore, subtract_requests
+from storage.objectstore import ObjectStore
 
 
 def to_ipc(table: pa.Table) -> bytes:
@@ -45,58 +69,81 @@ def from_ipc(data: bytes) -> pa.Table:
     return pa.ipc.open_stream(data).read_all()
 
 
-def split_by_range(events: pa.Table, parallelism: int) -> list[pa.Table]:
-    """Rows of ``events`` per range index 0..P-1 (``_range`` column), each in input order.
-
-    Raises:
-        ValueError: a row's range index is outside [0, P).
-    """
-    ranges = events.column(RANGE_COLUMN).to_numpy()
-    if ranges.size and (ranges.min() < 0 or ranges.max() >= parallelism):
-        raise ValueError(f"range index outside [0, {parallelism}) in events: {ranges.min()}..{ranges.max()}")
-    order = np.argsort(ranges, kind="stable")
-    bounds = np.searchsorted(ranges[order], np.arange(parallelism + 1))
-    ordered = events.take(pa.array(order)) if ranges.size else events
-    return [ordered.slice(int(bounds[i]), int(bounds[i + 1] - bounds[i])) for i in range(parallelism)]
+def _identity(key: int) -> int:
+    return key
 
 
-def run_stage(spark, operator: Operator, specs: list[TaskSpec], events: pa.Table, store: ObjectStore,
-              sinks: dict[str, Sink] | None, dkv_options: DKVOptions | None
-              ) -> tuple[list[TaskResult], pa.Table | None]:
-    """Run ``operator`` for every range of ``specs`` as one Spark stage.
+def _values(pairs: Iterable[tuple[int, object]]) -> Iterator[object]:
+    for _, value in pairs:
+        yield value
+
+
+def _pickled(value) -> bytes:
+    """What a task sends the driver, pickled by the task, so the driver can count the
+    bytes it receives (``SparkExchange.bytes_received``)."""
+    return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+class SparkExchange(Exchange):
+    """``Exchange`` on a ``SparkSession`` (module docstring).
 
     Args:
         spark: the ``SparkSession``.
-        operator: the operator the stage runs.
-        specs: one ``TaskSpec`` per range, ``specs[i].range_index == i``.
-        events: the stage's events with their ``_range`` column (see ``operators.runtime.task``).
         store: the job's object store; each task gets it pickled (its configuration).
-        sinks: the job's sinks for the last operator (tasks stage files), else None.
         dkv_options: DKV tuning.
-
-    Returns:
-        ``(results, forwarded)``: one ``TaskResult`` per range in range order (its
-        ``metrics["requests"]`` holds the task's object-store requests), and for an
-        intermediate operator the ``main`` output events of all ranges (else None).
-
-    Raises:
-        Whatever Spark raises when a task fails after its retries (the operator's
-        error is in the message).
+        parallelism: the first operator's number of ranges.
     """
-    parts = split_by_range(events, len(specs))
-    payloads = [(spec, to_ipc(part)) for spec, part in zip(specs, parts)]
-    rdd = spark.sparkContext.parallelize(payloads, len(payloads))
-    task = functools.partial(_run_partition, operator, store, sinks, dkv_options)
-    rows = rdd.mapPartitions(task).collect()
-    results, forwarded = [], []
-    for res, fwd in sorted(rows, key=lambda row: row[0].range_index):
-        results.append(res)
-        if fwd is not None:
-            forwarded.append(from_ipc(fwd))
-    if len(results) != len(specs):
-        raise RuntimeError(f"stage of operator {operator.name} returned {len(results)} task results "
-                           f"for {len(specs)} ranges")
-    return results, (pa.concat_tables(forwarded) if forwarded else None)
+
+    def __init__(self, spark, store: ObjectStore, dkv_options: DKVOptions | None, parallelism: int) -> None:
+        self.sc = spark.sparkContext
+        self.store, self.dkv_options = store, dkv_options
+        self._parallelism = parallelism
+        self._input = None  # the shuffled RDD the next operator stage reads
+        self.bytes_received = 0  # pickled summaries and results the driver took from tasks
+
+    def _take(self, rdd, partitions: list[int]) -> list:
+        """Runs a job on ``partitions`` of ``rdd`` (pairs whose values are ``_pickled``)
+        and returns the values, counting their bytes."""
+        data = self.sc.runJob(rdd, _values, partitions=partitions)
+        self.bytes_received += sum(len(d) for d in data)
+        return [pickle.loads(d) for d in data]
+
+    def read(self, source: Source, splits: list[Split], ctx: ReadContext) -> list[SplitSummary]:
+        p = self._parallelism
+        if not splits:
+            self._input = self.sc.parallelize([], p + 2)
+            return []
+        rdd = self.sc.parallelize(splits, len(splits)).mapPartitions(functools.partial(_read_splits, source, ctx))
+        self._input = rdd.partitionBy(p + 2, _identity)
+        summaries = self._take(self._input, [p + 1])
+        order = {s: i for i, s in enumerate(splits)}
+        return sorted(summaries, key=lambda s: order[s.split])
+
+    def run_operator(self, operator: Operator, specs: list[TaskSpec], input_schema: pa.Schema,
+                     sinks: dict[str, Sink] | None, dead: DeadLetterSpec | None
+                     ) -> tuple[list[TaskResult], DeadLetterResult | None]:
+        p = len(specs)
+        if p != self._parallelism:
+            raise ValueError(f"operator {operator.name}: {p} task specs for an exchange of "
+                             f"{self._parallelism} ranges")
+        last = sinks is not None
+        next_p = None if last else specs[0].next_parallelism
+        body = functools.partial(_run_partition, operator, specs, input_schema, self.store, sinks,
+                                 self.dkv_options, dead, next_p)
+        tasks = self._input.mapPartitionsWithIndex(body)
+        wanted = list(range(p)) + ([p] if dead is not None else [])
+        if last:
+            out = self._take(tasks, wanted)
+        else:
+            self._input = tasks.partitionBy(next_p + 2, _identity)
+            self._parallelism = next_p
+            out = self._take(self._input, [next_p + 1])
+        results = sorted((r for r in out if isinstance(r, TaskResult)), key=lambda r: r.range_index)
+        dead_results = [r for r in out if isinstance(r, DeadLetterResult)]
+        if len(results) != p:
+            raise RuntimeError(f"stage of operator {operator.name} returned {len(results)} task results "
+                               f"for {p} ranges")
+        return results, (dead_results[0] if dead_results else None)
 
 
 # Per Spark Python worker process (workers are reused, spark.python.worker.reuse): the
@@ -105,16 +152,36 @@ _STORES: dict[str, ObjectStore] = {}
 _OPEN_STATE = OpenState()
 
 
-def _run_partition(operator: Operator, store: ObjectStore, sinks: dict[str, Sink] | None,
-                   dkv_options: DKVOptions | None,
-                   payloads: Iterable[tuple[TaskSpec, bytes]]) -> Iterator[tuple[TaskResult, bytes | None]]:
-    """The body of one Spark task: each of its ranges (exactly one with ``parallelize``)."""
+def _read_splits(source: Source, ctx: ReadContext, splits: Iterable[Split]) -> Iterator[tuple[int, object]]:
+    """A read task: each of its splits (one with ``parallelize(splits, len(splits))``)."""
+    dead_index, meta_index = ctx.parallelism, ctx.parallelism + 1
+    for split in splits:
+        out = read_split(source, split, ctx)
+        for r, table in out.events:
+            yield r, to_ipc(table)
+        if out.dead.num_rows:
+            yield dead_index, to_ipc(out.dead)
+        yield meta_index, _pickled(out.summary)
+
+
+def _run_partition(operator: Operator, specs: list[TaskSpec], input_schema: pa.Schema, store: ObjectStore,
+                   sinks: dict[str, Sink] | None, dkv_options: DKVOptions | None, dead: DeadLetterSpec | None,
+                   next_parallelism: int | None, index: int,
+                   pairs: Iterable[tuple[int, object]]) -> Iterator[tuple[int, object]]:
+    """The task of shuffle partition ``index``: a range's operator task (index < P), the
+    dead-letter task (``index == P``, first operator only) or nothing (the summaries)."""
+    p = len(specs)
+    meta = p + 1 if next_parallelism is None else next_parallelism + 1
+    if index > p or (index == p and dead is None):
+        return
     # One store per root in a worker: its clients and stats live as long as the worker.
     store = _STORES.setdefault(store.root_uri, store)
-    for spec, data in payloads:
-        before = store.stats.snapshot()
-        res = run_task(operator, spec, from_ipc(data), store, sinks=sinks, dkv_options=dkv_options,
-                       open_state=_OPEN_STATE)
-        res.metrics["requests"] = subtract_requests(store.stats.snapshot(), before)
-        fwd, res.forwarded = res.forwarded, None
-        yield res, (None if fwd is None else to_ipc(fwd))
+    tables = [from_ipc(data) for _, data in pairs]
+    if index == p:
+        yield meta, _pickled(run_dead_letters(dead, tables, store))
+        return
+    res, forwarded = run_range(operator, specs[index], tables, input_schema, store, sinks, dkv_options,
+                               _OPEN_STATE)
+    for r, table in forwarded:
+        yield r, to_ipc(table)
+    yield meta, _pickled(res)

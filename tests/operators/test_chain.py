@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 
 from examples.synthetic import (
     GROUP_SUM_SCHEMA,
@@ -11,6 +12,7 @@ from examples.synthetic import (
     group_of,
 )
 from operators.api.job import Job
+from operators.api.validation import InvalidJobError
 from operators.io.sinks import ParquetSink
 from operators.runtime.driver import JobRunner
 
@@ -55,3 +57,46 @@ def test_two_operator_chain_in_process(tmp_path) -> None:
     runner = JobRunner(job, None, str(tmp_path / "store"))
     runner.run()
     _check(job, runner)
+
+
+def _per_operator_job(first: int, second: int) -> Job:
+    job = _job(parallelism=2)
+    job.operator_parallelism = {"key_window_count": first, "group_window_sum": second}
+    job.validate()
+    return job
+
+
+def _run_rescaling(spark, root: str) -> tuple[Job, JobRunner]:
+    """Epochs with the operators at 3 and 1 ranges, then the rest at 1 and 4 (each
+    operator rescaled on its own at the restart)."""
+    job = _per_operator_job(3, 1)
+    JobRunner(job, spark, root).run(max_epochs=2)
+    job = _per_operator_job(1, 4)
+    runner = JobRunner(job, spark, root)
+    runner.run()
+    return job, runner
+
+
+def test_operators_with_their_own_parallelism_on_spark(spark, tmp_path) -> None:
+    """Each operator has its own number of key-group ranges, the exchange between them
+    re-routes by the next one's ranges, and a restart rescales each on its own: the
+    output equals the pandas oracle."""
+    job, runner = _run_rescaling(spark, str(tmp_path / "store"))
+    _check(job, runner)
+    ckpt = runner.latest()
+    assert len(ckpt.operators["key_window_count"]) == 1 and len(ckpt.operators["group_window_sum"]) == 4
+
+
+def test_operators_with_their_own_parallelism_in_process(tmp_path) -> None:
+    job, runner = _run_rescaling(None, str(tmp_path / "store"))
+    _check(job, runner)
+
+
+def test_operator_parallelism_names_an_operator() -> None:
+    job = _job(parallelism=2)
+    job.operator_parallelism = {"nope": 2}
+    with pytest.raises(InvalidJobError, match="operator_parallelism names 'nope'"):
+        job.validate()
+    job.operator_parallelism = {"key_window_count": 65}
+    with pytest.raises(InvalidJobError, match=r"operator_parallelism\['key_window_count'\]=65 must be in \[1, 64\]"):
+        job.validate()

@@ -5,7 +5,6 @@ the S3 object, and once the server is back the job resumes from its last checkpo
 with exactly-once output."""
 from __future__ import annotations
 
-import dataclasses
 import re
 import uuid
 
@@ -15,7 +14,6 @@ import pytest
 
 from examples.flights import flights_job
 from examples.flights_oracle import KEY_COLUMNS
-from operators.io.sources import Source
 from operators.runtime.checkpoints import list_epochs, read_checkpoint
 from operators.runtime.driver import JobFailedError, JobRunner
 from storage.objectstore.s3 import S3RequestError
@@ -77,42 +75,29 @@ def spark_with_s3_env(spark, s3_server):
             environment[k] = v
 
 
-class StopServerOnEpoch2(Source):
-    """The flights source, stopping the S3 server when the driver reads epoch 2's
-    events: the epoch's tasks then find the server gone."""
+def _stop_server_after_reading_epoch_2(runner: JobRunner, server) -> None:
+    """Stops the S3 server once the driver has the read tasks' summaries of epoch 2 (the
+    tasks read the flights from memory): the epoch's operator tasks then find it gone."""
+    read = runner._read_events
 
-    def __init__(self, inner: Source, server) -> None:
-        self.inner, self.server, self.stopped = inner, server, False
+    def read_then_stop(plan, epoch):
+        summaries = read(plan, epoch)
+        if epoch == 2:
+            server.stop()
+        return summaries
 
-    def partitions(self) -> list[str]:
-        return self.inner.partitions()
-
-    def end_offsets(self) -> dict[str, int]:
-        return self.inner.end_offsets()
-
-    @property
-    def bounded(self) -> bool:
-        return self.inner.bounded
-
-    @property
-    def value_schema(self) -> pa.Schema:
-        return self.inner.value_schema
-
-    def read(self, partition: str, start: int, end: int) -> pa.Table:
-        if start > 0 and not self.stopped:  # the first read past epoch 1
-            self.stopped = True
-            self.server.stop()
-        return self.inner.read(partition, start, end)
+    runner._read_events = read_then_stop
 
 
 def test_flights_on_s3_spark_survives_a_stopped_server(spark_with_s3_env, s3_server, local_output,
                                                        check_flights_output) -> None:
     job = flights_job(events_per_epoch=EPOCH_EVENTS)
     root = _s3_root(s3_server)
-    faulty = dataclasses.replace(job, source=StopServerOnEpoch2(job.source, s3_server))
+    faulty = JobRunner(job, spark_with_s3_env, root)
+    _stop_server_after_reading_epoch_2(faulty, s3_server)
     try:
         with pytest.raises((JobFailedError, S3RequestError)) as failed:
-            JobRunner(faulty, spark_with_s3_env, root).run()
+            faulty.run()
     finally:
         s3_server.start()
     # The task's error, naming the object it could not reach (an error raised while the

@@ -19,7 +19,8 @@ from operators.api.operator import WATERMARK_MAX, WATERMARK_MIN
 from operators.io.sources import TIMESTAMP_COLUMN
 from operators.runtime.checkpoints import JobCheckpoint, read_checkpoint
 from operators.runtime.driver import JobRunner
-from operators.runtime.live import alignment_cuts, idle_partitions, paused_partitions, plan_epoch
+from operators.runtime.live import EventTimeSteps, alignment_cuts, idle_partitions, paused_partitions, plan_epoch
+from operators.runtime.splits import Split, SplitSummary
 from tests.operators import live_sources
 from tests.operators.live_sources import STEP_MS, reveal
 
@@ -167,6 +168,19 @@ def test_alignment_pauses_only_partitions_ahead_of_the_slowest_active_one() -> N
     assert plan.offsets == {"a": (0, 45), "b": (0, 45), "c": (0, 0)}  # c's share goes to a and b
 
 
+def _cuts(parts, part, offset, ts, part_max, holders, drift) -> dict[str, int]:
+    """``alignment_cuts`` over the summaries read tasks would return for these rows
+    (one split per partition): ``{partition: cut offset}``."""
+    summaries = []
+    for i, p in enumerate(parts):
+        mine = part == i
+        if mine.any():
+            o, t = offset[mine], ts[mine]
+            summaries.append(SplitSummary(Split(p, i, int(o[0]), int(o[-1]) + 1), int(mine.sum()), 0,
+                                          int(t.max()), EventTimeSteps.of(o, t)))
+    return {p: cut for p, (cut, _) in alignment_cuts(summaries, part_max, holders, drift).items()}
+
+
 def test_alignment_cuts_each_slice_before_its_first_event_past_the_limit() -> None:
     parts = ["a", "b", "c"]
     part = np.array([0, 0, 0, 1, 1, 1, 2, 2])
@@ -175,13 +189,40 @@ def test_alignment_cuts_each_slice_before_its_first_event_past_the_limit() -> No
     before = {"a": 50, "b": 50, "c": 4_000}
     # The slowest holder after reading is a (300): limit 300 + 500; b's 900 is past it
     # (its later 250 waits with it, offsets stay contiguous), c's whole slice is.
-    assert alignment_cuts(parts, part, offset, ts, before, parts, 500) == {"b": 21, "c": 30}
-    assert alignment_cuts(parts, part, offset, ts, before, parts, None) == {}
+    assert _cuts(parts, part, offset, ts, before, parts, 500) == {"b": 21, "c": 30}
+    assert _cuts(parts, part, offset, ts, before, parts, None) == {}
     # c does not hold back the watermark (idle): a is still the slowest.
-    assert alignment_cuts(parts, part, offset, ts, before, ["a", "b"], 500) == {"b": 21, "c": 30}
+    assert _cuts(parts, part, offset, ts, before, ["a", "b"], 500) == {"b": 21, "c": 30}
     # The slowest holder d read nothing and everything read is past its limit: no cut,
     # so the epoch makes progress.
-    assert alignment_cuts(parts + ["d"], part, offset, ts, {**before, "d": -1_000}, parts + ["d"], 500) == {}
+    assert _cuts(parts + ["d"], part, offset, ts, {**before, "d": -1_000}, parts + ["d"], 500) == {}
+
+
+@settings(max_examples=300)
+@given(ts=st.lists(st.integers(0, 5_000), min_size=1, max_size=300), limit=st.integers(-10, 5_100))
+def test_event_time_steps_cut_before_the_first_event_past_the_limit(ts, limit) -> None:
+    """A split's ``EventTimeSteps`` cut it at or before its first event past the limit
+    (never after), and exactly there when it spans at most ``MAX_ALIGNMENT_STEPS`` ms."""
+    from operators.runtime.live import MAX_ALIGNMENT_STEPS
+
+    ts = np.array(ts, np.int64)
+    offsets = np.arange(100, 100 + len(ts), dtype=np.int64)
+    steps = EventTimeSteps.of(offsets, ts)
+    assert len(steps.values) <= MAX_ALIGNMENT_STEPS + 1
+    past = np.flatnonzero(ts > limit)
+    i = steps.first_past(limit)
+    cut = None if i is None else int(steps.offsets[i])
+    if not len(past):
+        assert cut is None or (ts.max() - ts.min() + 1 > MAX_ALIGNMENT_STEPS)
+    else:
+        assert cut is not None and cut <= offsets[past[0]]
+    if cut is not None:
+        kept = ts[offsets < cut]
+        assert (kept <= limit).all()
+        assert steps.rows_before[i] == len(kept)
+        assert steps.max_before[i] == (kept.max() if len(kept) else WATERMARK_MIN)
+    if ts.max() - ts.min() + 1 <= MAX_ALIGNMENT_STEPS:
+        assert cut == (None if not len(past) else int(offsets[past[0]]))
 
 
 class _StartsAt100(live_sources.GrowingSource):
@@ -294,7 +335,7 @@ def test_aligned_planning_reads_every_event_once_within_the_drift(speeds, sizes,
         rows = [(i, o, o * speeds[i]) for i, p in enumerate(parts) for o in range(*plan.offsets[p])]
         part, offset, ts = (np.array(c, dtype=np.int64) for c in zip(*rows))
         holders = [p for p in parts if committed[p] < ends[p]]
-        cuts = alignment_cuts(parts, part, offset, ts, part_max, holders, drift_ms)
+        cuts = _cuts(parts, part, offset, ts, part_max, holders, drift_ms)
         if cuts:
             latest = [max([part_max[p], *ts[part == parts.index(p)]]) for p in holders]
             limit = min(t for t in latest if t != WATERMARK_MIN) + drift_ms

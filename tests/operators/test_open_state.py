@@ -96,7 +96,7 @@ def test_job_with_two_workers_caching_state(batch, tmp_path, monkeypatch) -> Non
     its own cache: every checkpoint's state and the output equal a run without caches
     (itself checked against the pandas oracle by tests/operators/test_flights_job.py).
     The ``on_event`` case (~50 s) is slow."""
-    import operators.runtime.driver as runtime
+    import operators.runtime.exchange as runtime
     from examples.flights import flights_job
     from operators.runtime.driver import JobRunner
     from operators.runtime.task import run_task
@@ -137,7 +137,7 @@ def test_in_process_runner_keeps_ranges_open(tmp_path, monkeypatch) -> None:
     """An in-process runner reuses each range's DKV from the second epoch on, as Spark
     workers do; a new runner (a restart) opens from the store. The output equals the
     pandas oracle."""
-    import operators.runtime.driver as runtime
+    import operators.runtime.exchange as runtime
     from examples.keyed_count import keyed_count_job, keyed_count_oracle
     from operators.runtime.driver import JobRunner
     from operators.runtime.task import run_task

@@ -41,7 +41,7 @@ from operators.api.state import MapSpec
 from operators.errors import JobFailedError
 from operators.io.sinks import ParquetSink
 from operators.io.sources import Source
-from operators.runtime import driver as runtime
+from operators.runtime import exchange as runtime
 from operators.runtime.checkpoints import latest_checkpoint
 from operators.runtime.driver import JobRunner
 from operators.runtime.operator_errors import WriteBuffer, isolate

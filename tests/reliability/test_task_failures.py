@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from operators.runtime import driver as runtime
+from operators.runtime import exchange as runtime
 from tests.reliability import harness
 
 
