@@ -65,7 +65,7 @@ CLOCK = ("wall clock in the driver from just before the first epoch starts (Spar
          "start and executor registration excluded; the first epoch's planning and the "
          "source's first read included) to the last epoch's commit and publish")
 STEADY = "steady state: events of epochs 2..N over the time from epoch 1's commit to epoch N's"
-QUICK = {"scale": 1, "events_per_epoch": 60_000, "repeat": 1}
+QUICK = {"scale": 1, "events_per_epoch": 120_000, "repeat": 1}
 EXECUTOR_WAIT_S = 120
 DRIVER_TIMEOUT_S = 1800
 

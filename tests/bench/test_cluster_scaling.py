@@ -27,7 +27,7 @@ from bench.cluster_scaling import (
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow("starts SeaweedFS and two Spark standalone clusters (70-100 s)")
+@pytest.mark.slow("starts SeaweedFS and two Spark standalone clusters (70-110 s)")
 def test_quick_run_completes_and_matches_oracle(tmp_path) -> None:
     out = tmp_path / "scaling.json"
     # Its SeaweedFS and clusters live under TMPDIR: every process it started names tmp_path.
