@@ -36,6 +36,7 @@ from assets.sensors import (
 )
 from examples.aircraft_rotations import aircraft_job
 from examples.flights import flights_job
+from examples.flights_weather import flights_weather_job
 from operators.api.job import Job
 
 
@@ -100,4 +101,8 @@ aircraft = aircraft_job(
     scale=int(os.environ.get("DKVSTREAM_FLIGHTS_SCALE", "1")),
     events_per_epoch=int(os.environ.get("DKVSTREAM_EVENTS_PER_EPOCH", "50000")),
 )
-defs = dkvstream_definitions(flights, aircraft)
+flights_weather = flights_weather_job(
+    scale=int(os.environ.get("DKVSTREAM_FLIGHTS_SCALE", "1")),
+    events_per_epoch=int(os.environ.get("DKVSTREAM_EVENTS_PER_EPOCH", "50000")),
+)
+defs = dkvstream_definitions(flights, aircraft, flights_weather)

@@ -41,6 +41,12 @@ and first epoch included) and steady state (the engine's median seconds per epoc
 the reference's, epochs after the first: the first carries each engine's one-off start,
 e.g. Spark's first job and its Python workers).
 
+``--baseline-commit REV`` adds the engine ``dkvstream@REV``: the ``dkvstream`` engine of
+another commit of this repository (checked out with ``git worktree`` into the run's
+temporary directory, its C extension built there), run on the same input files, so a
+change to the runtime is measured against the code before it in the same run; its
+ratio columns against ``dkvstream`` say how much faster the current commit is.
+
 ``--epoch-overhead``: ``--epochs`` epochs of one event each (one partition, EWR), dkvstream
 (on Spark and in process) against Spark TWS: the median seconds per epoch is the fixed
 cost of a micro-batch (planning, a Spark stage, state commit, checkpoint).
@@ -237,12 +243,34 @@ class TreeMemory:
         self._thread.join()
 
 
-def run_child(engine: str, plan_args: list[str], input_dir: str, log_prefix: str) -> dict:
+def prepare_baseline(rev: str, tmp: str) -> str:
+    """A checkout of commit ``rev`` under ``tmp`` with its C extension built in place;
+    returns its directory (``--baseline-commit``)."""
+    where = os.path.join(tmp, "baseline")
+    subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", "-f", where, rev], check=True,
+                   capture_output=True)
+    subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace", "-q"], cwd=where, check=True,
+                   capture_output=True)
+    return where
+
+
+def remove_baseline(where: str) -> None:
+    subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", where], check=False, capture_output=True)
+
+
+def run_child(engine: str, plan_args: list[str], input_dir: str, log_prefix: str,
+              baseline: str | None = None) -> dict:
     """Run one engine in a child process; returns its result dict with peak RSS added
-    (``{"engine", "error"}`` when it failed)."""
+    (``{"engine", "error"}`` when it failed). ``baseline``: the checkout the
+    ``dkvstream@<rev>`` engine runs from (``prepare_baseline``)."""
     fd, json_path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
-    if engine in ("dkvstream", "dkvstream-in-process", "dkvstream-on-event"):
+    cwd = ROOT
+    if engine.startswith("dkvstream@"):
+        cwd = baseline
+        cmd = [sys.executable, os.path.join(baseline, "bench", "flights_throughput.py"), "--child", "dkvstream",
+               "--form", "batch", "--runner", "spark"]
+    elif engine in ("dkvstream", "dkvstream-in-process", "dkvstream-on-event"):
         cmd = [sys.executable, os.path.abspath(__file__), "--child", "dkvstream",
                "--form", "event" if engine == "dkvstream-on-event" else "batch",
                "--runner", "in-process" if engine == "dkvstream-in-process" else "spark"]
@@ -256,8 +284,10 @@ def run_child(engine: str, plan_args: list[str], input_dir: str, log_prefix: str
     cmd += plan_args + ["--input-dir", input_dir, "--json", json_path]
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     env.setdefault("SPARK_CONF_DIR", os.path.join(ROOT, "platform", "conf"))
+    if cwd != ROOT:  # the baseline's own packages first, for the driver and Spark's workers
+        env["PYTHONPATH"] = cwd + os.pathsep + env.get("PYTHONPATH", "")
     print(f"{log_prefix}: starting {engine}", flush=True)
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     memory = TreeMemory(proc.pid)
     tail: list[str] = []
     for line in proc.stdout:
@@ -282,6 +312,8 @@ def run_child(engine: str, plan_args: list[str], input_dir: str, log_prefix: str
             print(f"{log_prefix}:   {t}", flush=True)
         return {"engine": engine, "error": reason}
     result.update(driver_rss=memory.driver_peak, workers_rss=memory.workers_peak)
+    if engine.startswith("dkvstream@"):
+        result["engine"] = engine
     return result
 
 
@@ -430,6 +462,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epoch-overhead", action="store_true", help="epochs of one event instead")
     ap.add_argument("--epochs", type=int, default=10, help="epochs in --epoch-overhead mode")
     ap.add_argument("--plot", metavar="PATH", help="write the tables as a PNG")
+    ap.add_argument("--baseline-commit", metavar="REV",
+                    help="also run the dkvstream engine of commit REV (engine dkvstream@REV)")
     args = ap.parse_args(argv)
 
     tmp = tempfile.mkdtemp(prefix="flights-bench-")
@@ -465,6 +499,18 @@ def _run(args, tmp: str) -> int:
     unknown = [e for e in engines if e not in ENGINES]
     if unknown:
         raise SystemExit(f"unknown engines {unknown}; known: {', '.join(ENGINES)}")
+    baseline = None
+    if args.baseline_commit:
+        baseline = prepare_baseline(args.baseline_commit, tmp)
+        engines.append(f"dkvstream@{args.baseline_commit}")
+    try:
+        return _run_engines(args, tmp, engines, baseline)
+    finally:
+        if baseline:
+            remove_baseline(baseline)
+
+
+def _run_engines(args, tmp: str, engines: list[str], baseline: str | None) -> int:
     load_start = load_average()
     if args.epoch_overhead:
         plan = plan_epochs(1, 1, partitions=("EWR",), max_per_partition=args.epochs)
@@ -505,7 +551,7 @@ def _run(args, tmp: str) -> int:
             plan_args = ["--scale", str(scale), "--events-per-epoch", str(args.events_per_epoch)]
             if limit is not None:
                 plan_args += ["--max-events", str(limit)]
-            rows.append(run_child(engine, plan_args, inputs[limit], f"scale {scale}"))
+            rows.append(run_child(engine, plan_args, inputs[limit], f"scale {scale}", baseline))
         failed |= any("error" in r for r in rows)
         title = (f"Flights route daily delays, --scale {scale}, "
                  f"{args.events_per_epoch:,} events per epoch")

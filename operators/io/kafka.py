@@ -36,6 +36,7 @@ at-least-once for one that does not (docs/kafka.md says why transactions are not
 """
 from __future__ import annotations
 
+import atexit
 import io
 import json
 import time
@@ -79,6 +80,16 @@ _POLL_S = 0.2
 
 def _partition_name(topic: str, n: int) -> str:
     return f"{topic}-{n}"
+
+
+# Per Spark Python worker process: the consumers of the read tasks it ran, by settings.
+_TASK_CONSUMERS: dict[str, object] = {}
+
+
+@atexit.register
+def _close_task_consumers() -> None:
+    while _TASK_CONSUMERS:
+        _TASK_CONSUMERS.popitem()[1].close()
 
 
 class KafkaSource(Source):
@@ -195,22 +206,37 @@ class KafkaSource(Source):
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        # A copy unpickled in a read task shares its worker process's consumer (below).
+        self._pooled = True
 
     # ------------------------------------------------------------- the consumer
+    def _settings(self) -> dict:
+        return {"bootstrap.servers": self.bootstrap, "group.id": f"dkvstream-{self.name}",
+                "isolation.level": self.isolation_level, **_CONSUMER_DEFAULTS, **self.config}
+
     def _client(self):
         if self._consumer is None:
             from confluent_kafka import Consumer
 
-            self._consumer = Consumer({
-                "bootstrap.servers": self.bootstrap, "group.id": f"dkvstream-{self.name}",
-                "isolation.level": self.isolation_level, **_CONSUMER_DEFAULTS, **self.config})
+            settings = self._settings()
+            if getattr(self, "_pooled", False):
+                # Read tasks get the source unpickled, once per task: one consumer per
+                # worker process and settings, not a connection per task. A worker runs
+                # one task at a time, and each read assigns its own partition and offset.
+                key = repr(sorted(settings.items()))
+                if key not in _TASK_CONSUMERS:
+                    _TASK_CONSUMERS[key] = Consumer(settings)
+                self._consumer = _TASK_CONSUMERS[key]
+            else:
+                self._consumer = Consumer(settings)
         return self._consumer
 
     def close(self) -> None:
-        """Closes the consumer (a later call opens a new one). Idempotent."""
-        if self._consumer is not None:
+        """Closes the consumer (a later call opens a new one). Idempotent. A read task's
+        copy leaves its worker's shared consumer open."""
+        if self._consumer is not None and not getattr(self, "_pooled", False):
             self._consumer.close()
-            self._consumer = None
+        self._consumer = None
 
     def _partition_ids(self) -> list[int]:
         from confluent_kafka import KafkaException

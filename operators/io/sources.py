@@ -39,6 +39,14 @@ class Source(ABC):
     decode should not raise: set its ``_error`` column (and ``_raw_value``), and the
     runtime sends it to the dead-letter table, as it does rows with a null or empty key or
     a timestamp before the Unix epoch or too far in the future.
+
+    Where each part runs: the driver calls ``attach``, ``partitions``, ``start_offset``,
+    ``end_offsets``, ``bounded``, ``value_schema`` and ``close`` (planning and offsets);
+    ``read`` runs in Spark's read tasks on the executors, one per planned slice
+    (``operators.runtime.splits``), on a copy of the source unpickled there. So a source
+    must pickle small (configuration, not data: load data lazily in ``read``, caching it
+    per process if costly) and be importable on the executors, and ``read`` must not
+    depend on state the driver's copy gathered.
     """
 
     name: str = "source"

@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 
 from operators.api.job import Job
 from operators.api.keygroups import KeyGroupRange, key_group_ranges
-from operators.api.operator import MAIN_OUTPUT, WATERMARK_MAX, WATERMARK_MIN
+from operators.api.operator import MAIN_OUTPUT, WATERMARK_MIN
 from operators.errors import BadInputError, JobFailedError, JobFencedError
 from operators.paths import checkpoint_key
 from operators.runtime import dead_letter, live
@@ -76,7 +76,13 @@ from operators.runtime.control import (
     pending_flush_requests,
     release_lease,
 )
-from operators.runtime.exchange import DeadLetterResult, DeadLetterSpec, Exchange, LocalExchange
+from operators.runtime.exchange import (
+    DeadLetterResult,
+    DeadLetterSpec,
+    Exchange,
+    FirstStage,
+    LocalExchange,
+)
 from operators.runtime.open_state import OpenState
 from operators.runtime.recovery import VERIFY_MODES, restart_checkpoint
 from operators.runtime.splits import ReadContext, Split, SplitSummary, stage_input_schema
@@ -362,7 +368,7 @@ class JobRunner:
                 if not self.job.source.bounded and not plan.has_input:
                     if not continuous:
                         break
-                    if self._watermark(ckpt, plan, {})[0] <= ckpt.watermark:
+                    if live.epoch_event_time(self._event_time_inputs(ckpt, plan), []).watermark <= ckpt.watermark:
                         trigger.nothing_new()
                         continue
                     # No input, but a partition went idle and the watermark advances: an
@@ -472,7 +478,8 @@ class JobRunner:
         """
         splits = [Split(p, i, start, end) for i, (p, (start, end)) in enumerate(plan.items()) if end > start]
         ctx = ReadContext(epoch=epoch, now_ms=self._now_ms(), key_groups=self.job.key_groups,
-                          parallelism=self._first_parallelism, dead_letter=self.job.dead_letter)
+                          parallelism=self._first_parallelism, dead_letter=self.job.dead_letter,
+                          alignment=self.job.max_watermark_drift_ms is not None)
         self._exchange = self._new_exchange()
         try:
             return self._exchange.read(self.job.source, splits, ctx)
@@ -485,68 +492,15 @@ class JobRunner:
             raise JobFailedError(f"job {self.job.name}: epoch {epoch} failed reading source "
                                  f"{self.job.source.name}: {root}") from e
 
-    @staticmethod
-    def _max_event_times(summaries: list[SplitSummary]) -> dict[str, int]:
-        """Max event time read per partition (partitions with events only)."""
-        max_ts: dict[str, int] = {}
-        for s in summaries:
-            if s.rows:
-                p = s.split.partition
-                max_ts[p] = max(max_ts.get(p, WATERMARK_MIN), s.max_ts)
-        return max_ts
-
-    def _align(self, ckpt: JobCheckpoint, plan: live.EpochPlan, summaries: list[SplitSummary],
-               max_ts: dict[str, int]) -> tuple[dict[str, int], dict[str, int], live.EpochPlan]:
-        """Watermark alignment within the epoch (``live.alignment_cuts``): each
-        partition's slice ends before its first event more than ``max_watermark_drift_ms``
-        ahead of the slowest partition holding back the watermark; the operator and
-        dead-letter tasks drop the events and dead letters past the cut (the next epoch
-        reads them again) and the plan's offsets end at the cut.
-
-        Returns:
-            ``(cuts {partition: offset}, max event time per partition read, plan)``;
-            no cut: ``({}, max_ts, plan)``.
-        """
-        drift = self.job.max_watermark_drift_ms
-        if drift is None or not summaries:
-            return {}, max_ts, plan
-        parts = list(plan.offsets)
-        holders = live.watermark_holders({p: start for p, (start, _) in plan.offsets.items()},
-                                         plan.ends, plan.idle, self.job.source.bounded)
-        found = live.alignment_cuts(summaries, self._partition_max_ts(ckpt, parts), holders, drift)
-        if not found:
-            return {}, max_ts, plan
-        max_ts = dict(max_ts)
-        for p, (_, kept_max) in found.items():
-            if kept_max == WATERMARK_MIN:
-                max_ts.pop(p, None)
-            else:
-                max_ts[p] = kept_max
-        cuts = {p: cut for p, (cut, _) in found.items()}
-        offsets = {p: (start, cuts.get(p, end)) for p, (start, end) in plan.offsets.items()}
-        return cuts, max_ts, dataclasses.replace(plan, offsets=offsets)
-
-    def _watermark(self, ckpt: JobCheckpoint, plan: live.EpochPlan,
-                   max_ts: dict[str, int]) -> tuple[int, dict[str, int], bool]:
-        """``(watermark, max event time per partition, finished)`` after reading ``plan``.
-
-        The watermark is min over the input partitions of their max event time, minus
-        the bound (never below the previous one; ``live.watermark``). Input partitions:
-        a bounded source's partitions not read to the end (none left: finished,
-        +infinity); a live source's partitions, caught up or not (they may still receive
-        older events), except idle ones (Flink's ``withIdleness``: ``Job.idle_timeout_ms``;
-        all idle: the watermark stays)."""
-        offsets = plan.offsets
-        part_max = self._partition_max_ts(ckpt, list(offsets))
-        part_max = {p: max(t, max_ts.get(p, WATERMARK_MIN)) for p, t in part_max.items()}
-        if self.job.source.bounded:
-            inputs = [p for p in offsets if offsets[p][1] < plan.ends[p]]
-            if not inputs:
-                return WATERMARK_MAX, part_max, True
-        else:
-            inputs = [p for p in offsets if p not in plan.idle]
-        return (live.watermark(ckpt.watermark, part_max, inputs, self.job.max_out_of_orderness_ms),
-                part_max, False)
+    def _event_time_inputs(self, ckpt: JobCheckpoint, plan: live.EpochPlan,
+                           drain: bool = False) -> live.EventTimeInputs:
+        """What decides the epoch's event time besides its split summaries
+        (``live.epoch_event_time``: the watermark, alignment's cuts, finished)."""
+        return live.EventTimeInputs(
+            previous_watermark=ckpt.watermark,
+            partition_max_ts=self._partition_max_ts(ckpt, list(plan.offsets)), plan=plan,
+            bounded=self.job.source.bounded, out_of_orderness_ms=self.job.max_out_of_orderness_ms,
+            max_drift_ms=self.job.max_watermark_drift_ms, drain=drain)
 
     def _run_epoch(self, ckpt: JobCheckpoint, plan: live.EpochPlan, flush: bool = False,
                    drain: bool = False) -> tuple[EpochResult, JobCheckpoint]:
@@ -555,12 +509,17 @@ class JobRunner:
         +infinity, finished."""
         started = time.perf_counter()
         epoch = ckpt.epoch + 1
+        inputs = self._event_time_inputs(ckpt, plan, drain)
         summaries = self._read_events(plan.offsets, epoch)
-        cuts, max_ts, plan = self._align(ckpt, plan, summaries, self._max_event_times(summaries))
-        watermark, part_max, finished = self._watermark(ckpt, plan, max_ts)
-        if drain:
-            watermark, finished = WATERMARK_MAX, True
-        results = self._run_stages(ckpt, epoch, watermark, flush, cuts)
+        # With watermark alignment the driver needs the summaries before any operator
+        # runs (the cuts); otherwise the first operator's tasks compute the same event
+        # time from them and range 0 reports it (``operators.runtime.exchange``).
+        event_time = None if summaries is None else live.epoch_event_time(inputs, summaries)
+        results = self._run_stages(ckpt, epoch, flush, event_time, inputs)
+        if event_time is None:
+            event_time = results[self.job.operators[0].name][0].event_time
+        watermark, part_max, finished = event_time.watermark, event_time.partition_max_ts, event_time.finished
+        plan = event_time.plan
         received = self._exchange.bytes_received
         self._exchange = None  # the epoch's events are no longer needed
         self.failpoint("after_tasks", epoch)
@@ -612,11 +571,13 @@ class JobRunner:
             live=published_live, drained=drain,
         ), new
 
-    def _run_stages(self, ckpt: JobCheckpoint, epoch: int, watermark: int, flush: bool,
-                    cuts: dict[str, int]) -> dict[str, list[TaskResult]]:
+    def _run_stages(self, ckpt: JobCheckpoint, epoch: int, flush: bool, event_time: live.EpochEventTime | None,
+                    inputs: live.EventTimeInputs) -> dict[str, list[TaskResult]]:
         """Step 3: one stage per operator over the epoch's exchange (``_read_events``),
-        each fed the previous one's ``main`` output; the first one's runs the dead-letter
-        task too. ``cuts``: watermark alignment's (``_align``).
+        each fed the previous one's ``main`` output; the first one's range 0 stages the
+        dead letters too. ``event_time``: the epoch's, with the watermark and alignment's
+        cuts, or None: the first operator's tasks compute it from ``inputs`` and the
+        split summaries, and the later operators take it from its range 0.
 
         Returns:
             ``{operator name: [TaskResult per range]}``.
@@ -632,6 +593,7 @@ class JobRunner:
         partitions = tuple(self.job.source.partitions()) if dead_letter_policy else ()
         part_index = {p: i for i, p in enumerate(ckpt.source_offsets)}
         part_index.update({p: i for i, p in enumerate(self.job.source.partitions()) if p not in part_index})
+        cuts = event_time.cuts if event_time is not None else {}
         offset_limits = {part_index[p]: cut for p, cut in cuts.items()} or None
         input_schema = stage_input_schema(self.job.source.value_schema)
         self._task_dead_letters = []
@@ -650,7 +612,9 @@ class JobRunner:
                     key_group_range=kr,
                     manifest_key=None if rescaled else previous.get(kr.label),
                     parent_manifests=_parents(previous, old_ranges, kr) if rescaled else (),
-                    watermark_before=ckpt.watermark, watermark_after=watermark,
+                    watermark_before=ckpt.watermark,
+                    # Unknown yet (WATERMARK_MIN) only in the first stage, whose tasks compute it.
+                    watermark_after=event_time.watermark if event_time is not None else WATERMARK_MIN,
                     next_key_groups=None if last else self.job.key_groups,
                     next_parallelism=next_parallelism,
                     flush=flush,
@@ -661,23 +625,29 @@ class JobRunner:
                 )
                 for r, kr in enumerate(ranges)
             ]
-            dead = DeadLetterSpec(self.job.prefix, epoch, dict(cuts)) if i == 0 else None
+            first = None
+            if i == 0:
+                first = FirstStage(DeadLetterSpec(self.job.prefix, epoch, dict(cuts)),
+                                   event_time=inputs if event_time is None else None)
             try:
                 results, screened = self._exchange.run_operator(
-                    op, specs, input_schema, self.job.sinks if last else None, dead)
+                    op, specs, input_schema, self.job.sinks if last else None, first)
             except Exception as e:
                 raise self._stage_error(op.name, ckpt.epoch, epoch, e) from e
             if i == 0:
                 self._screened = screened
+                if event_time is None:
+                    event_time = results[0].event_time
             results_by_op[op.name] = results
             self._task_dead_letters += [res.dead_letter_key for res in results if res.dead_letter_key]
             input_schema = forwarded_schema(op.outputs[MAIN_OUTPUT]) if not last else input_schema
         return results_by_op
 
     def _stage_error(self, operator: str, start_epoch: int, epoch: int,
-                     e: Exception) -> JobFailedError:
+                     e: Exception) -> JobFailedError | BadInputError:
         """The error to raise for a failed stage: fenced if another driver committed
-        ``epoch`` meanwhile, else a job failure."""
+        ``epoch`` meanwhile, a read task's ``BadInputError`` (the read stage runs with the
+        first operator's when the job does not align), else a job failure."""
         newest = self._newest_epoch_elsewhere()
         if newest is not None and newest >= epoch:
             # A driver this far behind finds the files of its start checkpoint
@@ -687,6 +657,8 @@ class JobRunner:
                 f"checkpoint is {self.store.uri(checkpoint_key(self.job.prefix, newest))}) while "
                 f"this driver ran it from epoch {start_epoch}, and its tasks failed "
                 f"({_root_message(e)}); this driver stops without publishing. Run one driver per job.")
+        if self.spark is not None and "BadInputError" in str(e):  # a read task's, run with this stage
+            return BadInputError(_root_message(e).split("BadInputError: ", 1)[-1])
         return JobFailedError(f"job {self.job.name}: epoch {epoch} failed in operator {operator}: "
                               f"{_root_message(e)}")
 

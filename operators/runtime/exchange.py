@@ -3,14 +3,19 @@
 One epoch moves its events like this (docs/design.md, "Epochs and checkpoints"):
 
 1. **Read stage**: one read task per ``splits.Split`` (``splits.read_split``) emits its
-   good events per key-group range of the first operator, its dead-letter rows, and a
-   ``SplitSummary``; only the summaries reach the driver (``Exchange.read``), which
-   computes the watermark and the alignment cuts from them.
-2. **Operator stages**: operator i runs one task per key-group range over the events
+   good events per key-group range of the first operator, its dead-letter rows (to
+   range 0) and a ``SplitSummary``.
+2. **Event time** (``live.epoch_event_time``, one pure function of the summaries): when
+   the job aligns watermarks, the summaries (with their event-time steps) go to the
+   driver (``Exchange.read``), which computes the watermark and the cuts before any
+   operator task runs: a Spark job of its own. Otherwise every range of the first
+   operator receives every summary (a few dozen bytes each) with its events and computes
+   the same watermark itself, so reading and the first operator are one Spark job.
+3. **Operator stages**: operator i runs one task per key-group range over the events
    routed to that range (``run_range``); an intermediate operator's ``main`` output is
    routed by the next operator's ranges in the same way, and only the ``TaskResult``s
-   reach the driver. The dead-letter task (``run_dead_letters``) stages the epoch's bad
-   input rows, before the alignment cut, as one file.
+   reach the driver. The first operator's range 0 also stages the epoch's bad input
+   rows, before the alignment cut, as one file (``run_dead_letters``).
 
 Two implementations: ``LocalExchange`` runs every task in this process (the in-process
 runner: tests, debugging), ``operators.spark.stage.SparkExchange`` runs them as Spark tasks
@@ -18,6 +23,7 @@ with Spark's shuffle routing Arrow IPC batches. Both run the same task bodies he
 """
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -27,7 +33,8 @@ import pyarrow as pa
 from operators.api.operator import Operator
 from operators.io.sinks import Sink
 from operators.io.sources import Source
-from operators.runtime import dead_letter
+from operators.runtime import dead_letter, live
+from operators.runtime.live import EventTimeInputs
 from operators.runtime.open_state import OpenState
 from operators.runtime.splits import (
     RANGE_COLUMN,
@@ -45,7 +52,7 @@ from storage.objectstore import ObjectStore, subtract_requests
 
 @dataclass(frozen=True)
 class DeadLetterSpec:
-    """What the dead-letter task needs (pickled to it).
+    """What range 0 of the first operator needs to stage the dead letters (pickled to it).
 
     Attributes:
         job_prefix, epoch: where and for which epoch it stages.
@@ -59,38 +66,71 @@ class DeadLetterSpec:
 
 @dataclass
 class DeadLetterResult:
-    """The dead-letter task's result: the staged file (None: no bad rows) and per-reason
-    counts (``dead_letter.reason_counts``)."""
+    """What staging the dead letters gave: the staged file (None: no bad rows) and
+    per-reason counts (``dead_letter.reason_counts``)."""
 
     staged_key: str | None
     counts: dict[str, int]
 
 
+@dataclass(frozen=True)
+class FirstStage:
+    """What the first operator's stage does besides its operator.
+
+    Attributes:
+        dead: staging the dead letters (range 0).
+        event_time: when the driver did not compute the epoch's event time (the job
+            does not align): its inputs; each task computes it from the summaries it
+            received and uses its watermark, range 0 returns it
+            (``TaskResult.event_time``). None: the specs carry the watermark and cuts.
+    """
+
+    dead: DeadLetterSpec
+    event_time: EventTimeInputs | None = None
+
+
+def summary_order(summary: SplitSummary) -> tuple[int, int]:
+    """The order summaries are used in, whatever order they arrived in."""
+    return summary.split.part_index, summary.split.start
+
+
 def run_range(operator: Operator, spec: TaskSpec, tables: list[pa.Table], input_schema: pa.Schema,
               store: ObjectStore, sinks: dict[str, Sink] | None, dkv_options: DKVOptions | None,
-              open_state: OpenState | None) -> tuple[TaskResult, list[tuple[int, pa.Table]]]:
+              open_state: OpenState | None, first: FirstStage | None = None, summaries: list[SplitSummary] = (),
+              dead_tables: list[pa.Table] = ()
+              ) -> tuple[TaskResult, list[tuple[int, pa.Table]], DeadLetterResult | None]:
     """One operator task: the events routed to ``spec``'s range (``tables``, any order;
     none: an empty table of ``input_schema``, so the range still fires its timers) run
-    through ``task.run_task``.
+    through ``task.run_task``. In the first operator's stage (``first``): with
+    ``first.event_time``, the epoch's event time computed from ``summaries`` gives the
+    watermark; range 0 stages ``dead_tables``.
 
     Returns:
-        ``(result, forwarded)``: the ``TaskResult`` (``metrics["requests"]``: the task's
-        object-store requests) and, for an intermediate operator, its ``main`` output
-        as ``[(next range index, table)]``.
+        ``(result, forwarded, dead)``: the ``TaskResult`` (``metrics["requests"]``: the
+        task's object-store requests), for an intermediate operator its ``main`` output
+        as ``[(next range index, table)]``, and range 0's ``DeadLetterResult`` (else None).
     """
+    event_time = None
+    if first is not None and first.event_time is not None:
+        event_time = live.epoch_event_time(first.event_time, sorted(summaries, key=summary_order))
+        spec = dataclasses.replace(spec, watermark_after=event_time.watermark)
     events = pa.concat_tables(tables) if tables else input_schema.empty_table()
     before = store.stats.snapshot()
     res = run_task(operator, spec, events, store, sinks=sinks, dkv_options=dkv_options, open_state=open_state)
+    dead = None
+    if first is not None and spec.range_index == 0:
+        dead = run_dead_letters(first.dead, list(dead_tables), store)
+        res.event_time = event_time
     res.metrics["requests"] = subtract_requests(store.stats.snapshot(), before)
     forwarded, res.forwarded = res.forwarded, None
     if forwarded is None or not forwarded.num_rows:
-        return res, []
-    return res, split_by_range(forwarded, forwarded.column(RANGE_COLUMN).to_numpy())
+        return res, [], dead
+    return res, split_by_range(forwarded, forwarded.column(RANGE_COLUMN).to_numpy()), dead
 
 
 def run_dead_letters(spec: DeadLetterSpec, tables: list[pa.Table], store: ObjectStore) -> DeadLetterResult:
-    """The dead-letter task: the read tasks' bad rows before the alignment cut, staged as
-    one file labelled ``source`` (published as ``part-source.parquet``)."""
+    """The read tasks' bad rows before the alignment cut, staged as one file labelled
+    ``source`` (published as ``part-source.parquet``)."""
     dead = cut_dead_letters(pa.concat_tables(tables), spec.cuts) if tables else None
     if dead is None or not dead.num_rows:
         return DeadLetterResult(None, {})
@@ -108,9 +148,11 @@ class Exchange(ABC):
     bytes_received: int = 0
 
     @abstractmethod
-    def read(self, source: Source, splits: list[Split], ctx: ReadContext) -> list[SplitSummary]:
-        """Runs the read tasks; keeps their events and dead letters for the first
-        operator's stage; returns the ``SplitSummary``s, in ``splits`` order.
+    def read(self, source: Source, splits: list[Split], ctx: ReadContext) -> list[SplitSummary] | None:
+        """Runs the read tasks, keeping their events and dead letters for the first
+        operator's stage. With ``ctx.alignment`` returns the ``SplitSummary``s (in
+        ``splits`` order); else None: the summaries go to the first operator's tasks
+        with the events (Spark runs the read tasks in the first operator's job then).
 
         Raises:
             Whatever a read task raises (a bad slice, ``BadInputError``).
@@ -118,15 +160,15 @@ class Exchange(ABC):
 
     @abstractmethod
     def run_operator(self, operator: Operator, specs: list[TaskSpec], input_schema: pa.Schema,
-                     sinks: dict[str, Sink] | None, dead: DeadLetterSpec | None
+                     sinks: dict[str, Sink] | None, first: FirstStage | None
                      ) -> tuple[list[TaskResult], DeadLetterResult | None]:
         """Runs ``operator``'s tasks, one per ``specs[i]`` (range i), over the events
         routed to each range (``input_schema``: their schema); an intermediate
-        operator's (``sinks`` None) ``main`` output is kept for the next call. ``dead``:
-        also run the dead-letter task (the first operator's stage).
+        operator's (``sinks`` None) ``main`` output is kept for the next call.
+        ``first``: this is the first operator's stage (``FirstStage``).
 
         Returns:
-            ``(results in range order, the dead-letter task's result or None)``.
+            ``(results in range order, range 0's DeadLetterResult in the first stage, else None)``.
         """
 
 
@@ -143,26 +185,27 @@ class LocalExchange(Exchange):
         self.store, self.dkv_options, self.open_state = store, dkv_options, open_state
         self._events: dict[int, list[pa.Table]] = {}
         self._dead: list[pa.Table] = []
+        self._summaries: list[SplitSummary] = []
 
-    def read(self, source: Source, splits: list[Split], ctx: ReadContext) -> list[SplitSummary]:
-        summaries = []
+    def read(self, source: Source, splits: list[Split], ctx: ReadContext) -> list[SplitSummary] | None:
         for split in splits:
             out = read_split(source, split, ctx)
             for r, table in out.events:
                 self._events.setdefault(r, []).append(table)
             if out.dead.num_rows:
                 self._dead.append(out.dead)
-            summaries.append(out.summary)
-        return summaries
+            self._summaries.append(out.summary)
+        return list(self._summaries) if ctx.alignment else None
 
-    def run_operator(self, operator, specs, input_schema, sinks, dead):
-        results, routed = [], {}
+    def run_operator(self, operator, specs, input_schema, sinks, first):
+        results, routed, dead = [], {}, None
         for spec in specs:
-            res, forwarded = run_range(operator, spec, self._events.get(spec.range_index, []), input_schema,
-                                       self.store, sinks, self.dkv_options, self.open_state)
+            res, forwarded, dead_result = run_range(
+                operator, spec, self._events.get(spec.range_index, []), input_schema, self.store, sinks,
+                self.dkv_options, self.open_state, first, self._summaries, self._dead)
             results.append(res)
+            dead = dead_result or dead
             for r, table in forwarded:
                 routed.setdefault(r, []).append(table)
-        dead_result = None if dead is None else run_dead_letters(dead, self._dead, self.store)
-        self._events, self._dead = routed, []
-        return results, dead_result
+        self._events, self._dead, self._summaries = routed, [], []
+        return results, dead

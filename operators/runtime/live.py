@@ -377,6 +377,98 @@ def watermark(previous: int, partition_max_ts: dict[str, int], inputs: list[str]
     return max(previous, low - bound_ms)
 
 
+@dataclass(frozen=True)
+class EventTimeInputs:
+    """What, besides the read tasks' split summaries, decides an epoch's event time
+    (``epoch_event_time``): the previous checkpoint's and the plan's (pickled to the
+    first operator's tasks when they compute it themselves).
+
+    Attributes:
+        previous_watermark: the watermark before the epoch, ms.
+        partition_max_ts: max event time per planned partition before the epoch, ms.
+        plan: the epoch's ``EpochPlan``.
+        bounded: ``Source.bounded``.
+        out_of_orderness_ms, max_drift_ms: the ``Job`` fields.
+        drain: the drain epoch (``JobRunner.stop(drain=True)``): watermark +infinity.
+    """
+
+    previous_watermark: int
+    partition_max_ts: dict[str, int]
+    plan: EpochPlan
+    bounded: bool
+    out_of_orderness_ms: int
+    max_drift_ms: int | None
+    drain: bool = False
+
+
+@dataclass(frozen=True)
+class EpochEventTime:
+    """An epoch's event time, from its split summaries (``epoch_event_time``).
+
+    Attributes:
+        watermark: the watermark the epoch reaches, ms.
+        partition_max_ts: max event time per partition after the epoch, ms.
+        finished: a bounded source read to the end, or the drain epoch.
+        cuts: watermark alignment's cuts, ``{partition: first offset not read}``.
+        plan: the plan with each cut partition's offsets ending at its cut.
+    """
+
+    watermark: int
+    partition_max_ts: dict[str, int]
+    finished: bool
+    cuts: dict[str, int]
+    plan: EpochPlan
+
+
+def epoch_event_time(inputs: EventTimeInputs, summaries: list) -> EpochEventTime:
+    """The watermark an epoch reaches and where alignment cuts its slices, from the
+    read tasks' ``splits.SplitSummary``s: one pure function, so the driver and the
+    first operator's tasks (which compute it themselves when the job does not align,
+    saving the driver a Spark job per epoch) agree to the bit.
+
+    Steps: max event time read per partition; alignment's cuts (``alignment_cuts``, with
+    ``max_drift_ms``), which lower a cut partition's max to what it kept and end its
+    offsets at the cut; then the watermark: min over the input partitions of their max
+    event time, minus the bound, never below the previous one (``watermark``). Input
+    partitions: a bounded source's partitions not read to the end (none left: finished,
+    +infinity); a live source's partitions, caught up or not (they may still receive
+    older events), except idle ones (Flink's ``withIdleness``: all idle, the watermark
+    stays). The drain epoch: +infinity, finished.
+    """
+    plan = inputs.plan
+    max_ts: dict[str, int] = {}
+    for s in summaries:
+        if s.rows:
+            p = s.split.partition
+            max_ts[p] = max(max_ts.get(p, WATERMARK_MIN), s.max_ts)
+    cuts: dict[str, int] = {}
+    if inputs.max_drift_ms is not None and summaries:
+        holders = watermark_holders({p: start for p, (start, _) in plan.offsets.items()}, plan.ends, plan.idle,
+                                    inputs.bounded)
+        found = alignment_cuts(summaries, inputs.partition_max_ts, holders, inputs.max_drift_ms)
+        for p, (cut, kept_max) in found.items():
+            cuts[p] = cut
+            if kept_max == WATERMARK_MIN:
+                max_ts.pop(p, None)
+            else:
+                max_ts[p] = kept_max
+        if cuts:
+            plan = EpochPlan(offsets={p: (start, cuts.get(p, end)) for p, (start, end) in plan.offsets.items()},
+                             ends=plan.ends, idle=plan.idle, paused=plan.paused, planned_at_ms=plan.planned_at_ms)
+    part_max = {p: max(inputs.partition_max_ts.get(p, WATERMARK_MIN), max_ts.get(p, WATERMARK_MIN))
+                for p in plan.offsets}
+    if inputs.drain:
+        return EpochEventTime(WATERMARK_MAX, part_max, True, cuts, plan)
+    if inputs.bounded:
+        holding = [p for p, (_, end) in plan.offsets.items() if end < plan.ends[p]]
+        if not holding:
+            return EpochEventTime(WATERMARK_MAX, part_max, True, cuts, plan)
+    else:
+        holding = [p for p in plan.offsets if p not in plan.idle]
+    return EpochEventTime(watermark(inputs.previous_watermark, part_max, holding, inputs.out_of_orderness_ms),
+                          part_max, False, cuts, plan)
+
+
 # An ``IngestSketch`` keeps at most this many ingest times of a task's events.
 INGEST_SAMPLE = 1024
 

@@ -77,6 +77,8 @@ class ReadContext:
         now_ms: the wall clock of the epoch's plan, ms (the future-timestamp screen).
         key_groups, parallelism: K and the first operator's number of ranges.
         dead_letter: the job's ``DeadLetter`` policy.
+        alignment: the job aligns watermarks (``max_watermark_drift_ms``): summaries
+            carry the event-time steps.
     """
 
     epoch: int
@@ -84,6 +86,7 @@ class ReadContext:
     key_groups: int
     parallelism: int
     dead_letter: DeadLetter
+    alignment: bool = False
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,8 @@ class SplitSummary:
         rows: good rows read (events).
         dead: rows screened out to the dead-letter table.
         max_ts: largest event time of the good rows, ms (``WATERMARK_MIN``: none).
-        steps: the good rows' event-time steps, for watermark alignment (None: no rows).
+        steps: the good rows' event-time steps, for watermark alignment (None: no rows,
+            or the job does not align).
     """
 
     split: Split
@@ -171,7 +175,7 @@ def read_split(source: Source, split: Split, ctx: ReadContext) -> ReadOutput:
     ts = t.column(TIMESTAMP_COLUMN).to_numpy() if n else np.zeros(0, np.int64)
     summary = SplitSummary(split=split, rows=n, dead=dead.num_rows,
                            max_ts=int(ts.max()) if n else WATERMARK_MIN,
-                           steps=EventTimeSteps.of(offsets, ts) if n else None)
+                           steps=EventTimeSteps.of(offsets, ts) if n and ctx.alignment else None)
     return ReadOutput(events=split_by_range(t, ranges), dead=dead, summary=summary)
 
 

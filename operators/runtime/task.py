@@ -107,6 +107,9 @@ class TaskResult:
     ``requests`` (object-store requests of the task).
 
     ``dead_letter_key``: the staged file of the task's dead-letter rows, or None.
+
+    ``event_time``: the first operator's range 0, when it computed the epoch's event time
+    itself (``operators.runtime.exchange``): the ``live.EpochEventTime``; else None.
     """
 
     range_index: int
@@ -116,6 +119,7 @@ class TaskResult:
     metrics: dict = field(default_factory=dict)
     forwarded: pa.Table | None = None  # main output events for the next operator
     dead_letter_key: str | None = None
+    event_time: object | None = None  # live.EpochEventTime, computed by range 0 (exchange.run_range)
 
 
 class _TaskSubject(Subject):

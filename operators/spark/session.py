@@ -33,6 +33,9 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.ui.enabled": "false",
     "spark.driver.memory": "2g",
     "spark.python.worker.reuse": "true",
+    # An epoch's tasks read shuffle blocks from every executor: waiting for a "local"
+    # slot (3 s by default) only delays them.
+    "spark.locality.wait": "0s",
     "spark.sql.session.timeZone": "UTC",
     # Workers forked from a daemon that imported the task modules once (see
     # operators/spark/daemon.py).

@@ -3,28 +3,34 @@
 ``SparkExchange`` implements ``operators.runtime.exchange.Exchange`` with RDD operations
 (the task bodies are ``operators.runtime.exchange``'s, the same as in process):
 
-* **Read stage.** ``parallelize(splits)`` with one split per partition; each read task
-  (``splits.read_split``) emits ``(range index, Arrow IPC bytes)`` per key-group range of
-  the first operator it has events for, ``(DEAD, IPC)`` for its dead-letter rows and
-  ``(META, SplitSummary)``. ``partitionBy(P + 2)`` with the identity as partitioner is
-  the exchange: shuffle partition r < P holds range r's batches, ``DEAD = P`` the dead
-  letters, ``META = P + 1`` the summaries. The driver runs a job on the META partition
-  only (``SparkContext.runJob``), which runs the read stage (the shuffle's map side) and
-  brings back the summaries: the driver never receives an event.
-* **Operator stage.** ``mapPartitionsWithIndex`` over the same shuffled RDD: the task of
-  partition r < P runs range r's operator task over its batches, the DEAD task stages
-  the dead letters (first operator only). Spark reuses the read stage's shuffle output
-  (the map stage is skipped), so sources are read once per epoch. An intermediate
-  operator's tasks emit their ``main`` output the same way, ``(next range, IPC)``, plus
-  ``(META, TaskResult)``, into the next ``partitionBy``: the next operator's exchange;
-  the driver runs the job on META to take the results. The last operator's tasks
-  return their ``TaskResult`` straight to the driver.
+* **Read stage.** ``parallelize(splits)`` (at most one task per core); each read task
+  (``splits.read_split``) emits ``(range index, (EVENTS, Arrow IPC bytes))`` per
+  key-group range of the first operator it has events for, ``(0, (DEAD, IPC))`` for its
+  dead-letter rows and its ``SplitSummary``. ``partitionBy`` with the identity as
+  partitioner is the exchange: shuffle partition r holds range r's batches.
+* **Event time.** Without watermark alignment each read task sends its summary to every
+  range, ``(r, (SUMMARY, pickle))``, and each operator task computes the epoch's
+  watermark from them (``live.epoch_event_time``): the read stage and the first
+  operator's stage are one Spark job. With alignment the summaries (which then carry
+  event-time steps, up to ~32 KB each) go to one extra shuffle partition, ``META = P``;
+  the driver runs a job on it alone (``SparkContext.runJob``), which runs the read stage
+  and brings back the summaries, and computes the watermark and cuts before the
+  operator stage.
+* **Operator stage.** ``mapPartitionsWithIndex`` over the shuffled RDD: the task of
+  partition r < P runs range r's operator task over its batches (range 0 of the first
+  operator also stages the dead letters). Spark reuses the read stage's shuffle output
+  when the driver ran it already (the map stage is skipped). An intermediate operator's
+  tasks emit their ``main`` output the same way, ``(next range, (EVENTS, IPC))``, plus
+  ``(META', TaskResult)`` into the next ``partitionBy``; the driver runs the job on META'
+  to take the results. The last operator's tasks return their ``TaskResult``s straight
+  to the driver. Whatever a task sends the driver is pickled by the task, so the driver
+  counts the bytes (``bytes_received``, the checkpoint's ``driver_bytes_received``).
 
 Task retries and speculation stay safe: a task writes only under names unique to its
 attempt (``task.run_task``), and the shuffle registers one map output per partition, so
 the results the driver collects and the events the next stage reads come from the same
 attempt. A map stage Spark re-runs after a lost executor (a fetch failure) recomputes the
-same events from the same offsets and state; its files are new names, and the
+same events from the same offsets and state; its files get new names, and the
 checkpoint names the ones whose results the driver took.
 
 The earlier form of this module had the driver read every slice and ``parallelize`` one
@@ -42,13 +48,7 @@ import pyarrow as pa
 from operators.api.operator import Operator
 from operators.io.sinks import Sink
 from operators.io.sources import Source
-from operators.runtime.exchange import (
-    DeadLetterResult,
-    DeadLetterSpec,
-    Exchange,
-    run_dead_letters,
-    run_range,
-)
+from operators.runtime.exchange import DeadLetterResult, Exchange, FirstStage, run_range
 from operators.runtime.open_state import OpenState
 from operators.runtime.splits import ReadContext, Split, SplitSummary, read_split
 from operators.runtime.task import TaskResult, TaskSpec
@@ -84,6 +84,10 @@ def _pickled(value) -> bytes:
     return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
 
 
+# Tags of the exchanged records' values.
+EVENTS, DEAD, SUMMARY = 0, 1, 2
+
+
 class SparkExchange(Exchange):
     """``Exchange`` on a ``SparkSession`` (module docstring).
 
@@ -108,19 +112,25 @@ class SparkExchange(Exchange):
         self.bytes_received += sum(len(d) for d in data)
         return [pickle.loads(d) for d in data]
 
-    def read(self, source: Source, splits: list[Split], ctx: ReadContext) -> list[SplitSummary]:
+    def read(self, source: Source, splits: list[Split], ctx: ReadContext) -> list[SplitSummary] | None:
         p = self._parallelism
+        partitions = p + 1 if ctx.alignment else p  # META = P, with alignment only
         if not splits:
-            self._input = self.sc.parallelize([], p + 2)
-            return []
-        rdd = self.sc.parallelize(splits, len(splits)).mapPartitions(functools.partial(_read_splits, source, ctx))
-        self._input = rdd.partitionBy(p + 2, _identity)
-        summaries = self._take(self._input, [p + 1])
+            self._input = self.sc.parallelize([], partitions)
+            return [] if ctx.alignment else None
+        # No more read tasks than cores: a task's fixed cost (closure, worker round trip)
+        # is paid once per core, and every core still reads.
+        tasks = min(len(splits), max(1, self.sc.defaultParallelism))
+        rdd = self.sc.parallelize(splits, tasks).mapPartitions(functools.partial(_read_splits, source, ctx))
+        self._input = rdd.partitionBy(partitions, _identity)
+        if not ctx.alignment:
+            return None
+        summaries = self._take(self._input, [p])
         order = {s: i for i, s in enumerate(splits)}
         return sorted(summaries, key=lambda s: order[s.split])
 
     def run_operator(self, operator: Operator, specs: list[TaskSpec], input_schema: pa.Schema,
-                     sinks: dict[str, Sink] | None, dead: DeadLetterSpec | None
+                     sinks: dict[str, Sink] | None, first: FirstStage | None
                      ) -> tuple[list[TaskResult], DeadLetterResult | None]:
         p = len(specs)
         if p != self._parallelism:
@@ -129,15 +139,14 @@ class SparkExchange(Exchange):
         last = sinks is not None
         next_p = None if last else specs[0].next_parallelism
         body = functools.partial(_run_partition, operator, specs, input_schema, self.store, sinks,
-                                 self.dkv_options, dead, next_p)
+                                 self.dkv_options, first, next_p)
         tasks = self._input.mapPartitionsWithIndex(body)
-        wanted = list(range(p)) + ([p] if dead is not None else [])
         if last:
-            out = self._take(tasks, wanted)
+            out = self._take(tasks, list(range(p)))
         else:
-            self._input = tasks.partitionBy(next_p + 2, _identity)
+            self._input = tasks.partitionBy(next_p + 1, _identity)
             self._parallelism = next_p
-            out = self._take(self._input, [next_p + 1])
+            out = self._take(self._input, [next_p])
         results = sorted((r for r in out if isinstance(r, TaskResult)), key=lambda r: r.range_index)
         dead_results = [r for r in out if isinstance(r, DeadLetterResult)]
         if len(results) != p:
@@ -153,35 +162,46 @@ _OPEN_STATE = OpenState()
 
 
 def _read_splits(source: Source, ctx: ReadContext, splits: Iterable[Split]) -> Iterator[tuple[int, object]]:
-    """A read task: each of its splits (one with ``parallelize(splits, len(splits))``)."""
-    dead_index, meta_index = ctx.parallelism, ctx.parallelism + 1
+    """A read task: each of its splits."""
+    p = ctx.parallelism
     for split in splits:
         out = read_split(source, split, ctx)
         for r, table in out.events:
-            yield r, to_ipc(table)
+            yield r, (EVENTS, to_ipc(table))
         if out.dead.num_rows:
-            yield dead_index, to_ipc(out.dead)
-        yield meta_index, _pickled(out.summary)
+            yield 0, (DEAD, to_ipc(out.dead))
+        summary = _pickled(out.summary)
+        if ctx.alignment:
+            yield p, summary  # META: the driver takes the summaries
+        else:
+            for r in range(p):  # every range computes the watermark
+                yield r, (SUMMARY, summary)
 
 
 def _run_partition(operator: Operator, specs: list[TaskSpec], input_schema: pa.Schema, store: ObjectStore,
-                   sinks: dict[str, Sink] | None, dkv_options: DKVOptions | None, dead: DeadLetterSpec | None,
+                   sinks: dict[str, Sink] | None, dkv_options: DKVOptions | None, first: FirstStage | None,
                    next_parallelism: int | None, index: int,
                    pairs: Iterable[tuple[int, object]]) -> Iterator[tuple[int, object]]:
-    """The task of shuffle partition ``index``: a range's operator task (index < P), the
-    dead-letter task (``index == P``, first operator only) or nothing (the summaries)."""
+    """The task of shuffle partition ``index``: range ``index``'s operator task, or
+    nothing for the META partition (``index == P``)."""
     p = len(specs)
-    meta = p + 1 if next_parallelism is None else next_parallelism + 1
-    if index > p or (index == p and dead is None):
+    if index >= p:
         return
     # One store per root in a worker: its clients and stats live as long as the worker.
     store = _STORES.setdefault(store.root_uri, store)
-    tables = [from_ipc(data) for _, data in pairs]
-    if index == p:
-        yield meta, _pickled(run_dead_letters(dead, tables, store))
-        return
-    res, forwarded = run_range(operator, specs[index], tables, input_schema, store, sinks, dkv_options,
-                               _OPEN_STATE)
+    tables, dead, summaries = [], [], []
+    for _, (tag, data) in pairs:
+        if tag == EVENTS:
+            tables.append(from_ipc(data))
+        elif tag == DEAD:
+            dead.append(from_ipc(data))
+        else:
+            summaries.append(pickle.loads(data))
+    res, forwarded, dead_result = run_range(operator, specs[index], tables, input_schema, store, sinks,
+                                            dkv_options, _OPEN_STATE, first, summaries, dead)
+    meta = 0 if next_parallelism is None else next_parallelism
     for r, table in forwarded:
-        yield r, to_ipc(table)
+        yield r, (EVENTS, to_ipc(table))
     yield meta, _pickled(res)
+    if dead_result is not None:
+        yield meta, _pickled(dead_result)

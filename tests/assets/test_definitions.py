@@ -16,11 +16,14 @@ def test_definitions_are_loadable() -> None:
     keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
     assert {"flights_replay", "route_daily_delays", "route_daily_delays_late", "flights_checkpoint"} <= keys
     assert {"aircraft", "carrier_daily", "aircraft_rotations_checkpoint"} <= keys
+    assert {"flights_weather_input", "hourly_weather_delays", "hourly_weather_delays_late",
+            "flights_weather_checkpoint"} <= keys
     assert {s.name for s in defs.sensors} == {
         "flights_compaction_sensor", "flights_cleanup_sensor", "flights_source_sensor",
         "aircraft_rotations_compaction_sensor", "aircraft_rotations_cleanup_sensor",
-        "aircraft_rotations_source_sensor", "aircraft_rotations_table_compaction_sensor"}
-    assert {"flights", "aircraft_rotations", "compaction", "memtable_flush", "garbage_collection",
+        "aircraft_rotations_source_sensor", "aircraft_rotations_table_compaction_sensor",
+        "flights_weather_compaction_sensor", "flights_weather_cleanup_sensor", "flights_weather_source_sensor"}
+    assert {"flights", "aircraft_rotations", "flights_weather", "compaction", "memtable_flush", "garbage_collection",
             "table_compaction"} <= {j.name for j in defs.jobs}
 
 

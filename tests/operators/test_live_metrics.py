@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from operators.runtime.checkpoints import read_checkpoint
 from operators.runtime.driver import JobRunner
 from tests.operators import live_sources
@@ -82,3 +87,28 @@ def test_latency_is_null_without_ingest_times(tmp_path) -> None:
     [result] = JobRunner(live_sources.job(visible), None, str(tmp_path / "s")).run()
     assert result.live["latency_ms"] is None and result.live["input_rate"] is None
     assert result.live["lag_events"] == {"p0": 0, "p1": 0}
+
+
+@settings(max_examples=200, deadline=None)
+@given(tasks=st.lists(st.lists(st.integers(0, 10_000), min_size=1, max_size=300), min_size=1, max_size=4),
+       big=st.integers(0, 3))
+def test_latency_from_ingest_sketches_matches_the_events(tasks, big) -> None:
+    """Latency percentiles from the tasks' ``IngestSketch``es: exact (nearest rank over
+    all events) when every task had at most ``INGEST_SAMPLE`` events; with more, within
+    the spread of one sample step of the exact value; max always exact."""
+    from operators.runtime.live import INGEST_SAMPLE, IngestSketch, latency_ms
+
+    rng = np.random.default_rng(len(tasks) * 7 + big)
+    tasks = [np.array(t, np.int64) for t in tasks]
+    if big:  # one task with more events than a sketch keeps
+        tasks.append(rng.integers(0, 10_000, INGEST_SAMPLE * big + 17))
+    now = 20_000
+    got = latency_ms([IngestSketch.of(pa.array(t)) for t in tasks], now)
+    ages = now - np.concatenate(tasks)
+    p50, p99 = np.percentile(ages, [50, 99], method="inverted_cdf")
+    assert got["max"] == ages.max()
+    if not big:
+        assert (got["p50"], got["p99"]) == (int(p50), int(p99))
+    else:
+        slack = 10_000 * 4 / INGEST_SAMPLE + 1  # a few sample steps of the value range
+        assert abs(got["p50"] - p50) <= slack and abs(got["p99"] - p99) <= slack
