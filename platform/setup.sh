@@ -15,7 +15,11 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.dkvstream-installed
 # Reinstall when the dependencies or DKV's C module (built in place by setup.py) changed.
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] \
+# Not through a .venv that is a symlink to another checkout's venv (a git worktree sharing
+# it): the editable install would then point that venv, and everyone using it, here.
+if [ -L .venv ]; then
+  echo "setup.sh: .venv links to $(readlink -f .venv); not reinstalling into another checkout's venv" >&2
+elif [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] \
     || [ storage/dkv/_native.c -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -e ".[examples,test,bench]"  # examples: the flights data; bench: baselines of bench/ and their smoke tests
