@@ -60,21 +60,34 @@ def assert_equals_oracle(output: pa.Table, oracle: pd.DataFrame) -> None:
         AssertionError: naming the first difference found (raised explicitly, so the check
             also holds under ``python -O``).
     """
+    assert_rows_equal(output, oracle, KEY_COLUMNS)
+
+
+def assert_rows_equal(output: pa.Table, oracle: pd.DataFrame, key_columns: list[str]) -> None:
+    """Asserts ``output`` (any row order) equals ``oracle``: the same columns, each key
+    (``key_columns``) once, every column equal; float columns to 1e-9 relative, with a
+    NaN equal only to a NaN (the oracles of ``examples.flights`` and
+    ``examples.flights_weather``).
+
+    Raises:
+        AssertionError: naming the first difference found (raised explicitly, so the check
+            also holds under ``python -O``).
+    """
     got = output.to_pandas()
     if sorted(got.columns) != sorted(oracle.columns):
         raise AssertionError(f"columns {sorted(got.columns)}, oracle has {sorted(oracle.columns)}")
-    dupes = got.duplicated(KEY_COLUMNS)
+    dupes = got.duplicated(key_columns)
     if dupes.any():
         raise AssertionError(f"{int(dupes.sum())} duplicate rows, "
                              f"e.g. {got[dupes].head(3).to_dict('records')}")
-    got = got.sort_values(KEY_COLUMNS).reset_index(drop=True)
-    exp = oracle.sort_values(KEY_COLUMNS).reset_index(drop=True)
+    got = got.sort_values(key_columns).reset_index(drop=True)
+    exp = oracle.sort_values(key_columns).reset_index(drop=True)
     if len(got) != len(exp):
         raise AssertionError(f"{len(got)} rows, oracle has {len(exp)}")
     for c in exp.columns:
         if pd.api.types.is_float_dtype(exp[c]) or pd.api.types.is_float_dtype(got[c]):
             g, e = got[c].to_numpy(dtype=float), exp[c].to_numpy(dtype=float)
-            # NaN (no departure delay in the window) must be NaN on both sides.
+            # NaN (no delay, no weather) must be NaN on both sides.
             close = np.isnan(e) | np.isclose(g, e, rtol=1e-9, atol=0)
             mismatch = (np.isnan(g) != np.isnan(e)) | ~close
         else:

@@ -8,11 +8,11 @@ job's loaders, so the oracle shares no code with the job.
 """
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 
 from examples.flights_data import SHIFT_MS, flights_csv_path
+from examples.flights_oracle import assert_rows_equal
 from examples.flights_weather import WEATHER_COLUMNS, weather_csv_path
 
 KEY_COLUMNS = ["origin", "hour"]
@@ -68,23 +68,4 @@ def assert_equals_oracle(output: pa.Table, oracle: pd.DataFrame) -> None:
     Raises:
         AssertionError: naming the first difference found.
     """
-    got = output.to_pandas()
-    if sorted(got.columns) != sorted(oracle.columns):
-        raise AssertionError(f"columns {sorted(got.columns)}, oracle has {sorted(oracle.columns)}")
-    dupes = got.duplicated(KEY_COLUMNS)
-    if dupes.any():
-        raise AssertionError(f"{int(dupes.sum())} duplicate rows, e.g. {got[dupes].head(3).to_dict('records')}")
-    got = got.sort_values(KEY_COLUMNS).reset_index(drop=True)
-    exp = oracle.sort_values(KEY_COLUMNS).reset_index(drop=True)
-    if len(got) != len(exp):
-        raise AssertionError(f"{len(got)} rows, oracle has {len(exp)}")
-    for c in exp.columns:
-        if pd.api.types.is_float_dtype(exp[c]) or pd.api.types.is_float_dtype(got[c]):
-            g, e = got[c].to_numpy(dtype=float), exp[c].to_numpy(dtype=float)
-            mismatch = (np.isnan(g) != np.isnan(e)) | ~(np.isnan(e) | np.isclose(g, e, rtol=1e-9, atol=0))
-        else:
-            mismatch = got[c].to_numpy() != exp[c].to_numpy()
-        if mismatch.any():
-            raise AssertionError(f"column {c} differs in {int(mismatch.sum())} rows, first: "
-                                 f"{got[mismatch].head(1).to_dict('records')} "
-                                 f"vs {exp[mismatch].head(1).to_dict('records')}")
+    assert_rows_equal(output, oracle, KEY_COLUMNS)
