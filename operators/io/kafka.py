@@ -37,6 +37,7 @@ at-least-once for one that does not (docs/kafka.md says why transactions are not
 from __future__ import annotations
 
 import atexit
+import functools
 import io
 import json
 import time
@@ -80,6 +81,11 @@ _POLL_S = 0.2
 
 def _partition_name(topic: str, n: int) -> str:
     return f"{topic}-{n}"
+
+
+def _produce_staged_file(sink: KafkaSink, store: ObjectStore, epoch: int, staged_key: str) -> int:
+    """A publish task: the records of one staged file (``KafkaSink.publish_in_tasks``)."""
+    return sink.produce(store, epoch, [staged_key])
 
 
 # Per Spark Python worker process: the consumers of the read tasks it ran, by settings.
@@ -543,9 +549,16 @@ class KafkaSink(Sink):
             yield record
 
     def publish(self, store: ObjectStore, job_prefix: str, epoch: int, staged: list[str]) -> list[str]:
-        """Produces the epoch's staged rows, then writes the epoch's marker; nothing if
-        the marker exists. Returns ``["kafka://<bootstrap>/<topic>#epoch=<e>"]`` (empty
-        if already published).
+        """``publish_in_tasks`` producing from this process."""
+        return self.publish_in_tasks(store, job_prefix, epoch, staged,
+                                     lambda fn, items: [fn(item) for item in items])
+
+    def publish_in_tasks(self, store: ObjectStore, job_prefix: str, epoch: int, staged: list[str],
+                         map_in_tasks) -> list[str]:
+        """Produces the epoch's staged rows, one task per staged file (each with its own
+        producer: the rows never pass through the driver), then writes the epoch's
+        marker; nothing if the marker exists. Returns
+        ``["kafka://<bootstrap>/<topic>#epoch=<e>"]`` (empty if already published).
 
         Raises:
             KafkaIOError: a record was not acknowledged within ``timeout_s`` (the marker
@@ -554,7 +567,7 @@ class KafkaSink(Sink):
         marker = self.marker_key(job_prefix, epoch)
         if store.exists(marker):
             return []
-        count = self.produce(store, epoch, staged)
+        count = sum(map_in_tasks(functools.partial(_produce_staged_file, self, store, epoch), staged))
         store.put(marker, json.dumps({"epoch": epoch, "topic": self.topic, "records": count}).encode())
         return [f"kafka://{self.bootstrap}/{self.topic}#epoch={epoch}"]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -42,6 +43,15 @@ class Sink(ABC):
     def publish(self, store: ObjectStore, job_prefix: str, epoch: int, staged: list[str]) -> list[str]:
         """Make the staged files of a committed epoch visible; idempotent. Returns the
         published keys."""
+
+    def publish_in_tasks(self, store: ObjectStore, job_prefix: str, epoch: int, staged: list[str],
+                         map_in_tasks: Callable[[Callable, list], list]) -> list[str]:
+        """``publish``, for a sink whose publishing moves the staged rows (a Kafka
+        producer): ``map_in_tasks(fn, items)`` returns ``[fn(item) for item in items]``
+        computed in Spark tasks (in this process for an in-process runner), so the rows
+        never pass through the driver; ``fn`` is pickled to the tasks. The runtime calls
+        this one. Default: ``publish`` (a sink that only renames or copies objects)."""
+        return self.publish(store, job_prefix, epoch, staged)
 
     @abstractmethod
     def read(self, store: ObjectStore, job_prefix: str) -> pa.Table:

@@ -749,12 +749,22 @@ class JobRunner:
         return key
 
     def _publish(self, ckpt: JobCheckpoint) -> list[str]:
-        """Step 8: the committed epoch's staged files get their final names (idempotent)."""
+        """Step 8: the committed epoch's staged files get their final names (idempotent);
+        a sink that moves rows does it in tasks (``Sink.publish_in_tasks``)."""
         published = []
         for name, staged in ckpt.outputs.items():
-            published += self.job.output_sink(name).publish(self.store, self.job.prefix, ckpt.epoch, staged)
+            published += self.job.output_sink(name).publish_in_tasks(self.store, self.job.prefix, ckpt.epoch,
+                                                                     staged, self._map_in_tasks)
             fault_point("publish_file")
         return published
+
+    def _map_in_tasks(self, fn: Callable, items: list) -> list:
+        """``[fn(item) for item in items]``, on Spark one task per item (at most one per
+        core), so what ``fn`` reads and writes never passes through the driver."""
+        if self.spark is None or not items:
+            return [fn(item) for item in items]
+        sc = self.spark.sparkContext
+        return sc.parallelize(items, min(len(items), max(1, sc.defaultParallelism))).map(fn).collect()
 
     def _apply_retention(self) -> None:
         """Step 9: keeps the newest ``retain_checkpoints`` checkpoints, frees the rest.

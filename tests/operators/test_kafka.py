@@ -323,12 +323,12 @@ class CrashAfterProduce(KafkaSink):
 
     crash_epoch = 2
 
-    def publish(self, store, job_prefix, epoch, staged):
+    def publish_in_tasks(self, store, job_prefix, epoch, staged, map_in_tasks):
         if epoch == self.crash_epoch and not getattr(self, "crashed", False):
             self.crashed = True
             self.produce(store, epoch, staged)
             raise RuntimeError("driver crash between produce and marker")
-        return super().publish(store, job_prefix, epoch, staged)
+        return super().publish_in_tasks(store, job_prefix, epoch, staged, map_in_tasks)
 
 
 def sink_output(sink: KafkaSink, store, prefix: str) -> tuple[pd.DataFrame, int]:
@@ -411,3 +411,25 @@ def test_broker_command_line_start_status_stop(tmp_path) -> None:
         assert cli("stop").returncode == 0
     assert not _pid_alive(info["pid"])
     assert cli("status").returncode == 1
+
+
+def test_sink_produces_in_tasks_on_spark(kafka_broker, tmp_path, spark, monkeypatch) -> None:
+    """On Spark the sink's records are produced by tasks, never by the driver (its own
+    ``produce`` raises here; the tasks' copies are the real one); the topic, deduplicated,
+    equals the oracle."""
+    topic, oracle = synthetic_topic(kafka_broker)
+    out = new_topic(kafka_broker, partitions=2)
+    sink = KafkaSink(kafka_broker.bootstrap, out, OUTPUT_SCHEMA, key_column="key")
+
+    def not_in_the_driver(*args, **kwargs):
+        raise AssertionError("the driver produced records")
+
+    job = kafka_job(kafka_broker, topic, "kafka_sink_tasks", sink=sink)
+    job.source = KafkaSource(kafka_broker.bootstrap, topic, value_schema=AMOUNT, bounded=True)
+    monkeypatch.setattr(KafkaSink, "produce", not_in_the_driver)
+    runner = JobRunner(job, spark, str(tmp_path / "store"))
+    results = runner.run()
+    monkeypatch.undo()
+    assert results[-1].finished
+    got, _ = sink_output(sink, runner.store, job.prefix)
+    assert got.equals(oracle)
