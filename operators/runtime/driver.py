@@ -13,20 +13,26 @@ The design is in docs/design.md, "Epochs and checkpoints". Per epoch
    the watermark advances (a partition became idle). ``JobRunner.stop()`` ends the run
    between epochs; ``stop(drain=True)`` first commits a drain epoch: nothing read,
    watermark +infinity (every timer fires), the job finished (Flink's ``stop --drain``).
-2. Read: the planned slices, bad rows screened out to the dead-letter table, each slice
-   cut before its first event too far ahead of the slowest partition (watermark
-   alignment, ``live.alignment_cuts``: the offsets committed end there), and the
-   watermark the epoch reaches (bounded out-of-orderness: min over the partitions of the
-   max event time seen, minus the bound; a bounded source's fully read partitions do not
-   count, and once all are read it is +infinity; a live source's caught-up partitions
-   do count, as they may still receive older events, unless idle for
-   ``idle_timeout_ms``).
-3. Run stages: the events, tagged with key group and range, are cut into one Arrow
-   payload per key-group range and one Spark stage runs ``operators.runtime.task.run_task``
-   once per range (``operators.spark.stage``; a range without events still runs, so it
-   fires its timers). An operator's ``main`` output is re-keyed and fed to the next
-   operator's stage.
-4. Stage dead letters: the epoch's bad input rows as one staged file.
+2. Read (``operators.runtime.splits``, ``operators.runtime.exchange``): one read task per
+   planned slice reads it, screens bad rows out to the dead-letter rows and sends its
+   events, by key-group range of the first operator, through the epoch's exchange
+   (Spark's shuffle, ``operators.spark.stage``); the driver never receives an event. The
+   epoch's event time (``live.epoch_event_time``) comes from the read tasks' split
+   summaries: the watermark it reaches (bounded out-of-orderness: min over the
+   partitions of the max event time seen, minus the bound; a bounded source's fully read
+   partitions do not count, and once all are read it is +infinity; a live source's
+   caught-up partitions do count, as they may still receive older events, unless idle
+   for ``idle_timeout_ms``), and with watermark alignment where each slice ends, before
+   its first event too far ahead of the slowest partition (``live.alignment_cuts``: the
+   offsets committed end there). With alignment the driver computes it before any
+   operator runs; without, the first operator's tasks do, and its range 0 reports it.
+3. Run stages: one Spark stage per operator, one task per key-group range over the
+   events routed to it (``operators.runtime.task.run_task``; a range without events
+   still runs, so it fires its timers); each operator has its own ranges
+   (``Job.operator_parallelism``). An operator's ``main`` output is re-keyed and routed
+   through the exchange to the next operator's ranges.
+4. Dead letters: the first operator's range 0 stages the epoch's bad input rows (before
+   the alignment cut) as one file; tasks stage the events their operator raised on.
 5. Prepare sinks: each sink checks the staged files of the epoch (``Sink.prepare``).
 6. Metrics: events, timers, DKV shape, requests, live metrics (rates, lag, latency;
    ``live.epoch_metrics``), recorded in the checkpoint.
@@ -35,9 +41,11 @@ The design is in docs/design.md, "Epochs and checkpoints". Per epoch
    counts only if its epoch is newer than every epoch committed before (the fence,
    ``operators.runtime.checkpoints``), else this driver stops with ``JobFencedError``.
 8. Publish: staged sink files of the committed epoch get their final names
-   (idempotent; redone on restart for the newest checkpoint).
+   (server-side copies; a sink that produces records does it in Spark tasks,
+   ``Sink.publish_in_tasks``; idempotent, redone on restart for the newest checkpoint).
 9. Retention: older checkpoints and the files only they named are deleted
-   (``operators.runtime.cleanup``, re-checking that no other epoch is in flight).
+   (``operators.runtime.cleanup``: incremental, from what each checkpoint recorded it
+   dropped, with a full sweep every ``full_sweep_every`` epochs).
 
 Restart = read the newest checkpoint and continue from its offsets; files of failed
 attempts are never named and never published (``operators.runtime.recovery``: an
