@@ -491,10 +491,12 @@ class JobRunner:
     def _first_parallelism(self) -> int:
         return self.job.parallelism_of(self.job.operators[0].name)
 
-    def _read_events(self, plan: dict[str, tuple[int, int]], epoch: int) -> list[SplitSummary]:
+    def _read_events(self, plan: dict[str, tuple[int, int]], epoch: int) -> list[SplitSummary] | None:
         """Step 2: the read tasks read the planned slices (``operators.runtime.splits``);
-        their events and dead letters stay in the epoch's exchange, the driver gets one
-        ``SplitSummary`` per slice.
+        their events and dead letters stay in the epoch's exchange. With watermark
+        alignment the driver gets one ``SplitSummary`` per slice; otherwise None: on
+        Spark the read tasks then run in the first operator's job, and a read error is
+        raised from there (``_stage_error``), as here.
 
         Raises:
             BadInputError: a bad row under ``DeadLetter(tolerance="none")``.
