@@ -28,6 +28,12 @@ class RecoveryRefusedError(CorruptionError):
     """
 
 
+class StateTypeError(TypeError):
+    """Raised when an operator stores a value (or map key) its state's codec cannot
+    encode; names the operator, the state id, the codec, the expected type and the value
+    (``operators.api.state``)."""
+
+
 class BadInputError(ValueError):
     """Raised with ``tolerance="none"`` on the first bad row; names partition, offset, reason."""
 

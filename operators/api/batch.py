@@ -30,10 +30,12 @@ import pyarrow as pa
 
 from operators.api.operator import MAIN_OUTPUT, KeyedEvent, Operator, Subject
 from operators.api.state import (
+    ENCODE_ERRORS,
     ListSpec,
     MapSpec,
     StateStore,
     ValueSpec,
+    bad_state_value,
     list_payload,
     state_keys,
     subject_prefix,
@@ -203,6 +205,15 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split())
 
 
+def _encode_many(spec: Any, role: str, codec: Any, values: Sequence) -> list[bytes]:
+    """``codec.encode_many(values)``; a value it cannot encode raises ``StateTypeError``
+    naming the operator, state, codec and the value (``state.bad_state_value``)."""
+    try:
+        return codec.encode_many(values)
+    except ENCODE_ERRORS as e:
+        raise bad_state_value(spec, role, codec, values, e) from e
+
+
 def _prefixes(keys: Sequence[bytes], key_groups: Sequence[int], id_bytes: bytes) -> list[bytes]:
     return state_keys(keys, key_groups, id_bytes)
 
@@ -211,7 +222,7 @@ class BulkValueState(Generic[V]):
     """``ValueState`` of many subject keys at once (rows are aligned)."""
 
     def __init__(self, db: StateStore, spec: ValueSpec[V]) -> None:
-        self._db, self._id, self._codec = db, spec._id_bytes, spec.codec
+        self._db, self._id, self._codec, self._spec = db, spec._id_bytes, spec.codec, spec
 
     def get(self, keys: Sequence[bytes], key_groups: Sequence[int]) -> list[V | None]:
         """Returns each key's value, None where unset."""
@@ -219,8 +230,13 @@ class BulkValueState(Generic[V]):
 
     def set(self, keys: Sequence[bytes], key_groups: Sequence[int], values: Sequence[V]) -> None:
         """Stores one value per key (one DKV write batch; a key given twice keeps its
-        later value)."""
-        self._db.write_batch(_prefixes(keys, key_groups, self._id), self._codec.encode_many(values))
+        later value).
+
+        Raises:
+            StateTypeError: the codec cannot encode a value (names operator, state, codec).
+        """
+        self._db.write_batch(_prefixes(keys, key_groups, self._id),
+                             _encode_many(self._spec, "value", self._codec, values))
 
     def drop(self, keys: Sequence[bytes], key_groups: Sequence[int]) -> None:
         """Removes the values (tombstones, one DKV write batch)."""
@@ -232,7 +248,7 @@ class BulkListState(Generic[V]):
     """``ListState`` of many subject keys at once."""
 
     def __init__(self, db: StateStore, spec: ListSpec[V]) -> None:
-        self._db, self._id, self._codec = db, spec._id_bytes, spec.codec
+        self._db, self._id, self._codec, self._spec = db, spec._id_bytes, spec.codec, spec
 
     def get(self, keys: Sequence[bytes], key_groups: Sequence[int]) -> list[list[V]]:
         """Returns each key's list (empty if none)."""
@@ -244,10 +260,15 @@ class BulkListState(Generic[V]):
         return out
 
     def append(self, keys: Sequence[bytes], key_groups: Sequence[int], values: Sequence[V]) -> None:
-        """Appends one element per row (rows of one key append in row order)."""
-        db, encode = self._db, self._codec.encode
-        for dk, v in zip(_prefixes(keys, key_groups, self._id), values):
-            enc = encode(v)
+        """Appends one element per row (rows of one key append in row order).
+
+        Raises:
+            StateTypeError: the codec cannot encode a value (names operator, state, codec);
+                no element is appended then.
+        """
+        db = self._db
+        for dk, enc in zip(_prefixes(keys, key_groups, self._id),
+                           _encode_many(self._spec, "value", self._codec, values)):
             db.put(dk, (db.get(dk) or b"") + _U32.pack(len(enc)) + enc)
 
     def clear(self, keys: Sequence[bytes], key_groups: Sequence[int]) -> None:
@@ -261,21 +282,26 @@ class BulkMapState(Generic[K, V]):
     ``keys[i]``."""
 
     def __init__(self, db: StateStore, spec: MapSpec[K, V]) -> None:
-        self._db, self._id = db, spec._id_bytes
+        self._db, self._id, self._spec = db, spec._id_bytes, spec
         self._kc, self._vc = spec.key_codec, spec.value_codec
 
     def dkv_keys(self, keys: Sequence[bytes], key_groups: Sequence[int], map_keys: Sequence[K]) -> list[bytes]:
         """The DKV key of each row, for ``get_at``/``set_at``/``delete_at``: an operator
         that reads, then writes or deletes the same rows builds the keys once."""
-        return list(map(bytes.__add__, _prefixes(keys, key_groups, self._id), self._kc.encode_many(map_keys)))
+        return list(map(bytes.__add__, _prefixes(keys, key_groups, self._id),
+                        _encode_many(self._spec, "map key", self._kc, map_keys)))
 
     def get_at(self, dkv_keys: Sequence[bytes]) -> list[V | None]:
         """``get`` by keys from ``dkv_keys``."""
         return self._vc.decode_many(self._db.get_many(dkv_keys))
 
     def set_at(self, dkv_keys: Sequence[bytes], values: Sequence[V]) -> None:
-        """``set`` by keys from ``dkv_keys``."""
-        self._db.write_batch(dkv_keys, self._vc.encode_many(values))
+        """``set`` by keys from ``dkv_keys``.
+
+        Raises:
+            StateTypeError: the codec cannot encode a value (names operator, state, codec).
+        """
+        self._db.write_batch(dkv_keys, _encode_many(self._spec, "value", self._vc, values))
 
     def get_rows_at(self, dkv_keys: Sequence[bytes]) -> list[tuple | None]:
         """``get_at`` for a ``RecordCodec`` value: each record as a tuple of its field

@@ -37,6 +37,8 @@ class Codec(ABC, Generic[T]):
 
     name: str = "codec"
     arrow_type: pa.DataType = pa.binary()
+    #: what ``encode`` accepts, in words, for error messages ("int", "str", ...)
+    expects: str = "a value of this codec"
 
     @abstractmethod
     def encode(self, value: T) -> bytes:
@@ -69,8 +71,11 @@ class BytesCodec(Codec[bytes]):
 
     name = "bytes"
     arrow_type = pa.binary()
+    expects = 'bytes'
 
     def encode(self, value: bytes) -> bytes:
+        if isinstance(value, int):  # bytes(5) would silently store five zero bytes
+            raise TypeError(f"expected bytes, got int {value!r}")
         return bytes(value)
 
     def decode(self, data: bytes) -> bytes:
@@ -82,6 +87,7 @@ class StrCodec(Codec[str]):
 
     name = "str"
     arrow_type = pa.string()
+    expects = 'str'
 
     def encode(self, value: str) -> bytes:
         return value.encode("utf-8")
@@ -96,14 +102,17 @@ class IntCodec(Codec[int]):
 
     name = "int64"
     arrow_type = pa.int64()
+    expects = 'int (64-bit signed)'
 
     def encode(self, value: int) -> bytes:
-        return _I64.pack((value + _SIGN) & 0xFFFFFFFFFFFFFFFF)
+        # No mask: ``pack`` raises ``struct.error`` outside [-2**63, 2**63) rather than
+        # store a wrapped-around value.
+        return _I64.pack(value + _SIGN)
 
     def encode_many(self, values: Sequence[int]) -> list[bytes]:
         # ``encode`` inlined: no method call per value (map keys of bulk state accesses).
         pack = _I64.pack
-        return [pack((v + _SIGN) & 0xFFFFFFFFFFFFFFFF) for v in values]
+        return [pack(v + _SIGN) for v in values]
 
     def decode(self, data: bytes) -> int:
         return _I64.unpack(data)[0] - _SIGN
@@ -114,6 +123,7 @@ class FloatCodec(Codec[float]):
 
     name = "float64"
     arrow_type = pa.float64()
+    expects = 'float'
 
     def encode(self, value: float) -> bytes:
         return _F64.pack(value)
@@ -127,6 +137,7 @@ class JsonCodec(Codec[Any]):
 
     name = "json"
     arrow_type = pa.string()
+    expects = 'a JSON-serialisable value'
 
     def encode(self, value: Any) -> bytes:
         return json.dumps(value, separators=(",", ":")).encode("utf-8")
@@ -143,6 +154,7 @@ class MsgpackCodec(Codec[Any]):
 
     name = "msgpack"
     arrow_type = pa.binary()
+    expects = 'a msgpack-serialisable value'
 
     def encode(self, value: Any) -> bytes:
         return msgpack.packb(value, use_bin_type=True)
@@ -173,6 +185,7 @@ class RecordCodec(Codec[dict]):
         self._names = tuple(self.fields)
         self.arrow_type = pa.struct([pa.field(n, t) for n, t in self.fields.items()])
         self.name = "record<" + ",".join(f"{n}:{t}" for n, t in self.fields.items()) + ">"
+        self.expects = "a dict with fields " + ", ".join(f"{n}: {t}" for n, t in self.fields.items())
 
     def encode(self, value: dict) -> bytes:
         get = value.get

@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from operators.api.codecs import Codec
+from operators.errors import StateTypeError
 
 if TYPE_CHECKING:
     from operators.api.operator import Subject
@@ -34,6 +35,10 @@ SCHEMA_TIMER = 0x01
 
 _U32 = struct.Struct(">I")
 _U16 = struct.Struct(">H")
+
+# What a codec's ``encode`` raises for a value of the wrong type or range (``AttributeError``:
+# ``StrCodec`` given bytes; ``struct.error``: a number out of range).
+ENCODE_ERRORS = (TypeError, ValueError, AttributeError, OverflowError, struct.error)
 
 
 class StateStore(Protocol):
@@ -83,6 +88,7 @@ class _Spec:
     def __init__(self, id: str | None) -> None:
         self.id = id
         self._id_bytes = b"" if id is None else self._encode_id(id)
+        self.owner: type | None = None  # the operator class declaring it, for errors
 
     @staticmethod
     def _encode_id(state_id: str) -> bytes:
@@ -92,6 +98,7 @@ class _Spec:
         return _U16.pack(len(raw)) + raw
 
     def __set_name__(self, owner: type, name: str) -> None:
+        self.owner = owner
         if self.id is None:
             self.id = name
             self._id_bytes = self._encode_id(name)
@@ -100,6 +107,31 @@ class _Spec:
         if self.id is None:
             raise ValueError("state spec has no id: pass id=... or declare it as a class attribute")
         return subject._state_prefix + self._id_bytes  # type: ignore[attr-defined]
+
+
+def bad_state_value(spec: _Spec, role: str, codec: Codec, values: Sequence, error: Exception) -> StateTypeError:
+    """The error for a value (or map key) ``codec`` could not encode: names the operator,
+    the state id, the codec, what it expects and the first offending value of ``values``.
+
+    Args:
+        spec: the state's spec.
+        role: ``"value"`` or ``"map key"``.
+        codec: the codec that failed.
+        values: the values given to it (one, or a bulk call's).
+        error: what the codec raised (the fallback when no single value fails alone).
+    """
+    bad, cause = None, error
+    for v in values:
+        try:
+            codec.encode(v)
+        except ENCODE_ERRORS as e:
+            bad, cause = v, e
+            break
+    operator = getattr(spec.owner, "name", None) or getattr(spec.owner, "__qualname__", "?")
+    return StateTypeError(
+        f"operator {operator!r} state {spec.id!r}: the {role} codec {codec!r} ({codec.name}) expects "
+        f"{codec.expects}, got {type(bad).__name__} {bad!r} ({cause}); convert the {role} before "
+        f"storing it, or declare the state with a codec for this type")
 
 
 def state_specs(operator: object) -> dict[str, _Spec]:
@@ -126,10 +158,10 @@ def list_payload(raw: bytes) -> list[bytes]:
 class ValueState(Generic[V]):
     """One value per subject key and state id."""
 
-    __slots__ = ("_codec", "_db", "_key")
+    __slots__ = ("_codec", "_db", "_key", "_spec")
 
-    def __init__(self, db: StateStore, key: bytes, codec: Codec[V]) -> None:
-        self._db, self._key, self._codec = db, key, codec
+    def __init__(self, db: StateStore, key: bytes, spec: ValueSpec[V]) -> None:
+        self._db, self._key, self._codec, self._spec = db, key, spec.codec, spec
 
     def get(self, default: V | None = None) -> V | None:
         """Return the value, or ``default`` if none is set."""
@@ -137,8 +169,16 @@ class ValueState(Generic[V]):
         return default if raw is None else self._codec.decode(raw)
 
     def set(self, value: V) -> None:
-        """Store ``value``, replacing any previous one."""
-        self._db.put(self._key, self._codec.encode(value))
+        """Store ``value``, replacing any previous one.
+
+        Raises:
+            StateTypeError: the codec cannot encode ``value`` (names operator, state, codec).
+        """
+        try:
+            enc = self._codec.encode(value)
+        except ENCODE_ERRORS as e:
+            raise bad_state_value(self._spec, "value", self._codec, [value], e) from e
+        self._db.put(self._key, enc)
 
     def drop(self) -> None:
         """Remove the value (a DKV tombstone)."""
@@ -159,16 +199,16 @@ class ValueSpec(_Spec, Generic[V]):
 
     def state_for(self, subject: Subject) -> ValueState[V]:
         """The state of ``subject.key``."""
-        return ValueState(subject._db, self._key(subject), self.codec)  # type: ignore[attr-defined]
+        return ValueState(subject._db, self._key(subject), self)  # type: ignore[attr-defined]
 
 
 class ListState(Generic[V]):
     """A list per subject key; elements in append order."""
 
-    __slots__ = ("_codec", "_db", "_key")
+    __slots__ = ("_codec", "_db", "_key", "_spec")
 
-    def __init__(self, db: StateStore, key: bytes, codec: Codec[V]) -> None:
-        self._db, self._key, self._codec = db, key, codec
+    def __init__(self, db: StateStore, key: bytes, spec: ListSpec[V]) -> None:
+        self._db, self._key, self._codec, self._spec = db, key, spec.codec, spec
 
     def get(self) -> list[V]:
         """Return all elements (empty list if none)."""
@@ -179,8 +219,15 @@ class ListState(Generic[V]):
         return [decode(e) for e in list_payload(raw)]
 
     def append(self, value: V) -> None:
-        """Append one element."""
-        enc = self._codec.encode(value)
+        """Append one element.
+
+        Raises:
+            StateTypeError: the codec cannot encode ``value`` (names operator, state, codec).
+        """
+        try:
+            enc = self._codec.encode(value)
+        except ENCODE_ERRORS as e:
+            raise bad_state_value(self._spec, "value", self._codec, [value], e) from e
         raw = self._db.get(self._key) or b""
         self._db.put(self._key, raw + _U32.pack(len(enc)) + enc)
 
@@ -198,29 +245,64 @@ class ListSpec(_Spec, Generic[V]):
 
     def state_for(self, subject: Subject) -> ListState[V]:
         """The state of ``subject.key``."""
-        return ListState(subject._db, self._key(subject), self.codec)  # type: ignore[attr-defined]
+        return ListState(subject._db, self._key(subject), self)  # type: ignore[attr-defined]
 
 
 class MapState(Generic[K, V]):
     """A map per subject key, one DKV entry per map key."""
 
-    __slots__ = ("_db", "_kc", "_prefix", "_vc")
+    __slots__ = ("_db", "_kc", "_prefix", "_spec", "_vc")
 
-    def __init__(self, db: StateStore, prefix: bytes, key_codec: Codec[K], value_codec: Codec[V]) -> None:
-        self._db, self._prefix, self._kc, self._vc = db, prefix, key_codec, value_codec
+    def __init__(self, db: StateStore, prefix: bytes, spec: MapSpec[K, V]) -> None:
+        self._db, self._prefix, self._spec = db, prefix, spec
+        self._kc, self._vc = spec.key_codec, spec.value_codec
+
+    def _bad(self, map_key: K, value: V, error: Exception) -> StateTypeError:
+        """The error for a ``set`` that failed to encode: its map key's or its value's."""
+        try:
+            self._kc.encode(map_key)
+        except ENCODE_ERRORS:
+            return bad_state_value(self._spec, "map key", self._kc, [map_key], error)
+        return bad_state_value(self._spec, "value", self._vc, [value], error)
 
     def get(self, map_key: K, default: V | None = None) -> V | None:
-        """Return the value at ``map_key``, or ``default``."""
-        raw = self._db.get(self._prefix + self._kc.encode(map_key))
+        """Return the value at ``map_key``, or ``default``.
+
+        Raises:
+            StateTypeError: the key codec cannot encode ``map_key``.
+        """
+        try:  # inline, not ``_map_key``: one call less per state access
+            dkv_key = self._prefix + self._kc.encode(map_key)
+        except ENCODE_ERRORS as e:
+            raise bad_state_value(self._spec, "map key", self._kc, [map_key], e) from e
+        raw = self._db.get(dkv_key)
         return default if raw is None else self._vc.decode(raw)
 
     def set(self, map_key: K, value: V) -> None:
-        """Store ``value`` at ``map_key``."""
-        self._db.put(self._prefix + self._kc.encode(map_key), self._vc.encode(value))
+        """Store ``value`` at ``map_key``.
+
+        Raises:
+            StateTypeError: a codec cannot encode ``map_key`` or ``value`` (names
+                operator, state, codec).
+        """
+        try:
+            dkv_key = self._prefix + self._kc.encode(map_key)
+            enc = self._vc.encode(value)
+        except ENCODE_ERRORS as e:
+            raise self._bad(map_key, value, e) from e
+        self._db.put(dkv_key, enc)
 
     def delete(self, map_key: K) -> None:
-        """Remove ``map_key``; no error if absent."""
-        self._db.delete(self._prefix + self._kc.encode(map_key))
+        """Remove ``map_key``; no error if absent.
+
+        Raises:
+            StateTypeError: the key codec cannot encode ``map_key``.
+        """
+        try:
+            dkv_key = self._prefix + self._kc.encode(map_key)
+        except ENCODE_ERRORS as e:
+            raise bad_state_value(self._spec, "map key", self._kc, [map_key], e) from e
+        self._db.delete(dkv_key)
 
     def items(self) -> Iterator[tuple[K, V]]:
         """All entries in ascending encoded-map-key order."""
@@ -259,4 +341,4 @@ class MapSpec(_Spec, Generic[K, V]):
 
     def state_for(self, subject: Subject) -> MapState[K, V]:
         """The state of ``subject.key``."""
-        return MapState(subject._db, self._key(subject), self.key_codec, self.value_codec)  # type: ignore[attr-defined]
+        return MapState(subject._db, self._key(subject), self)  # type: ignore[attr-defined]

@@ -330,3 +330,58 @@ def test_pop_due_columns_match_a_set_model(tmp_path_factory, timers, watermark) 
     assert all(type(x) is int for x in stamps + kgs)
     remaining = sorted(decode_timer_key(k) for k, _ in db.scan_prefix(b""))
     assert remaining == sorted(t for t in set(timers) if t[1] > watermark)
+
+
+class Totals:
+    """An operator-like owner: its ``name`` is what errors call the operator."""
+
+    name = "totals_by_key"
+    by_id = MapSpec(IntCodec(), FloatCodec())
+    last = ValueSpec(IntCodec())
+    names = ListSpec(StrCodec())
+    raw = ValueSpec(BytesCodec())
+
+
+@pytest.mark.parametrize("call, role, codec, expects, value", [
+    (lambda s: Totals.by_id.state_for(s).set("x", 1.0), "map key", "int64", "int (64-bit signed)", "'x'"),
+    (lambda s: Totals.by_id.state_for(s).get("x"), "map key", "int64", "int (64-bit signed)", "'x'"),
+    (lambda s: Totals.by_id.state_for(s).delete(b"x"), "map key", "int64", "int (64-bit signed)", "b'x'"),
+    (lambda s: Totals.by_id.state_for(s).set(1, "1.5"), "value", "float64", "float", "'1.5'"),
+    (lambda s: Totals.last.state_for(s).set(1 << 63), "value", "int64", "int (64-bit signed)", str(1 << 63)),
+    (lambda s: Totals.names.state_for(s).append(b"ab"), "value", "str", "str", "b'ab'"),
+    (lambda s: Totals.raw.state_for(s).set(5), "value", "bytes", "bytes", "5"),
+])
+def test_wrong_type_in_a_state_call_names_operator_state_and_codec(db, call, role, codec, expects, value) -> None:
+    """A value or map key the state's codec cannot encode raises ``StateTypeError``
+    naming the operator, the state id, the codec, the expected type and the value, and
+    writes nothing (an int out of 64-bit range and an int given to ``BytesCodec`` used to
+    be stored silently as other values)."""
+    from operators.errors import StateTypeError
+    subj = FakeSubject(db, b"k", 3)
+    Totals.by_id.state_for(subj).set(1, 2.0)
+    before = list(db.scan_prefix(b""))
+    with pytest.raises(StateTypeError) as info:
+        call(subj)
+    message = str(info.value)
+    assert "operator 'totals_by_key'" in message and role in message
+    assert f"({codec}) expects {expects}" in message and value in message
+    state_id = next(n for n, spec in vars(Totals).items() if f"state {n!r}" in message)
+    assert state_id in ("by_id", "last", "names", "raw")
+    assert list(db.scan_prefix(b"")) == before
+
+
+def test_wrong_type_in_a_bulk_state_call_names_the_first_bad_value(db) -> None:
+    """The vectorised form's bulk calls name the first value the codec rejects, and
+    write nothing of the batch."""
+    from operators.api.batch import BulkListState, BulkMapState, BulkValueState
+    from operators.errors import StateTypeError
+    cases = [
+        (lambda: BulkMapState(db, Totals.by_id).set([b"a", b"b"], [0, 0], [1, "2"], [1.0, 2.0]), "'2'", "map key"),
+        (lambda: BulkMapState(db, Totals.by_id).set([b"a", b"b"], [0, 0], [1, 2], [1.0, None]), "None", "value"),
+        (lambda: BulkValueState(db, Totals.last).set([b"a", b"b"], [0, 0], [1, 2.5]), "2.5", "value"),
+        (lambda: BulkListState(db, Totals.names).append([b"a", b"b"], [0, 0], ["x", 7]), "7", "value"),
+    ]
+    for call, bad, role in cases:
+        with pytest.raises(StateTypeError, match=rf"operator 'totals_by_key' state '\w+': the {role} codec .* got \w+ {bad}"):
+            call()
+    assert list(db.scan_prefix(b"")) == []
