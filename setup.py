@@ -1,7 +1,7 @@
 """Builds DKV's optional C module; everything else is declared in pyproject.toml.
 
 ``optional=True``: without a C compiler the install still succeeds and DKV runs its
-pure-Python reference code (``storage.dkv.native.AVAILABLE`` is then False).
+pure-Python reference code (``storage.dkv.native.NATIVE`` is then None).
 """
 from setuptools import Extension, setup
 

@@ -52,8 +52,11 @@ class UnionSource(Source):
         input_column: the value column naming each event's child source (``"input"``).
 
     Raises:
-        ValueError: fewer than two sources, a repeated or ``/``-holding name, a child with
-            a value column named ``input_column``, or bounded and live children mixed.
+        ValueError: fewer than two sources, a repeated or ``/``-holding name, or bounded
+            and live children mixed. A child with a value column named ``input_column`` is
+            refused when ``value_schema`` is first read (by the driver's first epoch, before
+            anything is read or written), not here: reading a child's schema may load its
+            data.
     """
 
     def __init__(self, sources: list[Source], name: str | None = None, input_column: str = INPUT_COLUMN) -> None:
