@@ -123,6 +123,8 @@ def dagster_dev(tmp_path_factory):
         yield dagster, store
 
 
+@pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK),
+                    reason=f"the UI screenshot needs Chromium at {CHROMIUM}: run bash platform/install-chromium.sh")
 def test_dagster_dev_runs_flights_and_sensors_compact_and_clean_up(dagster_dev, tmp_path) -> None:
     from dagster_graphql import DagsterGraphQLClient
 
