@@ -9,7 +9,8 @@ the pieces of that loop that are not the epoch protocol itself:
 * ``StopRequest``: a request to stop the loop, safe to make from any thread and from
   a signal handler.
 * ``plan_epoch``: the offsets an epoch reads, with idle partitions
-  (``idle_partitions``, Flink's ``withIdleness``) and watermark alignment
+  (``idle_partitions``, Flink's ``withIdleness``; ``partition_activity``: where a
+  partition's quiet time counts from) and watermark alignment
   (``paused_partitions``, Flink's ``withWatermarkAlignment``); ``watermark``: the
   watermark over the partitions that hold it back.
 * ``epoch_metrics``: input and processing rates, lag, end-to-end latency and watermark
