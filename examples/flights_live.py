@@ -60,9 +60,10 @@ def flights_kafka_job(bootstrap: str, topic: str = "flights", *, name: str = "fl
         trigger_interval_ms: the processing-time trigger, ms (an epoch at most once a
             second by default).
         idle_timeout_ms: a partition read to its end that got nothing for this long (wall
-            clock, ms) stops holding back the watermark (Flink's ``withIdleness``). The
-            producer writes every airport each 100 ms tick, so 10 s only passes when the
-            feed itself stops; a partition resuming after that may have late events.
+            clock, ms, counted once the job has read a flight) stops holding back the
+            watermark (Flink's ``withIdleness``). The producer writes every airport each
+            100 ms tick, so 10 s only passes when the feed itself stops; a partition
+            resuming after that may have late events.
         batch: use the vectorised operator form ``RouteDailyDelaysBatch`` (same output).
 
     Returns:

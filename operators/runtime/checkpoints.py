@@ -10,9 +10,10 @@ checkpoint exists. Layout::
         "source_offsets": {partition: int},         # next offset to read
         "partition_max_ts": {partition: int (ms)},  # watermark inputs
         "partition_active_at_ms": {partition: int},  # wall clock (ms) the partition's
-            # offset last advanced, or the driver first saw it: partition idleness
-            # (operators.runtime.live.idle_partitions); absent in checkpoints written
-            # before idleness existed (read as {})
+            # quiet time counts from: partition idleness (operators.runtime.live.
+            # partition_activity, idle_partitions); a partition missing has not
+            # started it (no epoch read events since it appeared), nor has any in
+            # checkpoints written before idleness existed (read as {})
         "finished": bool,                           # bounded source fully read, or drained
         "key_groups": int, "parallelism": int,
         "operators": {op_name: {range_label: dkv manifest key}},

@@ -233,7 +233,6 @@ class JobRunner:
         self._stop = live.StopRequest()
         self._clock = clock
         self._previous_plan_ms: int | None = None  # for the input rate (live.epoch_metrics)
-        self._first_seen_ms: dict[str, int] = {}  # partitions without an activity record
         self._ends_behind: set[str] = set()  # partitions warned of an end below the committed offset
 
     def close(self) -> None:
@@ -298,8 +297,7 @@ class JobRunner:
         ends = source.end_offsets()
         self._warn_ends_behind(committed, ends)
         return live.plan_epoch(
-            committed, ends, self._partition_max_ts(ckpt, parts),
-            self._active_at_ms(ckpt, parts, now_ms), now_ms=now_ms,
+            committed, ends, self._partition_max_ts(ckpt, parts), ckpt.partition_active_at_ms, now_ms=now_ms,
             events_per_epoch=self.job.events_per_epoch, bounded=source.bounded,
             idle_timeout_ms=self.job.idle_timeout_ms, max_drift_ms=self.job.max_watermark_drift_ms)
 
@@ -322,15 +320,6 @@ class JobRunner:
     @staticmethod
     def _partition_max_ts(ckpt: JobCheckpoint, parts: list[str]) -> dict[str, int]:
         return {p: ckpt.partition_max_ts.get(p, WATERMARK_MIN) for p in parts}
-
-    def _active_at_ms(self, ckpt: JobCheckpoint, parts: list[str], now_ms: int) -> dict[str, int]:
-        """When each partition's offset last advanced (the checkpoint's record); a
-        partition without one (new, or a checkpoint written before the record existed)
-        counts from when this driver first saw it."""
-        seen = self._first_seen_ms
-        for p in parts:
-            seen.setdefault(p, now_ms)
-        return {p: ckpt.partition_active_at_ms.get(p, seen[p]) for p in parts}
 
     # ------------------------------------------------------------------ running
     def run(self, max_epochs: int | None = None) -> list[EpochResult]:
@@ -565,7 +554,6 @@ class JobRunner:
         metrics["live"] = live_metrics(now_ms=self._now_ms())  # at the commit
         if drain:
             metrics["drained"] = True
-        active_at = self._active_at_ms(ckpt, list(plan.offsets), plan.planned_at_ms)
         new = JobCheckpoint(
             job=self.job.name, epoch=epoch, watermark=watermark,
             source_offsets=offsets, partition_max_ts=part_max,
@@ -577,8 +565,7 @@ class JobRunner:
                 op: {res.range_label: res.dropped for res in rs} for op, rs in results.items()}, ckpt.layout),
             unkept=encode_objects(self.job.prefix, {  # retention hook
                 op: {res.range_label: res.unkept for res in rs} for op, rs in results.items()}, ckpt.layout),
-            partition_active_at_ms={p: plan.planned_at_ms if end > start else active_at[p]
-                                    for p, (start, end) in plan.offsets.items()},
+            partition_active_at_ms=live.partition_activity(ckpt.partition_active_at_ms, plan),
         )
         key = self._commit(new)
         if self._retention is not None:  # retention hook

@@ -9,7 +9,8 @@ the pieces of that loop that are not the epoch protocol itself:
 * ``StopRequest``: a request to stop the loop, safe to make from any thread and from
   a signal handler.
 * ``plan_epoch``: the offsets an epoch reads, with idle partitions
-  (``idle_partitions``, Flink's ``withIdleness``) and watermark alignment
+  (``idle_partitions``, Flink's ``withIdleness``; ``partition_activity``: where a
+  partition's quiet time counts from) and watermark alignment
   (``paused_partitions``, Flink's ``withWatermarkAlignment``); ``watermark``: the
   watermark over the partitions that hold it back.
 * ``epoch_metrics``: input and processing rates, lag, end-to-end latency and watermark
@@ -152,17 +153,20 @@ class EpochPlan:
 def idle_partitions(committed: dict[str, int], ends: dict[str, int], active_at_ms: dict[str, int],
                     now_ms: int, idle_timeout_ms: int | None) -> frozenset[str]:
     """Partitions that stopped holding back the watermark (Flink's
-    ``WatermarkStrategy.withIdleness``): read up to their end offset, and no offset
-    read for ``idle_timeout_ms`` (wall clock).
+    ``WatermarkStrategy.withIdleness``): read up to their end offset, and quiet for
+    ``idle_timeout_ms`` (wall clock) since ``active_at_ms`` (``partition_activity``).
 
     A partition with events it has not read is never idle (it is behind, not quiet);
-    one that receives events is read and active again at the next epoch.
+    one that receives events is read and active again at the next epoch. A partition
+    missing from ``active_at_ms`` is not idle: no epoch has read events since it
+    appeared, so its quiet time has not started (a source silent everywhere, such as a
+    topic whose producers have not started yet, makes no partition idle).
 
     Args:
         committed: next offset to read per partition.
         ends: end offset per partition.
-        active_at_ms: wall clock (ms) when each partition's committed offset last
-            advanced, or when the driver first saw it if it never did.
+        active_at_ms: wall clock (ms) from which each partition's quiet time counts
+            (``partition_activity``; the checkpoint's ``partition_active_at_ms``).
         now_ms: wall clock now, ms.
         idle_timeout_ms: ``Job.idle_timeout_ms``; None: no partition is ever idle.
 
@@ -171,8 +175,43 @@ def idle_partitions(committed: dict[str, int], ends: dict[str, int], active_at_m
     """
     if idle_timeout_ms is None:
         return frozenset()
-    return frozenset(p for p in committed
-                     if committed[p] >= ends[p] and now_ms - active_at_ms[p] >= idle_timeout_ms)
+    return frozenset(p for p in committed if committed[p] >= ends[p] and p in active_at_ms
+                     and now_ms - active_at_ms[p] >= idle_timeout_ms)
+
+
+def partition_activity(active_at_ms: dict[str, int], plan: EpochPlan) -> dict[str, int]:
+    """Where each partition's quiet time counts from after an epoch (the checkpoint's
+    ``partition_active_at_ms``, read by ``idle_partitions``).
+
+    * A partition the epoch read from: the epoch's plan (its newest events arrived
+      before it).
+    * Otherwise, a partition with a time keeps it.
+    * A partition without one gets the epoch's plan if the epoch read events from
+      any partition, else stays without: quiet time starts once the source delivers
+      events somewhere. A partition whose first event comes later than
+      ``idle_timeout_ms`` after that is idle by then, as one that pauses that long.
+
+    Why not from when the driver first saw the partition: a job started before its
+    source's producers would then find every partition idle once they start, and the
+    events of a producer starting a moment after the first one would be older than the
+    watermark the first one drove: late, on a topic in event-time order.
+
+    Args:
+        active_at_ms: the previous checkpoint's times, ms (partitions without one are
+            missing).
+        plan: the epoch's plan as committed (alignment's cuts applied).
+
+    Returns:
+        ``{partition: wall clock ms}`` for the plan's partitions that have one.
+    """
+    read = {p for p, (start, end) in plan.offsets.items() if end > start}
+    out = {}
+    for p in plan.offsets:
+        if p in read or (p not in active_at_ms and read):
+            out[p] = plan.planned_at_ms
+        elif p in active_at_ms:
+            out[p] = active_at_ms[p]
+    return out
 
 
 def paused_partitions(open_partitions: list[str], candidates: list[str], partition_max_ts: dict[str, int],
@@ -216,7 +255,8 @@ def plan_epoch(committed: dict[str, int], ends: dict[str, int], partition_max_ts
         ends: end offset per partition (``Source.end_offsets``; a partition missing
             there has none yet).
         partition_max_ts, active_at_ms: per partition, as in the checkpoint
-            (``WATERMARK_MIN`` / first seen for a new one).
+            (``partition_max_ts``: ``WATERMARK_MIN`` for a new one; ``active_at_ms``:
+            missing for one whose quiet time has not started, ``partition_activity``).
         now_ms: wall clock, ms.
         events_per_epoch, idle_timeout_ms, max_drift_ms: the ``Job`` fields.
         bounded: ``Source.bounded`` (a bounded source's partitions read to the end

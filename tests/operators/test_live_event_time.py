@@ -19,7 +19,16 @@ from operators.api.operator import WATERMARK_MAX, WATERMARK_MIN
 from operators.io.sources import TIMESTAMP_COLUMN
 from operators.runtime.checkpoints import JobCheckpoint, read_checkpoint
 from operators.runtime.driver import JobRunner
-from operators.runtime.live import EventTimeSteps, alignment_cuts, idle_partitions, paused_partitions, plan_epoch
+from operators.runtime.live import (
+    EventTimeInputs,
+    EventTimeSteps,
+    alignment_cuts,
+    epoch_event_time,
+    idle_partitions,
+    partition_activity,
+    paused_partitions,
+    plan_epoch,
+)
 from operators.runtime.splits import Split, SplitSummary
 from tests.operators import live_sources
 from tests.operators.live_sources import STEP_MS, reveal
@@ -71,6 +80,117 @@ def test_idle_partition_stops_holding_back_the_watermark_until_it_receives_event
     ckpt = read_checkpoint(JobRunner(live_sources.job(visible), None, str(tmp_path / "s")).store,
                            "jobs/growing_count", 5)
     assert ckpt.partition_active_at_ms == {"p0": int(clock.now * 1000), "p1": int((clock.now - 1) * 1000)}
+
+
+def _late_start_run(tmp_path, second_producer_after_s: float):
+    """The job starts before its producers (as a live benchmark's job does): 15 s with no
+    event on any partition, then p0's producer starts (2.5 h of event time), then p1's,
+    ``second_producer_after_s`` later. Both partitions are in event-time order.
+
+    Returns:
+        ``(runner, watermark before p1's first epoch, p1's first epoch)``.
+    """
+    visible, clock = tmp_path / "visible.json", FakeClock()
+    reveal(visible, {"p0": 0, "p1": 0})
+    runner = JobRunner(live_sources.job(visible, idle_timeout_ms=IDLE_MS, events_per_epoch=3_000), None,
+                       str(tmp_path / "s"), clock=clock)
+    assert runner.run(max_epochs=1) == []  # no producer yet
+    clock.now += 15
+    reveal(visible, {"p0": 1_200, "p1": 0})
+    [first] = runner.run(max_epochs=1)
+    clock.now += second_producer_after_s
+    reveal(visible, {"p0": 1_500, "p1": 0})
+    [second] = runner.run(max_epochs=1)
+    clock.now += 1
+    reveal(visible, {"p0": 1_500, "p1": 1_500})
+    [third] = runner.run(max_epochs=1)
+    assert first.events + second.events + third.events == 3_000
+    return runner, second.watermark, third
+
+
+def test_a_partition_is_not_idle_before_its_first_event_while_no_partition_had_one(tmp_path) -> None:
+    """The time before the first event on any partition does not count towards a
+    partition's idleness: p1's producer starting 5 s after p0's (20 s after the job) holds
+    the watermark until its first event, and none of its events is late."""
+    runner, before, third = _late_start_run(tmp_path, second_producer_after_s=5)
+    assert before == WATERMARK_MIN  # p1 has no event yet and is not idle: it holds it
+    assert third.watermark == _ts("p0", 1_499) - BOUND_MS
+    assert runner.job.sinks["late"].read(runner.store, runner.job.prefix).num_rows == 0
+    pd.testing.assert_frame_equal(live_sources.output(runner),
+                                  live_sources.oracle(runner.job.source, third.watermark), check_dtype=False)
+
+
+def test_a_partition_without_events_is_idle_a_timeout_after_the_first_epoch_that_read_any(tmp_path) -> None:
+    """p1's producer starts 11 s after the first epoch read p0's events: p1 was quiet for
+    longer than the idle timeout while the job read, so it is idle (as a partition pausing
+    that long), the watermark follows p0, and exactly the events of p1 in windows that
+    closed by then are late."""
+    from examples.keyed_count import WINDOW_MS
+
+    runner, before, third = _late_start_run(tmp_path, second_producer_after_s=11)
+    assert before == _ts("p0", 1_499) - BOUND_MS
+    ts = np.array([_ts("p1", o) for o in range(1_500)])
+    want = ts[ts // WINDOW_MS * WINDOW_MS + WINDOW_MS <= before]
+    late = runner.job.sinks["late"].read(runner.store, runner.job.prefix)
+    assert 0 < len(want) < len(ts)
+    assert sorted(late.column("timestamp").to_pylist()) == want.tolist()
+
+
+@st.composite
+def _in_order_feeds(draw):
+    """Partitions in event-time order whose producers start within the idle timeout of
+    the first one and then never pause that long: ``(arrivals, event times)`` per
+    partition (wall clock ms from the job's start; event time ms), and the times the
+    driver plans (a trigger interval)."""
+    n = draw(st.integers(2, 3))
+    feed_start = draw(st.integers(0, 4 * IDLE_MS))  # the job may start long before any producer
+    arrivals, times = [], []
+    for i in range(n):
+        start = feed_start + (0 if i == 0 else draw(st.integers(0, IDLE_MS - 1)))
+        gaps = draw(st.lists(st.integers(0, IDLE_MS - 1), min_size=1, max_size=10))
+        arrivals.append(np.cumsum([start, *gaps[1:]]))
+        times.append(np.cumsum(draw(st.lists(st.integers(0, 50_000), min_size=len(gaps), max_size=len(gaps)))))
+    interval = draw(st.integers(500, 3_000))
+    end = max(int(a[-1]) for a in arrivals) + 2 * IDLE_MS
+    return arrivals, times, list(range(interval, end, interval))
+
+
+@settings(max_examples=200, deadline=None)
+@given(feeds=_in_order_feeds(), events_per_epoch=st.integers(1, 8), bound_ms=st.integers(0, 5_000),
+       drift_ms=st.one_of(st.none(), st.integers(0, 100_000)))
+def test_no_event_of_an_in_order_partition_is_late_unless_it_went_quiet_for_the_idle_timeout(
+        feeds, events_per_epoch, bound_ms, drift_ms) -> None:
+    """The driver's event-time steps (``plan_epoch``, ``epoch_event_time``,
+    ``partition_activity``) on a live source whose partitions are each in event-time
+    order and none is quiet for the idle timeout once the source delivers events
+    (producers starting at different moments, long after the job, with or without
+    watermark alignment): no event read is below the watermark it meets."""
+    arrivals, times, plans = feeds
+    parts = [f"p{i}" for i in range(len(arrivals))]
+    committed = dict.fromkeys(parts, 0)
+    part_max = dict.fromkeys(parts, WATERMARK_MIN)
+    active_at: dict[str, int] = {}
+    wm = WATERMARK_MIN
+    for now in plans:
+        ends = {p: int(np.searchsorted(arrivals[i], now, side="right")) for i, p in enumerate(parts)}
+        plan = plan_epoch(committed, ends, part_max, active_at, now_ms=now, events_per_epoch=events_per_epoch,
+                          bounded=False, idle_timeout_ms=IDLE_MS, max_drift_ms=drift_ms)
+        summaries = []
+        for i, p in enumerate(parts):
+            start, stop = plan.offsets[p]
+            if stop > start:
+                offsets, ts = np.arange(start, stop), times[i][start:stop]
+                summaries.append(SplitSummary(Split(p, i, start, stop), stop - start, 0, int(ts.max()),
+                                              EventTimeSteps.of(offsets, ts)))
+        result = epoch_event_time(EventTimeInputs(wm, part_max, plan, False, bound_ms, drift_ms), summaries)
+        if not plan.has_input and result.watermark <= wm:
+            continue  # the driver commits no epoch
+        for i, p in enumerate(parts):
+            start, stop = result.plan.offsets[p]
+            assert (times[i][start:stop] >= wm).all(), (p, now, wm)
+        committed = {p: stop for p, (_, stop) in result.plan.offsets.items()}
+        part_max, wm = result.partition_max_ts, result.watermark
+        active_at = partition_activity(active_at, result.plan)
 
 
 def test_continuous_run_advances_the_watermark_of_idle_partitions_without_input(tmp_path) -> None:
