@@ -31,8 +31,12 @@ publish finding its marker does nothing. Each record carries the headers
 ``dkvstream-seq`` (its index in that range's rows of the epoch). A crash after some or
 all records of epoch e were produced but before the marker makes the restart produce
 epoch e again: the topic then holds duplicates, which a consumer drops exactly with
-``deduplicate`` (a record whose ``(range, epoch, seq)`` came before in its partition). The sink is thus exactly-once for a consumer that deduplicates, and
-at-least-once for one that does not (docs/kafka.md says why transactions are not used).
+``deduplicate`` (a record whose ``(range, epoch, seq)`` came before in its partition).
+That needs a record's copies in one partition, so placement is a function of the record
+alone: a key by murmur2 (the Java client's partitioner), a keyless record by its range
+and seq (``keyless_partition``), never at random. The sink is thus exactly-once for a
+consumer that deduplicates, and at-least-once for one that does not (docs/kafka.md says
+why transactions are not used).
 """
 from __future__ import annotations
 
@@ -41,6 +45,7 @@ import functools
 import io
 import json
 import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
@@ -81,6 +86,43 @@ _POLL_S = 0.2
 
 def _partition_name(topic: str, n: int) -> str:
     return f"{topic}-{n}"
+
+
+def keyless_partition(range_label: str, seq: int, partitions: int) -> int:
+    """The partition of a keyless ``KafkaSink`` record: the range's records go round-robin
+    over the partitions from a start fixed by the range label (CRC-32, the same in every
+    process), so a re-produced epoch puts each record where its first copy went.
+
+    Args:
+        range_label: the key-group range that emitted the record (``dkvstream-range``).
+        seq: its index among that range's rows of the epoch (``dkvstream-seq``).
+        partitions: the topic's partition count (> 0).
+
+    Returns:
+        A partition number in ``[0, partitions)``.
+    """
+    return (zlib.crc32(range_label.encode()) + seq) % partitions
+
+
+def _topic_partitions(client, topic: str, bootstrap: str, who: str, timeout_s: float) -> list[int]:
+    """The partition numbers of ``topic``, sorted, from the metadata ``client`` (a
+    librdkafka consumer or producer) fetches; errors begin with ``who``.
+
+    Raises:
+        KafkaIOError: the metadata request failed, or the topic does not exist.
+    """
+    from confluent_kafka import KafkaException
+
+    try:
+        md = client.list_topics(topic, timeout=timeout_s)
+    except KafkaException as e:
+        raise KafkaIOError(f"{who}: metadata of topic {topic!r} from {bootstrap}: {e}") from e
+    found = md.topics.get(topic)
+    if found is None or found.error is not None or not found.partitions:
+        why = found.error if found is not None and found.error is not None else "no partitions"
+        raise KafkaIOError(f"{who}: topic {topic!r} not found on {bootstrap} ({why}); create it "
+                           f"before running the job")
+    return sorted(found.partitions)
 
 
 def _produce_staged_file(sink: KafkaSink, store: ObjectStore, epoch: int, staged_key: str) -> int:
@@ -245,19 +287,7 @@ class KafkaSource(Source):
         self._consumer = None
 
     def _partition_ids(self) -> list[int]:
-        from confluent_kafka import KafkaException
-
-        try:
-            md = self._client().list_topics(self.topic, timeout=self.timeout_s)
-        except KafkaException as e:
-            raise KafkaIOError(f"{self.name}: metadata of topic {self.topic!r} from "
-                               f"{self.bootstrap}: {e}") from e
-        topic = md.topics.get(self.topic)
-        if topic is None or topic.error is not None or not topic.partitions:
-            why = topic.error if topic is not None and topic.error is not None else "no partitions"
-            raise KafkaIOError(f"{self.name}: topic {self.topic!r} not found on {self.bootstrap} "
-                               f"({why}); create it before running the job")
-        return sorted(topic.partitions)
+        return _topic_partitions(self._client(), self.topic, self.bootstrap, self.name, self.timeout_s)
 
     def _partition_index(self, name: str) -> int:
         prefix, _, n = name.rpartition("-")
@@ -492,7 +522,9 @@ class KafkaSink(Sink):
         schema: Arrow schema of the output rows.
         key_column: column holding the record key (str or bytes; null: a keyless
             record); None: keyless records. Keys are partitioned by murmur2, as the Java
-            client does, so a key lands in the same partition whoever produces it.
+            client does, so a key lands in the same partition whoever produces it; a
+            keyless record by its range and seq (``keyless_partition``), so its copies
+            after a re-publish share its partition.
         timestamp_column: column holding the record timestamp (ms); None: the producer's
             clock at publish.
         serializer: ``row dict -> bytes`` for the record value; default the JSON object
@@ -529,9 +561,11 @@ class KafkaSink(Sink):
         """The object written once epoch ``epoch`` is fully produced into the topic."""
         return f"{paths.sink_prefix(job_prefix, self.name)}/published/epoch={epoch:010d}.json"
 
-    def records_of(self, table: pa.Table, epoch: int, range_label: str) -> Iterator[dict]:
+    def records_of(self, table: pa.Table, epoch: int, range_label: str,
+                   partitions: Callable[[], int]) -> Iterator[dict]:
         """The records of one staged table: ``{key, value, timestamp, headers}`` dicts
-        as ``Producer.produce`` takes them."""
+        as ``Producer.produce`` takes them, a keyless one with its ``partition``
+        (``keyless_partition``; ``partitions()`` gives the topic's partition count)."""
         for seq, row in enumerate(table.to_pylist()):
             key = row[self.key_column] if self.key_column else None
             if isinstance(key, str):
@@ -544,6 +578,8 @@ class KafkaSink(Sink):
             record = {"key": key, "value": value,
                       "headers": [(EPOCH_HEADER, str(epoch).encode()),
                                   (RANGE_HEADER, range_label.encode()), (SEQ_HEADER, str(seq).encode())]}
+            if key is None:
+                record["partition"] = keyless_partition(range_label, seq, partitions())
             if self.timestamp_column and row[self.timestamp_column] is not None:
                 record["timestamp"] = int(row[self.timestamp_column])
             yield record
@@ -576,13 +612,17 @@ class KafkaSink(Sink):
         acknowledgement; returns the number of records. No marker (``publish``).
 
         Raises:
-            KafkaIOError: a record failed or was not acknowledged within ``timeout_s``.
+            KafkaIOError: a record failed or was not acknowledged within ``timeout_s``,
+                or the topic's metadata (its partition count, for a keyless record) was
+                not found.
         """
         from confluent_kafka import Producer
 
         producer = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True,
                              "acks": "all", "linger.ms": 5, "partitioner": "murmur2_random",
                              **self.config})
+        partitions = functools.cache(lambda: len(_topic_partitions(
+            producer, self.topic, self.bootstrap, f"kafka sink {self.name}", self.timeout_s)))
         failed: list[str] = []
 
         def delivered(err, msg) -> None:
@@ -592,7 +632,7 @@ class KafkaSink(Sink):
         count = 0
         for key in staged:
             table = pq.read_table(io.BytesIO(store.get(key)))
-            for record in self.records_of(table, epoch, range_label_of(key)):
+            for record in self.records_of(table, epoch, range_label_of(key), partitions):
                 while True:
                     try:
                         producer.produce(self.topic, on_delivery=delivered, **record)

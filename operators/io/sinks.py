@@ -21,6 +21,9 @@ from operators.paths import range_label_of
 from storage.errors import ObjectNotFoundError
 from storage.objectstore import REQUEST_THREADS, ObjectStore, map_requests
 
+# A ParquetSink's files sit in ``epoch=<e>`` directories, which every reader of the table
+# by its directory (pyarrow, DuckDB, Spark: hive partitioning) turns into this column.
+EPOCH_COLUMN = "epoch"
 _EPOCH_DIR = re.compile(r"/epoch=(\d+)/")
 
 
@@ -71,17 +74,37 @@ class ParquetSink(Sink):
     Args:
         name: table name (the Dagster asset name of the sink).
         schema: Arrow schema of the records; read back with it even when empty.
+
+    Raises:
+        ValueError: ``schema`` has an ``epoch`` column (``check_columns``).
     """
 
     def __init__(self, name: str, schema: pa.Schema | None = None) -> None:
         self.name = name
         self.schema = schema
+        if schema is not None:
+            self.check_columns(schema.names)
+
+    def check_columns(self, names: list[str]) -> None:
+        """Refuses an ``epoch`` column: readers by directory add one from the ``epoch=``
+        directories, and pyarrow cannot merge the two (``Unable to merge: Field epoch has
+        incompatible types``).
+
+        Raises:
+            ValueError: naming the table and what to do.
+        """
+        if EPOCH_COLUMN in names:
+            raise ValueError(f"ParquetSink {self.name!r}: the output has a column {EPOCH_COLUMN!r}, "
+                             f"which readers of the table's directory (pyarrow, DuckDB, Spark) also "
+                             f"take from its epoch=<e> directories and cannot merge with it; rename "
+                             f"the column")
 
     def table_prefix(self, job_prefix: str) -> str:
         """Object-store prefix of the published table."""
         return paths.sink_prefix(job_prefix, self.name) + "/"
 
     def write_staged(self, store: ObjectStore, staging_prefix: str, table: pa.Table) -> str:
+        self.check_columns(table.column_names)
         buf = io.BytesIO()
         pq.write_table(table, buf, compression="zstd")
         key = f"{staging_prefix}/{self.name}.parquet"
@@ -125,11 +148,15 @@ class ParquetSink(Sink):
         return [store.uri(k) for k in store.list(self.table_prefix(job_prefix))
                 if (m := _EPOCH_DIR.search(k)) and int(m.group(1)) > epoch]
 
+    def read_published(self, store: ObjectStore, key: str, epoch: int) -> pa.Table:
+        """The rows of one published file ``key`` of epoch ``epoch`` (for ``read``)."""
+        return pq.read_table(io.BytesIO(store.get(key)))
+
     def read(self, store: ObjectStore, job_prefix: str) -> pa.Table:
         tables = [
-            pq.read_table(io.BytesIO(store.get(k)))
+            self.read_published(store, k, int(m.group(1)))
             for k in store.list(self.table_prefix(job_prefix))
-            if k.endswith(".parquet")
+            if k.endswith(".parquet") and (m := _EPOCH_DIR.search(k))
         ]
         if not tables:
             if self.schema is None:

@@ -42,6 +42,10 @@ table (``DeadLetter.table``, ``sinks/<table>/epoch=<e>/part-source.parquet``), s
 and published like any sink, so exactly once: the file is named by the epoch's
 checkpoint under ``DEAD_LETTER_OUTPUT``. Columns: ``DEAD_LETTER_SCHEMA``; ``value`` holds
 the raw bytes the source could not decode, else the row's value columns as compact JSON.
+The files hold every column but ``epoch`` (``DEAD_LETTER_FILE_SCHEMA``): their
+``epoch=<e>`` directory gives it, to ``DeadLetterSink.read`` and to pyarrow, DuckDB and
+Spark reading the table's directory, which cannot merge a file column with the
+directory's (files written before hold it as well; ``DeadLetterSink.read`` reads both).
 Per-reason counts go to the checkpoint's ``metrics["dead_letter"]``.
 """
 from __future__ import annotations
@@ -57,7 +61,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from operators.errors import BadInputError
-from operators.io.sinks import ParquetSink
+from operators.io.sinks import EPOCH_COLUMN, ParquetSink
 from operators.io.sources import ERROR_COLUMN, KEY_COLUMN, RAW_VALUE_COLUMN, TIMESTAMP_COLUMN
 from operators.paths import LAYOUT_FLAT, staging_prefix
 from storage.objectstore import ObjectStore
@@ -75,8 +79,28 @@ DEAD_LETTER_SCHEMA = pa.schema([
     pa.field("offset", pa.int64()), pa.field("key", pa.binary()),
     pa.field("timestamp", pa.int64()), pa.field("value", pa.binary()),
     pa.field("reason", pa.string()), pa.field("error", pa.string()),
-    pa.field("epoch", pa.int64()),
+    pa.field(EPOCH_COLUMN, pa.int64()),
 ])
+DEAD_LETTER_FILE_SCHEMA = DEAD_LETTER_SCHEMA.remove(DEAD_LETTER_SCHEMA.get_field_index(EPOCH_COLUMN))
+
+
+class DeadLetterSink(ParquetSink):
+    """The dead-letter Parquet table: files of ``DEAD_LETTER_FILE_SCHEMA`` in ``epoch=<e>``
+    directories, read back as ``DEAD_LETTER_SCHEMA`` (module docstring)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, DEAD_LETTER_FILE_SCHEMA)
+
+    def read_published(self, store: ObjectStore, key: str, epoch: int) -> pa.Table:
+        t = super().read_published(store, key, epoch)
+        if EPOCH_COLUMN not in t.column_names:
+            t = t.append_column(EPOCH_COLUMN, pa.array(np.full(t.num_rows, epoch, np.int64)))
+        return t.select(DEAD_LETTER_SCHEMA.names).cast(DEAD_LETTER_SCHEMA)
+
+    def read(self, store: ObjectStore, job_prefix: str) -> pa.Table:
+        """Every published dead-letter row, ``DEAD_LETTER_SCHEMA`` (with ``epoch``)."""
+        t = super().read(store, job_prefix)
+        return t if t.num_rows else DEAD_LETTER_SCHEMA.empty_table()
 
 
 
@@ -98,9 +122,9 @@ class DeadLetter:
     tolerance: str = "all"
 
     @property
-    def sink(self) -> ParquetSink:
+    def sink(self) -> DeadLetterSink:
         """The Parquet sink of the dead-letter table."""
-        return ParquetSink(self.table, DEAD_LETTER_SCHEMA)
+        return DeadLetterSink(self.table)
 
 
 def value_json(table: pa.Table, value_columns: list[str]) -> list[bytes]:
@@ -201,15 +225,23 @@ def stage(store: ObjectStore, job_prefix: str, epoch: int, dead: pa.Table, attem
     """Writes dead-letter rows as a staged Parquet file; returns its key.
 
     Args:
+        dead: rows of ``DEAD_LETTER_SCHEMA``, all of epoch ``epoch``; written without
+            the ``epoch`` column (``DEAD_LETTER_FILE_SCHEMA``: the directory gives it).
         label: who wrote them: ``"source"`` for the driver's screen, ``<operator>-<range
             label>`` for a task (``operators.runtime.operator_errors``). It names the
             published file (``part-<label>.parquet``), so it is unique within an epoch.
         attempt: unique to the writer's attempt (driver or task): a failed attempt's file
             is never named by a checkpoint and is cleaned up like any staged output.
         layout: the job's key layout (``operators.paths``).
+
+    Raises:
+        ValueError: a row of another epoch (a bug of the caller).
     """
+    epochs = pc.unique(dead.column(EPOCH_COLUMN)).to_pylist()
+    if any(e != epoch for e in epochs):
+        raise ValueError(f"dead-letter rows of epochs {epochs} staged for epoch {epoch}")
     buf = io.BytesIO()
-    pq.write_table(dead, buf, compression="zstd")
+    pq.write_table(dead.drop_columns([EPOCH_COLUMN]), buf, compression="zstd")
     key = f"{staging_prefix(job_prefix, epoch, DEAD_LETTER_OUTPUT, label, attempt, layout)}/dead_letter.parquet"
     store.put(key, buf.getvalue())
     return key

@@ -20,8 +20,11 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from examples.keyed_count import OUTPUT_SCHEMA, keyed_count_job
 from examples.synthetic import SyntheticSource
+from operators.errors import KafkaIOError
 from operators.io.kafka import KafkaSink, KafkaSource, deduplicate
+from operators.paths import staging_prefix
 from operators.runtime.driver import JobRunner
+from storage.objectstore import open_object_store
 
 AMOUNT = pa.schema([pa.field("amount", pa.int64())])
 HOUR_MS = 3_600_000
@@ -153,8 +156,6 @@ def test_transaction_markers_are_offset_gaps(kafka_broker) -> None:
 
 
 def test_missing_topic_and_undelivered_range_raise_naming_them(kafka_broker) -> None:
-    from operators.errors import KafkaIOError
-
     with pytest.raises(KafkaIOError, match="topic 'no-such-topic' not found.*create it"):
         KafkaSource(kafka_broker.bootstrap, "no-such-topic", value_format="bytes").partitions()
     topic = new_topic(kafka_broker)
@@ -332,9 +333,11 @@ class CrashAfterProduce(KafkaSink):
 
 
 def sink_output(sink: KafkaSink, store, prefix: str) -> tuple[pd.DataFrame, int]:
-    """The sink's topic, deduplicated, as keyed-count rows; and the raw record count."""
+    """The sink's topic, deduplicated, as keyed-count rows (the key from the record key,
+    or from the value of a keyless record); and the raw record count."""
     records = sink.read(store, prefix).to_pylist()
-    rows = [{"key": r["key"].decode(), **json.loads(r["value"])} for r in records]
+    rows = [{**({"key": r["key"].decode()} if r["key"] is not None else {}), **json.loads(r["value"])}
+            for r in records]
     return _sorted(pd.DataFrame(rows).astype({"count": np.int64, "amount": np.int64})), len(records)
 
 
@@ -345,10 +348,14 @@ def raw_count(broker, topic: str) -> int:
     return n
 
 
-@pytest.mark.parametrize("crash", ["after_commit", "after_produce"])
-def test_sink_exactly_once_after_a_crash(kafka_broker, tmp_path, crash) -> None:
+@pytest.mark.parametrize("crash,key_column", [("after_commit", "key"), ("after_produce", "key"),
+                                              ("after_produce", None)])
+def test_sink_exactly_once_after_a_crash(kafka_broker, tmp_path, crash, key_column) -> None:
+    """A driver crash after the commit of epoch 2 or after producing it (before its
+    marker): the restart publishes epoch 2 again; deduplicated, the topic equals the
+    oracle. Keyless records too: their copies land in their first copy's partition."""
     topic, oracle = synthetic_topic(kafka_broker)
-    out = new_topic(kafka_broker, partitions=2)
+    out = new_topic(kafka_broker, partitions=4)
     store = str(tmp_path / "store")
     sink_type = CrashAfterProduce if crash == "after_produce" else KafkaSink
 
@@ -357,11 +364,11 @@ def test_sink_exactly_once_after_a_crash(kafka_broker, tmp_path, crash) -> None:
             raise RuntimeError("driver crash between commit and publish")
 
     job = kafka_job(kafka_broker, topic, "kafka_sink", sink_type(
-        kafka_broker.bootstrap, out, OUTPUT_SCHEMA, key_column="key"))
+        kafka_broker.bootstrap, out, OUTPUT_SCHEMA, key_column=key_column))
     with pytest.raises(RuntimeError, match="driver crash"):
         JobRunner(job, None, store, failpoint=failpoint).run()
     job = kafka_job(kafka_broker, topic, "kafka_sink", KafkaSink(
-        kafka_broker.bootstrap, out, OUTPUT_SCHEMA, key_column="key"))
+        kafka_broker.bootstrap, out, OUTPUT_SCHEMA, key_column=key_column))
     runner = JobRunner(job, None, store)
     assert runner.run()[-1].finished
     got, kept = sink_output(job.sinks["main"], runner.store, job.prefix)
@@ -372,6 +379,31 @@ def test_sink_exactly_once_after_a_crash(kafka_broker, tmp_path, crash) -> None:
     else:
         assert raw > kept  # epoch 2 is in the topic twice; deduplicate dropped the copy
     runner.close()
+
+
+def test_keyless_epoch_published_again_lands_where_it_did(kafka_broker, tmp_path) -> None:
+    """Three ranges' keyless rows of epoch 1, produced twice by crashed publishes (one
+    partly) and then published: every copy is in its first copy's partition, at the
+    same place in the order of its range's records there, so the topic deduplicated
+    holds each row once (the oracle: the staged rows)."""
+    out = new_topic(kafka_broker, partitions=4)
+    store = open_object_store(str(tmp_path / "store"))
+    sink = KafkaSink(kafka_broker.bootstrap, out, OUTPUT_SCHEMA)
+    staged, rows = [], []
+    for r, label in enumerate(["kg-0000-0004", "kg-0005-0009", "kg-0010-0015"]):
+        n = 40 + 7 * r
+        t = pa.table({"key": [f"{label}/{i}" for i in range(n)], "window_start": [BASE_MS] * n,
+                      "count": list(range(n)), "amount": [r] * n}, schema=OUTPUT_SCHEMA)
+        staged.append(sink.write_staged(store, staging_prefix("jobs/k", 1, "main", label, "a1"), t))
+        rows += t.to_pylist()
+    assert sink.produce(store, 1, staged[1:]) == 47 + 54       # a crashed attempt: two ranges
+    assert sink.produce(store, 1, staged) == len(rows)         # a crashed attempt: all of them
+    assert sink.publish(store, "jobs/k", 1, staged) == [f"kafka://{kafka_broker.bootstrap}/{out}#epoch=1"]
+    assert raw_count(kafka_broker, out) == 2 * len(rows) + 47 + 54
+    got = sink.read(store, "jobs/k").to_pylist()
+    assert sorted(json.loads(r["value"])["key"] for r in got) == sorted(r["key"] for r in rows)
+    assert {r["partition"] for r in got} == {0, 1, 2, 3}     # spread over the partitions
+    assert all(r["key"] is None for r in got)
 
 
 def test_deduplicate_keeps_the_first_copy_of_each_record() -> None:
