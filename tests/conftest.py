@@ -3,6 +3,10 @@ and the comparison of the flights sink with it."""
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -13,6 +17,36 @@ from operators.spark.session import ensure_python_workers_use_this_interpreter
 from tests.ci_env import in_ci
 
 ensure_python_workers_use_this_interpreter()
+
+# Tests never write into the clone's own Dagster instance (.dagster_home) or store
+# (.dkvstream): both go to a directory of this run, set before anything reads them. The
+# instance settings are the repository's dagster.yaml with its directories moved there.
+ROOT = Path(__file__).resolve().parents[1]
+_SANDBOX = Path(tempfile.mkdtemp(prefix="dkvstream-tests-"))
+_CLONE_STATE = (ROOT / ".dagster_home", ROOT / ".dkvstream")
+os.environ["DAGSTER_HOME"] = str(_SANDBOX / "dagster_home")
+os.environ["DKVSTREAM_STORE"] = str(_SANDBOX / "store")
+(_SANDBOX / "dagster_home").mkdir()
+(_SANDBOX / "dagster_home" / "dagster.yaml").write_text(
+    re.sub(r"base_dir: \.dagster_home", f"base_dir: {_SANDBOX / 'dagster_home'}", (ROOT / "dagster.yaml").read_text()))
+
+
+def _listing(paths: tuple[Path, ...]) -> set[tuple[str, int]]:
+    """(path, mtime in ns) of every file under ``paths``: what a test run must not change."""
+    return {(str(f), f.stat().st_mtime_ns) for p in paths if p.exists() for f in p.rglob("*") if f.is_file()}
+
+
+_CLONE_BEFORE = _listing(_CLONE_STATE)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fails the run when a test wrote into the clone's Dagster instance or store."""
+    changed = sorted(_listing(_CLONE_STATE) ^ _CLONE_BEFORE)
+    if changed:
+        print(f"\nconftest: tests wrote into the clone's own Dagster instance or store: "
+              f"{[p for p, _ in changed][:10]}; a test must use tmp_path or the run's sandbox")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    shutil.rmtree(_SANDBOX, ignore_errors=True)
 
 # CI explores the same examples on every run (a red CI is then reproducible, never a
 # coin toss); developers' runs keep exploring new ones. Hypothesis loads its own "ci"
