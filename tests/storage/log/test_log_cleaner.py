@@ -2,13 +2,16 @@
 buffer, tombstone retention, compaction lag, GET counting and file separation."""
 from __future__ import annotations
 
+import random
+import tracemalloc
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage.log import COMPACT, CleanerConfig, InvalidRecordError, Log, TopicConfig
+from storage.log import COMPACT, CleanerConfig, InvalidRecordError, Log, ProducerConfig, TopicConfig
 from storage.log.offset_map import OffsetMap, hash_keys
-from storage.log.segment import read_directory
+from storage.log.segment import SegmentWriter, read_directory
 from storage.objectstore.local import LocalObjectStore
 
 
@@ -211,6 +214,53 @@ def test_offset_map_collision_bound_matches_knuth() -> None:
     assert 1.5 < mean < 2.5  # a / (2 (1 - a)) = 2 at a = 0.8
     assert sorted(m.values().tolist()) == list(range(n))
     assert not m.put(*hash_keys([b"x%d" % i for i in range(m.slots)]), np.zeros(m.slots, np.uint32))
+
+
+MIB = 1024 * 1024
+
+
+def clean_and_measure(tmp, mib: int) -> tuple[int, object]:
+    """Writes about ``mib`` MiB of batches to a 2-partition compacted topic (files of
+    ~128 KiB holding a chunk of each partition; random 20-byte values; each key twice on
+    average; 2% tombstones), cleans it once under tracemalloc, checks the result against
+    a dict of each partition's last value per key and returns ``(peak bytes, report)``."""
+    log = compacted_log(tmp, partitions=2)
+    rng = random.Random(mib)
+    records = mib * MIB // 28  # a record takes ~28 bytes in a zstd batch (random 20-byte value)
+    per_file = 128 * 1024 // 28
+    model: dict[int, dict] = {0: {}, 1: {}}
+    for first in range(0, records, per_file):
+        writer = SegmentWriter()
+        for part in (0, 1):
+            keys = [b"key-%08d" % (2 * rng.randrange(records // 4) + part) for _ in range(per_file // 2)]
+            values = [None if rng.random() < 0.02 else rng.randbytes(20) for _ in keys]
+            writer.begin_chunk("c", part)
+            writer.append(range(len(keys)), [1_000] * len(keys), keys, values)
+            writer.end_chunk()
+            model[part].update(zip(keys, values))
+        log.commit_segment(writer)
+    cfg = CleanerConfig(dedupe_buffer_size=MIB, max_file_bytes=256 * 1024, io_buffer_size=MIB)
+    tracemalloc.start()
+    try:
+        report = log.clean(cfg, force=True)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert 0.7 * mib * MIB <= report.bytes_in <= 1.3 * mib * MIB
+    for part, latest in model.items():
+        got = log.read("c", part)
+        assert [r.offset for r in got] == sorted({r.offset for r in got})
+        assert {r.key: r.value for r in got} == latest and len(got) == len(latest)
+    return peak, report
+
+
+def test_cleaner_memory_does_not_grow_with_the_input(tmp_path) -> None:
+    """Peak traced memory of a cleaning of 1 MiB and of 4 MiB: the map, the input held for
+    the two passes (``io_buffer_size``), one chunk and one output file, whatever the input."""
+    small, _ = clean_and_measure(tmp_path / "small", 1)
+    large, report = clean_and_measure(tmp_path / "large", 4)
+    assert large <= small * 1.5 + MIB, f"peak {large / MIB:.1f} MiB at 4 MiB in, {small / MIB:.1f} MiB at 1 MiB in"
+    assert len(report.output_files) > 4  # the output was cut into files of max_file_bytes
 
 
 @pytest.mark.slow
