@@ -61,14 +61,15 @@ ops_st = st.lists(st.one_of(
 ), max_size=120)
 
 
-@given(ops_st, st.sampled_from([256, 4096]))
+@given(ops_st, st.sampled_from([256, 4096]), st.sampled_from([0, 64 * 1024 * 1024]))
 @settings(max_examples=40, deadline=None)
-def test_compaction_matches_model(tmp_path_factory, ops, buffer) -> None:
-    run_model(tmp_path_factory, ops, buffer)
+def test_compaction_matches_model(tmp_path_factory, ops, buffer, io_buffer) -> None:
+    run_model(tmp_path_factory, ops, buffer, io_buffer)
 
 
-def run_model(tmp_path_factory, ops, buffer) -> None:
-    """Random produce / delete / flush / clean against a dict per partition."""
+def run_model(tmp_path_factory, ops, buffer, io_buffer=64 * 1024 * 1024) -> None:
+    """Random produce / delete / flush / clean against a dict per partition (``io_buffer``
+    0: every file read a chunk at a time; output files cut at 2,000 bytes)."""
     retention = 1_000
     clock = Clock()
     log = compacted_log(tmp_path_factory.mktemp("c"), retention)
@@ -98,7 +99,8 @@ def run_model(tmp_path_factory, ops, buffer) -> None:
                 for off, _, value in produced:
                     if value is None:
                         horizons.setdefault((part, off), clock.now + retention)
-            log.clean(CleanerConfig(dedupe_buffer_size=buffer, max_file_bytes=2000), clock=clock)
+            log.clean(CleanerConfig(dedupe_buffer_size=buffer, max_file_bytes=2000, io_buffer_size=io_buffer),
+                      clock=clock)
             check_against_model(log, history, clock.now, retention, horizons)
     prod.flush()
 
@@ -121,6 +123,27 @@ def test_keys_beyond_the_buffer_are_all_deduplicated(tmp_path) -> None:
     assert all(r.value.startswith(b"r2-") for r in got)
     assert report.gets == 2 * len(report.input_files) == 6
     assert 0 < report.collision_bound < 1e-12
+
+
+def test_files_beyond_the_io_buffer_are_read_a_chunk_at_a_time(tmp_path) -> None:
+    """With no room to hold files, each pass GETs each chunk, extra map passes too; the
+    output is the same as with the files held."""
+    results = {}
+    for io_buffer in (0, 64 * 1024 * 1024):
+        log = compacted_log(tmp_path / str(io_buffer), partitions=2)
+        prod = log.producer()
+        for rnd in range(3):
+            for i in range(3000):
+                prod.send("c", b"key-%05d" % ((i * 7919) % 3000), b"r%d-%d" % (rnd, i))
+            prod.flush()
+        report = log.clean(CleanerConfig(dedupe_buffer_size=12 * 1024, io_buffer_size=io_buffer))
+        assert report.map_passes > 2
+        # unheld: every pass (map passes, and one copy pass per partition) GETs its chunk of every file
+        files = len(report.input_files)
+        assert report.gets == (2 * files if io_buffer else (report.map_passes + 2) * files)
+        results[io_buffer] = [[(r.offset, r.key, r.value) for r in log.read("c", p)] for p in (0, 1)]
+        assert sum(map(len, results[io_buffer])) == 3000 and report.duplicates_removed == 6000
+    assert results[0] == results[64 * 1024 * 1024]
 
 
 def test_two_gets_per_input_file_and_outputs_hold_only_compacted_data(tmp_path) -> None:
@@ -266,8 +289,9 @@ def test_cleaner_memory_does_not_grow_with_the_input(tmp_path) -> None:
 @pytest.mark.slow
 def test_compaction_matches_model_long(tmp_path_factory) -> None:
     """400 examples of the model (~30 s); opt in with -m slow."""
-    run = settings(max_examples=400, deadline=None)(given(ops_st, st.sampled_from([200, 1024, 4096]))(
-        lambda ops, buffer: run_model(tmp_path_factory, ops, buffer)))
+    run = settings(max_examples=400, deadline=None)(given(
+        ops_st, st.sampled_from([200, 1024, 4096]), st.sampled_from([0, 64 * 1024 * 1024]))(
+        lambda ops, buffer, io_buffer: run_model(tmp_path_factory, ops, buffer, io_buffer)))
     run()
 
 
