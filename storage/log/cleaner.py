@@ -210,11 +210,10 @@ def _members(bitmap: BitMap, lo: int, hi: int) -> np.ndarray:
 class _Stream:
     """One pass's reads of one input file.
 
-    ``held`` (a file with chunks of several partitions of the cleaning, within
-    ``io_buffer_size``): one ranged GET over the span of its chunks taking part, fetched
-    on first use and dropped after its last chunk. Otherwise each chunk is fetched on its
-    own when read (``uses`` is then 1, or the file did not fit the buffer), so at most
-    one chunk of it is in memory.
+    ``held``: one ranged GET over the span of its chunks taking part, fetched on first
+    use and dropped after its last chunk (``uses`` of them): a file with one chunk taking
+    part, or one whose span fits ``io_buffer_size`` (``Cleaner._streams``). Otherwise
+    each chunk is fetched when read, so at most one chunk of the file is in memory.
     """
 
     def __init__(self, log, key: str, start: int, end: int, uses: int, held: bool,
@@ -257,8 +256,8 @@ class _Output:
         self.entries: dict[tuple[str, int], list[Entry]] = {}
         self._pieces: list[tuple[PartitionPlan, int, int, int]] = []  # in the writer: (plan, base, start, end)
         self._plan: PartitionPlan | None = None
-        self._start = self._base = self._last = 0
-        self._open = False
+        self._start = self._base = self._last = self._interval = 0
+        self._open = False  # a chunk of the partition is open in the writer
 
     def begin(self, plan: PartitionPlan, index_interval_bytes: int) -> None:
         """Starts the output of ``plan``'s partition (its offsets from its first entry's start)."""
