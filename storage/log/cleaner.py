@@ -13,7 +13,7 @@ together, so that it keeps exactly the latest record of every key:
    overflows after seeing a fraction f of the records is split into
    ceil(1.25 * keys estimate / map capacity) parts:
    the number of distinct keys is a concave function of records read, so all records
-   hold at most (keys seen) / f keys). The latest offsets of each range go into a
+   hold at most (keys so far) / f keys). The latest offsets of each range go into a
    roaring bitmap of survivors; the map is reused for the next range. Kafka instead
    cleans only up to where its map filled, leaving the rest dirty; here every
    cleaning removes every duplicate.
@@ -23,28 +23,43 @@ together, so that it keeps exactly the latest record of every key:
    already had one (KIP-534), so a tombstone lives ``delete.retention.ms`` after the
    cleaning that first saw it.
 
-**Two GETs per input file per cleaning**, whatever the number of partitions in it
-(WarpStream, seed ``warpstream-compacted-topics.txt``): stream A and stream B are one
-ranged GET each over the span of the file's chunks taking part, advanced forward
-only, partition by partition in (topic, partition) order, the order of chunks in every
-file. Extra map passes re-decode stream A's bytes of the partition (no GET).
-``CleaningReport`` counts GETs, bytes fetched, bytes decoded and map passes.
+**Reads.** A file holding chunks of several partitions of the cleaning is read with
+**two GETs per cleaning** (WarpStream, seed ``warpstream-compacted-topics.txt``):
+stream A and stream B are one ranged GET each over the span of the file's chunks taking
+part, held until the file's last partition is done with it, partition by partition in
+(topic, partition) order, the order of chunks in every file. Such files are held while
+their spans, counted twice (both streams), fit ``io_buffer_size`` (64 MiB; smallest
+spans first); the others are read one chunk per GET. A file with one chunk taking part
+is one GET per pass either way. Extra map passes re-read and re-decode the chunks of
+the partition (from the held span, or with a GET per chunk). ``CleaningReport`` counts
+GETs, bytes fetched, bytes decoded and map passes.
 
-Output files hold only compacted data: one or more new segment files (cut at
-``max_file_bytes`` between partitions) with the cleaned chunks of all partitions of
-the cleaning, and their offsets unchanged (deltas from the chunk's first survivor,
-gaps in a roaring bitmap, ``segment.py``). One metadata commit replaces each
-partition's cleaned entries, provided they are unchanged since planning (producers
-only append after them; a concurrent cleaning of the same partition makes this one
-skip it). Input files no entry names any more are deleted after the commit.
+**Output.** New segment files hold only compacted data, offsets unchanged (deltas from
+the first record of the chunk, gaps in a roaring bitmap, ``segment.py``). A file is
+stored as soon as it reaches ``max_file_bytes`` (64 MiB), between batches, so a
+partition's cleaned records may span several files, one entry each, as Kafka's cleaner
+writes several segments when the cleaned log exceeds ``segment.bytes``. One metadata
+commit replaces each partition's cleaned entries, provided they are unchanged since
+planning (producers only append after them; a concurrent cleaning of the same partition
+makes this one skip it). Input files no entry names any more are deleted after the
+commit.
 
-Memory: the map (``dedupe.buffer.size``), the survivors bitmap of one partition
-(roaring: at most 2 bytes per survivor or 1 bit per offset of the range), the two
-streams' bytes (each input file's span, held until its last partition is done) and
-the decoded batches of the partition being mapped (kept for extra hash ranges). The
-map is hashed and filled 65,536 records at a time (vectorized numpy), and uses only
-4 slots per record of the partition when that is below the budget, so a small
-partition neither clears nor probes the whole 128 MiB.
+**Memory** is bounded whatever the size of the log, as in Kafka's cleaner (a map, an
+I/O buffer, one segment being written):
+
+* the map, ``dedupe.buffer.size`` (it uses only 4 slots per record of the partition when
+  that is below the budget, so a small partition neither clears nor probes the whole
+  128 MiB);
+* the held input spans, at most ``io_buffer_size``;
+* one chunk of a file that is not held (at most the size of that input file) and one
+  decoded batch;
+* the keys being inserted: the map is hashed and filled ``GROUP_RECORDS`` = 16,384
+  records at a time (vectorized numpy), about 2 MiB of arrays;
+* the output file being built, up to ``max_file_bytes`` plus a batch (twice while it is
+  joined and stored);
+* the survivors bitmap of one partition, the only part that grows with the log: at most
+  2 bytes per distinct key of the partition (1 bit per offset when dense), against the
+  map's 15 bytes per key.
 """
 from __future__ import annotations
 
@@ -60,11 +75,11 @@ from storage.log.metadata import NO_CHANGE, Entry, LogMetadata
 from storage.log.offset_map import OffsetMap, hash_keys, partition_bits
 from storage.log.producer import now_ms
 from storage.log.records import Columns
-from storage.log.segment import SegmentWriter, chunk_batches
+from storage.log.segment import ChunkInfo, SegmentWriter, chunk_batches
 
 HASH_SPACE = 2**32
 MAX_RANGE_OFFSETS = 2**32 - 1
-GROUP_RECORDS = 65_536  # records hashed and inserted per vectorized step
+GROUP_RECORDS = 16_384  # records hashed and inserted per vectorized step (~2 MiB of temporaries)
 
 
 @dataclass
@@ -183,19 +198,6 @@ def plan_cleaning(md: LogMetadata, now: int, topics: list[str] | None = None,
     return plans
 
 
-def _groups(batches, records: int):
-    """Consecutive batches cut into groups of about ``records`` records."""
-    group, n = [], 0
-    for _, b in batches:
-        group.append(b)
-        n += len(b)
-        if n >= records:
-            yield group
-            group, n = [], 0
-    if group:
-        yield group
-
-
 def _members(bitmap: BitMap, lo: int, hi: int) -> np.ndarray:
     """Values of ``bitmap`` in ``[lo, hi]`` as an int64 array."""
     i = bitmap.rank(lo - 1) if lo > 0 else 0
@@ -206,29 +208,102 @@ def _members(bitmap: BitMap, lo: int, hi: int) -> np.ndarray:
 
 
 class _Stream:
-    """A forward-only view of one input file: one ranged GET over the span of its
-    chunks taking part, fetched on first use, dropped after its last chunk."""
+    """One pass's reads of one input file.
 
-    def __init__(self, log, key: str, start: int, end: int, uses: int, report: CleaningReport) -> None:
-        self.log, self.key, self.start, self.end, self.uses = log, key, start, end, uses
+    ``held``: one ranged GET over the span of its chunks taking part, fetched on first
+    use and dropped after its last chunk (``uses`` of them): a file with one chunk taking
+    part, or one whose span fits ``io_buffer_size`` (``Cleaner._streams``). Otherwise
+    each chunk is fetched when read, so at most one chunk of the file is in memory.
+    """
+
+    def __init__(self, log, key: str, start: int, end: int, uses: int, held: bool,
+                 report: CleaningReport) -> None:
+        self.log, self.key, self.start, self.end, self.uses, self.held = log, key, start, end, uses, held
         self.report = report
         self.data: bytes | None = None
-        self.cursor = start
+
+    def _get(self, start: int, length: int) -> bytes:
+        data = self.log.store.get_range(self.key, start, length)
+        self.report.gets += 1
+        self.report.bytes_fetched += len(data)
+        return data
 
     def batches(self, e: Entry):
+        """``(position in file, Batch)`` of entry ``e``'s chunk (may be called again for
+        another map pass until ``done_with_chunk``)."""
+        where = self.log.store.uri(self.key)
+        if not self.held:
+            return chunk_batches(self._get(e.chunk.position, e.chunk.length), e.chunk, e.chunk.position, where)
         if self.data is None:
-            self.data = self.log.store.get_range(self.key, self.start, self.end - self.start)
-            self.report.gets += 1
-            self.report.bytes_fetched += len(self.data)
-        if e.chunk.position < self.cursor:
-            raise AssertionError(f"stream over {self.key} moved backwards")
-        self.cursor = e.chunk.position
-        return chunk_batches(self.data, e.chunk, self.start, self.log.store.uri(self.key))
+            self.data = self._get(self.start, self.end - self.start)
+        return chunk_batches(self.data, e.chunk, self.start, where)
 
     def done_with_chunk(self) -> None:
         self.uses -= 1
         if self.uses == 0:
             self.data = None
+
+
+class _Output:
+    """The cleaning's output files, built one at a time: a file is stored once it
+    reaches ``max_file_bytes`` (it exceeds it by at most one batch), so at most one is in
+    memory. A partition whose cleaned records straddle a cut gets one entry per file."""
+
+    def __init__(self, log, max_file_bytes: int, now: int) -> None:
+        self.log, self.max_file_bytes, self.now = log, max_file_bytes, now
+        self.writer = SegmentWriter()
+        self.files: list[tuple[str, list[ChunkInfo]]] = []
+        self.entries: dict[tuple[str, int], list[Entry]] = {}
+        self._pieces: list[tuple[PartitionPlan, int, int, int]] = []  # in the writer: (plan, base, start, end)
+        self._plan: PartitionPlan | None = None
+        self._start = self._base = self._last = self._interval = 0
+        self._open = False  # a chunk of the partition is open in the writer
+
+    def begin(self, plan: PartitionPlan, index_interval_bytes: int) -> None:
+        """Starts the output of ``plan``'s partition (its offsets from its first entry's start)."""
+        self._plan, self._start, self._open = plan, plan.entries[0].start, False
+        self._interval = index_interval_bytes
+        self.entries[(plan.topic, plan.partition)] = []
+
+    def append(self, cols: Columns, delete_horizon: int) -> None:
+        """Appends one batch; ``cols.deltas`` are absolute offsets (changed in place)."""
+        if self.writer.size >= self.max_file_bytes:
+            if self._open:
+                self._end_piece(self._last + 1)
+            self._store()
+        if not self._open:
+            self.writer.index_interval_bytes = self._interval
+            self.writer.begin_chunk(self._plan.topic, self._plan.partition, compacted=True)
+            self._base, self._open = int(cols.deltas[0]), True
+        self._last = int(cols.deltas[-1])
+        cols.deltas -= self._base
+        self.writer.append_columns(cols, delete_horizon=delete_horizon)
+
+    def end(self) -> None:
+        """Ends the partition's output: its last entry runs to the plan's dirty end."""
+        if self._open:
+            self._end_piece(self._plan.dirty_end)
+
+    def close(self) -> None:
+        """Stores the last file."""
+        self._store()
+
+    def _end_piece(self, end: int) -> None:
+        self.writer.end_chunk()
+        self._pieces.append((self._plan, self._base, self._start, end))
+        self._start, self._open = end, False
+
+    def _store(self) -> None:
+        if self.writer.chunks:
+            data, infos = self.writer.finish()
+            key = self.log.new_file_key("c")
+            self.log.store.put(key, data)
+            self.files.append((key, infos))
+            by_part = {(c.topic, c.partition): c for c in infos}
+            for plan, base, start, end in self._pieces:
+                self.entries[(plan.topic, plan.partition)].append(
+                    Entry(key, by_part[(plan.topic, plan.partition)], base, start, end, self.now))
+        self.writer, self._pieces = SegmentWriter(), []
 
 
 class Cleaner:
@@ -267,27 +342,20 @@ class Cleaner:
             return None
         report = CleaningReport(partitions=[(p.topic, p.partition) for p in plans])
         streams_a, streams_b = self._streams(plans, report)
-        writer = SegmentWriter()
-        outputs: list[tuple[str, list]] = []
-        results: dict[tuple[str, int], Entry | None] = {}
-        pending: list[tuple[PartitionPlan, int]] = []
+        output = _Output(self.log, self.config.max_file_bytes, now)
         for plan in plans:
             cfg = md.topic(plan.topic).config
             base = plan.entries[0].start
             survivors = self._map_passes(plan, base, streams_a, report)
-            writer.index_interval_bytes = cfg.index_interval_bytes
-            out_base = self._copy_pass(plan, base, survivors, streams_b, writer, now + cfg.delete_retention_ms,
-                                       now, report)
-            pending.append((plan, out_base))
-            if writer.size >= self.config.max_file_bytes:
-                self._write_output(writer, pending, outputs, results, now)
-                writer, pending = SegmentWriter(), []
-        self._write_output(writer, pending, outputs, results, now)
-        committed = self._commit(plans, results)
+            output.begin(plan, cfg.index_interval_bytes)
+            self._copy_pass(plan, base, survivors, streams_b, output, now + cfg.delete_retention_ms, now, report)
+            output.end()
+        output.close()
+        committed = self._commit(plans, output.entries)
         report.partitions = committed
-        report.output_files = [k for k, _ in outputs]
-        report.records_out = sum(c.records for _, infos in outputs for c in infos)
-        report.bytes_out = sum(c.length for _, infos in outputs for c in infos)
+        report.output_files = [k for k, _ in output.files]
+        report.records_out = sum(c.records for _, infos in output.files for c in infos)
+        report.bytes_out = sum(c.length for _, infos in output.files for c in infos)
         after = self.log.metadata()
         live = after.files()
         for k in report.input_files:
@@ -310,17 +378,21 @@ class Cleaner:
                 s[1] = max(s[1], e.chunk.position + e.chunk.length)
                 s[2] += 1
         report.input_files = sorted(spans)
-        a = {k: _Stream(self.log, k, s[0], s[1], s[2], report) for k, s in spans.items()}
-        b = {k: _Stream(self.log, k, s[0], s[1], s[2], report) for k, s in spans.items()}
+        # Hold the files read by several partitions, smallest spans first, while both
+        # passes' copies fit the buffer; a file read by one partition is held anyway (it
+        # is one chunk, dropped after use).
+        held, room = set(), self.config.io_buffer_size
+        for k, (lo, hi, uses) in sorted(spans.items(), key=lambda kv: (kv[1][1] - kv[1][0], kv[0])):
+            if uses == 1 or 2 * (hi - lo) <= room:
+                held.add(k)
+                room -= 0 if uses == 1 else 2 * (hi - lo)
+        a = {k: _Stream(self.log, k, s[0], s[1], s[2], k in held, report) for k, s in spans.items()}
+        b = {k: _Stream(self.log, k, s[0], s[1], s[2], k in held, report) for k, s in spans.items()}
         return a, b
 
     # ---------------------------------------------------------------- map pass
     def _map_passes(self, plan: PartitionPlan, base: int, streams, report: CleaningReport) -> BitMap:
         total = sum(e.chunk.records for e in plan.entries)
-        # Decode stream A once per partition; extra hash ranges re-read these batches.
-        chunks = [(e, list(streams[e.file].batches(e))) for e in plan.entries]
-        for e in plan.entries:
-            streams[e.file].done_with_chunk()
         survivors = BitMap()
         ranges = [(0, HASH_SPACE, False)]
         while ranges:
@@ -329,22 +401,14 @@ class Cleaner:
             self.map.clear(None if whole_buffer else int(total * min(1.0, share * 1.2)) + 1024)
             report.map_passes += 1
             seen, full = 0, False
-            for e, batches in chunks:
-                for group in _groups(batches, GROUP_RECORDS):
-                    report.bytes_decoded += sum(b.header.size for b in group)
-                    keys = [k or b"" for b in group for k in b.keys()]
-                    h, l = hash_keys(keys)
-                    rel = np.concatenate([b.deltas for b in group]).astype(np.int64) + (e.base - base)
-                    rel = rel.astype(np.uint32)
-                    seen += len(keys)
-                    if (lo, hi) != (0, HASH_SPACE):
-                        bits = partition_bits(h)
-                        sel = (bits >= lo) & (bits < hi)
-                        h, l, rel = h[sel], l[sel], rel[sel]
-                    if not self.map.put(h, l, rel):
-                        full = True
-                        break
-                if full:
+            for h, l, rel in self._key_groups(plan, base, streams, report):
+                seen += len(h)
+                if (lo, hi) != (0, HASH_SPACE):
+                    bits = partition_bits(h)
+                    sel = (bits >= lo) & (bits < hi)
+                    h, l, rel = h[sel], l[sel], rel[sel]
+                if not self.map.put(h, l, rel):
+                    full = True
                     break
             if full:
                 if self.map.active < self.map.slots:
@@ -364,20 +428,44 @@ class Cleaner:
             report.max_map_keys = max(report.max_map_keys, self.map.size)
             report.collision_bound = max(report.collision_bound, self.map.collision_bound)
             survivors.update(self.map.values())
+        for e in plan.entries:
+            streams[e.file].done_with_chunk()
         return survivors
 
+    @staticmethod
+    def _key_groups(plan: PartitionPlan, base: int, streams, report: CleaningReport):
+        """Yields ``(h, l, relative offset)`` arrays (``hash_keys``; offsets uint32 from
+        ``base``) of the partition's records in offset order, about ``GROUP_RECORDS`` at a
+        time: the map is filled a group at a time, and only one batch is decoded at once."""
+        hs: list[np.ndarray] = []
+        ls: list[np.ndarray] = []
+        rels: list[np.ndarray] = []
+        n = 0
+        for e in plan.entries:
+            for _, b in streams[e.file].batches(e):
+                report.bytes_decoded += b.header.size
+                h, l = hash_keys([k or b"" for k in b.keys()])
+                hs.append(h)
+                ls.append(l)
+                rels.append((b.deltas.astype(np.int64) + (e.base - base)).astype(np.uint32))
+                n += len(b)
+                if n >= GROUP_RECORDS:
+                    yield np.concatenate(hs), np.concatenate(ls), np.concatenate(rels)
+                    hs, ls, rels, n = [], [], [], 0
+        if n:
+            yield np.concatenate(hs), np.concatenate(ls), np.concatenate(rels)
+
     # --------------------------------------------------------------- copy pass
-    def _copy_pass(self, plan: PartitionPlan, base: int, survivors: BitMap, streams, writer: SegmentWriter,
-                   new_horizon: int, now: int, report: CleaningReport) -> int:
-        """Copies survivors into ``writer``; returns the output chunk's base offset."""
-        out_base = base + survivors.min() if survivors else base
-        writer.begin_chunk(plan.topic, plan.partition, compacted=True)
+    def _copy_pass(self, plan: PartitionPlan, base: int, survivors: BitMap, streams, output: _Output,
+                   new_horizon: int, now: int, report: CleaningReport) -> None:
+        """Copies the survivors into ``output``, in batches of about ``batch_bytes``."""
         parts: list[Columns] = []
         state = {"horizon": 0, "bytes": 0}
+        batch_bytes = output.writer.batch_bytes
 
         def flush() -> None:
             if parts:
-                writer.append_columns(Columns.concat(parts), delete_horizon=state["horizon"])
+                output.append(Columns.concat(parts), delete_horizon=state["horizon"])
             parts.clear()
             state["bytes"] = 0
 
@@ -403,30 +491,15 @@ class Cleaner:
                     flush()
                 state["horizon"] = horizon
                 cols = b.take(keep)
-                cols.deltas += e.base - out_base
+                cols.deltas += e.base  # absolute offsets: the output picks each file's base
                 parts.append(cols)
                 state["bytes"] += cols.raw_bytes
-                if state["bytes"] >= writer.batch_bytes:
+                if state["bytes"] >= batch_bytes:
                     flush()
             streams[e.file].done_with_chunk()
         flush()
-        writer.end_chunk()
-        return out_base
 
-    # ------------------------------------------------------------------ output
-    def _write_output(self, writer: SegmentWriter, pending, outputs, results, now: int) -> None:
-        data, infos = writer.finish()
-        by_part = {(c.topic, c.partition): c for c in infos}
-        key = None
-        if infos:
-            key = self.log.new_file_key("c")
-            self.log.store.put(key, data)
-            outputs.append((key, infos))
-        for plan, out_base in pending:
-            c = by_part.get((plan.topic, plan.partition))
-            results[(plan.topic, plan.partition)] = None if c is None else Entry(
-                key, c, out_base, plan.entries[0].start, plan.dirty_end, now)
-
+    # ------------------------------------------------------------------ commit
     def _commit(self, plans: list[PartitionPlan], results) -> list[tuple[str, int]]:
         def mutate(md: LogMetadata):
             done = []
@@ -435,8 +508,7 @@ class Cleaner:
                 n = len(plan.entries)
                 if p.entries[:n] != plan.entries:
                     continue  # changed since planning (another cleaner): skip this partition
-                new = results[(plan.topic, plan.partition)]
-                p.entries[:n] = [] if new is None else [new]
+                p.entries[:n] = results[(plan.topic, plan.partition)]
                 p.cleaned_to = max(p.cleaned_to, plan.dirty_end)
                 done.append((plan.topic, plan.partition))
             return done if done else NO_CHANGE

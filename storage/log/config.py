@@ -87,13 +87,23 @@ class CleanerConfig:
             offset map (default 128 MiB).
         max_load_factor: fill the map to this fraction of its slots (see
             ``offset_map.py`` for why 0.8).
-        max_file_bytes: cut compacted output files at about this size.
+        max_file_bytes: cut compacted output files at this size (a file exceeds it
+            by at most one batch); a partition's output is split across files if need be.
+        io_buffer_size: bytes of input files held in memory between the cleaning's two
+            passes (like Kafka's ``log.cleaner.io.buffer.size``, the cleaner's read
+            memory): a file holding chunks of several partitions of the cleaning is
+            fetched whole, once per pass, while its span counted twice fits; the
+            others are fetched one chunk at a time (see ``cleaner.py``).
     """
 
     dedupe_buffer_size: int = 128 * 1024 * 1024
     max_load_factor: float = 0.8
     max_file_bytes: int = 64 * 1024 * 1024
+    io_buffer_size: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if self.dedupe_buffer_size < 16 * 12 or not 0.1 <= self.max_load_factor <= 0.95:
             raise InvalidConfigError(f"bad cleaner config {self}")
+        if self.max_file_bytes < 1 or self.io_buffer_size < 0:
+            raise InvalidConfigError(f"bad cleaner config {self}: max_file_bytes must be >= 1 and "
+                                     "io_buffer_size >= 0")

@@ -2,13 +2,16 @@
 buffer, tombstone retention, compaction lag, GET counting and file separation."""
 from __future__ import annotations
 
+import random
+import tracemalloc
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage.log import COMPACT, CleanerConfig, InvalidRecordError, Log, TopicConfig
+from storage.log import COMPACT, CleanerConfig, InvalidRecordError, Log, ProducerConfig, TopicConfig
 from storage.log.offset_map import OffsetMap, hash_keys
-from storage.log.segment import read_directory
+from storage.log.segment import SegmentWriter, read_directory
 from storage.objectstore.local import LocalObjectStore
 
 
@@ -58,14 +61,15 @@ ops_st = st.lists(st.one_of(
 ), max_size=120)
 
 
-@given(ops_st, st.sampled_from([256, 4096]))
+@given(ops_st, st.sampled_from([256, 4096]), st.sampled_from([0, 64 * 1024 * 1024]))
 @settings(max_examples=40, deadline=None)
-def test_compaction_matches_model(tmp_path_factory, ops, buffer) -> None:
-    run_model(tmp_path_factory, ops, buffer)
+def test_compaction_matches_model(tmp_path_factory, ops, buffer, io_buffer) -> None:
+    run_model(tmp_path_factory, ops, buffer, io_buffer)
 
 
-def run_model(tmp_path_factory, ops, buffer) -> None:
-    """Random produce / delete / flush / clean against a dict per partition."""
+def run_model(tmp_path_factory, ops, buffer, io_buffer=64 * 1024 * 1024) -> None:
+    """Random produce / delete / flush / clean against a dict per partition (``io_buffer``
+    0: every file read a chunk at a time; output files cut at 2,000 bytes)."""
     retention = 1_000
     clock = Clock()
     log = compacted_log(tmp_path_factory.mktemp("c"), retention)
@@ -95,7 +99,8 @@ def run_model(tmp_path_factory, ops, buffer) -> None:
                 for off, _, value in produced:
                     if value is None:
                         horizons.setdefault((part, off), clock.now + retention)
-            log.clean(CleanerConfig(dedupe_buffer_size=buffer, max_file_bytes=2000), clock=clock)
+            log.clean(CleanerConfig(dedupe_buffer_size=buffer, max_file_bytes=2000, io_buffer_size=io_buffer),
+                      clock=clock)
             check_against_model(log, history, clock.now, retention, horizons)
     prod.flush()
 
@@ -118,6 +123,27 @@ def test_keys_beyond_the_buffer_are_all_deduplicated(tmp_path) -> None:
     assert all(r.value.startswith(b"r2-") for r in got)
     assert report.gets == 2 * len(report.input_files) == 6
     assert 0 < report.collision_bound < 1e-12
+
+
+def test_files_beyond_the_io_buffer_are_read_a_chunk_at_a_time(tmp_path) -> None:
+    """With no room to hold files, each pass GETs each chunk, extra map passes too; the
+    output is the same as with the files held."""
+    results = {}
+    for io_buffer in (0, 64 * 1024 * 1024):
+        log = compacted_log(tmp_path / str(io_buffer), partitions=2)
+        prod = log.producer()
+        for rnd in range(3):
+            for i in range(3000):
+                prod.send("c", b"key-%05d" % ((i * 7919) % 3000), b"r%d-%d" % (rnd, i))
+            prod.flush()
+        report = log.clean(CleanerConfig(dedupe_buffer_size=12 * 1024, io_buffer_size=io_buffer))
+        assert report.map_passes > 2
+        # unheld: every pass (map passes, and one copy pass per partition) GETs its chunk of every file
+        files = len(report.input_files)
+        assert report.gets == (2 * files if io_buffer else (report.map_passes + 2) * files)
+        results[io_buffer] = [[(r.offset, r.key, r.value) for r in log.read("c", p)] for p in (0, 1)]
+        assert sum(map(len, results[io_buffer])) == 3000 and report.duplicates_removed == 6000
+    assert results[0] == results[64 * 1024 * 1024]
 
 
 def test_two_gets_per_input_file_and_outputs_hold_only_compacted_data(tmp_path) -> None:
@@ -213,11 +239,59 @@ def test_offset_map_collision_bound_matches_knuth() -> None:
     assert not m.put(*hash_keys([b"x%d" % i for i in range(m.slots)]), np.zeros(m.slots, np.uint32))
 
 
+MIB = 1024 * 1024
+
+
+def clean_and_measure(tmp, mib: int) -> tuple[int, object]:
+    """Writes about ``mib`` MiB of batches to a 2-partition compacted topic (files of
+    ~128 KiB holding a chunk of each partition; random 20-byte values; each key twice on
+    average; 2% tombstones), cleans it once under tracemalloc, checks the result against
+    a dict of each partition's last value per key and returns ``(peak bytes, report)``."""
+    log = compacted_log(tmp, partitions=2)
+    rng = random.Random(mib)
+    records = mib * MIB // 28  # a record takes ~28 bytes in a zstd batch (random 20-byte value)
+    per_file = 128 * 1024 // 28
+    model: dict[int, dict] = {0: {}, 1: {}}
+    for first in range(0, records, per_file):
+        writer = SegmentWriter()
+        for part in (0, 1):
+            keys = [b"key-%08d" % (2 * rng.randrange(records // 4) + part) for _ in range(per_file // 2)]
+            values = [None if rng.random() < 0.02 else rng.randbytes(20) for _ in keys]
+            writer.begin_chunk("c", part)
+            writer.append(range(len(keys)), [1_000] * len(keys), keys, values)
+            writer.end_chunk()
+            model[part].update(zip(keys, values))
+        log.commit_segment(writer)
+    cfg = CleanerConfig(dedupe_buffer_size=MIB, max_file_bytes=256 * 1024, io_buffer_size=MIB)
+    tracemalloc.start()
+    try:
+        report = log.clean(cfg, force=True)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert 0.7 * mib * MIB <= report.bytes_in <= 1.3 * mib * MIB
+    for part, latest in model.items():
+        got = log.read("c", part)
+        assert [r.offset for r in got] == sorted({r.offset for r in got})
+        assert {r.key: r.value for r in got} == latest and len(got) == len(latest)
+    return peak, report
+
+
+def test_cleaner_memory_does_not_grow_with_the_input(tmp_path) -> None:
+    """Peak traced memory of a cleaning of 1 MiB and of 4 MiB: the map, the input held for
+    the two passes (``io_buffer_size``), one chunk and one output file, whatever the input."""
+    small, _ = clean_and_measure(tmp_path / "small", 1)
+    large, report = clean_and_measure(tmp_path / "large", 4)
+    assert large <= small * 1.5 + MIB, f"peak {large / MIB:.1f} MiB at 4 MiB in, {small / MIB:.1f} MiB at 1 MiB in"
+    assert len(report.output_files) > 4  # the output was cut into files of max_file_bytes
+
+
 @pytest.mark.slow
 def test_compaction_matches_model_long(tmp_path_factory) -> None:
     """400 examples of the model (~30 s); opt in with -m slow."""
-    run = settings(max_examples=400, deadline=None)(given(ops_st, st.sampled_from([200, 1024, 4096]))(
-        lambda ops, buffer: run_model(tmp_path_factory, ops, buffer)))
+    run = settings(max_examples=400, deadline=None)(given(
+        ops_st, st.sampled_from([200, 1024, 4096]), st.sampled_from([0, 64 * 1024 * 1024]))(
+        lambda ops, buffer, io_buffer: run_model(tmp_path_factory, ops, buffer, io_buffer)))
     run()
 
 
