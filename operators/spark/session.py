@@ -143,7 +143,8 @@ def stop_spark(spark) -> None:
     """Stops ``spark`` (``SparkSession.stop``) and ends the process's driver JVM, waiting
     for it to exit, so no Spark process outlives the caller. A JVM that already died (an
     out-of-memory kill, a signal sent to it alone) is logged, not raised: its death is
-    reported by whatever Spark call failed first. A later ``get_spark`` starts a new JVM.
+    reported by whatever Spark call failed first. For the end of a process (``run_job``
+    calls it last): nothing of Spark is usable after it.
 
     Args:
         spark: a ``pyspark.sql.SparkSession`` from ``get_spark``.
