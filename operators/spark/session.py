@@ -134,7 +134,8 @@ def _launch_jvm(conf: dict[str, str]) -> None:
     # SparkContext adopts a gateway already set here (SparkContext._ensure_initialized).
     with SparkContext._lock:
         if SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
-            gateway = launch_gateway(SparkConf().setAll(conf.items()), popen_kwargs={"start_new_session": True})
+            gateway = launch_gateway(SparkConf().setAll(conf.items()),
+                                     popen_kwargs={"start_new_session": True})
             SparkContext._gateway = gateway
             SparkContext._jvm = gateway.jvm
 
