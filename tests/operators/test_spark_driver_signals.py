@@ -31,7 +31,8 @@ ALL = {"p0": EVENTS, "p1": EVENTS}
 EXIT_DEADLINE_S = 120.0
 
 # run_job, with PySpark's gateway launcher wrapped so the driver signals its own process
-# group as soon as the JVM is up, while the SparkContext is still being created.
+# group as soon as the JVM is up, while the SparkContext is still being created (under
+# both names: a SparkContext that launches the JVM itself calls its module's import).
 SIGNAL_DURING_START_UP = """
 import os, signal, sys
 import pyspark.core.context, pyspark.java_gateway
