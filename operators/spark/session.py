@@ -15,13 +15,29 @@ environment (``OBJECT_STORE_ENV``: S3 endpoint, region, credentials, retries) ar
 to them as ``spark.executorEnv.<NAME>``, so tasks reopen an ``s3://`` store exactly as
 the driver does. Spark redacts the secret ones in its UI and logs
 (``spark.redaction.regex``).
+
+The driver's JVM (PySpark's Py4J gateway, ``spark-submit`` started by this process) runs
+in a session of its own, so a signal to this process's group (``kill -TERM -<pgid>``,
+Ctrl-C in a terminal, ``systemctl stop`` with ``KillMode=mixed``) reaches only the
+Python driver, which decides when the JVM stops: ``stop_spark`` ends it after the session.
+The JVM still never outlives this process: it exits when its stdin, a pipe from this
+process, closes (PySpark's ``PythonGatewayServer``), so also on ``kill -9``.
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import subprocess
 import sys
 
+log = logging.getLogger(__name__)
+
 DEFAULT_MASTER = "local[2]"
+
+# How long ``stop_spark`` waits for the JVM to exit once told to (its shutdown hooks stop
+# the SparkContext's leftovers: a second or two), before killing it.
+JVM_EXIT_TIMEOUT_S = 60.0
 
 DEFAULT_CONF: dict[str, str] = {
     "spark.app.name": "dkvstream",
@@ -84,6 +100,8 @@ def spark_conf(conf: dict[str, str] | None = None) -> dict[str, str]:
 def get_spark(conf: dict[str, str] | None = None):
     """Get or create the process's SparkSession (a local one takes 10-20 s to start).
 
+    The first call starts the driver's JVM in a session of its own (module docstring).
+
     Args:
         conf: Spark settings overriding the defaults (``spark.master`` included).
 
@@ -93,9 +111,65 @@ def get_spark(conf: dict[str, str] | None = None):
     ensure_python_workers_use_this_interpreter()
     from pyspark.sql import SparkSession
 
+    merged = spark_conf(conf)
+    _launch_jvm(merged)
     builder = SparkSession.builder
-    for k, v in spark_conf(conf).items():
+    for k, v in merged.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def _launch_jvm(conf: dict[str, str]) -> None:
+    """Starts the process's Py4J gateway JVM, as PySpark would on the first SparkContext
+    (same ``spark-submit`` command, same ``--conf`` settings), but in a new session
+    (``setsid``): signals sent to this process's group do not kill it under the driver.
+    Does nothing when the gateway already exists (a session started or stopped earlier,
+    or ``spark-submit`` running this process: ``PYSPARK_GATEWAY_PORT``)."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    # PySpark has no public way to pass Popen arguments to the gateway it launches, but
+    # SparkContext adopts a gateway already set here (SparkContext._ensure_initialized).
+    with SparkContext._lock:
+        if SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
+            gateway = launch_gateway(SparkConf().setAll(conf.items()),
+                                     popen_kwargs={"start_new_session": True})
+            SparkContext._gateway = gateway
+            SparkContext._jvm = gateway.jvm
+
+
+def stop_spark(spark) -> None:
+    """Stops ``spark`` (``SparkSession.stop``) and ends the process's driver JVM, waiting
+    for it to exit, so no Spark process outlives the caller. A JVM that already died (an
+    out-of-memory kill, a signal sent to it alone) is logged, not raised: its death is
+    reported by whatever Spark call failed first. For the end of a process (``run_job``
+    calls it last): nothing of Spark is usable after it.
+
+    Args:
+        spark: a ``pyspark.sql.SparkSession`` from ``get_spark``.
+    """
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    jvm = getattr(gateway, "proc", None)  # None: a gateway this process did not start
+    if jvm is not None and jvm.poll() is not None:
+        log.warning("Spark's driver JVM (pid %d) exited with status %s before the session was stopped",
+                    jvm.pid, jvm.returncode)
+    else:
+        spark.stop()
+    if jvm is None:
+        return
+    with contextlib.suppress(Exception):
+        gateway.shutdown()  # Py4J's client side: no more calls to the JVM
+    SparkContext._gateway = SparkContext._jvm = None
+    with contextlib.suppress(OSError):
+        jvm.stdin.close()  # PythonGatewayServer exits at the end of its stdin
+    try:
+        jvm.wait(JVM_EXIT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        log.warning("Spark's driver JVM (pid %d) did not exit %.0f s after its stdin closed: killing it",
+                    jvm.pid, JVM_EXIT_TIMEOUT_S)
+        jvm.kill()
+        jvm.wait()

@@ -28,7 +28,11 @@ committed epoch, 0 if none; whether the job is drained, finished for good) and e
 signal number, like an uncaught SIGTERM (a restart continues from the newest checkpoint,
 as after any crash). With ``--drain-on-stop`` the first signal stops with a drain
 (``JobRunner.stop(drain=True)``, Flink's ``stop --drain``): one more epoch at watermark
-+infinity emits every open window, and the job is finished for good.
++infinity emits every open window, and the job is finished for good. A signal during
+start-up (Spark starting, the store opening) stops the run as soon as it is up, before
+any epoch, the same way. The signal may go to the whole process group (``systemctl stop``,
+Ctrl-C): Spark's JVM runs in a session of its own (``operators.spark.session``), so it
+stays up until this process stops it.
 """
 from __future__ import annotations
 
@@ -81,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--drain-on-stop needs --continuous (without it the run ends when caught up)")
     dkv_options = _dkv_options(p, a.dkv)
 
+    # Installed first, so a signal during start-up is a stop request too (not a kill).
+    stop = _StopOnSignals(drain=a.drain_on_stop) if a.continuous else None
     job = load_job(a.job)
     changes = {k: v for k, v in (("parallelism", a.parallelism), ("events_per_epoch", a.events_per_epoch))
                if v is not None}
@@ -88,20 +94,20 @@ def main(argv: list[str] | None = None) -> int:
     job.validate()
 
     spark = None
-    if not a.in_process:
-        from operators.spark.session import get_spark
-
-        conf = dict(kv.split("=", 1) for kv in a.conf)
-        if a.master:
-            conf["spark.master"] = a.master
-        spark = get_spark(conf)
-        _print({"event": "started", "app_id": spark.sparkContext.applicationId,
-                "ui": spark.sparkContext.uiWebUrl, "master": spark.sparkContext.master})
     try:
+        if not a.in_process:
+            from operators.spark.session import get_spark
+
+            conf = dict(kv.split("=", 1) for kv in a.conf)
+            if a.master:
+                conf["spark.master"] = a.master
+            spark = get_spark(conf)
+            _print({"event": "started", "app_id": spark.sparkContext.applicationId,
+                    "ui": spark.sparkContext.uiWebUrl, "master": spark.sparkContext.master})
         with JobRunner(job, spark, a.store, retain_checkpoints=a.retain_checkpoints or None,
                        dkv_options=dkv_options) as runner:
-            if a.continuous:
-                _stop_on_signals(runner, drain=a.drain_on_stop)
+            if stop is not None:
+                stop.attach(runner)
             for result in runner.epochs(a.max_epochs, continuous=a.continuous):
                 requests = read_checkpoint(runner.store, job.prefix, result.epoch).metrics["requests"]
                 _print({"event": "committed", "epoch": result.epoch, "events": result.events,
@@ -115,7 +121,9 @@ def main(argv: list[str] | None = None) -> int:
                         "drained": bool(newest and newest.metrics.get("drained"))})
     finally:
         if spark is not None:
-            spark.stop()
+            from operators.spark.session import stop_spark
+
+            stop_spark(spark)
     return 0
 
 
@@ -137,24 +145,37 @@ def _dkv_options(parser: argparse.ArgumentParser, settings: list[str]) -> DKVOpt
     return DKVOptions(**values)
 
 
-def _stop_on_signals(runner: JobRunner, drain: bool = False) -> None:
-    """SIGTERM/SIGINT: the first asks ``runner`` to stop after the epoch in flight (with
-    ``drain``: and to drain, ``JobRunner.stop(drain=True)``), the second exits at once
-    (Spark's and Flink's command lines do the same)."""
-    received = []
+class _StopOnSignals:
+    """SIGTERM/SIGINT handlers: the first signal asks the run to stop after the epoch in
+    flight (with ``drain``: and to drain, ``JobRunner.stop(drain=True)``), the second
+    exits at once (Spark's and Flink's command lines do the same). Installed before
+    start-up; a signal received before ``attach`` stops the runner as soon as it is
+    attached, before its first epoch."""
 
-    def handle(signum, frame) -> None:
-        if received:
+    def __init__(self, drain: bool = False) -> None:
+        self.drain = drain
+        self.received: list[int] = []
+        self.runner: JobRunner | None = None
+        signal.signal(signal.SIGTERM, self._handle)
+        signal.signal(signal.SIGINT, self._handle)
+
+    def attach(self, runner: JobRunner) -> None:
+        self.runner = runner
+        if self.received:
+            runner.stop(drain=self.drain)
+
+    def _handle(self, signum, frame) -> None:
+        if self.received:
             os._exit(128 + signum)  # no cleanup: a restart recovers as after a crash
-        received.append(signum)
+        self.received.append(signum)
+        then = "draining: every open window is emitted, " if self.drain else ""
+        when = ("stopping after the epoch in flight" if self.runner is not None
+                else "stopping once started, before any epoch")
         # os.write, not print: a handler may interrupt a print to the same stream.
-        then = "draining: every open window is emitted, " if drain else ""
-        os.write(2, f"run_job: {signal.Signals(signum).name}: stopping after the epoch in "
-                    f"flight ({then}send it again to exit at once)\n".encode())
-        runner.stop(drain=drain)
-
-    signal.signal(signal.SIGTERM, handle)
-    signal.signal(signal.SIGINT, handle)
+        os.write(2, f"run_job: {signal.Signals(signum).name}: {when} ({then}send it again to "
+                    f"exit at once)\n".encode())
+        if self.runner is not None:
+            self.runner.stop(drain=self.drain)
 
 
 if __name__ == "__main__":
