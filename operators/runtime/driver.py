@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 from operators.api.job import Job
 from operators.api.keygroups import KeyGroupRange, key_group_ranges
 from operators.api.operator import MAIN_OUTPUT, WATERMARK_MIN
-from operators.errors import BadInputError, JobFailedError, JobFencedError
+from operators.errors import BadInputError, JobFailedError, JobFencedError, RecoveryRefusedError
 from operators.paths import LAYOUTS, checkpoint_key
 from operators.runtime import dead_letter, live
 from operators.runtime.checkpoints import (
@@ -475,6 +475,13 @@ class JobRunner:
         if ckpt is None:
             return self._initial()
         self._check_compatible(ckpt)
+        # Before any discovery: a source whose own metadata lost what the offsets refer
+        # to must refuse, not read other events under them.
+        try:
+            self.job.source.restore_state(ckpt.source_offsets, ckpt.source_state)
+        except RecoveryRefusedError as e:
+            raise RecoveryRefusedError(f"job {self.job.name}: restarting from the checkpoint of epoch "
+                                       f"{ckpt.epoch}: {e}") from e
         if read_commit_log(self.store, self.job.prefix).last_recorded < ckpt.epoch:
             record_commit(self.store, self.job.prefix, ckpt.epoch)  # a crash came between
         self._publish(ckpt)  # idempotent: finishes a publish a crash interrupted
@@ -579,6 +586,7 @@ class JobRunner:
                 op: {res.range_label: res.unkept for res in rs} for op, rs in results.items()}, ckpt.layout),
             partition_active_at_ms={p: plan.planned_at_ms if end > start else active_at[p]
                                     for p, (start, end) in plan.offsets.items()},
+            source_state=self.job.source.snapshot_state(offsets),
         )
         key = self._commit(new)
         if self._retention is not None:  # retention hook
