@@ -31,6 +31,23 @@ batches and compact objects it covers are deleted: the log holds at most
 of files, about 130 bytes per file plus its name, as Spark's seen-files list does without
 ``maxFileAge``).
 
+Checkpoints and a damaged file log
+----------------------------------
+The log is the only record of which file an offset is in: a restart whose log lost its
+newest objects would log the files landing next under the lost ordinals, at offsets the
+checkpoint says were read, and skip them. So each checkpoint records (``snapshot_state``)
+how many logged files its offset covers, ``files``, the CRC-32 of their entries (each as
+compact sorted JSON, chained), ``crc32``, and the newest batch number, ``batch``; a
+restart (``restore_state``) checks the log before discovering anything. A log shorter
+than ``files`` is first completed from the listing, as a discovery would, if the files
+it lost are still there unchanged (the CRC-32 then matches); otherwise, or if the first
+``files`` entries differ, the restart refuses with ``RecoveryRefusedError`` naming the
+first missing object and what to do, having logged nothing (as Spark's file source
+fails on a missing metadata-log batch). An object that does not parse, or that follows a
+missing one, is a ``CorruptionError`` naming it and the way out. A checkpoint written
+before this record (``source_state`` None) is not checked. The CRC-32s of the log's
+prefixes are kept with the loaded log, so a commit costs no request and O(new files).
+
 Order of arrival, and files still being written
 -----------------------------------------------
 Each discovery logs its new files in order of modification time, then name. A file
@@ -219,7 +236,8 @@ class FileSource(Source):
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_files"], state["_decoded"], state["_starts"], state["_crcs"] = None, None, [], [0]  # reloaded
+        # Reloaded where used:
+        state["_files"], state["_decoded"], state["_starts"], state["_crcs"] = None, None, [], [0]
         return state
 
     # ------------------------------------------------------------- Source API
@@ -256,6 +274,7 @@ class FileSource(Source):
 
         Raises:
             RuntimeError: ``attach`` was not called.
+            CorruptionError: a file-log object is damaged (``logged_files``).
         """
         self.discover()
         return {PARTITION: self._end()}
@@ -269,6 +288,7 @@ class FileSource(Source):
             IndexError: the range is outside the logged offsets.
             SourceFileChangedError: a file of the range changed or vanished since it was
                 logged (``on_changed_file="fail"``).
+            CorruptionError: a file-log object is damaged (``logged_files``).
         """
         if partition != PARTITION:
             raise KeyError(f"file source {self.name}: unknown partition {partition!r} (it has "
@@ -299,6 +319,7 @@ class FileSource(Source):
 
         Raises:
             RuntimeError: ``attach`` was not called.
+            CorruptionError: a file-log object is damaged (``logged_files``).
         """
         for _ in range(3):
             files = self._log()
@@ -329,7 +350,8 @@ class FileSource(Source):
         another process logged that batch first (the log is then reloaded on next use)."""
         batch = self._batches + 1
         try:
-            self._meta.put_if_absent(f"{self._log_prefix}{_BATCH}{batch:010d}.json", _encode(self, entries))
+            self._meta.put_if_absent(f"{self._log_prefix}{_BATCH}{batch:010d}.json",
+                                     _encode(self, entries))
         except ObjectExistsError:
             self._files = None  # another driver logged batch n: reload, discover again
             return False
@@ -381,8 +403,8 @@ class FileSource(Source):
             raise RecoveryRefusedError(self._missing_message(offset, state))
         if self._crc_through(n) != crc:
             raise RecoveryRefusedError(
-                f"file source {self.name}: the file log under {self._meta.uri(self._log_prefix)} does not "
-                f"hold the files the checkpoint read: its first {n} files have CRC-32 "
+                f"file source {self.name}: the file log under {self._meta.uri(self._log_prefix)} "
+                f"does not hold the files the checkpoint read: its first {n} files have CRC-32 "
                 f"{self._crc_through(n)}, the checkpoint recorded {crc} for offsets below {offset} (a "
                 f"file-log object was lost and other files logged under its numbers, or an object was "
                 f"rewritten). {self._way_out()}")
@@ -396,7 +418,8 @@ class FileSource(Source):
             if len(files) >= n:  # another process logged files meanwhile: the CRC decides
                 return True
             entries = self._survey_new(files, n - len(files))
-            if len(files) + len(entries) < n or _entries_crc(entries, self._crc_through(len(files))) != crc:
+            if len(files) + len(entries) < n or \
+                    _entries_crc(entries, self._crc_through(len(files))) != crc:
                 return False
             if self._append(files, entries):
                 return True
@@ -438,7 +461,13 @@ class FileSource(Source):
         return self._crcs[n]
 
     def logged_files(self) -> list[LoggedFile]:
-        """Every logged file, in log (offset) order, without discovering."""
+        """Every logged file, in log (offset) order, without discovering.
+
+        Raises:
+            CorruptionError: a file-log object does not parse, or one before it is
+                missing; names it and what to do (restore it, or delete it and the
+                objects after it if their files are still in place).
+        """
         return list(self._log())
 
     def _listing(self) -> list[tuple[str, int, int]]:
@@ -528,8 +557,9 @@ class FileSource(Source):
         try:
             doc = json.loads(data)
         except ValueError as e:  # a truncated object ends inside the JSON document
-            raise self._damaged(key, f"file-log object is not valid JSON at offset "
-                                     f"{getattr(e, 'pos', 0)} of {len(data)} bytes (truncated?): {e}") from e
+            where = f"offset {getattr(e, 'pos', 0)} of {len(data)} bytes"
+            raise self._damaged(key, f"file-log object is not valid JSON at {where} "
+                                     f"(truncated?): {e}") from e
         if not isinstance(doc, dict) or doc.get("version") != 1:
             raise self._damaged(key, f"not a file-log object of version 1 ({len(data)} bytes)")
         where = self._location()

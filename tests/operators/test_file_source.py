@@ -648,3 +648,84 @@ def test_checkpoint_without_source_state_still_opens(tmp_path) -> None:
     pd.testing.assert_frame_equal(_sorted(_output(runner)), _oracle(everything, results[-1].watermark))
     assert runner.latest().source_state["files"] == 5  # recorded again from then on
     runner.close()
+
+
+def test_union_records_and_checks_each_file_source(tmp_path) -> None:
+    """A ``UnionSource`` of two file sources records each child's log in its checkpoint
+    state under the child's name and checks each on restore: the child whose newest log
+    object was lost (its files moved away) refuses, naming its log; state None (an old
+    checkpoint) checks nothing."""
+    from operators.io.union import UnionSource
+
+    store = open_object_store(str(tmp_path / "store"))
+    inboxes = {n: tmp_path / n for n in ("a", "b")}
+    for inbox in inboxes.values():
+        inbox.mkdir()
+
+    def union() -> UnionSource:
+        u = UnionSource([_source(str(inboxes[n]), "csv", name=n) for n in inboxes])
+        u.attach(store, job_prefix("u"))
+        return u
+
+    first = union()
+    for i in range(2):
+        for n, inbox in inboxes.items():
+            _write(inbox, f"{n}{i}.csv", _encode(_rows(i * 10, 10), "csv"), 1e9 + i)
+        offsets = first.end_offsets()
+    assert offsets == {"a/files": 20, "b/files": 20}
+    state = first.snapshot_state(offsets)
+    assert {n: s["files"] for n, s in state.items()} == {"a": 2, "b": 2}
+    union().restore_state(offsets, state)  # the logs as recorded: fine
+    for i in range(2):
+        os.remove(inboxes["b"] / f"b{i}.csv")
+    b_log = f"{source_prefix(job_prefix('u'), 'b')}log/"
+    store.delete(f"{b_log}batch-0000000002.json")
+    with pytest.raises(RecoveryRefusedError,
+                       match=f"file source b: the file log under {store.uri(b_log)}"):
+        union().restore_state(offsets, state)
+    union().restore_state(offsets, None)
+
+
+@settings(max_examples=25, deadline=None)
+@given(waves=st.lists(st.lists(st.integers(0, 5), min_size=1, max_size=3), min_size=1, max_size=6),
+       compact_every=st.integers(1, 4), committed=st.floats(0, 1), lost=st.integers(0, 8),
+       moved=st.sets(st.integers(0, 20)), landed=st.integers(0, 2))
+def test_restore_never_maps_committed_offsets_to_other_files(waves, compact_every, committed, lost,
+                                                            moved, landed) -> None:
+    """Property: files land in waves (one discovery each, files of a wave newer than
+    the one before), a checkpoint commits some offset, then the newest ``lost`` file-log
+    objects are lost, some files are moved away and new ones land. The restore either
+    refuses, or the log's first ``files`` entries, all that the committed offsets
+    cover, are exactly those the checkpoint saw; with no file moved away it never
+    refuses."""
+    with tempfile.TemporaryDirectory() as tmp:
+        inbox = os.path.join(tmp, "in")
+        os.mkdir(inbox)
+        store = open_object_store(os.path.join(tmp, "store"))
+        first = _source(inbox, "csv", compact_every=compact_every)
+        first.attach(store, job_prefix("p"))
+        names = []
+        for w, sizes in enumerate(waves):
+            for j, rows in enumerate(sizes):
+                names.append(f"w{w}-{j}.csv")
+                _write(inbox, names[-1], _encode(_rows(0, rows), "csv"), 1e9 + 10 * w + j)
+            end = first.end_offsets()["files"]
+        offsets = {"files": int(committed * end)}
+        state = first.snapshot_state(offsets)
+        seen = first.logged_files()
+        log = f"{source_prefix(job_prefix('p'), 'files')}log/"
+        for key in sorted(store.list(log), key=lambda k: k.rsplit("-", 1)[1])[::-1][:lost]:
+            store.delete(key)
+        gone = [n for i, n in enumerate(names) if i in moved]
+        for n in gone:
+            os.remove(os.path.join(inbox, n))
+        for i in range(landed):
+            _write(inbox, f"new{i}.csv", _encode(_rows(0, 3), "csv"), 2e9 + i)
+        again = _source(inbox, "csv", compact_every=compact_every)
+        again.attach(store, job_prefix("p"))
+        try:
+            again.restore_state(offsets, state)
+        except RecoveryRefusedError:
+            assert gone, "refused though every file is in place"
+            return
+        assert again.logged_files()[:state["files"]] == seen[:state["files"]]
