@@ -41,7 +41,8 @@ class Source(ABC):
     a timestamp before the Unix epoch or too far in the future.
 
     Where each part runs: the driver calls ``attach``, ``partitions``, ``start_offset``,
-    ``end_offsets``, ``bounded``, ``value_schema`` and ``close`` (planning and offsets);
+    ``end_offsets``, ``bounded``, ``value_schema``, ``snapshot_state``, ``restore_state``
+    and ``close`` (planning, offsets and their checkpointed state);
     ``read`` runs in Spark's read tasks on the executors, one per planned slice
     (``operators.runtime.splits``), on a copy of the source unpickled there. So a source
     must pickle small (configuration, not data: load data lazily in ``read``, caching it
