@@ -377,9 +377,7 @@ class FileSource(Source):
             offsets below ``offsets["files"]``, the CRC-32 of their log entries, and the
             newest batch number logged.
         """
-        offset = offsets.get(PARTITION, 0)
-        self._log()
-        n = bisect.bisect_left(self._index(), offset)
+        n = bisect.bisect_left(self._index(), offsets.get(PARTITION, 0))
         return {"files": n, "crc32": self._crc_through(n), "batch": self._batches}
 
     def restore_state(self, offsets: dict[str, int], state: dict | None) -> None:

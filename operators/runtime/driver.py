@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 from operators.api.job import Job
 from operators.api.keygroups import KeyGroupRange, key_group_ranges
 from operators.api.operator import MAIN_OUTPUT, WATERMARK_MIN
-from operators.errors import BadInputError, JobFailedError, JobFencedError, RecoveryRefusedError
+from operators.errors import BadInputError, JobFailedError, JobFencedError
 from operators.paths import LAYOUTS, checkpoint_key
 from operators.runtime import dead_letter, live
 from operators.runtime.checkpoints import (
@@ -93,7 +93,7 @@ from operators.runtime.exchange import (
     LocalExchange,
 )
 from operators.runtime.open_state import OpenState
-from operators.runtime.recovery import VERIFY_MODES, restart_checkpoint
+from operators.runtime.recovery import VERIFY_MODES, restart_checkpoint, restore_source
 from operators.runtime.splits import ReadContext, Split, SplitSummary, stage_input_schema
 from operators.runtime.task import TaskResult, TaskSpec, forwarded_schema
 from storage.dkv import DKVOptions
@@ -477,11 +477,7 @@ class JobRunner:
         self._check_compatible(ckpt)
         # Before any discovery: a source whose own metadata lost what the offsets refer
         # to must refuse, not read other events under them.
-        try:
-            self.job.source.restore_state(ckpt.source_offsets, ckpt.source_state)
-        except RecoveryRefusedError as e:
-            raise RecoveryRefusedError(f"job {self.job.name}: restarting from the checkpoint of epoch "
-                                       f"{ckpt.epoch}: {e}") from e
+        restore_source(self.job, ckpt)
         if read_commit_log(self.store, self.job.prefix).last_recorded < ckpt.epoch:
             record_commit(self.store, self.job.prefix, ckpt.epoch)  # a crash came between
         self._publish(ckpt)  # idempotent: finishes a publish a crash interrupted
