@@ -18,7 +18,11 @@
 * ``<job>_source_sensor`` compares the source's end offsets with the newest checkpoint's
   and starts a run of the job's asset job when new input arrived and no run of it is in
   progress (cursor: the end offsets, the newest checkpoint's identity and the job's
-  newest checkpoint event it last started a run for). On by default for a live source
+  newest checkpoint event it last started a run for). Before it asks the source for new
+  input it checks the source against the newest checkpoint, as a restart does
+  (``operators.runtime.recovery.restore_source``): a file source whose log lost objects
+  fails the tick with ``RecoveryRefusedError`` instead of logging files under offsets
+  the checkpoint says were read. On by default for a live source
   whose job runs in short runs (each run processes the new input and ends); off by
   default for a bounded source (finished data: the bundled flights replay) and for a
   continuous job, whose one long-running run is started and terminated by hand (turned
@@ -67,6 +71,7 @@ from operators.io.table_maintenance import small_files
 from operators.io.table_sink import TableSink
 from operators.paths import checkpoint_key
 from operators.runtime.checkpoints import JobCheckpoint, list_epochs
+from operators.runtime.recovery import restore_source
 from storage.errors import ObjectNotFoundError
 from storage.objectstore import ObjectStore
 
@@ -194,9 +199,14 @@ def make_source_sensor(job: Job, asset_job, continuous: bool = False):
     def source_sensor(context: SensorEvaluationContext, object_store: ObjectStoreResource):
         store = object_store.open()
         job.source.attach(store, job.prefix)
-        ends = job.source.end_offsets()
         newest, key, data = newest_checkpoint(store, job.prefix)
-        done = JobCheckpoint.decode(data, store.uri(key)).source_offsets if data is not None else {}
+        ckpt = JobCheckpoint.decode(data, store.uri(key)) if data is not None else None
+        if ckpt is not None:
+            # Before discovering, as a restart: a file source whose log lost objects would
+            # otherwise log new files under offsets the checkpoint says were read.
+            restore_source(job, ckpt)
+        ends = job.source.end_offsets()
+        done = ckpt.source_offsets if ckpt is not None else {}
         if all(ends[p] <= done.get(p, 0) for p in ends):
             return SkipReason("no new input")
         # The newest checkpoint event Dagster recorded: after a reset the store has no

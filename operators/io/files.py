@@ -31,6 +31,23 @@ batches and compact objects it covers are deleted: the log holds at most
 of files, about 130 bytes per file plus its name, as Spark's seen-files list does without
 ``maxFileAge``).
 
+Checkpoints and a damaged file log
+----------------------------------
+The log is the only record of which file an offset is in: a restart whose log lost its
+newest objects would log the files landing next under the lost ordinals, at offsets the
+checkpoint says were read, and skip them. So each checkpoint records (``snapshot_state``)
+how many logged files its offset covers, ``files``, the CRC-32 of their entries (each as
+compact sorted JSON, chained), ``crc32``, and the newest batch number, ``batch``; a
+restart (``restore_state``) checks the log before discovering anything. A log shorter
+than ``files`` is first completed from the listing, as a discovery would, if the files
+it lost are still there unchanged (the CRC-32 then matches); otherwise, or if the first
+``files`` entries differ, the restart refuses with ``RecoveryRefusedError`` naming the
+first missing object and what to do, having logged nothing (as Spark's file source
+fails on a missing metadata-log batch). An object that does not parse, or that follows a
+missing one, is a ``CorruptionError`` naming it and the way out. A checkpoint written
+before this record (``source_state`` None) is not checked. The CRC-32s of the log's
+prefixes are kept with the loaded log, so a commit costs no request and O(new files).
+
 Order of arrival, and files still being written
 -----------------------------------------------
 Each discovery logs its new files in order of modification time, then name. A file
@@ -84,7 +101,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
-from operators.errors import SourceFileChangedError
+from operators.errors import RecoveryRefusedError, SourceFileChangedError
 from operators.io.sources import (
     ERROR_COLUMN,
     INGEST_TIME_COLUMN,
@@ -94,7 +111,7 @@ from operators.io.sources import (
     Source,
 )
 from operators.paths import source_prefix
-from storage.errors import ObjectExistsError, ObjectNotFoundError
+from storage.errors import CorruptionError, ObjectExistsError, ObjectNotFoundError
 from storage.objectstore import ObjectStore, open_object_store
 
 PARTITION = "files"
@@ -209,15 +226,18 @@ class FileSource(Source):
         self.max_files_per_discovery = max_files_per_discovery
         self._value_schema = value_schema
         self._meta: ObjectStore | None = None
+        self._job_prefix = ""
         self._log_prefix = ""
         self._files: list[LoggedFile] | None = None  # the log, loaded on first use
         self._batches = 0  # batches logged (the last batch number)
         self._decoded: tuple[int, pa.Table] | None = None  # the newest decoded file
         self._starts: list[int] = []  # first offset of each logged file, for bisect
+        self._crcs: list[int] = [0]  # _crcs[i]: CRC-32 of the first i log entries
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_files"], state["_decoded"], state["_starts"] = None, None, []  # reloaded
+        # Reloaded where used:
+        state["_files"], state["_decoded"], state["_starts"], state["_crcs"] = None, None, [], [0]
         return state
 
     # ------------------------------------------------------------- Source API
@@ -234,6 +254,7 @@ class FileSource(Source):
                              f"watched location {watched}; watch a prefix of their own "
                              f"(prefix='landing/'), or keep the job's store elsewhere")
         self._meta = store
+        self._job_prefix = job_prefix
         self._log_prefix = f"{source_prefix(job_prefix, self.name)}log/"
         self._files = None
 
@@ -253,6 +274,7 @@ class FileSource(Source):
 
         Raises:
             RuntimeError: ``attach`` was not called.
+            CorruptionError: a file-log object is damaged (``logged_files``).
         """
         self.discover()
         return {PARTITION: self._end()}
@@ -266,6 +288,7 @@ class FileSource(Source):
             IndexError: the range is outside the logged offsets.
             SourceFileChangedError: a file of the range changed or vanished since it was
                 logged (``on_changed_file="fail"``).
+            CorruptionError: a file-log object is damaged (``logged_files``).
         """
         if partition != PARTITION:
             raise KeyError(f"file source {self.name}: unknown partition {partition!r} (it has "
@@ -278,9 +301,7 @@ class FileSource(Source):
             raise IndexError(f"file source {self.name}: offsets [{start}, {end}) outside [0, "
                              f"{self._end()}]")
         parts = [self._output_schema().empty_table()]
-        if len(self._starts) != len(files):  # the log only grows: extend the index
-            self._starts += [f.start for f in files[len(self._starts):]]
-        i = max(0, bisect.bisect_right(self._starts, start) - 1)
+        i = max(0, bisect.bisect_right(self._index(), start) - 1)
         while i < len(files) and files[i].start < end:
             f = files[i]
             lo, hi = max(start, f.start), min(end, f.end)
@@ -298,47 +319,153 @@ class FileSource(Source):
 
         Raises:
             RuntimeError: ``attach`` was not called.
+            CorruptionError: a file-log object is damaged (``logged_files``).
         """
         for _ in range(3):
             files = self._log()
-            seen = {f.name for f in files}
-            new = sorted(((mtime, key, size) for key, size, mtime in self._listing()
-                          if key not in seen), key=lambda t: (t[0], t[1]))
-            new = new[:self.max_files_per_discovery]
-            if not new:
-                return []
-            entries, start = [], self._end()
-            for mtime, key, _size in new:
-                entry = self._survey(key, mtime, len(files) + len(entries), start)
-                if entry is None:  # deleted between list and get: not arrived, for us
-                    continue
-                entries.append(entry)
-                start = entry.end
+            entries = self._survey_new(files, self.max_files_per_discovery)
             if not entries:
                 return []
-            batch = self._batches + 1
-            try:
-                self._meta.put_if_absent(f"{self._log_prefix}{_BATCH}{batch:010d}.json",
-                                         _encode(self, entries))
-            except ObjectExistsError:
-                self._files = None  # another driver logged batch n: reload, discover again
-                continue
-            if self._newest_compact() >= batch:
-                # Our view was stale: another process logged batch n, compacted over it
-                # and deleted it before our put. Ours is ignored by readers (it is not
-                # after the newest compact object) and deleted by the next compaction.
-                self._files = None
-                continue
-            files.extend(entries)
-            self._batches = batch
-            if batch % self.compact_every == 0:
-                self._compact(batch)
-            return entries
+            if self._append(files, entries):
+                return entries
         raise RuntimeError(f"file source {self.name}: another driver keeps logging files under "
                            f"{self._meta.uri(self._log_prefix)}; run one driver per job")
 
+    def _survey_new(self, files: list[LoggedFile], limit: int | None) -> list[LoggedFile]:
+        """Log entries for up to ``limit`` listed files not in ``files``, oldest first,
+        numbered after ``files`` (nothing is written)."""
+        seen = {f.name for f in files}
+        new = sorted((mtime, key) for key, _size, mtime in self._listing() if key not in seen)
+        entries, start = [], files[-1].end if files else 0
+        for mtime, key in new[:limit]:
+            entry = self._survey(key, mtime, len(files) + len(entries), start)
+            if entry is None:  # deleted between list and get: not arrived, for us
+                continue
+            entries.append(entry)
+            start = entry.end
+        return entries
+
+    def _append(self, files: list[LoggedFile], entries: list[LoggedFile]) -> bool:
+        """Logs ``entries`` after ``files`` (the loaded log) as the next batch; False if
+        another process logged that batch first (the log is then reloaded on next use)."""
+        batch = self._batches + 1
+        try:
+            self._meta.put_if_absent(f"{self._log_prefix}{_BATCH}{batch:010d}.json",
+                                     _encode(self, entries))
+        except ObjectExistsError:
+            self._files = None  # another driver logged batch n: reload, discover again
+            return False
+        if self._newest_compact() >= batch:
+            # Our view was stale: another process logged batch n, compacted over it
+            # and deleted it before our put. Ours is ignored by readers (it is not
+            # after the newest compact object) and deleted by the next compaction.
+            self._files = None
+            return False
+        files.extend(entries)
+        self._batches = batch
+        if batch % self.compact_every == 0:
+            self._compact(batch)
+        return True
+
+    # ------------------------------------------------------ checkpointed state
+    def snapshot_state(self, offsets: dict[str, int]) -> dict:
+        """The file log's part in a checkpoint committing ``offsets`` (module docstring,
+        "Checkpoints and a damaged file log").
+
+        Returns:
+            ``{"files": n, "crc32": c, "batch": b}``: the number of logged files holding
+            offsets below ``offsets["files"]``, the CRC-32 of their log entries, and the
+            newest batch number logged.
+        """
+        n = bisect.bisect_left(self._index(), offsets.get(PARTITION, 0))
+        return {"files": n, "crc32": self._crc_through(n), "batch": self._batches}
+
+    def restore_state(self, offsets: dict[str, int], state: dict | None) -> None:
+        """Checks the file log against ``snapshot_state`` of the checkpoint restarted
+        from: its first ``files`` entries must have the recorded CRC-32. A log holding
+        fewer (its newest objects lost) is completed from the watched location if the
+        files missing from it are still there unchanged, and checked. Nothing is checked
+        for ``state`` None (a checkpoint written before it existed).
+
+        Raises:
+            RecoveryRefusedError: the log lost entries the checkpoint's offsets cover, or
+                holds other ones; names the objects and what to do. Nothing is logged.
+            CorruptionError: a file-log object is damaged (``logged_files``).
+        """
+        if state is None:
+            return
+        offset, n, crc = offsets.get(PARTITION, 0), state["files"], state["crc32"]
+        self._files = None  # the log as stored now, not as this instance last saw it
+        files = self._log()
+        if len(files) < n and not self._relog(n, crc):
+            raise RecoveryRefusedError(self._missing_message(offset, state))
+        if self._crc_through(n) != crc:
+            raise RecoveryRefusedError(
+                f"file source {self.name}: the file log under {self._meta.uri(self._log_prefix)} "
+                f"does not hold the files the checkpoint read: its first {n} files have CRC-32 "
+                f"{self._crc_through(n)}, the checkpoint recorded {crc} for offsets below {offset} (a "
+                f"file-log object was lost and other files logged under its numbers, or an object was "
+                f"rewritten). {self._way_out()}")
+
+    def _relog(self, n: int, crc: int) -> bool:
+        """Logs the files a log shorter than ``n`` entries lost, if listing the watched
+        location finds them again unchanged (the first ``n`` entries then have CRC-32
+        ``crc``); False, logging nothing, if it does not."""
+        for _ in range(3):
+            files = self._log()
+            if len(files) >= n:  # another process logged files meanwhile: the CRC decides
+                return True
+            entries = self._survey_new(files, n - len(files))
+            if len(files) + len(entries) < n or \
+                    _entries_crc(entries, self._crc_through(len(files))) != crc:
+                return False
+            if self._append(files, entries):
+                return True
+        return False
+
+    def _missing_message(self, offset: int, state: dict) -> str:
+        have, newest, last = len(self._log()), self._batches, state["batch"]
+        first = self._meta.uri(f"{self._log_prefix}{_BATCH}{newest + 1:010d}.json")
+        after = "" if last == newest + 1 else f" (or one numbered after it, up to {last})"
+        return (f"file source {self.name}: the file log under {self._meta.uri(self._log_prefix)} holds "
+                f"{have} files (objects up to number {newest}), but the checkpoint's offsets below "
+                f"{offset} cover {state['files']} files, logged up to number {last}: {first}{after} is "
+                f"missing, and the files it logged are not in the watched location as they were "
+                f"logged. Nothing was logged. Restore the missing object from a copy of the store, or "
+                f"put the files it logged back unchanged (same names, bytes and modification times): "
+                f"a restart logs them again and checks them. {self._from_the_start()}")
+
+    def _way_out(self) -> str:
+        return (f"Restore the file-log objects under {self._meta.uri(self._log_prefix)} as they were "
+                f"when the checkpoint was committed, from a copy of the store. {self._from_the_start()}")
+
+    def _from_the_start(self) -> str:
+        return (f"Otherwise run the job from the start: delete everything under "
+                f"{self._meta.uri(self._job_prefix + '/')} (state and output); every file then in the "
+                f"watched location is read.")
+
+    def _index(self) -> list[int]:
+        """First offset of each logged file (the log only grows: extended, not rebuilt)."""
+        files = self._log()
+        if len(self._starts) != len(files):
+            self._starts += [f.start for f in files[len(self._starts):]]
+        return self._starts
+
+    def _crc_through(self, n: int) -> int:
+        """CRC-32 of the first ``n`` log entries (``n`` <= the log's length)."""
+        files = self._log()
+        while len(self._crcs) <= n:
+            self._crcs.append(_entries_crc([files[len(self._crcs) - 1]], self._crcs[-1]))
+        return self._crcs[n]
+
     def logged_files(self) -> list[LoggedFile]:
-        """Every logged file, in log (offset) order, without discovering."""
+        """Every logged file, in log (offset) order, without discovering.
+
+        Raises:
+            CorruptionError: a file-log object does not parse, or one before it is
+                missing; names it and what to do (restore it, or delete it and the
+                objects after it if their files are still in place).
+        """
         return list(self._log())
 
     def _listing(self) -> list[tuple[str, int, int]]:
@@ -378,7 +505,7 @@ class FileSource(Source):
                                f"(JobRunner calls it; call it yourself to use the source alone)")
         if self._files is None:
             self._files, self._batches = self._load()
-            self._starts, self._decoded = [], None  # derived from the log: rebuilt
+            self._starts, self._crcs, self._decoded = [], [0], None  # derived from the log: rebuilt
         return self._files
 
     def _load(self) -> tuple[list[LoggedFile], int]:
@@ -417,18 +544,45 @@ class FileSource(Source):
         return files, batches, base
 
     def _decode_log_object(self, key: str, ordinal: int) -> list[LoggedFile]:
-        doc = json.loads(self._meta.get(key))
+        """The entries of log object ``key``, expected to start at ``ordinal``.
+
+        Raises:
+            CorruptionError: the object is not a file-log object (truncated, damaged), or
+                one before it is missing; names it and what to do.
+            ValueError: it is the log of another location.
+        """
+        data = self._meta.get(key)
+        try:
+            doc = json.loads(data)
+        except ValueError as e:  # a truncated object ends inside the JSON document
+            where = f"offset {getattr(e, 'pos', 0)} of {len(data)} bytes"
+            raise self._damaged(key, f"file-log object is not valid JSON at {where} "
+                                     f"(truncated?): {e}") from e
+        if not isinstance(doc, dict) or doc.get("version") != 1:
+            raise self._damaged(key, f"not a file-log object of version 1 ({len(data)} bytes)")
         where = self._location()
         if doc.get("location") != where:
             raise ValueError(f"file source {self.name}: its file log {self._meta.uri(key)} is of "
                              f"{doc.get('location')!r}, the source watches {where!r}; a job's "
                              f"source location is fixed: use a new job (or source name)")
-        files = [LoggedFile(**e) for e in doc["files"]]
+        try:
+            files = [LoggedFile(**e) for e in doc["files"]]
+        except (KeyError, TypeError) as e:  # a field missing, renamed or of another shape
+            raise self._damaged(key, f"unreadable file-log entries ({len(data)} bytes): {e!r}") from e
         if files and files[0].ordinal != ordinal:
-            raise ValueError(f"file source {self.name}: file log object {self._meta.uri(key)} starts "
-                             f"at ordinal {files[0].ordinal}, expected {ordinal} (a log object is "
-                             f"missing)")
+            raise self._damaged(key, f"file-log object starts at file {files[0].ordinal}, expected "
+                                     f"{ordinal} (a file-log object before it is missing)",
+                                restore="the missing object")
         return files
+
+    def _damaged(self, key: str, what: str, restore: str = "it") -> CorruptionError:
+        """The error for damaged file-log object ``key``, with the ways out."""
+        return CorruptionError(
+            f"{self._meta.uri(key)}: {what}. File source {self.name} cannot load its file log. Restore "
+            f"{restore} from a copy of the store. If the files logged from there on are still in the "
+            f"watched location unchanged, you may instead delete it and every file-log object "
+            f"numbered after it: they are logged again, and a restart checks them against its "
+            f"checkpoint. {self._from_the_start()}")
 
     def _compact(self, batch: int) -> None:
         """Writes the whole log as ``compact-<batch>`` and deletes what it covers."""
@@ -602,6 +756,13 @@ def _lines(data: bytes) -> list[tuple[int, bytes]]:
 
 def _number(key: str) -> int:
     return int(key.rsplit("-", 1)[1].split(".", 1)[0])
+
+
+def _entries_crc(entries: list[LoggedFile], crc: int = 0) -> int:
+    """CRC-32 of ``entries`` (each as compact sorted JSON), continuing from ``crc``."""
+    for f in entries:
+        crc = zlib.crc32(json.dumps(asdict(f), sort_keys=True, separators=(",", ":")).encode(), crc)
+    return crc
 
 
 def _encode(source: FileSource, files: list[LoggedFile]) -> bytes:

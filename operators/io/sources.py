@@ -41,7 +41,8 @@ class Source(ABC):
     a timestamp before the Unix epoch or too far in the future.
 
     Where each part runs: the driver calls ``attach``, ``partitions``, ``start_offset``,
-    ``end_offsets``, ``bounded``, ``value_schema`` and ``close`` (planning and offsets);
+    ``end_offsets``, ``bounded``, ``value_schema``, ``snapshot_state``, ``restore_state``
+    and ``close`` (planning, offsets and their checkpointed state);
     ``read`` runs in Spark's read tasks on the executors, one per planned slice
     (``operators.runtime.splits``), on a copy of the source unpickled there. So a source
     must pickle small (configuration, not data: load data lazily in ``read``, caching it
@@ -82,6 +83,30 @@ class Source(ABC):
     @abstractmethod
     def value_schema(self) -> pa.Schema:
         """Schema of the value columns of ``read``."""
+
+    def snapshot_state(self, offsets: dict[str, int]) -> dict | None:
+        """What a checkpoint committing ``offsets`` must record for a restart to check
+        that the source still maps those offsets to the same events (Flink's
+        ``snapshotState``): a source whose offsets are defined by metadata of its own
+        (a file source's file log) records a digest of it. Called by the driver at each
+        commit, after ``end_offsets``; must be small (it is in every checkpoint) and
+        JSON-serialisable. Default None: nothing to record.
+
+        Args:
+            offsets: the next offset to read per partition, as committed.
+        """
+        return None
+
+    def restore_state(self, offsets: dict[str, int], state: dict | None) -> None:
+        """Called by the driver on a restart, before ``end_offsets``, with the offsets and
+        the ``snapshot_state`` of the checkpoint it continues from (None for a checkpoint
+        written without one, which is not checked). Default: nothing.
+
+        Raises:
+            RecoveryRefusedError: the source's metadata no longer maps ``offsets`` to the
+                events the checkpoint read (a lost or rewritten object); names the objects
+                and what to do.
+        """
 
     def close(self) -> None:
         """Releases what the source holds open (a Kafka consumer, connections). Called by

@@ -93,6 +93,20 @@ class UnionSource(Source):
     def partitions(self) -> list[str]:
         return [f"{s.name}/{p}" for s in self.sources for p in s.partitions()]
 
+    def _child_offsets(self, child: Source, offsets: dict[str, int]) -> dict[str, int]:
+        head = f"{child.name}/"
+        return {p[len(head):]: o for p, o in offsets.items() if p.startswith(head)}
+
+    def snapshot_state(self, offsets: dict[str, int]) -> dict | None:
+        """``{child name: its snapshot_state}`` of the children that record one; None if
+        none does."""
+        states = {s.name: s.snapshot_state(self._child_offsets(s, offsets)) for s in self.sources}
+        return {name: state for name, state in states.items() if state is not None} or None
+
+    def restore_state(self, offsets: dict[str, int], state: dict | None) -> None:
+        for s in self.sources:
+            s.restore_state(self._child_offsets(s, offsets), (state or {}).get(s.name))
+
     def start_offset(self, partition: str) -> int:
         child, inner = self._child(partition)
         return child.start_offset(inner)

@@ -31,6 +31,10 @@ checkpoint exists. Layout::
             # (DKV.unkept_at_checkpoint): garbage once this checkpoint is committed
         "layout": int,                              # key layout of the tasks' files, fixed
             # at the job's first epoch (operators.paths: 1 flat, 2 hashed; absent: 1)
+        "source_state": {...} | null,               # the source's record of what maps
+            # source_offsets to events (Source.snapshot_state; a file source: how many
+            # files its log held and their checksum), checked on restart
+            # (Source.restore_state); null: none (absent in checkpoints written before it)
         "metrics": {...,                            # events, tables, bytes, ...
             "drained": true,                        # only in a drain epoch (JobRunner.stop)
             "requests": {"driver": {...}, "tasks": {...}},  # object-store requests
@@ -101,6 +105,7 @@ class JobCheckpoint:
     dropped: dict[str, dict[str, list] | None] | None = None
     unkept: dict[str, dict[str, list] | None] | None = None
     layout: int = paths.LAYOUT_FLAT  # the key layout of the tasks' files (operators.paths)
+    source_state: dict | None = None  # Source.snapshot_state at source_offsets
 
     def encode(self) -> bytes:
         """Checksummed JSON bytes."""

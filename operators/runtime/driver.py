@@ -93,7 +93,7 @@ from operators.runtime.exchange import (
     LocalExchange,
 )
 from operators.runtime.open_state import OpenState
-from operators.runtime.recovery import VERIFY_MODES, restart_checkpoint
+from operators.runtime.recovery import VERIFY_MODES, restart_checkpoint, restore_source
 from operators.runtime.splits import ReadContext, Split, SplitSummary, stage_input_schema
 from operators.runtime.task import TaskResult, TaskSpec, forwarded_schema
 from storage.dkv import DKVOptions
@@ -464,6 +464,9 @@ class JobRunner:
         if ckpt is None:
             return self._initial()
         self._check_compatible(ckpt)
+        # Before any discovery: a source whose own metadata lost what the offsets refer
+        # to must refuse, not read other events under them.
+        restore_source(self.job, ckpt)
         if read_commit_log(self.store, self.job.prefix).last_recorded < ckpt.epoch:
             record_commit(self.store, self.job.prefix, ckpt.epoch)  # a crash came between
         self._publish(ckpt)  # idempotent: finishes a publish a crash interrupted
@@ -566,6 +569,7 @@ class JobRunner:
             unkept=encode_objects(self.job.prefix, {  # retention hook
                 op: {res.range_label: res.unkept for res in rs} for op, rs in results.items()}, ckpt.layout),
             partition_active_at_ms=live.partition_activity(ckpt.partition_active_at_ms, plan),
+            source_state=self.job.source.snapshot_state(offsets),
         )
         key = self._commit(new)
         if self._retention is not None:  # retention hook

@@ -21,6 +21,10 @@ exactly-once holds as after a crash before publishing. Otherwise the restart ref
 (``RecoveryRefusedError``) and says what to do: restore the named objects, or delete the
 published output of epochs M+1..N so they are recomputed.
 
+**The source's own metadata** (a file source's file log) is checked against the
+checkpoint continued from (``restore_source``, ``Source.restore_state``) before the
+source discovers new input; a refusal is a ``RecoveryRefusedError`` naming its objects.
+
 **Missing checkpoints** are treated the same way: the newest commit record
 (``operators.runtime.checkpoints``) says which epoch was committed last; when it is newer
 than the newest checkpoint left (someone deleted the newest checkpoint objects), the
@@ -239,6 +243,19 @@ def restart_checkpoint(
                 "no output of the skipped epochs was visible, so they are recomputed exactly once",
                 job.name, newest, "; ".join(bad), epoch, ", ".join(moved) or "nothing")
     return ckpt, fallback
+
+
+def restore_source(job: Job, ckpt: JobCheckpoint) -> None:
+    """Checks the source's own metadata against checkpoint ``ckpt``
+    (``Source.restore_state``): call it before the source discovers anything.
+
+    Raises:
+        RecoveryRefusedError: the source refused, prefixed with the job and the epoch.
+    """
+    try:
+        job.source.restore_state(ckpt.source_offsets, ckpt.source_state)
+    except RecoveryRefusedError as e:
+        raise RecoveryRefusedError(f"job {job.name}, checkpoint of epoch {ckpt.epoch}: {e}") from e
 
 
 def _missing(store: ObjectStore, job_prefix: str, commits: CommitLog) -> list[str]:

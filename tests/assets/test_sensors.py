@@ -14,10 +14,21 @@ from assets.sensors import (
     make_compaction_sensor,
     make_source_sensor,
 )
+from operators.errors import RecoveryRefusedError
 from operators.runtime.checkpoints import list_epochs
 from operators.runtime.cleanup import cleanup_job
 from operators.runtime.driver import JobRunner
 from tests.assets.small_job import NAME, SMALL_DKV, small_job
+from tests.operators.test_file_source import (
+    ROWS_PER_FILE,
+    _encode,
+    _job,
+    _log_key,
+    _rows,
+    _source,
+    _two_waves,
+    _write,
+)
 
 TRIGGERS = DKVSettingsResource(l0_compaction_trigger=4, size_amp_threshold=0.5)
 
@@ -180,3 +191,24 @@ def test_source_sensor_starts_a_run_again_after_the_job_is_reset(tmp_path) -> No
     [again] = t.tick()
     assert again.tags["dkvstream/new_events"] == first.tags["dkvstream/new_events"] == "2000"
     assert t.tick() == []  # once
+
+
+def test_source_sensor_checks_a_file_log_before_discovering(tmp_path) -> None:
+    """A file source's newest log object is lost after its files were moved away and new
+    files landed: the sensor's tick fails with the restart's refusal and logs nothing
+    (it would log the new files under offsets the checkpoint says were read)."""
+    inbox, root = tmp_path / "in", tmp_path / "store"
+    inbox.mkdir()
+    _two_waves(inbox, str(root))
+    store = ObjectStoreResource(root_uri=str(root)).open()
+    store.delete(_log_key("files", "batch-0000000002.json"))
+    for i in range(4):
+        (inbox / f"f{i}.csv").unlink()
+    _write(inbox, "f4.csv", _encode(_rows(4 * ROWS_PER_FILE, ROWS_PER_FILE), "csv"), 1e9 + 4)
+    t = Ticker(make_source_sensor(_job(_source(str(inbox), "csv")), compaction),
+               DagsterInstance.ephemeral(), {"object_store": ObjectStoreResource(root_uri=str(root))})
+    with pytest.raises(RecoveryRefusedError) as refused:
+        t.tick()
+    assert "checkpoint of epoch 2" in str(refused.value)
+    assert "batch-0000000002.json" in str(refused.value)
+    assert not store.exists(_log_key("files", "batch-0000000002.json"))

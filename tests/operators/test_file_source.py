@@ -12,6 +12,7 @@ import os
 import pickle
 import tempfile
 
+import crc32c
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -22,11 +23,12 @@ from hypothesis import strategies as st
 
 from examples.keyed_count import WINDOW_MS, KeyedWindowCount
 from operators.api.job import Job
-from operators.errors import SourceFileChangedError
+from operators.errors import RecoveryRefusedError, SourceFileChangedError
 from operators.io.files import FileSource
 from operators.io.sinks import ParquetSink
-from operators.paths import job_prefix, source_prefix
+from operators.paths import checkpoint_key, job_prefix, source_prefix
 from operators.runtime.driver import JobRunner
+from storage.errors import CorruptionError
 from storage.objectstore import open_object_store
 
 SCHEMA = pa.schema([("amount", pa.int64())])
@@ -481,3 +483,249 @@ def test_a_load_racing_a_compaction_and_a_stale_writer_reloads(tmp_path) -> None
     hooked.hook = race
     assert [f.name for f in reader.logged_files()] == ["f0.csv", "f1.csv", "f2.csv"]
     assert [f.name for f in stale.logged_files()] == ["f0.csv", "f1.csv", "f2.csv"]
+
+
+def _log_key(job: str, name: str) -> str:
+    return f"{source_prefix(job_prefix(job), 'files')}log/{name}"
+
+
+def _two_waves(inbox, root: str) -> list[pd.DataFrame]:
+    """Two runs of a job ``files`` over two waves of two CSV files: batches 1 and 2 of
+    the file log, the checkpoint past all four files."""
+    written = []
+    runner = JobRunner(_job(_source(str(inbox), "csv")), None, root)
+    for wave in range(2):
+        for j in range(2):
+            df = _rows(len(written) * ROWS_PER_FILE, ROWS_PER_FILE)
+            _write(inbox, f"f{len(written)}.csv", _encode(df, "csv"), 1e9 + len(written))
+            written.append(df)
+        runner.run()
+    assert runner.latest().source_offsets == {"files": 4 * ROWS_PER_FILE}
+    runner.close()
+    return written
+
+
+@pytest.mark.parametrize("discovered_first", [False, True])
+def test_lost_newest_log_object_after_files_moved_away_is_refused(tmp_path, discovered_first) -> None:
+    """The newest file-log object is lost after the files it logged were moved away
+    (processed), and new files land. Logged again under the lost ordinals, the new
+    files' offsets would be below the checkpoint's and be skipped: the restart refuses,
+    naming the lost object and what to do, before logging anything (or, if another
+    discoverer (a sensor) logged them first, because the log no longer matches the
+    checkpoint's record of it). Restoring the object as advised, the job goes on and
+    the output equals the oracle over every file."""
+    inbox, archive, root = tmp_path / "in", tmp_path / "archive", str(tmp_path / "store")
+    inbox.mkdir()
+    archive.mkdir()
+    written = _two_waves(inbox, root)
+    for i in range(4):  # processed: moved away, as the docs allow
+        os.rename(inbox / f"f{i}.csv", archive / f"f{i}.csv")
+    store = open_object_store(root)
+    lost = _log_key("files", "batch-0000000002.json")
+    saved = store.get(lost)
+    store.delete(lost)
+    for i in (4, 5):
+        df = _rows(i * ROWS_PER_FILE, ROWS_PER_FILE)
+        _write(inbox, f"f{i}.csv", _encode(df, "csv"), 1e9 + i)
+        written.append(df)
+    if discovered_first:
+        sensor = _source(str(inbox), "csv")
+        sensor.attach(store, job_prefix("files"))
+        sensor.end_offsets()  # logs f4, f5 as files 2 and 3
+    runner = JobRunner(_job(_source(str(inbox), "csv")), None, root)
+    with pytest.raises(RecoveryRefusedError) as refused:
+        runner.run()
+    message = str(refused.value)
+    assert "checkpoint of epoch 2" in message and "4 files" in message
+    assert "Restore" in message and "from the start" in message
+    if discovered_first:
+        assert "does not hold the files" in message
+        return
+    assert store.uri(lost) in message
+    assert not store.exists(lost)  # nothing logged over the lost ordinals
+    store.put(lost, saved)  # the way out: restore the object
+    results = runner.run()
+    assert sum(r.events for r in results) == 2 * ROWS_PER_FILE
+    everything = pd.concat(written, ignore_index=True)
+    pd.testing.assert_frame_equal(_sorted(_output(runner)), _oracle(everything, results[-1].watermark))
+    runner.close()
+
+
+def test_lost_newest_log_object_with_files_in_place_is_logged_again_and_checked(tmp_path) -> None:
+    """The newest file-log object is lost, the files it logged still in place: the
+    restart logs them again, finds them identical to what the checkpoint recorded, and
+    goes on; nothing is read twice or skipped."""
+    inbox, root = tmp_path / "in", str(tmp_path / "store")
+    inbox.mkdir()
+    written = _two_waves(inbox, root)
+    store = open_object_store(root)
+    store.delete(_log_key("files", "batch-0000000002.json"))
+    df = _rows(4 * ROWS_PER_FILE, ROWS_PER_FILE)
+    _write(inbox, "f4.csv", _encode(df, "csv"), 1e9 + 4)
+    written.append(df)
+    runner = JobRunner(_job(_source(str(inbox), "csv")), None, root)
+    results = runner.run()
+    assert sum(r.events for r in results) == ROWS_PER_FILE
+    assert [f.name for f in runner.job.source.logged_files()] == [f"f{i}.csv" for i in range(5)]
+    everything = pd.concat(written, ignore_index=True)
+    pd.testing.assert_frame_equal(_sorted(_output(runner)), _oracle(everything, results[-1].watermark))
+    runner.close()
+
+
+@pytest.mark.parametrize("damaged", ["batch-0000000001.json", "batch-0000000002.json"])
+def test_truncated_log_object_is_named_with_the_way_out(tmp_path, damaged) -> None:
+    """A truncated file-log object: loading the log raises a CorruptionError naming the
+    object, the offset and what to do, not a bare JSONDecodeError. Following the advice
+    for the newest object with the files in place (delete it), the job goes on exactly."""
+    inbox, root = tmp_path / "in", str(tmp_path / "store")
+    inbox.mkdir()
+    written = _two_waves(inbox, root)
+    store = open_object_store(root)
+    key = _log_key("files", damaged)
+    data = store.get(key)
+    store.put(key, data[:len(data) // 2])
+    source = _source(str(inbox), "csv")
+    source.attach(store, job_prefix("files"))
+    with pytest.raises(CorruptionError) as corrupt:
+        source.logged_files()
+    message = str(corrupt.value)
+    assert message.startswith(store.uri(key))
+    assert "file-log object is not valid JSON at offset" in message
+    assert f"of {len(data) // 2} bytes (truncated?)" in message
+    assert "Restore it" in message and "delete it and every file-log object numbered after it" in message
+    runner = JobRunner(_job(_source(str(inbox), "csv")), None, root)
+    with pytest.raises(CorruptionError, match=store.uri(key)):
+        runner.run()
+    runner.close()
+    if damaged != "batch-0000000002.json":
+        return
+    store.delete(key)  # the files it logged are in place: logged again, checked
+    df = _rows(4 * ROWS_PER_FILE, ROWS_PER_FILE)
+    _write(inbox, "f4.csv", _encode(df, "csv"), 1e9 + 4)
+    runner = JobRunner(_job(_source(str(inbox), "csv")), None, root)
+    results = runner.run()
+    assert sum(r.events for r in results) == ROWS_PER_FILE
+    everything = pd.concat([*written, df], ignore_index=True)
+    pd.testing.assert_frame_equal(_sorted(_output(runner)), _oracle(everything, results[-1].watermark))
+    runner.close()
+
+
+def test_log_object_missing_in_the_middle_is_named_with_the_way_out(tmp_path) -> None:
+    """A file-log object lost before the newest (batch 1 of 2): the load names the
+    object after the gap and says what to do."""
+    inbox, root = tmp_path / "in", str(tmp_path / "store")
+    inbox.mkdir()
+    _two_waves(inbox, root)
+    store = open_object_store(root)
+    store.delete(_log_key("files", "batch-0000000001.json"))
+    source = _source(str(inbox), "csv")
+    source.attach(store, job_prefix("files"))
+    with pytest.raises(CorruptionError, match=r"batch-0000000002\.json: file-log object starts at "
+                                              r"file 2, expected 0 \(a file-log object before it "
+                                              r"is missing\)\. File source files cannot load its "
+                                              r"file log\. Restore the missing object"):
+        source.logged_files()
+
+
+def test_checkpoint_without_source_state_still_opens(tmp_path) -> None:
+    """A checkpoint written before checkpoints recorded the source's state (no
+    ``source_state``): the restart opens it, checks nothing and goes on exactly."""
+    inbox, root = tmp_path / "in", str(tmp_path / "store")
+    inbox.mkdir()
+    written = _two_waves(inbox, root)
+    store = open_object_store(root)
+    key = checkpoint_key(job_prefix("files"), 2)
+    body = json.loads(store.get(key))["body"]
+    assert body.pop("source_state") is not None
+    canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    store.put(key, json.dumps({"crc32c": crc32c.crc32c(canon), "body": body}).encode())
+    df = _rows(4 * ROWS_PER_FILE, ROWS_PER_FILE)
+    _write(inbox, "f4.csv", _encode(df, "csv"), 1e9 + 4)
+    runner = JobRunner(_job(_source(str(inbox), "csv")), None, root)
+    results = runner.run()
+    assert sum(r.events for r in results) == ROWS_PER_FILE
+    everything = pd.concat([*written, df], ignore_index=True)
+    pd.testing.assert_frame_equal(_sorted(_output(runner)), _oracle(everything, results[-1].watermark))
+    assert runner.latest().source_state["files"] == 5  # recorded again from then on
+    runner.close()
+
+
+def test_union_records_and_checks_each_file_source(tmp_path) -> None:
+    """A ``UnionSource`` of two file sources records each child's log in its checkpoint
+    state under the child's name and checks each on restore: the child whose newest log
+    object was lost (its files moved away) refuses, naming its log; state None (an old
+    checkpoint) checks nothing."""
+    from operators.io.union import UnionSource
+
+    store = open_object_store(str(tmp_path / "store"))
+    inboxes = {n: tmp_path / n for n in ("a", "b")}
+    for inbox in inboxes.values():
+        inbox.mkdir()
+
+    def union() -> UnionSource:
+        u = UnionSource([_source(str(inboxes[n]), "csv", name=n) for n in inboxes])
+        u.attach(store, job_prefix("u"))
+        return u
+
+    first = union()
+    for i in range(2):
+        for n, inbox in inboxes.items():
+            _write(inbox, f"{n}{i}.csv", _encode(_rows(i * 10, 10), "csv"), 1e9 + i)
+        offsets = first.end_offsets()
+    assert offsets == {"a/files": 20, "b/files": 20}
+    state = first.snapshot_state(offsets)
+    assert {n: s["files"] for n, s in state.items()} == {"a": 2, "b": 2}
+    union().restore_state(offsets, state)  # the logs as recorded: fine
+    for i in range(2):
+        os.remove(inboxes["b"] / f"b{i}.csv")
+    b_log = f"{source_prefix(job_prefix('u'), 'b')}log/"
+    store.delete(f"{b_log}batch-0000000002.json")
+    with pytest.raises(RecoveryRefusedError,
+                       match=f"file source b: the file log under {store.uri(b_log)}"):
+        union().restore_state(offsets, state)
+    union().restore_state(offsets, None)
+
+
+@settings(max_examples=25, deadline=None)
+@given(waves=st.lists(st.lists(st.integers(0, 5), min_size=1, max_size=3), min_size=1, max_size=6),
+       compact_every=st.integers(1, 4), committed=st.floats(0, 1), lost=st.integers(0, 8),
+       moved=st.sets(st.integers(0, 20)), landed=st.integers(0, 2))
+def test_restore_never_maps_committed_offsets_to_other_files(waves, compact_every, committed, lost,
+                                                            moved, landed) -> None:
+    """Property: files land in waves (one discovery each, files of a wave newer than
+    the one before), a checkpoint commits some offset, then the newest ``lost`` file-log
+    objects are lost, some files are moved away and new ones land. The restore either
+    refuses, or the log's first ``files`` entries, all that the committed offsets
+    cover, are exactly those the checkpoint saw; with no file moved away it never
+    refuses."""
+    with tempfile.TemporaryDirectory() as tmp:
+        inbox = os.path.join(tmp, "in")
+        os.mkdir(inbox)
+        store = open_object_store(os.path.join(tmp, "store"))
+        first = _source(inbox, "csv", compact_every=compact_every)
+        first.attach(store, job_prefix("p"))
+        names = []
+        for w, sizes in enumerate(waves):
+            for j, rows in enumerate(sizes):
+                names.append(f"w{w}-{j}.csv")
+                _write(inbox, names[-1], _encode(_rows(0, rows), "csv"), 1e9 + 10 * w + j)
+            end = first.end_offsets()["files"]
+        offsets = {"files": int(committed * end)}
+        state = first.snapshot_state(offsets)
+        seen = first.logged_files()
+        log = f"{source_prefix(job_prefix('p'), 'files')}log/"
+        for key in sorted(store.list(log), key=lambda k: k.rsplit("-", 1)[1])[::-1][:lost]:
+            store.delete(key)
+        gone = [n for i, n in enumerate(names) if i in moved]
+        for n in gone:
+            os.remove(os.path.join(inbox, n))
+        for i in range(landed):
+            _write(inbox, f"new{i}.csv", _encode(_rows(0, 3), "csv"), 2e9 + i)
+        again = _source(inbox, "csv", compact_every=compact_every)
+        again.attach(store, job_prefix("p"))
+        try:
+            again.restore_state(offsets, state)
+        except RecoveryRefusedError:
+            assert gone, "refused though every file is in place"
+            return
+        assert again.logged_files()[:state["files"]] == seen[:state["files"]]
