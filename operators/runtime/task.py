@@ -24,6 +24,7 @@ from operators.api.batch import BatchContext, BatchOperator
 from operators.api.keygroups import KeyGroupRange, key_groups_of, range_indexes_of
 from operators.api.operator import MAIN_OUTPUT, KeyedEvent, Operator, Subject
 from operators.api.state import subject_prefix
+from operators.errors import OperatorError
 from operators.io.sinks import Sink
 from operators.io.sources import INGEST_TIME_COLUMN, KEY_COLUMN, OFFSET_COLUMN, TIMESTAMP_COLUMN
 from operators.paths import staging_prefix
@@ -244,7 +245,12 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
         else:
             n_events, timers_fired, emitted = _run_events(operator, spec, events, subject, timers)
     except Exception as e:
-        if spec.on_operator_error != "dead_letter" or not operator_errors.attributable(e):
+        if not operator_errors.attributable(e) or isinstance(e, OperatorError):
+            raise
+        if spec.on_operator_error != "dead_letter":
+            if isinstance(operator, BatchOperator):  # the row is not known: found as "dead_letter" finds it
+                db.close()
+                raise _batch_error(operator, spec, events, store, state_prefix, dkv_options, e) from e
             raise
         # Every write of the failed run is in this instance's memory, never checkpointed:
         # drop it and run the epoch again from the previous checkpoint, guarded.
@@ -341,20 +347,33 @@ def _run_events(operator: Operator, spec: TaskSpec, events: pa.Table, subject: _
 
     on_event = operator.on_event
     point_at = subject._point_at
+    fail = spec.on_operator_error == "fail"
     subject.watermark = spec.watermark_before
     for key, ts, kg, value in zip(keys, stamps, groups, values):
         if kg not in krange:
             raise ValueError(f"key {key!r} (key group {kg}) routed to task of {krange.label}")
         point_at(key, kg)
         subject.timestamp = ts
-        on_event(subject, KeyedEvent(key, ts, value))
+        try:  # free until it raises (Python 3.11's zero-cost exceptions)
+            on_event(subject, KeyedEvent(key, ts, value))
+        except Exception as e:
+            if not fail or not operator_errors.attributable(e):
+                raise  # "dead_letter": run_task reruns the epoch guarded
+            # The row it raised on: its value dict is that very object (found only on failure).
+            row = next(i for i, v in enumerate(values) if v is value)
+            raise _event_error(operator, spec, "on_event", e, events, row) from e
 
     timers_fired = 0
     subject.watermark = spec.watermark_after
     for ts, kg, key in timers.due(spec.watermark_after):
         point_at(key, kg)
         subject.timestamp = ts
-        operator.on_timer_expired(subject, ts)
+        try:
+            operator.on_timer_expired(subject, ts)
+        except Exception as e:
+            if not fail or not operator_errors.attributable(e):
+                raise
+            raise operator_errors.timer_error(operator, "on_timer_expired", e, key=key, timestamp=ts) from e
         timers_fired += 1
     emitted = {
         name: (_emitted_table(operator, name, [r[2] for r in rows]),
@@ -362,6 +381,45 @@ def _run_events(operator: Operator, spec: TaskSpec, events: pa.Table, subject: _
         for name, rows in subject._emitted.items()
     }
     return len(keys), timers_fired, emitted
+
+
+def _event_error(operator: Operator, spec: TaskSpec, handler: str, e: BaseException, events: pa.Table,
+                 row: int) -> Exception:
+    """``operator_errors.event_error`` for row ``row`` of ``events`` (sorted, with
+    ``_part`` and ``_offset``)."""
+    event = events.slice(row, 1).to_pylist()[0]
+    first = spec.input_partitions is not None
+    return operator_errors.event_error(
+        operator, handler, e, key=event[KEY_COLUMN], timestamp=event[TIMESTAMP_COLUMN], source=spec.input_name,
+        partition=spec.input_partitions[event[PART_COLUMN]] if first else None,
+        offset=event[OFFSET_COLUMN] if first else None)
+
+
+def _batch_error(operator: BatchOperator, spec: TaskSpec, events: pa.Table, store: ObjectStore, state_prefix: str,
+                 dkv_options: DKVOptions | None, error: BaseException) -> OperatorError:
+    """The ``OperatorError`` of a vectorised handler that raised ``error`` under
+    ``on_operator_error="fail"``: the range is reopened at the previous checkpoint and run
+    as under ``"dead_letter"`` (``_run_batch_guarded``), and the first event or timer set
+    aside is named. Nothing of that run is kept."""
+    db = _open_range(spec, store, state_prefix, dkv_options)
+    dead = operator_errors.DeadLetterRows(operator, spec.epoch, spec.input_name, spec.input_partitions)
+    buffer = operator_errors.WriteBuffer(db)
+    try:
+        _run_batch_guarded(operator, spec, events, buffer, TimerService(buffer, spec.key_group_range), dead)
+        found, why = dead.first(), "a rerun raised on none"
+    except Exception as e:  # noqa: BLE001 - the search's own failure is reported with the original error
+        found, why = None, f"{type(e).__name__}: {' '.join(str(e).split())}"
+    finally:
+        db.close()
+    if found is None:
+        cause = operator_errors.cause_of(error, operator_errors.code_file_of(operator))
+        return OperatorError(f"operator {operator.name} raised over the range's events or timers, and the "
+                             f"one it raised on could not be found ({why}): {cause}. {operator_errors.WHAT_TO_DO}")
+    row, handler, e = found
+    if row["source"].startswith(operator_errors.TIMER_SOURCE):
+        return operator_errors.timer_error(operator, handler, e, key=row["key"], timestamp=row["timestamp"])
+    return operator_errors.event_error(operator, handler, e, key=row["key"], timestamp=row["timestamp"],
+                                       source=spec.input_name, partition=row["partition"], offset=row["offset"])
 
 
 def _run_events_guarded(operator: Operator, spec: TaskSpec, events: pa.Table, subject: _TaskSubject,
