@@ -227,6 +227,12 @@ def stage(store: ObjectStore, job_prefix: str, epoch: int, dead: pa.Table, attem
 EXAMPLES = 3
 
 
+def per_reason(counts: dict[str, int]) -> str:
+    """``"<reason> <n>, ..."`` of the reasons with rows in ``counts`` (``counts``), for a
+    message or a log line."""
+    return ", ".join(f"{r} {n:,}" for r, n in counts.items() if r != "total" and n)
+
+
 def check_ratio(policy: DeadLetter, counts: dict[str, int], records: int, staged: list[str],
                 store: ObjectStore, where: str) -> None:
     """Fails an epoch that sent more than ``policy.max_ratio`` of its records to the
@@ -252,7 +258,7 @@ def check_ratio(policy: DeadLetter, counts: dict[str, int], records: int, staged
     total = counts.get("total", 0)
     if policy.max_ratio is None or records < max(1, policy.min_records) or total <= policy.max_ratio * records:
         return
-    reasons = ", ".join(f"{r} {n:,}" for r, n in counts.items() if r != "total" and n)
+    reasons = per_reason(counts)
     first = "; ".join(_describe_row(row) for row in first_rows(store, staged, EXAMPLES))
     raise TooManyDeadLettersError(
         f"{where} sent {total:,} of its {records:,} records ({total / records:.1%}) to the dead-letter "
