@@ -132,8 +132,9 @@ class EpochResult:
             (``operators.runtime.dead_letter``).
         recovery: set on the first epoch after a restart that fell back from an
             unusable checkpoint (``operators.runtime.recovery.Fallback.as_metrics``).
-        live: input and processing rates (events/s), lag (offsets and ms), end-to-end
-            latency (ms) and watermark delay (ms), measured after the publish
+        live: arrival (``input_rate``), read and processing rates (events/s), lag
+            (offsets and ms), end-to-end latency or event-time lag (ms) and watermark
+            delay (ms), measured after the publish
             (``operators.runtime.live.epoch_metrics``; the checkpoint's ``metrics["live"]``
             holds the same measured at the commit).
         drained: True for the drain epoch of ``JobRunner.stop(drain=True)`` (no events
@@ -233,7 +234,8 @@ class JobRunner:
         self.last_cleanup: CleanupReport | None = None
         self._stop = live.StopRequest()
         self._clock = clock
-        self._previous_plan_ms: int | None = None  # for the input rate (live.epoch_metrics)
+        self._previous_plan_ms: int | None = None  # for the rates (live.epoch_metrics)
+        self._previous_plan_ends: dict[str, int] | None = None  # for the input (arrival) rate
         self._first_seen_ms: dict[str, int] = {}  # partitions without an activity record
         self._ends_behind: set[str] = set()  # partitions warned of an end below the committed offset
 
@@ -562,8 +564,9 @@ class JobRunner:
         events = sum(res.metrics["events"] for res in first)
         live_metrics = functools.partial(
             live.epoch_metrics, events=events, ingest=[res.metrics.get("ingest") for res in first],
+            ingest_at_event_time=[res.metrics.get("ingest_at_event_time") for res in first],
             plan=plan, committed=offsets, partition_max_ts=part_max, watermark_ms=watermark,
-            previous_plan_ms=self._previous_plan_ms)
+            previous_plan_ms=self._previous_plan_ms, previous_ends=self._previous_plan_ends)
         metrics = self._metrics(events, results, flush)
         self._check_dead_letters(epoch, metrics["dead_letter"], results, outputs)
         metrics["driver_bytes_received"] = received
@@ -588,7 +591,7 @@ class JobRunner:
         key = self._commit(new)
         if self._retention is not None:  # retention hook
             self._retention.committed(new)
-        self._previous_plan_ms = plan.planned_at_ms
+        self._previous_plan_ms, self._previous_plan_ends = plan.planned_at_ms, plan.ends
         self.failpoint("after_commit", epoch)
         fault_point("after_commit")
         published = self._publish(new)

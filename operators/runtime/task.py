@@ -29,7 +29,7 @@ from operators.io.sinks import Sink
 from operators.io.sources import INGEST_TIME_COLUMN, KEY_COLUMN, OFFSET_COLUMN, TIMESTAMP_COLUMN
 from operators.paths import staging_prefix
 from operators.runtime import dead_letter, operator_errors
-from operators.runtime.live import IngestSketch
+from operators.runtime.live import ingest_sketches
 from operators.runtime.open_state import OpenState
 from operators.runtime.splits import (
     INTERNAL_COLUMNS,
@@ -107,7 +107,9 @@ class TaskResult:
     installing remote compactions, s), ``dkv`` (``DKV.stats()``), ``remote_compactions``,
     ``dkv_reused`` (the worker's open instance was taken, ``operators.runtime.open_state``),
     ``dead_letter`` (events and timers dead-lettered, ``operators.runtime.operator_errors``),
-    ``ingest`` (the ``live.IngestSketch`` of its events' ingest times, or None) and
+    ``ingest`` and ``ingest_at_event_time`` (the ``live.IngestSketch``es of its events'
+    ingest times that are not and that are their event time, ``live.ingest_sketches``;
+    None: none) and
     ``requests`` (object-store requests of the task).
 
     ``dead_letter_key``: the staged file of the task's dead-letter rows, or None.
@@ -214,10 +216,11 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
     started = time.perf_counter()
     attempt = uuid.uuid4().hex[:12]
     events = apply_cuts(events, spec.offset_limits)
-    ingest = None
+    ingest = ingest_at_event_time = None
     if INGEST_TIME_COLUMN in events.column_names:  # for the latency metric only
-        ingest = IngestSketch.of(events.filter(pc.is_valid(events.column(KEY_COLUMN)))
-                                 .column(INGEST_TIME_COLUMN))
+        keyed = events.filter(pc.is_valid(events.column(KEY_COLUMN)))
+        ingest, ingest_at_event_time = ingest_sketches(keyed.column(INGEST_TIME_COLUMN),
+                                                       keyed.column(TIMESTAMP_COLUMN))
     krange = spec.key_group_range
     state_prefix = paths.state_prefix(spec.job_prefix, operator.name, krange.label, spec.layout)
     db = timers = None
@@ -310,6 +313,7 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
             "open_seconds": open_seconds,
             "dead_letter": 0 if dead is None else dead.count,
             "ingest": ingest,
+            "ingest_at_event_time": ingest_at_event_time,
         },
         forwarded=forwarded,
         dead_letter_key=dead_letter_key,
