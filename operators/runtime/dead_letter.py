@@ -43,6 +43,10 @@ and published like any sink, so exactly once: the file is named by the epoch's
 checkpoint under ``DEAD_LETTER_OUTPUT``. Columns: ``DEAD_LETTER_SCHEMA``; ``value`` holds
 the raw bytes the source could not decode, else the row's value columns as compact JSON.
 Per-reason counts go to the checkpoint's ``metrics["dead_letter"]``.
+
+An epoch whose dead letters are more than ``DeadLetter.max_ratio`` of its records fails
+before its commit (``check_ratio``): a few bad records are the dead-letter table's job,
+most of an epoch failing alike is a job that does not match its input.
 """
 from __future__ import annotations
 
