@@ -209,9 +209,12 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
         A ``TaskResult`` naming the DKV manifest and staged files written.
 
     Raises:
-        Whatever the operator raises; the epoch then fails and the previous checkpoint
-        stays the newest. With ``spec.on_operator_error == "dead_letter"`` only what
-        cannot be dead-lettered (``operators.runtime.operator_errors``).
+        OperatorError: under ``spec.on_operator_error == "fail"``, a handler raised on
+            an event or timer (named; the operator's exception is its ``__cause__``). The
+            epoch then fails and the previous checkpoint stays the newest.
+        Exception: what is not the event's (a storage error, ``MemoryError``, a runtime
+            check), as raised; under ``"dead_letter"`` only such errors
+            (``operators.runtime.operator_errors``).
     """
     started = time.perf_counter()
     attempt = uuid.uuid4().hex[:12]
@@ -388,7 +391,7 @@ def _run_events(operator: Operator, spec: TaskSpec, events: pa.Table, subject: _
 
 
 def _event_error(operator: Operator, spec: TaskSpec, handler: str, e: BaseException, events: pa.Table,
-                 row: int) -> Exception:
+                 row: int) -> OperatorError:
     """``operator_errors.event_error`` for row ``row`` of ``events`` (sorted, with
     ``_part`` and ``_offset``)."""
     event = events.slice(row, 1).to_pylist()[0]
