@@ -105,8 +105,9 @@ def progress_line(record: dict, positions: list[np.ndarray] | None, first_tick: 
     The latency is the epoch's publish (``live.at_ms``) minus when the producer handed
     the newest event read to its client, from the producer's schedule: record i at
     ``first_tick + (i // (rate * TICK_S)) * TICK_S`` (a producer running behind hands it
-    later, so this overstates). The job's own ``live.latency_ms`` does not apply: the
-    records' timestamps are the 2013 departures, not when they were produced.
+    later, so this overstates). The job's own metrics cannot give it: the records'
+    timestamps are the 2013 departures, not when they were produced, and the runtime
+    reports now minus them as ``live.event_time_lag_ms``, not as latency.
 
     Args:
         record: a ``{"event": "committed", ...}`` line of ``run_job``.
