@@ -141,3 +141,28 @@ def test_latency_from_ingest_sketches_matches_the_events(tasks, big) -> None:
     else:
         slack = 10_000 * 4 / INGEST_SAMPLE + 1  # a few sample steps of the value range
         assert abs(got["p50"] - p50) <= slack and abs(got["p99"] - p99) <= slack
+
+
+@settings(max_examples=200, deadline=None)
+@given(growth=st.lists(st.lists(st.integers(0, 1_000), min_size=3, max_size=3), min_size=1, max_size=8),
+       start=st.lists(st.integers(0, 10_000), min_size=3, max_size=3), joins=st.integers(0, 2))
+def test_arrivals_over_plans_add_up_to_what_the_source_grew(growth, start, joins) -> None:
+    """``live.arrived`` between consecutive plans sums to the growth of the end offsets
+    from the first plan to the last, a partition that appears later counting from where
+    it is first read (oracle: the final ends minus the starts)."""
+    from operators.runtime.live import EpochPlan, arrived
+
+    parts = ["p0", "p1", "p2"][:3 - joins]
+    late = ["p0", "p1", "p2"][3 - joins:]  # appear at the second plan
+    ends = {p: s for p, s in zip(parts, start)}
+    previous, total = dict(ends), 0
+    for i, step in enumerate(growth):
+        if i == 1:
+            ends.update({p: start[int(p[1])] for p in late})
+        ends = {p: e + step[int(p[1])] for p, e in ends.items()}
+        plan = EpochPlan(offsets={p: (previous.get(p, start[int(p[1])]),) * 2 for p in ends}, ends=dict(ends),
+                         idle=frozenset(), paused=frozenset(), planned_at_ms=i)
+        total += arrived(plan, previous)
+        previous = dict(ends)
+    first = {p: start[int(p[1])] for p in ends}
+    assert total == sum(ends[p] - first[p] for p in ends)
