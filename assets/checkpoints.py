@@ -29,7 +29,7 @@ from storage.objectstore import ObjectStore
 L0_TABLES_MAX = "l0_tables_max_range"
 SIZE_AMP_MAX = "size_amplification_max_range"
 # Numeric metadata keys of an epoch's live metrics (``live_metadata``), plotted per epoch.
-LIVE_METRICS = ("input_rate", "processing_rate", "lag_events", "lag_ms_max", "latency_p50_ms",
+LIVE_METRICS = ("input_rate", "read_rate", "processing_rate", "lag_events", "lag_ms_max", "latency_p50_ms",
                 "latency_p99_ms", "latency_max_ms", "watermark_delay_ms")
 
 
@@ -131,22 +131,29 @@ def live_metadata(live: dict) -> dict:
     Entries (a metric the epoch could not measure, null in ``live``, is left out, so its
     plot has a gap rather than a false zero):
 
-    - ``input_rate`` / ``processing_rate``: events/s arriving since the previous epoch's
-      plan / processed from this epoch's plan to its publish.
+    - ``input_rate``: events/s arriving (the growth of the source's end offsets) between
+      the previous epoch's plan and this one's; ``read_rate``: events/s this epoch read
+      over the same time; ``processing_rate``: events/s processed from this epoch's plan
+      to its publish.
     - ``lag_events``: offsets left unread after the epoch (end offsets at its plan minus
       committed offsets), summed over the partitions (Kafka consumer lag);
       ``lag_events_by_partition`` (JSON) the same per partition.
     - ``lag_ms_max``: the most any partition's newest event read is behind the wall
       clock, ms.
     - ``latency_p50_ms`` / ``latency_p99_ms`` / ``latency_max_ms``: end-to-end latency of
-      the epoch's events, ingest time to publish, ms (sources with ``_ingest_time`` only).
+      the epoch's events, ingest time to publish, ms (sources with ``_ingest_time`` only,
+      and events whose ingest time is not their event time).
+    - ``event_time_lag_p50_ms`` / ``event_time_lag_p99_ms`` / ``event_time_lag_max_ms``:
+      the same for events whose ingest time is their event time (a Kafka record
+      timestamp used as both): publish minus event time, not a latency unless the
+      producer stamped records when it sent them.
     - ``watermark_delay_ms``: wall clock minus the watermark, ms.
 
     Args:
         live: the metrics dict (empty: nothing measured, no entries).
     """
     md = {}
-    for key in ("input_rate", "processing_rate"):
+    for key in ("input_rate", "read_rate", "processing_rate"):
         if live.get(key) is not None:
             md[key] = MetadataValue.float(round(float(live[key]), 1))
     lag = live.get("lag_events")
@@ -156,9 +163,10 @@ def live_metadata(live: dict) -> dict:
     lag_ms = [v for v in (live.get("lag_ms") or {}).values() if v is not None]
     if lag_ms:
         md["lag_ms_max"] = MetadataValue.int(int(max(lag_ms)))
-    for quantile, value in (live.get("latency_ms") or {}).items():
-        if value is not None:
-            md[f"latency_{quantile}_ms"] = MetadataValue.int(int(value))
+    for name in ("latency", "event_time_lag"):
+        for quantile, value in (live.get(f"{name}_ms") or {}).items():
+            if value is not None:
+                md[f"{name}_{quantile}_ms"] = MetadataValue.int(int(value))
     if live.get("watermark_delay_ms") is not None:
         md["watermark_delay_ms"] = MetadataValue.int(int(live["watermark_delay_ms"]))
     return md

@@ -41,6 +41,7 @@ from assets.checkpoints import (
 from assets.resources import DKVSettingsResource, ObjectStoreResource
 from assets.stream_run import run_epochs
 from operators.api.job import Job
+from operators.runtime import dead_letter
 from operators.runtime.checkpoints import read_checkpoint
 from operators.runtime.driver import JobRunner
 
@@ -124,6 +125,7 @@ def job_assets(job: Job, group_name: str | None = None, continuous: bool | None 
         # Dagster's own reads (checkpoint shape) go through a store of their own, so the
         # driver's request counts in each checkpoint stay the driver's.
         stats_store = object_store.open()
+        dead_letter_uri = stats_store.uri(job.dead_letter.sink.table_prefix(job.prefix))
         if continuous and not source.bounded:
             context.log.info(f"continuous run: an epoch at most every {job.trigger_interval_ms} ms while "
                              f"{source.name} has new input, until the run is terminated")
@@ -142,9 +144,16 @@ def job_assets(job: Job, group_name: str | None = None, continuous: bool | None 
                         asset_key=sink.name, description=f"epoch {result.epoch}",
                         metadata={"epoch": MetadataValue.int(result.epoch),
                                   "rows_published": MetadataValue.int(result.output_rows[output])}))
+            dead = result.dead_letter.get("total", 0)
             context.log.info(
                 f"epoch {result.epoch} committed: {result.events:,} events in {result.seconds:.1f} s "
-                f"({result.events_per_second:,.0f} events/s), watermark {format_watermark(result.watermark)}")
+                f"({result.events_per_second:,.0f} events/s), {dead:,} dead letters, "
+                f"watermark {format_watermark(result.watermark)}")
+            if dead:
+                context.log.warning(
+                    f"epoch {result.epoch}: {dead:,} records went to the dead-letter table "
+                    f"{job.dead_letter.table!r} ({dead_letter.per_reason(result.dead_letter)}); "
+                    f"(table at {dead_letter_uri})")
 
         outcome = run_epochs(runner, max_epochs=config.max_epochs or None, continuous=continuous,
                              after_commit=shape, on_epoch=report)  # closes the runner

@@ -101,13 +101,14 @@ def newest_positions(partition_of_row: np.ndarray) -> list[np.ndarray]:
 def progress_line(record: dict, positions: list[np.ndarray] | None, first_tick: float | None,
                   rate: float) -> str:
     """One human line for one ``run_job`` committed-epoch record: events, lag per
-    partition, the newest event's latency and the watermark.
+    partition, dead letters (if any), the newest event's latency and the watermark.
 
     The latency is the epoch's publish (``live.at_ms``) minus when the producer handed
     the newest event read to its client, from the producer's schedule: record i at
     ``first_tick + (i // (rate * TICK_S)) * TICK_S`` (a producer running behind hands it
-    later, so this overstates). The job's own ``live.latency_ms`` does not apply: the
-    records' timestamps are the 2013 departures, not when they were produced.
+    later, so this overstates). The job's own metrics cannot give it: the records'
+    timestamps are the 2013 departures, not when they were produced, and the runtime
+    reports now minus them as ``live.event_time_lag_ms``, not as latency.
 
     Args:
         record: a ``{"event": "committed", ...}`` line of ``run_job``.
@@ -118,6 +119,9 @@ def progress_line(record: dict, positions: list[np.ndarray] | None, first_tick: 
     live = record["live"]
     lag = "/".join(f"{live['lag_events'][p]:,}" for p in sorted(live["lag_events"]))
     line = f"epoch {record['epoch']}: {record['events']:,} events in {record['seconds']:.2f} s, lag {lag} events"
+    dead = record.get("dead_letter", {}).get("total", 0)
+    if dead:
+        line += f", {dead:,} dead letters"
     newest = [positions[int(p.rsplit("-", 1)[1])][o - 1]
               for p, o in record["source_offsets"].items() if o > 0] if positions is not None else []
     if newest and first_tick is not None:
@@ -201,6 +205,8 @@ def watch(job_out: str, producer_out: str, job_pid: int, producer_pid: int, rate
             if r.get("event") == "started":
                 ui = f", UI {r['ui']}" if r.get("ui") else ""
                 print(f"job: Spark {r['master']} up ({r['app_id']}{ui})", flush=True)
+            elif r.get("event") == "failed":
+                print(f"job: failed: {r['error']}", flush=True)
             elif r.get("event") == "committed":
                 print(progress_line(r, positions, first_tick, rate), flush=True)
                 if (produced is not None and sum(r["source_offsets"].values()) >= produced

@@ -38,6 +38,17 @@ class BadInputError(ValueError):
     """Raised with ``tolerance="none"`` on the first bad row; names partition, offset, reason."""
 
 
+class TooManyDeadLettersError(JobFailedError):
+    """Raised when an epoch sends more than ``DeadLetter.max_ratio`` of its records to the
+    dead-letter table; nothing of the epoch is committed (``operators.runtime.dead_letter``)."""
+
+
+class OperatorError(JobFailedError):
+    """Raised under ``Job.on_operator_error="fail"`` when an operator raises on an event or
+    a timer; names the operator, handler, key, source partition and offset (or the timer)
+    and event time (``operators.runtime.operator_errors``)."""
+
+
 class SourceFileChangedError(RuntimeError):
     """Raised when a file a file source logged has since changed or vanished, so its
     offsets can no longer be read as they were logged; names the file, what was logged

@@ -174,5 +174,9 @@ def check_job(job: Job) -> None:
     if dl.tolerance not in ("all", "none"):
         raise InvalidJobError(f"job {job.name}: dead_letter.tolerance must be 'all' or 'none', "
                               f"got {dl.tolerance!r}")
+    if dl.max_ratio is not None and not (isinstance(dl.max_ratio, (int, float)) and not isinstance(dl.max_ratio, bool) and 0 <= dl.max_ratio <= 1):
+        raise InvalidJobError(f"job {job.name}: dead_letter.max_ratio must be a share from 0 to 1 or None, "
+                              f"got {dl.max_ratio!r}")
+    _check_int(job, "dead_letter.min_records", dl.min_records, 0)
     if dl.sink.name in {s.name for s in job.sinks.values()}:
         raise InvalidJobError(f"job {job.name}: dead-letter table {dl.sink.name!r} collides with a sink")

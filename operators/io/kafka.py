@@ -176,7 +176,9 @@ class KafkaSource(Source):
     Event time and ingest time: the event timestamp is the record timestamp (whatever
     the topic's ``message.timestamp.type`` put there); ``_ingest_time`` is the record
     timestamp when it is a LogAppendTime (the broker's), else the record timestamp too
-    (CreateTime: the producer's clock), else the time of the read.
+    (CreateTime: the producer's clock), else the time of the read. With ``timestamp``
+    None both are the same value, so the runtime reports now minus it as event-time lag,
+    not latency (``operators.runtime.live.ingest_sketches``).
 
     Bad records do not raise: a value that does not decode gets ``_error`` and
     ``_raw_value``, and the runtime sends it to the dead-letter table with topic

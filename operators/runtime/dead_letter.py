@@ -47,6 +47,10 @@ The files hold every column but ``epoch`` (``DEAD_LETTER_FILE_SCHEMA``): their
 Spark reading the table's directory, which cannot merge a file column with the
 directory's (files written before hold it as well; ``DeadLetterSink.read`` reads both).
 Per-reason counts go to the checkpoint's ``metrics["dead_letter"]``.
+
+An epoch whose dead letters are more than ``DeadLetter.max_ratio`` of its records fails
+before its commit (``check_ratio``): a few bad records are the dead-letter table's job,
+most of an epoch failing alike is a job that does not match its input.
 """
 from __future__ import annotations
 
@@ -60,7 +64,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from operators.errors import BadInputError
+from operators.errors import BadInputError, TooManyDeadLettersError
 from operators.io.sinks import EPOCH_COLUMN, ParquetSink
 from operators.io.sources import ERROR_COLUMN, KEY_COLUMN, RAW_VALUE_COLUMN, TIMESTAMP_COLUMN
 from operators.paths import LAYOUT_FLAT, staging_prefix
@@ -115,11 +119,19 @@ class DeadLetter:
         tolerance: ``"all"``: bad rows go to the dead-letter table and the job keeps
             running; ``"none"``: the first bad row fails the epoch (``BadInputError``)
             before any stage runs.
+        max_ratio: the largest share (0..1) of an epoch's records that may be dead
+            letters; an epoch over it fails before its commit (``TooManyDeadLettersError``,
+            ``check_ratio``). A record is a row read from the source, an event a later
+            operator received, or a timer that fired. None: no limit.
+        min_records: ``max_ratio`` is checked only for epochs of at least this many
+            records, so a few bad records in a quiet epoch do not stop a job.
     """
 
     table: str = "dead_letter"
     max_future_ms: int | None = DAY_MS
     tolerance: str = "all"
+    max_ratio: float | None = 0.5
+    min_records: int = 100
 
     @property
     def sink(self) -> DeadLetterSink:
@@ -245,3 +257,70 @@ def stage(store: ObjectStore, job_prefix: str, epoch: int, dead: pa.Table, attem
     key = f"{staging_prefix(job_prefix, epoch, DEAD_LETTER_OUTPUT, label, attempt, layout)}/dead_letter.parquet"
     store.put(key, buf.getvalue())
     return key
+
+
+# Dead-letter rows a ``TooManyDeadLettersError`` quotes.
+EXAMPLES = 3
+
+
+def per_reason(counts: dict[str, int]) -> str:
+    """``"<reason> <n>, ..."`` of the reasons with rows in ``counts`` (``counts``), for a
+    message or a log line."""
+    return ", ".join(f"{r} {n:,}" for r, n in counts.items() if r != "total" and n)
+
+
+def check_ratio(policy: DeadLetter, counts: dict[str, int], records: int, staged: list[str],
+                store: ObjectStore, where: str) -> None:
+    """Fails an epoch that sent more than ``policy.max_ratio`` of its records to the
+    dead-letter table (Kafka Connect's ``errors.tolerance`` stops at the first error or
+    never; this stops when most input is bad, which is a wrong schema or a broken
+    producer rather than a few bad records). Called by the driver before the commit.
+
+    Args:
+        policy: the job's ``DeadLetter``.
+        counts: the epoch's ``counts`` (per reason and ``total``).
+        records: the epoch's records (rows read from the source, events later operators
+            received, timers fired); ``counts["total"]`` of them are dead letters.
+        staged: the epoch's staged dead-letter files, in order (the screen's first):
+            the error quotes their first rows.
+        store: the job's object store.
+        where: ``"job <name>: epoch <n>"``, the message's start.
+
+    Raises:
+        TooManyDeadLettersError: ``records >= policy.min_records`` and the share of
+            dead letters is above ``policy.max_ratio``; the message names the counts, the
+            share, each reason's count, the first rows' positions and errors, and what to do.
+    """
+    total = counts.get("total", 0)
+    if policy.max_ratio is None or records < max(1, policy.min_records) or total <= policy.max_ratio * records:
+        return
+    reasons = per_reason(counts)
+    first = "; ".join(_describe_row(row) for row in first_rows(store, staged, EXAMPLES))
+    raise TooManyDeadLettersError(
+        f"{where} sent {total:,} of its {records:,} records ({total / records:.1%}) to the dead-letter "
+        f"table {policy.table!r}, more than DeadLetter.max_ratio={policy.max_ratio} allows; the epoch is "
+        f"not committed (per reason: {reasons}). First: {first}. Most records failing alike means the job "
+        f"does not match its input: fix the source's value_schema or the operator and run again (the epoch "
+        f"is redone); to accept this share of bad input, raise DeadLetter(max_ratio=...) or set it to None.")
+
+
+def first_rows(store: ObjectStore, staged: list[str], n: int) -> list[dict]:
+    """The first ``n`` rows (``DEAD_LETTER_SCHEMA`` columns but ``value``, as dicts) of the
+    staged dead-letter files ``staged``, in order."""
+    rows: list[dict] = []
+    columns = [f.name for f in DEAD_LETTER_SCHEMA if f.name != "value"]
+    for key in staged:
+        if len(rows) >= n:
+            break
+        table = pq.read_table(io.BytesIO(store.get(key)), columns=columns)
+        rows += table.slice(0, n - len(rows)).to_pylist()
+    return rows
+
+
+def _describe_row(row: dict) -> str:
+    """One dead-letter row for an error message: where it came from and why."""
+    if row["partition"] is not None:
+        at = f"source {row['source']} partition {row['partition']} offset {row['offset']}"
+    else:
+        at = f"{row['source']} key {row['key']!r} at {row['timestamp']}"
+    return f"{at}: {row['reason']}" + (f" ({row['error']})" if row["error"] else "")

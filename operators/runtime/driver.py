@@ -34,8 +34,9 @@ The design is in docs/design.md, "Epochs and checkpoints". Per epoch
 4. Dead letters: the first operator's range 0 stages the epoch's bad input rows (before
    the alignment cut) as one file; tasks stage the events their operator raised on.
 5. Prepare sinks: each sink checks the staged files of the epoch (``Sink.prepare``).
-6. Metrics: events, timers, DKV shape, requests, live metrics (rates, lag, latency;
-   ``live.epoch_metrics``), recorded in the checkpoint.
+6. Metrics: events, timers, dead letters, DKV shape, requests, live metrics (rates,
+   lag, latency; ``live.epoch_metrics``), recorded in the checkpoint. An epoch whose
+   dead letters are more than ``DeadLetter.max_ratio`` of its records fails here.
 7. Commit: one job checkpoint manifest, written with put-if-absent, names the source
    offsets, the watermark, every DKV range manifest and every staged output file; it
    counts only if its epoch is newer than every epoch committed before (the fence,
@@ -67,7 +68,7 @@ from dataclasses import dataclass, field
 from operators.api.job import Job
 from operators.api.keygroups import KeyGroupRange, key_group_ranges
 from operators.api.operator import MAIN_OUTPUT, WATERMARK_MIN
-from operators.errors import BadInputError, JobFailedError, JobFencedError
+from operators.errors import BadInputError, JobFailedError, JobFencedError, OperatorError
 from operators.paths import LAYOUTS, checkpoint_key
 from operators.runtime import dead_letter, live
 from operators.runtime.checkpoints import (
@@ -131,8 +132,9 @@ class EpochResult:
             (``operators.runtime.dead_letter``).
         recovery: set on the first epoch after a restart that fell back from an
             unusable checkpoint (``operators.runtime.recovery.Fallback.as_metrics``).
-        live: input and processing rates (events/s), lag (offsets and ms), end-to-end
-            latency (ms) and watermark delay (ms), measured after the publish
+        live: arrival (``input_rate``), read and processing rates (events/s), lag
+            (offsets and ms), end-to-end latency or event-time lag (ms) and watermark
+            delay (ms), measured after the publish
             (``operators.runtime.live.epoch_metrics``; the checkpoint's ``metrics["live"]``
             holds the same measured at the commit).
         drained: True for the drain epoch of ``JobRunner.stop(drain=True)`` (no events
@@ -232,7 +234,8 @@ class JobRunner:
         self.last_cleanup: CleanupReport | None = None
         self._stop = live.StopRequest()
         self._clock = clock
-        self._previous_plan_ms: int | None = None  # for the input rate (live.epoch_metrics)
+        self._previous_plan_ms: int | None = None  # for the rates (live.epoch_metrics)
+        self._previous_plan_ends: dict[str, int] | None = None  # for the input (arrival) rate
         self._ends_behind: set[str] = set()  # partitions warned of an end below the committed offset
 
     def close(self) -> None:
@@ -333,7 +336,10 @@ class JobRunner:
             to do). ``epochs`` yields each as it commits instead.
 
         Raises:
-            JobFailedError: an epoch failed (the previous checkpoint stays newest).
+            JobFailedError: an epoch failed (the previous checkpoint stays newest); its
+                ``TooManyDeadLettersError``: more than ``DeadLetter.max_ratio`` of an
+                epoch's records were dead letters; its ``OperatorError``: an operator
+                raised under ``on_operator_error="fail"`` (names the event or timer).
             JobFencedError: another driver committed an epoch this one ran (found at the
                 commit, or when this driver's tasks failed because the other's
                 retention deleted the files of the checkpoint it started from).
@@ -550,9 +556,11 @@ class JobRunner:
         events = sum(res.metrics["events"] for res in first)
         live_metrics = functools.partial(
             live.epoch_metrics, events=events, ingest=[res.metrics.get("ingest") for res in first],
+            ingest_at_event_time=[res.metrics.get("ingest_at_event_time") for res in first],
             plan=plan, committed=offsets, partition_max_ts=part_max, watermark_ms=watermark,
-            previous_plan_ms=self._previous_plan_ms)
+            previous_plan_ms=self._previous_plan_ms, previous_ends=self._previous_plan_ends)
         metrics = self._metrics(events, results, flush)
+        self._check_dead_letters(epoch, metrics["dead_letter"], results, outputs)
         metrics["driver_bytes_received"] = received
         metrics["live"] = live_metrics(now_ms=self._now_ms())  # at the commit
         if drain:
@@ -574,7 +582,7 @@ class JobRunner:
         key = self._commit(new)
         if self._retention is not None:  # retention hook
             self._retention.committed(new)
-        self._previous_plan_ms = plan.planned_at_ms
+        self._previous_plan_ms, self._previous_plan_ends = plan.planned_at_ms, plan.ends
         self.failpoint("after_commit", epoch)
         fault_point("after_commit")
         published = self._publish(new)
@@ -583,8 +591,8 @@ class JobRunner:
         fault_point("before_cleanup")
         self._apply_retention()
         seconds = time.perf_counter() - started
-        log.info("job %s: committed epoch %d (%d events, watermark %d, %.1f s)",
-                 self.job.name, epoch, events, watermark, seconds)
+        log.info("job %s: committed epoch %d (%d events, %d dead letters, watermark %d, %.1f s)",
+                 self.job.name, epoch, events, metrics["dead_letter"]["total"], watermark, seconds)
         return EpochResult(
             epoch=epoch, watermark=watermark, source_offsets=new.source_offsets,
             checkpoint_uri=self.store.uri(key), events=events, seconds=seconds,
@@ -611,11 +619,11 @@ class JobRunner:
         """
         results_by_op: dict[str, list[TaskResult]] = {}
         # Partition names by the events' ``_part`` index: a source's partitions keep their
-        # order, so the list now extends the one the events were read with.
-        dead_letter_policy = self.job.on_operator_error == "dead_letter"
-        partitions = tuple(self.job.source.partitions()) if dead_letter_policy else ()
+        # order, so the list now extends the one the events were read with. Tasks name an
+        # event's partition in its dead-letter row or operator error.
+        partitions = tuple(self.job.source.partitions())
         part_index = {p: i for i, p in enumerate(ckpt.source_offsets)}
-        part_index.update({p: i for i, p in enumerate(self.job.source.partitions()) if p not in part_index})
+        part_index.update({p: i for i, p in enumerate(partitions) if p not in part_index})
         cuts = event_time.cuts if event_time is not None else {}
         offset_limits = {part_index[p]: cut for p, cut in cuts.items()} or None
         input_schema = stage_input_schema(self.job.source.value_schema)
@@ -643,7 +651,7 @@ class JobRunner:
                     flush=flush,
                     on_operator_error=self.job.on_operator_error,
                     input_name=self.job.source.name if i == 0 else f"operator:{self.job.operators[i - 1].name}",
-                    input_partitions=partitions if i == 0 and dead_letter_policy else None,
+                    input_partitions=partitions if i == 0 else None,
                     offset_limits=offset_limits if i == 0 else None,
                     layout=ckpt.layout,
                 )
@@ -683,6 +691,9 @@ class JobRunner:
                 f"({_root_message(e)}); this driver stops without publishing. Run one driver per job.")
         if self.spark is not None and "BadInputError" in str(e):  # a read task's, run with this stage
             return BadInputError(_root_message(e).split("BadInputError: ", 1)[-1])
+        if isinstance(e, OperatorError) or "OperatorError: " in str(e):  # on Spark: the worker's, as text
+            return OperatorError(f"job {self.job.name}: epoch {epoch} failed in operator {operator}: "
+                                 f"{_root_message(e).split('OperatorError: ', 1)[-1]}")
         return JobFailedError(f"job {self.job.name}: epoch {epoch} failed in operator {operator}: "
                               f"{_root_message(e)}")
 
@@ -694,6 +705,23 @@ class JobRunner:
         if self._screened is not None and self._screened.staged_key:
             keys.insert(0, self._screened.staged_key)
         return {dead_letter.DEAD_LETTER_OUTPUT: keys} if keys else {}
+
+    def _check_dead_letters(self, epoch: int, counts: dict[str, int], results_by_op: dict[str, list[TaskResult]],
+                            outputs: dict[str, list[str]]) -> None:
+        """Before the commit: an epoch whose dead letters are more than
+        ``DeadLetter.max_ratio`` of its records fails (``dead_letter.check_ratio``). Its
+        records: the rows read from the source (events of the first operator and the
+        screen's dead letters), the events of later operators, and the timers fired.
+
+        Raises:
+            TooManyDeadLettersError: the share is over the limit; nothing is committed.
+        """
+        screened = sum(self._screened.counts.values()) if self._screened is not None else 0
+        records = screened + sum(res.metrics["events"] + res.metrics["timers_fired"]
+                                 for rs in results_by_op.values() for res in rs)
+        dead_letter.check_ratio(self.job.dead_letter, counts, records,
+                                outputs.get(dead_letter.DEAD_LETTER_OUTPUT, []), self.store,
+                                f"job {self.job.name}: epoch {epoch}")
 
     def _prepare_sinks(self, epoch: int, outputs: dict[str, list[str]]) -> None:
         """Step 5: every sink checks its staged files; a refusal fails the epoch."""

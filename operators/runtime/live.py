@@ -13,8 +13,8 @@ the pieces of that loop that are not the epoch protocol itself:
   partition's quiet time counts from) and watermark alignment
   (``paused_partitions``, Flink's ``withWatermarkAlignment``); ``watermark``: the
   watermark over the partitions that hold it back.
-* ``epoch_metrics``: input and processing rates, lag, end-to-end latency and watermark
-  delay of an epoch.
+* ``epoch_metrics``: arrival, read and processing rates, lag, end-to-end latency (or
+  event-time lag) and watermark delay of an epoch.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from operators.api.operator import WATERMARK_MAX, WATERMARK_MIN
 
@@ -537,6 +538,15 @@ class IngestSketch:
         return cls(n, int(values.to_numpy().min()), ordered)
 
 
+def ingest_sketches(ingest_ms: pa.ChunkedArray, event_ms: pa.ChunkedArray
+                    ) -> tuple[IngestSketch | None, IngestSketch | None]:
+    """The ``IngestSketch`` of the ingest times that are not the event's time and of
+    those that are (a Kafka record's timestamp is both, unless the event time comes from
+    a value column): now minus the first is latency, minus the second event-time lag."""
+    same = pc.fill_null(pc.equal(ingest_ms, event_ms), False)
+    return IngestSketch.of(ingest_ms.filter(pc.invert(same))), IngestSketch.of(ingest_ms.filter(same))
+
+
 def latency_ms(sketches: list[IngestSketch], now_ms: int) -> dict | None:
     """``{"p50", "p99", "max"}``: now - ingest time over the sketches' events, ms
     (nearest rank over the weighted samples; exact when every task had at most
@@ -556,16 +566,25 @@ def latency_ms(sketches: list[IngestSketch], now_ms: int) -> dict | None:
     return {"p50": rank(0.5), "p99": rank(0.99), "max": int(now_ms - min(s.min_ms for s in sketches))}
 
 
+def arrived(plan: EpochPlan, previous_ends: dict[str, int]) -> int:
+    """Offsets the source's partitions grew by from the previous plan (``previous_ends``)
+    to ``plan``: a partition new since then counts from where the plan starts it, one
+    whose end went backwards (a recreated topic) counts 0."""
+    return sum(max(0, end - previous_ends.get(p, plan.offsets[p][0])) for p, end in plan.ends.items())
+
+
 def epoch_metrics(*, events: int, ingest: list[IngestSketch], plan: EpochPlan,
                   committed: dict[str, int], partition_max_ts: dict[str, int], watermark_ms: int,
-                  now_ms: int, previous_plan_ms: int | None) -> dict:
+                  now_ms: int, previous_plan_ms: int | None, previous_ends: dict[str, int] | None = None,
+                  ingest_at_event_time: list[IngestSketch] = ()) -> dict:
     """An epoch's live metrics (Spark's ``StreamingQueryProgress`` and Kafka's consumer
     lag, per epoch).
 
     Args:
         events: events the epoch read.
-        ingest: the ``IngestSketch``es of the epoch's events' ``_ingest_time`` (one per
-            first-operator task that had any; empty: the source gives none).
+        ingest: the ``IngestSketch``es of the ingest times (``_ingest_time``) of the
+            epoch's events whose ingest time is not their event time (one per
+            first-operator task that had any; empty: none).
         plan: the epoch's plan.
         committed: next offset per partition after the epoch.
         partition_max_ts: max event time read per partition after the epoch, ms.
@@ -573,29 +592,42 @@ def epoch_metrics(*, events: int, ingest: list[IngestSketch], plan: EpochPlan,
         now_ms: wall clock the measurement is taken at (the commit, or after the publish).
         previous_plan_ms: when the previous epoch of this driver was planned (None: this
             is its first).
+        previous_ends: the end offsets of the previous epoch's plan (None: this is the
+            driver's first).
+        ingest_at_event_time: the ``IngestSketch``es of the events whose ingest time is
+            their event time (a Kafka record timestamp used as both).
 
     Returns:
         ``{"at_ms": now_ms,
-        "input_rate": events/s since the previous epoch's plan (null on a driver's first epoch),
+        "input_rate": events/s arriving: the growth of the partitions' end offsets from the
+            previous plan to this one, per second between the two (``arrived``; null on a
+            driver's first epoch),
+        "read_rate": events/s read: events read / time since the previous plan (Spark's
+            ``inputRowsPerSecond``; null on a driver's first epoch),
         "processing_rate": events/s from the plan to now_ms (null if no time passed),
         "lag_events": {partition: end offset at planning - committed offset (offsets)},
         "lag_ms": {partition: now - max event time read, ms, null if none read},
         "latency_ms": {"p50", "p99", "max"}: now - ingest time over the epoch's events
-            (nearest rank), null without ingest times,
+            whose ingest time is not their event time (nearest rank), null if none,
+        "event_time_lag_ms": the same over the events whose ingest time is their event
+            time: now - event time, which is latency only if the event time is when the
+            event was produced (Flink's ``currentEmitEventTimeLag``), null if none,
         "watermark_delay_ms": now - watermark (null before any event time and at the end of
             a bounded source)}``.
     """
     since_previous = None if previous_plan_ms is None else plan.planned_at_ms - previous_plan_ms
     elapsed = now_ms - plan.planned_at_ms
-    latency = latency_ms(ingest, now_ms)
     unknown = (WATERMARK_MIN, WATERMARK_MAX)
+    seconds = since_previous / 1000 if since_previous else None
     return {
         "at_ms": now_ms,
-        "input_rate": events / (since_previous / 1000) if since_previous else None,
+        "input_rate": arrived(plan, previous_ends) / seconds if seconds and previous_ends is not None else None,
+        "read_rate": events / seconds if seconds else None,
         "processing_rate": events / (elapsed / 1000) if elapsed > 0 else None,
         "lag_events": {p: plan.ends[p] - committed[p] for p in committed},
         "lag_ms": {p: None if partition_max_ts[p] == WATERMARK_MIN else now_ms - partition_max_ts[p]
                    for p in committed},
-        "latency_ms": latency,
+        "latency_ms": latency_ms(ingest, now_ms),
+        "event_time_lag_ms": latency_ms(list(ingest_at_event_time), now_ms),
         "watermark_delay_ms": None if watermark_ms in unknown else now_ms - watermark_ms,
     }

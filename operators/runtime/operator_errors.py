@@ -40,12 +40,22 @@ Dead-letter rows (``operators.runtime.dead_letter.DEAD_LETTER_SCHEMA``, reason
 the job's first operator: ``source``, ``partition`` and ``offset`` are the event's source
 position, ``value`` its value columns as JSON. An event of a later operator was emitted
 by the operator before it, which has no source position: ``source`` is
-``operator:<that operator>``, ``partition`` and ``offset`` are null. A timer: ``key`` and
-``timestamp`` are the timer's, ``source``, ``partition``, ``offset`` and ``value`` null.
-A failing timer is consumed (it does not fire again); its state changes are discarded.
+``operator:<that operator>``, ``partition`` and ``offset`` are null. A timer: ``source`` is
+``timer:<operator>``, ``key`` and ``timestamp`` are the timer's (its time, ms),
+``partition``, ``offset`` and ``value`` null. A failing timer is consumed (it does not
+fire again); its state changes are discarded.
+
+Under ``"fail"`` (the default) the epoch fails with an ``OperatorError`` naming the
+operator, handler and what it raised on: an event's key, source partition and offset
+(or the operator that emitted it) and event time (``event_error``); a timer's key and
+time (``timer_error``). ``on_event`` and ``on_timer_expired`` name the call that raised;
+for ``on_batch`` and ``on_timers`` the task finds the row as ``"dead_letter"`` does
+(reopening the range and searching, a cost paid only by a failing epoch) and names the
+first one.
 """
 from __future__ import annotations
 
+import datetime
 import inspect
 import os
 import traceback
@@ -56,12 +66,14 @@ import pyarrow as pa
 
 from operators.api.operator import Operator
 from operators.api.state import StateStore
+from operators.errors import OperatorError
 from operators.io.sources import KEY_COLUMN, OFFSET_COLUMN, TIMESTAMP_COLUMN
 from operators.runtime.dead_letter import DEAD_LETTER_SCHEMA, OPERATOR_ERROR, value_json
 from storage.dkv.db import prefix_successor
 from storage.errors import StorageError
 
 _MAX_MESSAGE = 2_000  # characters of the exception message kept in ``error``
+TIMER_SOURCE = "timer:"  # ``source`` of a timer's dead-letter row: ``timer:<operator>``
 _BYTES = {bytes}
 _BYTES_OR_NONE = {bytes, type(None)}
 
@@ -181,6 +193,11 @@ def describe(operator: str, handler: str, e: BaseException, code_file: str | Non
     <message, one line> (at <file>:<line> in <function>)``: the innermost frame in
     ``code_file`` (the operator's source file), else the innermost frame (an error raised
     inside pyarrow is then placed at the operator's line that called it)."""
+    return f"operator {operator} {handler}: {cause_of(e, code_file)}"
+
+
+def cause_of(e: BaseException, code_file: str | None) -> str:
+    """``<type>: <message, one line> (at <file>:<line> in <function>)`` (``describe``)."""
     text = " ".join(str(e).split())
     if len(text) > _MAX_MESSAGE:
         text = text[:_MAX_MESSAGE] + "..."
@@ -188,7 +205,48 @@ def describe(operator: str, handler: str, e: BaseException, code_file: str | Non
     own = [f for f in frames if code_file is not None and f.filename == code_file]
     frame = (own or frames or [None])[-1]
     where = f" (at {os.path.basename(frame.filename)}:{frame.lineno} in {frame.name})" if frame else ""
-    return f"operator {operator} {handler}: {type(e).__name__}: {text}{where}"
+    return f"{type(e).__name__}: {text}{where}"
+
+
+def code_file_of(operator: Operator) -> str | None:
+    """The source file of the operator's class (None: it has none), where ``describe``
+    looks for the frame that raised."""
+    try:
+        return inspect.getsourcefile(type(operator))
+    except TypeError:  # a class without a source file
+        return None
+
+
+def _time(ms: int) -> str:
+    """``<ms> (<ISO 8601 UTC>)``: an event or timer time as stored and as read."""
+    try:
+        iso = datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).isoformat(timespec="milliseconds")
+    except (OverflowError, ValueError, OSError):
+        return str(ms)
+    return f"{ms} ({iso.replace('+00:00', 'Z')})"
+
+
+WHAT_TO_DO = ("Under on_operator_error='fail' the epoch fails, and so does every rerun of it: fix the "
+               "operator or the input, or set Job(on_operator_error='dead_letter') to send what it "
+               "raises on to the dead-letter table and go on.")
+
+
+def event_error(operator: Operator, handler: str, e: BaseException, *, key: bytes, timestamp: int,
+                source: str, partition: str | None, offset: int | None) -> OperatorError:
+    """The error an epoch fails with when ``handler`` raised ``e`` on an event under
+    ``on_operator_error="fail"``: names the operator, handler, the event's key, its
+    source position (``partition`` None: emitted by the operator ``source`` names,
+    ``operator:<name>``) and event time, the cause and what to do."""
+    at = (f"source {source} partition {partition} offset {offset}" if partition is not None
+          else f"emitted by {source}")
+    return OperatorError(f"operator {operator.name} {handler} raised on the event with key {key!r} ({at}, "
+                         f"event time {_time(timestamp)}): {cause_of(e, code_file_of(operator))}. {WHAT_TO_DO}")
+
+
+def timer_error(operator: Operator, handler: str, e: BaseException, *, key: bytes, timestamp: int) -> OperatorError:
+    """``event_error`` for a timer: names its key and time."""
+    return OperatorError(f"operator {operator.name} {handler} raised on the timer of key {key!r} at "
+                         f"{_time(timestamp)}: {cause_of(e, code_file_of(operator))}. {WHAT_TO_DO}")
 
 
 def isolate(groups: list[np.ndarray], probe: Callable[[np.ndarray], BaseException | None],
@@ -278,12 +336,10 @@ class DeadLetterRows:
 
     def __init__(self, operator: Operator, epoch: int, source: str, partitions: Sequence[str] | None) -> None:
         self.operator, self.epoch, self.source, self.partitions = operator.name, epoch, source, partitions
-        try:
-            self._code_file = inspect.getsourcefile(type(operator))
-        except TypeError:  # a class without a source file
-            self._code_file = None
+        self._code_file = code_file_of(operator)
         self._tables: list[pa.Table] = []
         self.count = 0
+        self.raised: list[tuple[str, BaseException]] = []  # (handler, exception) per row, in row order
 
     def events(self, events: pa.Table, value_columns: list[str], rows: dict[int, BaseException],
                handler: str, part_column: str) -> None:
@@ -303,16 +359,19 @@ class DeadLetterRows:
         self._add(pa.array([self.source] * n, pa.string()), partition, offset, t.column(KEY_COLUMN),
                   t.column(TIMESTAMP_COLUMN), pa.array(value_json(t, value_columns), pa.binary()),
                   [describe(self.operator, handler, rows[i], self._code_file) for i in idx])
+        self.raised += [(handler, rows[i]) for i in idx]
 
     def timers(self, keys: Sequence[bytes], stamps: Sequence[int], errors: Sequence[BaseException],
                handler: str) -> None:
-        """Adds timers (subject key, timestamp ms) whose handler raised ``errors``."""
+        """Adds timers (subject key, timestamp ms) whose handler raised ``errors``; their
+        ``source`` is ``timer:<operator>``."""
         n = len(keys)
         if not n:
             return
-        self._add(pa.nulls(n, pa.string()), pa.nulls(n, pa.string()), pa.nulls(n, pa.int64()),
+        self._add(pa.array([f"{TIMER_SOURCE}{self.operator}"] * n, pa.string()), pa.nulls(n, pa.string()), pa.nulls(n, pa.int64()),
                   pa.array(keys, pa.binary()), pa.array(stamps, pa.int64()), pa.nulls(n, pa.binary()),
                   [describe(self.operator, handler, e, self._code_file) for e in errors])
+        self.raised += [(handler, e) for e in errors]
 
     def _add(self, source, partition, offset, key, timestamp, value, errors: list[str]) -> None:
         n = len(errors)
@@ -324,6 +383,12 @@ class DeadLetterRows:
             "epoch": pa.array(np.full(n, self.epoch, np.int64)),
         }, schema=DEAD_LETTER_SCHEMA))
         self.count += n
+
+    def first(self) -> tuple[dict, str, BaseException] | None:
+        """The first row added (as a dict), its handler and what it raised, or None."""
+        if not self.count:
+            return None
+        return self.table().slice(0, 1).to_pylist()[0], *self.raised[0]
 
     def table(self) -> pa.Table:
         """Every row added, as one table of ``DEAD_LETTER_SCHEMA``."""

@@ -24,11 +24,12 @@ from operators.api.batch import BatchContext, BatchOperator
 from operators.api.keygroups import KeyGroupRange, key_groups_of, range_indexes_of
 from operators.api.operator import MAIN_OUTPUT, KeyedEvent, Operator, Subject
 from operators.api.state import subject_prefix
+from operators.errors import OperatorError
 from operators.io.sinks import Sink
 from operators.io.sources import INGEST_TIME_COLUMN, KEY_COLUMN, OFFSET_COLUMN, TIMESTAMP_COLUMN
 from operators.paths import staging_prefix
 from operators.runtime import dead_letter, operator_errors
-from operators.runtime.live import IngestSketch
+from operators.runtime.live import ingest_sketches
 from operators.runtime.open_state import OpenState
 from operators.runtime.splits import (
     INTERNAL_COLUMNS,
@@ -106,7 +107,9 @@ class TaskResult:
     installing remote compactions, s), ``dkv`` (``DKV.stats()``), ``remote_compactions``,
     ``dkv_reused`` (the worker's open instance was taken, ``operators.runtime.open_state``),
     ``dead_letter`` (events and timers dead-lettered, ``operators.runtime.operator_errors``),
-    ``ingest`` (the ``live.IngestSketch`` of its events' ingest times, or None) and
+    ``ingest`` and ``ingest_at_event_time`` (the ``live.IngestSketch``es of its events'
+    ingest times that are not and that are their event time, ``live.ingest_sketches``;
+    None: none) and
     ``requests`` (object-store requests of the task).
 
     ``dead_letter_key``: the staged file of the task's dead-letter rows, or None.
@@ -206,17 +209,21 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
         A ``TaskResult`` naming the DKV manifest and staged files written.
 
     Raises:
-        Whatever the operator raises; the epoch then fails and the previous checkpoint
-        stays the newest. With ``spec.on_operator_error == "dead_letter"`` only what
-        cannot be dead-lettered (``operators.runtime.operator_errors``).
+        OperatorError: under ``spec.on_operator_error == "fail"``, a handler raised on
+            an event or timer (named; the operator's exception is its ``__cause__``). The
+            epoch then fails and the previous checkpoint stays the newest.
+        Exception: what is not the event's (a storage error, ``MemoryError``, a runtime
+            check), as raised; under ``"dead_letter"`` only such errors
+            (``operators.runtime.operator_errors``).
     """
     started = time.perf_counter()
     attempt = uuid.uuid4().hex[:12]
     events = apply_cuts(events, spec.offset_limits)
-    ingest = None
+    ingest = ingest_at_event_time = None
     if INGEST_TIME_COLUMN in events.column_names:  # for the latency metric only
-        ingest = IngestSketch.of(events.filter(pc.is_valid(events.column(KEY_COLUMN)))
-                                 .column(INGEST_TIME_COLUMN))
+        keyed = events.filter(pc.is_valid(events.column(KEY_COLUMN)))
+        ingest, ingest_at_event_time = ingest_sketches(keyed.column(INGEST_TIME_COLUMN),
+                                                       keyed.column(TIMESTAMP_COLUMN))
     krange = spec.key_group_range
     state_prefix = paths.state_prefix(spec.job_prefix, operator.name, krange.label, spec.layout)
     db = timers = None
@@ -244,7 +251,12 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
         else:
             n_events, timers_fired, emitted = _run_events(operator, spec, events, subject, timers)
     except Exception as e:
-        if spec.on_operator_error != "dead_letter" or not operator_errors.attributable(e):
+        if not operator_errors.attributable(e) or isinstance(e, OperatorError):
+            raise
+        if spec.on_operator_error != "dead_letter":
+            if isinstance(operator, BatchOperator):  # the row is not known: found as "dead_letter" finds it
+                db.close()
+                raise _batch_error(operator, spec, events, store, state_prefix, dkv_options, e) from e
             raise
         # Every write of the failed run is in this instance's memory, never checkpointed:
         # drop it and run the epoch again from the previous checkpoint, guarded.
@@ -304,6 +316,7 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
             "open_seconds": open_seconds,
             "dead_letter": 0 if dead is None else dead.count,
             "ingest": ingest,
+            "ingest_at_event_time": ingest_at_event_time,
         },
         forwarded=forwarded,
         dead_letter_key=dead_letter_key,
@@ -341,20 +354,33 @@ def _run_events(operator: Operator, spec: TaskSpec, events: pa.Table, subject: _
 
     on_event = operator.on_event
     point_at = subject._point_at
+    fail = spec.on_operator_error == "fail"
     subject.watermark = spec.watermark_before
     for key, ts, kg, value in zip(keys, stamps, groups, values):
         if kg not in krange:
             raise ValueError(f"key {key!r} (key group {kg}) routed to task of {krange.label}")
         point_at(key, kg)
         subject.timestamp = ts
-        on_event(subject, KeyedEvent(key, ts, value))
+        try:  # free until it raises (Python 3.11's zero-cost exceptions)
+            on_event(subject, KeyedEvent(key, ts, value))
+        except Exception as e:
+            if not fail or not operator_errors.attributable(e):
+                raise  # "dead_letter": run_task reruns the epoch guarded
+            # The row it raised on: its value dict is that very object (found only on failure).
+            row = next(i for i, v in enumerate(values) if v is value)
+            raise _event_error(operator, spec, "on_event", e, events, row) from e
 
     timers_fired = 0
     subject.watermark = spec.watermark_after
     for ts, kg, key in timers.due(spec.watermark_after):
         point_at(key, kg)
         subject.timestamp = ts
-        operator.on_timer_expired(subject, ts)
+        try:
+            operator.on_timer_expired(subject, ts)
+        except Exception as e:
+            if not fail or not operator_errors.attributable(e):
+                raise
+            raise operator_errors.timer_error(operator, "on_timer_expired", e, key=key, timestamp=ts) from e
         timers_fired += 1
     emitted = {
         name: (_emitted_table(operator, name, [r[2] for r in rows]),
@@ -362,6 +388,45 @@ def _run_events(operator: Operator, spec: TaskSpec, events: pa.Table, subject: _
         for name, rows in subject._emitted.items()
     }
     return len(keys), timers_fired, emitted
+
+
+def _event_error(operator: Operator, spec: TaskSpec, handler: str, e: BaseException, events: pa.Table,
+                 row: int) -> OperatorError:
+    """``operator_errors.event_error`` for row ``row`` of ``events`` (sorted, with
+    ``_part`` and ``_offset``)."""
+    event = events.slice(row, 1).to_pylist()[0]
+    first = spec.input_partitions is not None
+    return operator_errors.event_error(
+        operator, handler, e, key=event[KEY_COLUMN], timestamp=event[TIMESTAMP_COLUMN], source=spec.input_name,
+        partition=spec.input_partitions[event[PART_COLUMN]] if first else None,
+        offset=event[OFFSET_COLUMN] if first else None)
+
+
+def _batch_error(operator: BatchOperator, spec: TaskSpec, events: pa.Table, store: ObjectStore, state_prefix: str,
+                 dkv_options: DKVOptions | None, error: BaseException) -> OperatorError:
+    """The ``OperatorError`` of a vectorised handler that raised ``error`` under
+    ``on_operator_error="fail"``: the range is reopened at the previous checkpoint and run
+    as under ``"dead_letter"`` (``_run_batch_guarded``), and the first event or timer set
+    aside is named. Nothing of that run is kept."""
+    db = _open_range(spec, store, state_prefix, dkv_options)
+    dead = operator_errors.DeadLetterRows(operator, spec.epoch, spec.input_name, spec.input_partitions)
+    buffer = operator_errors.WriteBuffer(db)
+    try:
+        _run_batch_guarded(operator, spec, events, buffer, TimerService(buffer, spec.key_group_range), dead)
+        found, why = dead.first(), "a rerun raised on none"
+    except Exception as e:  # noqa: BLE001 - the search's own failure is reported with the original error
+        found, why = None, f"{type(e).__name__}: {' '.join(str(e).split())}"
+    finally:
+        db.close()
+    if found is None:
+        cause = operator_errors.cause_of(error, operator_errors.code_file_of(operator))
+        return OperatorError(f"operator {operator.name} raised over the range's events or timers, and the "
+                             f"one it raised on could not be found ({why}): {cause}. {operator_errors.WHAT_TO_DO}")
+    row, handler, e = found
+    if row["source"].startswith(operator_errors.TIMER_SOURCE):
+        return operator_errors.timer_error(operator, handler, e, key=row["key"], timestamp=row["timestamp"])
+    return operator_errors.event_error(operator, handler, e, key=row["key"], timestamp=row["timestamp"],
+                                       source=spec.input_name, partition=row["partition"], offset=row["offset"])
 
 
 def _run_events_guarded(operator: Operator, spec: TaskSpec, events: pa.Table, subject: _TaskSubject,

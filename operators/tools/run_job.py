@@ -12,11 +12,17 @@ On a cluster the executors get the S3 endpoint and credentials of this process's
 environment through the Spark configuration (``operators.spark.session.executor_env_conf``).
 Prints one JSON object per line to stdout: ``{"event": "started", "app_id", "ui"}``
 once the Spark session is up, then ``{"event": "committed", "epoch", "events",
-"seconds", "finished", "drained", "parallelism", "requests", "watermark",
-"source_offsets", "live"}`` per committed epoch (``requests``: the checkpoint's
-object-store request counts, ``{"driver": {...}, "tasks": {...}}``; ``watermark``: ms;
-``source_offsets``: the next offset per source partition; ``live``: input and processing
-rates, lag, end-to-end latency and watermark delay, ``EpochResult.live``).
+"dead_letter", "seconds", "finished", "drained", "parallelism", "requests", "watermark",
+"source_offsets", "live"}`` per committed epoch (``events``: events the operators got;
+``dead_letter``: the epoch's dead letters per reason and ``total``,
+``EpochResult.dead_letter``; ``requests``: the checkpoint's object-store request counts,
+``{"driver": {...}, "tasks": {...}}``; ``watermark``: ms; ``source_offsets``: the next
+offset per source partition; ``live``: arrival, read and processing rates, lag,
+end-to-end latency and watermark delay, ``EpochResult.live``). An epoch that fails on
+its input or its operator (``TooManyDeadLettersError``, ``OperatorError``,
+``BadInputError``: a user's error whose message says what to do) prints ``{"event":
+"failed", "error"}``, the message on stderr, and exits 1; nothing of that epoch is
+committed. Other errors are raised (a traceback).
 
 ``--dkv FIELD=VALUE`` (repeatable) sets a ``storage.dkv.DKVOptions`` field of every
 task's state, e.g. ``--dkv wal_flush_bytes=1048576``.
@@ -43,8 +49,9 @@ import os
 import signal
 import sys
 
+from operators.errors import BadInputError, OperatorError, TooManyDeadLettersError
 from operators.runtime.checkpoints import read_checkpoint
-from operators.runtime.driver import JobRunner
+from operators.runtime.driver import EpochResult, JobRunner
 from operators.tools.state_reader import load_job
 from storage.dkv import DKVOptions
 
@@ -55,10 +62,12 @@ def _print(record: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run epochs (see module docstring); returns 0 once the epochs asked for committed,
-    or, with ``--continuous``, after a clean stop on SIGTERM/SIGINT.
+    or, with ``--continuous``, after a clean stop on SIGTERM/SIGINT; 1 when an epoch
+    failed on its input or operator (module docstring; the previous checkpoint stays the
+    newest).
 
     Raises:
-        JobFailedError: an epoch failed (the previous checkpoint stays the newest).
+        JobFailedError: an epoch failed otherwise (the previous checkpoint stays the newest).
     """
     p = argparse.ArgumentParser(prog="python -m operators.tools.run_job", description="Run a job's epochs.")
     p.add_argument("--job", required=True, help="module:attribute of a Job or a function returning one")
@@ -108,13 +117,15 @@ def main(argv: list[str] | None = None) -> int:
                        dkv_options=dkv_options) as runner:
             if stop is not None:
                 stop.attach(runner)
-            for result in runner.epochs(a.max_epochs, continuous=a.continuous):
-                requests = read_checkpoint(runner.store, job.prefix, result.epoch).metrics["requests"]
-                _print({"event": "committed", "epoch": result.epoch, "events": result.events,
-                        "seconds": round(result.seconds, 3), "finished": result.finished,
-                        "drained": result.drained, "parallelism": job.parallelism,
-                        "requests": requests, "watermark": result.watermark,
-                        "source_offsets": result.source_offsets, "live": result.live})
+            try:
+                for result in runner.epochs(a.max_epochs, continuous=a.continuous):
+                    _print_committed(runner, result, job.parallelism)
+            except (TooManyDeadLettersError, OperatorError, BadInputError) as e:
+                # The user's error (a schema that does not match the input, an operator that
+                # raises): its message says what and what to do; a traceback would bury it.
+                _print({"event": "failed", "error": str(e)})
+                print(f"run_job: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+                return 1
             if a.continuous:
                 newest = runner.latest()
                 _print({"event": "stopped", "epoch": newest.epoch if newest else 0,
@@ -125,6 +136,15 @@ def main(argv: list[str] | None = None) -> int:
 
             stop_spark(spark)
     return 0
+
+
+def _print_committed(runner: JobRunner, result: EpochResult, parallelism: int) -> None:
+    """The ``committed`` line of one epoch (module docstring)."""
+    requests = read_checkpoint(runner.store, runner.job.prefix, result.epoch).metrics["requests"]
+    _print({"event": "committed", "epoch": result.epoch, "events": result.events,
+            "dead_letter": result.dead_letter, "seconds": round(result.seconds, 3), "finished": result.finished,
+            "drained": result.drained, "parallelism": parallelism, "requests": requests,
+            "watermark": result.watermark, "source_offsets": result.source_offsets, "live": result.live})
 
 
 def _dkv_options(parser: argparse.ArgumentParser, settings: list[str]) -> DKVOptions | None:

@@ -267,10 +267,12 @@ def test_source_sensor_is_on_by_default_only_for_short_runs_on_a_live_source() -
 
 
 def test_live_metadata_is_one_number_per_measured_metric() -> None:
-    live = {"at_ms": 1_700_000_000_000, "input_rate": 1234.56, "processing_rate": None,
+    live = {"at_ms": 1_700_000_000_000, "input_rate": 1234.56, "read_rate": 99.04, "processing_rate": None,
             "lag_events": {"p0": 3, "p1": 4}, "lag_ms": {"p0": 250, "p1": None, "p2": 90},
-            "latency_ms": {"p50": 5, "p99": 9, "max": 12}, "watermark_delay_ms": None}
+            "latency_ms": {"p50": 5, "p99": 9, "max": 12}, "event_time_lag_ms": {"p50": 60, "p99": 70, "max": 80},
+            "watermark_delay_ms": None}
     assert {k: v.value for k, v in live_metadata(live).items()} == {
-        "input_rate": 1234.6, "lag_events": 7, "lag_events_by_partition": {"p0": 3, "p1": 4}, "lag_ms_max": 250,
-        "latency_p50_ms": 5, "latency_p99_ms": 9, "latency_max_ms": 12}
+        "input_rate": 1234.6, "read_rate": 99.0, "lag_events": 7, "lag_events_by_partition": {"p0": 3, "p1": 4},
+        "lag_ms_max": 250, "latency_p50_ms": 5, "latency_p99_ms": 9, "latency_max_ms": 12,
+        "event_time_lag_p50_ms": 60, "event_time_lag_p99_ms": 70, "event_time_lag_max_ms": 80}
     assert live_metadata({}) == {}

@@ -151,6 +151,8 @@ def test_progress_line_latency_from_the_producer_schedule() -> None:
     line = progress_line(record, positions, first_tick=990.0, rate=20)
     assert line == ("epoch 3: 10 events in 0.50 s, lag 1/0/1 events, latency 9.8 s, "
                     "watermark 2013-01-01 01:00 UTC")
+    with_dead = progress_line({**record, "dead_letter": {"total": 1_234, "unparseable_value": 1_234}}, None, None, 20)
+    assert with_dead.startswith("epoch 3: 10 events in 0.50 s, lag 1/0/1 events, 1,234 dead letters, watermark")
     drained = progress_line({**record, "drained": True, "watermark": 2**63 - 1}, None, None, 20)
     assert drained.endswith("lag 1/0/1 events, drained: watermark +inf, every window emitted")
 

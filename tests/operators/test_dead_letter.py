@@ -20,6 +20,8 @@ from examples.synthetic import (
     window_count_oracle,
 )
 from operators.api.job import Job
+from operators.api.operator import KeyedEvent, Operator, Subject
+from operators.errors import TooManyDeadLettersError
 from operators.io.sinks import ParquetSink
 from operators.io.sources import ERROR_COLUMN, RAW_VALUE_COLUMN, Source
 from operators.runtime.checkpoints import latest_checkpoint
@@ -233,3 +235,80 @@ def test_topic_values_that_do_not_decode_go_to_dead_letter(tmp_path) -> None:
     got = job.sinks["main"].read(runner.store, job.prefix).to_pandas()
     pd.testing.assert_frame_equal(_sorted(got), _sorted(want[["group", "window_start", "count", "amount"]]),
                                   check_dtype=False)
+
+
+TALLY_SCHEMA = pa.schema([pa.field("key", pa.binary()), pa.field("amount", pa.int64())])
+
+
+class Tally(Operator):
+    """Emits each event's amount: no timers, so an epoch's records are its rows read."""
+
+    name = "tally"
+    outputs = {"main": TALLY_SCHEMA}
+
+    def on_event(self, subject: Subject, event: KeyedEvent) -> None:
+        subject.emit({"key": event.key, "amount": event.value["amount"]})
+
+
+def _ratio_job(max_ratio: float | None) -> Job:
+    return Job(name="ratio", source=BadInputSource(), operators=[Tally()],
+               sinks={"main": ParquetSink("tally", TALLY_SCHEMA)}, parallelism=2, events_per_epoch=200,
+               dead_letter=DeadLetter(max_ratio=max_ratio, min_records=1))
+
+
+def test_epoch_over_max_ratio_fails_before_its_commit(tmp_path) -> None:
+    """Oracle: ``BAD``. Epoch 1 reads offsets [0, 100) of both partitions: 200 records,
+    the bad ones among them dead letters. Over ``max_ratio`` the epoch fails naming the
+    counts, the share, the reasons and the first rows, and nothing is committed or
+    published; at exactly the share it commits."""
+    bad = {k: r for k, r in BAD.items() if k[1] < 100}
+    share = len(bad) / 200
+    root = str(tmp_path / "store")
+    runner = JobRunner(_ratio_job(share - 0.001), None, root)
+    with pytest.raises(TooManyDeadLettersError) as raised:
+        runner.run()
+    message = str(raised.value)
+    assert f"job ratio: epoch 1 sent {len(bad)} of its 200 records ({share:.1%}) to the dead-letter table" in message
+    per_reason = ", ".join(f"{r} {sum(v == r for v in bad.values())}" for r in REASONS
+                           if any(v == r for v in bad.values()))
+    assert f"(per reason: {per_reason})" in message
+    assert ("First: source bad_input partition p0 offset 3: unparseable_value (JSONDecodeError: Expecting value); "
+            "source bad_input partition p0 offset 50: missing_key; "
+            "source bad_input partition p0 offset 51: missing_key.") in message
+    assert "DeadLetter(max_ratio=...)" in message
+    assert runner.latest() is None
+    assert runner.job.dead_letter.sink.read(runner.store, runner.job.prefix).num_rows == 0
+
+    job = _ratio_job(share)  # not more than the limit: the job runs to the end
+    results = JobRunner(job, None, root).run()
+    assert results[-1].finished and results[0].dead_letter["total"] == len(bad)
+    assert job.sinks["main"].read(runner.store, job.prefix).num_rows == 400 - len(BAD)
+
+
+def test_values_of_the_wrong_type_stop_the_job_by_default(tmp_path) -> None:
+    """Float values for a column declared int64 (a producer and a job that disagree):
+    every record but a few is a dead letter; with the default ``DeadLetter`` the first
+    epoch fails, naming the field, instead of the job running on what is left."""
+    from operators.io.topics import TopicSource
+    from storage.log import Log, TopicConfig
+    from storage.objectstore import open_object_store
+
+    root = str(tmp_path / "store")
+    log = Log(open_object_store(root))
+    log.create_topic("in", TopicConfig(partitions=1))
+    prod = log.producer()
+    for i in range(300):  # every 50th amount is whole and decodes
+        prod.send("in", f"k{i % 4}".encode(), json.dumps({"amount": i + (0 if i % 50 == 0 else 0.5)}).encode(),
+                  timestamp=BASE_MS + 1_000 * i)
+    prod.flush()
+    job = Job(name="floats", source=TopicSource(root, "in", value_schema=pa.schema([("amount", pa.int64())]),
+                                                bounded=True),
+              operators=[Tally()], sinks={"main": ParquetSink("tally", TALLY_SCHEMA)}, key_groups=8,
+              parallelism=2, events_per_epoch=150)
+    runner = JobRunner(job, None, root)
+    with pytest.raises(TooManyDeadLettersError, match=r"epoch 1 sent 147 of its 150 records \(98.0%\).*"
+                                                      r"per reason: unparseable_value 147\). First: source "
+                                                      r"topic:in partition in-0 offset 1: unparseable_value "
+                                                      r"\(field 'amount'"):
+        runner.run()
+    assert runner.latest() is None

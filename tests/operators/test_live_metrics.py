@@ -34,16 +34,20 @@ def _nearest_rank(values: list[int], q: float) -> int:
 
 
 def _expected(read: dict[str, range], ends: dict[str, int], now_ms: int, plan_ms: int,
-              previous_plan_ms: int | None, watermark: int) -> dict:
+              previous_plan_ms: int | None, watermark: int, previous_ends: dict[str, int] | None = None) -> dict:
     events = sum(len(r) for r in read.values())
     ages = [now_ms - t for p, r in read.items() for t in _ingest(p, r)]
+    seconds = None if previous_plan_ms is None else (plan_ms - previous_plan_ms) / 1000
     return {
         "at_ms": now_ms,
-        "input_rate": None if previous_plan_ms is None else events / ((plan_ms - previous_plan_ms) / 1000),
+        # Arriving: how far the end offsets moved between the two plans.
+        "input_rate": None if seconds is None else sum(ends[p] - previous_ends[p] for p in ends) / seconds,
+        "read_rate": None if seconds is None else events / seconds,
         "processing_rate": events / ((now_ms - plan_ms) / 1000),
         "lag_events": {p: ends[p] - r.stop for p, r in read.items()},
         "lag_ms": {p: now_ms - _ts(p, r.stop - 1) for p, r in read.items()},
         "latency_ms": {"p50": _nearest_rank(ages, 0.5), "p99": _nearest_rank(ages, 0.99), "max": max(ages)},
+        "event_time_lag_ms": None,  # every ingest time differs from its event time
         "watermark_delay_ms": now_ms - watermark,
     }
 
@@ -71,14 +75,38 @@ def test_live_metrics_against_a_hand_computation(tmp_path) -> None:
                                    first.watermark)
 
     now[0] += NEXT_PLAN_AFTER_MS / 1000
-    second = next(epochs)  # p0 [200, 300), p1 [200, 350)
+    new_ends = {"p0": 330, "p1": 400}  # 30 + 50 events arrive before the next plan
+    reveal(visible, new_ends)
+    second = next(epochs)  # p0 [200, 330), p1 [200, 400)
     plan2 = plan1 + COMMIT_AFTER_MS + PUBLISH_AFTER_MS + NEXT_PLAN_AFTER_MS
-    read2 = {"p0": range(200, 300), "p1": range(200, 350)}
+    read2 = {"p0": range(200, 330), "p1": range(200, 400)}
     ckpt2 = read_checkpoint(runner.store, job.prefix, 2)
-    assert ckpt2.metrics["live"] == _expected(read2, ends, plan2 + COMMIT_AFTER_MS, plan2, plan1,
-                                              second.watermark)
-    assert second.live["input_rate"] == 250 / 2.75
+    assert ckpt2.metrics["live"] == _expected(read2, new_ends, plan2 + COMMIT_AFTER_MS, plan2, plan1,
+                                              second.watermark, previous_ends=ends)
+    assert second.live["input_rate"] == 80 / 2.75 and second.live["read_rate"] == 330 / 2.75
     assert second.live["lag_events"] == {"p0": 0, "p1": 0}
+
+
+def _ingest_is_event_time(partition: str, offsets) -> list[int]:
+    """As a Kafka record whose timestamp is both its event time and its ingest time; but
+    offset 0 of p1, whose ingest time is its event time + 7 ms."""
+    return [_ts(partition, o) + (7 if (partition, o) == ("p1", 0) else 0) for o in offsets]
+
+
+def test_event_time_lag_is_not_called_latency(tmp_path) -> None:
+    """Events whose ingest time is their event time: now minus it is event-time lag, in
+    ``event_time_lag_ms``; ``latency_ms`` covers only the one event whose ingest time
+    differs. Oracle: the same computed from the source's offsets."""
+    now_ms = T0_MS + 100_000
+    visible = tmp_path / "visible.json"
+    reveal(visible, {"p0": 40, "p1": 40})
+    job = live_sources.job(visible, events_per_epoch=400, source_args={"ingest_time": _ingest_is_event_time})
+    [result] = JobRunner(job, None, str(tmp_path / "s"), clock=lambda: now_ms / 1000).run()
+    lags = [now_ms - _ts(p, o) for p in ("p0", "p1") for o in range(40) if (p, o) != ("p1", 0)]
+    assert result.live["event_time_lag_ms"] == {"p50": _nearest_rank(lags, 0.5), "p99": _nearest_rank(lags, 0.99),
+                                                "max": max(lags)}
+    own = now_ms - (_ts("p1", 0) + 7)
+    assert result.live["latency_ms"] == {"p50": own, "p99": own, "max": own}
 
 
 def test_latency_is_null_without_ingest_times(tmp_path) -> None:
@@ -86,6 +114,7 @@ def test_latency_is_null_without_ingest_times(tmp_path) -> None:
     reveal(visible, {"p0": 10, "p1": 10})
     [result] = JobRunner(live_sources.job(visible), None, str(tmp_path / "s")).run()
     assert result.live["latency_ms"] is None and result.live["input_rate"] is None
+    assert result.live["event_time_lag_ms"] is None and result.live["read_rate"] is None
     assert result.live["lag_events"] == {"p0": 0, "p1": 0}
 
 
@@ -112,3 +141,28 @@ def test_latency_from_ingest_sketches_matches_the_events(tasks, big) -> None:
     else:
         slack = 10_000 * 4 / INGEST_SAMPLE + 1  # a few sample steps of the value range
         assert abs(got["p50"] - p50) <= slack and abs(got["p99"] - p99) <= slack
+
+
+@settings(max_examples=200, deadline=None)
+@given(growth=st.lists(st.lists(st.integers(0, 1_000), min_size=3, max_size=3), min_size=1, max_size=8),
+       start=st.lists(st.integers(0, 10_000), min_size=3, max_size=3), joins=st.integers(0, 2))
+def test_arrivals_over_plans_add_up_to_what_the_source_grew(growth, start, joins) -> None:
+    """``live.arrived`` between consecutive plans sums to the growth of the end offsets
+    from the first plan to the last, a partition that appears later counting from where
+    it is first read (oracle: the final ends minus the starts)."""
+    from operators.runtime.live import EpochPlan, arrived
+
+    parts = ["p0", "p1", "p2"][:3 - joins]
+    late = ["p0", "p1", "p2"][3 - joins:]  # appear at the second plan
+    ends = {p: s for p, s in zip(parts, start)}
+    previous, total = dict(ends), 0
+    for i, step in enumerate(growth):
+        if i == 1:
+            ends.update({p: start[int(p[1])] for p in late})
+        ends = {p: e + step[int(p[1])] for p, e in ends.items()}
+        plan = EpochPlan(offsets={p: (previous.get(p, start[int(p[1])]),) * 2 for p in ends}, ends=dict(ends),
+                         idle=frozenset(), paused=frozenset(), planned_at_ms=i)
+        total += arrived(plan, previous)
+        previous = dict(ends)
+    first = {p: start[int(p[1])] for p in ends}
+    assert total == sum(ends[p] - first[p] for p in ends)

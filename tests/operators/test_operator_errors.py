@@ -11,6 +11,7 @@ missing one, as pandas does; the runtime keeps an emitted NaN a NaN in both form
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -38,7 +39,7 @@ from operators.api.codecs import IntCodec, RecordCodec
 from operators.api.job import Job
 from operators.api.operator import KeyedEvent, Operator, Subject
 from operators.api.state import MapSpec
-from operators.errors import JobFailedError
+from operators.errors import JobFailedError, OperatorError
 from operators.io.sinks import ParquetSink
 from operators.io.sources import Source
 from operators.runtime import exchange as runtime
@@ -224,10 +225,11 @@ def _sorted(df: pd.DataFrame) -> pd.DataFrame:
 def _check_dead_letters(runner: JobRunner, batch: bool) -> None:
     job = runner.job
     dead = job.dead_letter.sink.read(runner.store, job.prefix).to_pandas()
-    events = dead[dead["source"].notna()].sort_values(["partition", "offset"])
+    from_timer = dead["source"] == "timer:poison_count"  # a timer's row says so
+    events = dead[~from_timer].sort_values(["partition", "offset"])
     assert list(zip(events["partition"], events["offset"])) == sorted([POISON_VALUE, POISON_KEY])
     assert set(dead["reason"]) == {"operator_error"} and set(events["source"]) == {"poison"}
-    assert set(events["epoch"]) == {2} and list(dead.loc[dead["source"].isna(), "epoch"]) == [3]
+    assert set(events["epoch"]) == {2} and list(dead.loc[from_timer, "epoch"]) == [3]
     src = PoisonSource()
     value_row = events[events["partition"] == POISON_VALUE[0]].iloc[0]
     assert value_row["key"] == src.full("p0").loc[POISON_VALUE[1], "key"]
@@ -238,7 +240,7 @@ def _check_dead_letters(runner: JobRunner, batch: bool) -> None:
     assert value_row["error"].startswith(f"operator poison_count {handler}: ValueError: negative amount")
     key_error = "ArrowInvalid" if batch else "UnicodeDecodeError"
     assert key_row["error"].startswith(f"operator poison_count {handler}: {key_error}")
-    timers = dead[dead["source"].isna()]
+    timers = dead[from_timer]
     assert len(timers) == 1
     timer = timers.iloc[0]
     assert (timer["key"], timer["timestamp"]) == (POISON_TIMER[0], POISON_TIMER[1] + W)
@@ -254,6 +256,66 @@ def test_fail_policy_fails_every_rerun(batch, tmp_path) -> None:
         with pytest.raises(JobFailedError, match="epoch 2 failed in operator poison_count"):
             JobRunner(_job(batch, "fail"), None, root).run()
     assert latest_checkpoint(open_object_store(root), "jobs/poison").epoch == 1
+
+
+def _described(partition: str, offset: int) -> str:
+    """How an ``OperatorError`` names the poison event at (partition, offset)."""
+    row = PoisonSource().full(partition).loc[offset]
+    ts = int(row["timestamp"])
+    iso = pd.Timestamp(ts, unit="ms", tz="UTC").strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    return (f"with key {bytes(row['key'])!r} (source poison partition {partition} offset {offset}, "
+            f"event time {ts} ({iso}))")
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["on_event", "on_batch"])
+def test_fail_policy_error_names_key_partition_offset_and_event_time(batch, tmp_path) -> None:
+    """Oracle: the poison events' rows in the source. The error names one of them, with
+    the handler, the cause and what to do; nothing of epoch 2 is committed."""
+    root = str(tmp_path / "store")
+    with pytest.raises(OperatorError) as raised:
+        JobRunner(_job(batch, "fail"), None, root).run()
+    message = str(raised.value)
+    handler = "on_batch" if batch else "on_event"
+    assert f"epoch 2 failed in operator poison_count: operator poison_count {handler} raised on the event" in message
+    named = [p for p in (POISON_VALUE, POISON_KEY) if _described(*p) in message]
+    assert len(named) == 1, message
+    cause = ("ValueError: negative amount" if named[0] == POISON_VALUE
+             else "ArrowInvalid" if batch else "UnicodeDecodeError")
+    assert f"): {cause}" in message
+    assert "on_operator_error='dead_letter'" in message
+    assert latest_checkpoint(open_object_store(root), "jobs/poison").epoch == 1
+
+
+def test_fail_policy_error_on_spark(spark, tmp_path) -> None:
+    """On Spark the task's error reaches the driver as text: the ``OperatorError`` raised
+    there names the same event."""
+    with pytest.raises(OperatorError) as raised:
+        JobRunner(_job(False, "fail"), spark, str(tmp_path / "store")).run()
+    message = str(raised.value)
+    assert message.startswith("job poison: epoch 2 failed in operator poison_count: operator poison_count on_event "
+                              "raised on the event with key"), message
+    assert [p for p in (POISON_VALUE, POISON_KEY) if _described(*p) in message], message
+
+
+class CleanSource(PoisonSource):
+    """``PoisonSource`` without the poison events: only the timer raises."""
+
+    def full(self, partition: str) -> pd.DataFrame:
+        df = self.inner.full_partition(partition).to_pandas()
+        df["amount"] = df["amount"].astype("float64")
+        return df
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["on_event", "on_batch"])
+def test_fail_policy_error_names_the_timer(batch, tmp_path) -> None:
+    """A timer that raises under "fail": the error names its key and time."""
+    job = dataclasses.replace(_job(batch, "fail"), source=CleanSource())
+    with pytest.raises(OperatorError) as raised:
+        JobRunner(job, None, str(tmp_path / "store")).run()
+    handler = "on_timers" if batch else "on_timer_expired"
+    key, start = POISON_TIMER
+    assert (f"operator poison_count {handler} raised on the timer of key {key!r} at {start + W} "
+            f"(1970-01-01T00:01:10.000Z): RuntimeError: poison timer") in str(raised.value)
 
 
 @pytest.mark.parametrize("batch", [False, True], ids=["on_event", "on_batch"])

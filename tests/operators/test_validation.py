@@ -70,6 +70,9 @@ BAD = {
     "object that is not a codec": ({"operators": [NotACodec()]}, r"state 'buffer' codec: unknown codec 'object'"),
     "negative future bound": ({"dead_letter": DeadLetter(max_future_ms=-5)}, r"dead_letter.max_future_ms=-5"),
     "unknown tolerance": ({"dead_letter": DeadLetter(tolerance="some")}, r"tolerance must be 'all' or 'none'"),
+    "dead-letter ratio above 1": ({"dead_letter": DeadLetter(max_ratio=50)},
+                                  r"dead_letter.max_ratio must be a share from 0 to 1 or None, got 50"),
+    "negative min_records": ({"dead_letter": DeadLetter(min_records=-1)}, r"dead_letter.min_records=-1"),
     "sink that is not a Sink": ({"sinks": {"main": "counts.parquet"}}, r"sink 'main' is 'counts.parquet', not a Sink"),
     "output schema not a schema": ({"operators": [type("BadOut", (KeyWindowCount,), {
         "name": "bad_out", "outputs": {"main": [("group", pa.string())]}})()]}, r"output 'main' schema is list"),
