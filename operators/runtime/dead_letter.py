@@ -305,10 +305,10 @@ def check_ratio(policy: DeadLetter, counts: dict[str, int], records: int, staged
 
 
 def first_rows(store: ObjectStore, staged: list[str], n: int) -> list[dict]:
-    """The first ``n`` rows (``DEAD_LETTER_SCHEMA`` columns but ``value``, as dicts) of the
+    """The first ``n`` rows (``DEAD_LETTER_FILE_SCHEMA`` columns but ``value``, as dicts) of the
     staged dead-letter files ``staged``, in order."""
     rows: list[dict] = []
-    columns = [f.name for f in DEAD_LETTER_SCHEMA if f.name != "value"]
+    columns = [f.name for f in DEAD_LETTER_FILE_SCHEMA if f.name != "value"]  # epoch: the directory's
     for key in staged:
         if len(rows) >= n:
             break
