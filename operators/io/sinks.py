@@ -174,28 +174,30 @@ class ParquetSink(Sink):
         matches it (size; CRC32C too when ``full``: one HEAD or GET) or, failing that,
         the staged file itself matches (one GET: it is about to be copied). One without
         a checksum: it, or its published copy, exists."""
-        problems = map_requests(lambda key: self._unpublishable(store, job_prefix, epoch, key,
+        actions = map_requests(lambda key: self._restart_action(store, job_prefix, epoch, key,
                                                                 checksums.get(key), full),
-                                staged, REQUEST_THREADS)
-        return [p for p in problems if p]
+                               staged, REQUEST_THREADS)
+        return [problem for _, problem in actions if problem]
 
-    def _unpublishable(self, store: ObjectStore, job_prefix: str, epoch: int, key: str,
-                       expected: ObjectChecksum | None, full: bool) -> str | None:
-        """Why staged file ``key`` cannot be published again, or None."""
+    def _restart_action(self, store: ObjectStore, job_prefix: str, epoch: int, key: str,
+                        expected: ObjectChecksum | None, full: bool) -> tuple[str, str | None]:
+        """What a restart does with staged file ``key``: ``("keep", None)`` (its published
+        copy matches), ``("copy", None)`` (the staged file matches, or has no checksum) or
+        ``("refuse", why)``."""
         final = self.published_key(job_prefix, epoch, key)
         if expected is None:
             if store.exists(key) or store.exists(final):
-                return None
-            return f"{store.uri(key)}: staged output named by epoch {epoch} is missing"
+                return "copy", None
+            return "refuse", f"{store.uri(key)}: staged output named by epoch {epoch} is missing"
         published = expected.mismatch(store, final, full)
         if published is None:
-            return None
+            return "keep", None
         damage = expected.mismatch(store, key, full=True)
         if damage is None:
-            return None
-        return (f"{store.uri(key)}: staged output of epoch {epoch} {damage} (the checkpoint "
-                f"recorded it as written), and its published copy {store.uri(final)} {published}: "
-                "it cannot be published")
+            return "copy", None
+        return "refuse", (f"{store.uri(key)}: staged output of epoch {epoch} {damage} (the checkpoint "
+                          f"recorded it as written), and its published copy {store.uri(final)} "
+                          f"{published}: it cannot be published")
 
     def republish(self, store: ObjectStore, job_prefix: str, epoch: int, staged: list[str],
                   checksums: dict[str, ObjectChecksum], full: bool,
@@ -220,17 +222,16 @@ class ParquetSink(Sink):
                        expected: ObjectChecksum | None, full: bool) -> str:
         if expected is None:
             return self._publish_one(store, job_prefix, epoch, key)
-        final = self.published_key(job_prefix, epoch, key)
-        if expected.mismatch(store, final, full) is None:
-            return final
-        problem = self._unpublishable(store, job_prefix, epoch, key, expected, full)
-        if problem:
+        action, problem = self._restart_action(store, job_prefix, epoch, key, expected, full)
+        if action == "refuse":
             raise RecoveryRefusedError(
                 f"sink {self.name}: {problem}. Nothing was copied. Restore the staged object, or "
                 f"delete the published output of epoch {epoch} "
                 f"({store.uri(self.table_prefix(job_prefix))}epoch={epoch:08d}/) so that the restart "
                 "falls back to the previous checkpoint and computes the epoch again.")
-        store.copy(key, final)
+        final = self.published_key(job_prefix, epoch, key)
+        if action == "copy":
+            store.copy(key, final)
         return final
 
     def published_after(self, store: ObjectStore, job_prefix: str, epoch: int) -> list[str]:
