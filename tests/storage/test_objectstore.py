@@ -412,7 +412,8 @@ def test_rejects_escaping_keys(tmp_path: Path) -> None:
     st.sampled_from(["a/x", "a/y", "a/z/w", "b/x", "ax"]),
     st.binary(max_size=64)), max_size=12))
 def test_operations_match_a_dict(store: ObjectStore, ops) -> None:
-    """Any sequence of writes leaves the store equal to a dict replaying them."""
+    """Any sequence of writes (copies onto their own result included) leaves the store
+    equal to a dict replaying them; a local store's directory holds those objects only."""
     for key in store.list(""):
         store.delete(key)
     model: dict[str, bytes] = {}
@@ -447,6 +448,9 @@ def test_operations_match_a_dict(store: ObjectStore, ops) -> None:
     for key, data in model.items():
         assert store.get(key) == data
         assert store.get_range(key, 1, 3) == data[1:4]
+    if isinstance(store, LocalObjectStore):  # on disk: the objects, and no temp file at all
+        root = store._root
+        assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()) == sorted(model)
 
 
 # ------------------------------------------------------------------- S3 only
