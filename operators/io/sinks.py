@@ -5,6 +5,11 @@ driver names them in the epoch's checkpoint and only then *publishes* them to th
 final, deterministic names. Publishing is idempotent and re-run on restart for the
 newest checkpoint, so a crash between any two steps neither loses nor duplicates rows,
 and readers of the sink directory never see a file of an uncommitted epoch.
+
+A sink whose publish copies the staged object byte for byte (``ParquetSink``) records
+its checksum when staging (``Sink.stage``), and the checkpoint keeps it, so a restart
+leaves a published file that is already correct alone and never publishes a staged file
+damaged since (``Sink.check_staged``, ``Sink.republish``).
 """
 from __future__ import annotations
 
@@ -18,8 +23,10 @@ import pyarrow.parquet as pq
 
 from operators import paths
 from operators.paths import range_label_of
+from operators.errors import RecoveryRefusedError
 from storage.errors import ObjectNotFoundError
 from storage.objectstore import REQUEST_THREADS, ObjectStore, map_requests
+from storage.objectstore.checksum import ObjectChecksum
 
 # A ParquetSink's files sit in ``epoch=<e>`` directories, which every reader of the table
 # by its directory (pyarrow, DuckDB, Spark: hive partitioning) turns into this column.
@@ -36,6 +43,16 @@ class Sink(ABC):
     def write_staged(self, store: ObjectStore, staging_prefix: str, table: pa.Table) -> str:
         """Write ``table`` under ``staging_prefix`` (unique to the task attempt) in the
         task; return the staged object key."""
+
+    def stage(self, store: ObjectStore, staging_prefix: str, table: pa.Table
+              ) -> tuple[str, ObjectChecksum | None]:
+        """``write_staged``, with the staged object's checksum where the sink computes one
+        (the checkpoint records it; ``check_staged``). The runtime's tasks call this one.
+
+        Returns:
+            ``(staged object key, its checksum or None)``. Default: no checksum.
+        """
+        return self.write_staged(store, staging_prefix, table), None
 
     def prepare(self, store: ObjectStore, job_prefix: str, epoch: int, staged: list[str]) -> None:
         """Called by the driver before it commits ``epoch``, with the epoch's staged
@@ -55,6 +72,32 @@ class Sink(ABC):
         never pass through the driver; ``fn`` is pickled to the tasks. The runtime calls
         this one. Default: ``publish`` (a sink that only renames or copies objects)."""
         return self.publish(store, job_prefix, epoch, staged)
+
+    def check_staged(self, store: ObjectStore, job_prefix: str, epoch: int, staged: list[str],
+                     checksums: dict[str, ObjectChecksum], full: bool) -> list[str]:
+        """Whether a restart can publish committed epoch ``epoch`` again (its checkpoint
+        is checked before the job continues from it, ``operators.runtime.recovery``).
+
+        Args:
+            staged: the epoch's staged object keys of this sink's output.
+            checksums: staged key -> checksum taken when staging (absent: not checked;
+                checkpoints written before checksums existed have none).
+            full: ``verify_restart="full"``: read objects rather than compare sizes.
+
+        Returns:
+            One message per object that cannot be published, naming its URI. Default:
+            each staged object exists.
+        """
+        return [f"{store.uri(k)}: staged output named by epoch {epoch} is missing"
+                for k in staged if not store.exists(k)]
+
+    def republish(self, store: ObjectStore, job_prefix: str, epoch: int, staged: list[str],
+                  checksums: dict[str, ObjectChecksum], full: bool,
+                  map_in_tasks: Callable[[Callable, list], list]) -> list[str]:
+        """Publishes the newest committed epoch again on restart, finishing a publish a
+        crash interrupted; arguments as ``check_staged`` and ``publish_in_tasks``.
+        Default: ``publish_in_tasks`` (a sink that is idempotent by its own means)."""
+        return self.publish_in_tasks(store, job_prefix, epoch, staged, map_in_tasks)
 
     @abstractmethod
     def read(self, store: ObjectStore, job_prefix: str) -> pa.Table:
@@ -104,12 +147,16 @@ class ParquetSink(Sink):
         return paths.sink_prefix(job_prefix, self.name) + "/"
 
     def write_staged(self, store: ObjectStore, staging_prefix: str, table: pa.Table) -> str:
+        return self.stage(store, staging_prefix, table)[0]
+
+    def stage(self, store: ObjectStore, staging_prefix: str, table: pa.Table) -> tuple[str, ObjectChecksum]:
         self.check_columns(table.column_names)
         buf = io.BytesIO()
         pq.write_table(table, buf, compression="zstd")
         key = f"{staging_prefix}/{self.name}.parquet"
-        store.put(key, buf.getvalue())
-        return key
+        data = buf.getvalue()
+        store.put(key, data)
+        return key, ObjectChecksum.of(data)
 
     def published_key(self, job_prefix: str, epoch: int, staged_key: str) -> str:
         """Final name of a staged file: deterministic in (epoch, range), so a
@@ -142,6 +189,72 @@ class ParquetSink(Sink):
         except ObjectNotFoundError:
             if not store.exists(final):
                 raise
+        return final
+
+    def check_staged(self, store: ObjectStore, job_prefix: str, epoch: int, staged: list[str],
+                     checksums: dict[str, ObjectChecksum], full: bool) -> list[str]:
+        """Each staged file with a checksum is publishable if its published copy already
+        matches it (size; CRC32C too when ``full``: one HEAD or GET) or, failing that,
+        the staged file itself matches (one GET: it is about to be copied). One without
+        a checksum: it, or its published copy, exists."""
+        actions = map_requests(lambda key: self._restart_action(store, job_prefix, epoch, key,
+                                                                checksums.get(key), full),
+                               staged, REQUEST_THREADS)
+        return [problem for _, problem in actions if problem]
+
+    def _restart_action(self, store: ObjectStore, job_prefix: str, epoch: int, key: str,
+                        expected: ObjectChecksum | None, full: bool) -> tuple[str, str | None]:
+        """What a restart does with staged file ``key``: ``("keep", None)`` (its published
+        copy matches), ``("copy", None)`` (the staged file matches, or has no checksum) or
+        ``("refuse", why)``."""
+        final = self.published_key(job_prefix, epoch, key)
+        if expected is None:
+            if store.exists(key) or store.exists(final):
+                return "copy", None
+            return "refuse", f"{store.uri(key)}: staged output named by epoch {epoch} is missing"
+        published = expected.mismatch(store, final, full)
+        if published is None:
+            return "keep", None
+        damage = expected.mismatch(store, key, full=True)
+        if damage is None:
+            return "copy", None
+        return "refuse", (f"{store.uri(key)}: staged output of epoch {epoch} {damage} (the checkpoint "
+                          f"recorded it as written), and its published copy {store.uri(final)} "
+                          f"{published}: it cannot be published")
+
+    def republish(self, store: ObjectStore, job_prefix: str, epoch: int, staged: list[str],
+                  checksums: dict[str, ObjectChecksum], full: bool,
+                  map_in_tasks: Callable[[Callable, list], list]) -> list[str]:
+        """``publish`` of files whose published copy does not match their checksum yet
+        (a file already published correctly is left alone: one HEAD, or a GET when
+        ``full``); a staged file is read and checked before it is copied (one GET).
+        Files without a checksum are copied as by ``publish``.
+
+        Raises:
+            RecoveryRefusedError: a staged file to copy no longer matches its checksum
+                (nothing was copied over its published name); the message names both
+                objects and what to do.
+            ObjectNotFoundError: a staged file without a checksum is gone and was never
+                published.
+        """
+        return map_requests(lambda key: self._republish_one(store, job_prefix, epoch, key,
+                                                            checksums.get(key), full),
+                            staged, REQUEST_THREADS)
+
+    def _republish_one(self, store: ObjectStore, job_prefix: str, epoch: int, key: str,
+                       expected: ObjectChecksum | None, full: bool) -> str:
+        if expected is None:
+            return self._publish_one(store, job_prefix, epoch, key)
+        action, problem = self._restart_action(store, job_prefix, epoch, key, expected, full)
+        if action == "refuse":
+            raise RecoveryRefusedError(
+                f"sink {self.name}: {problem}. Nothing was copied. Restore the staged object, or "
+                f"delete the published output of epoch {epoch} "
+                f"({store.uri(self.table_prefix(job_prefix))}epoch={epoch:08d}/) so that the restart "
+                "falls back to the previous checkpoint and computes the epoch again.")
+        final = self.published_key(job_prefix, epoch, key)
+        if action == "copy":
+            store.copy(key, final)
         return final
 
     def published_after(self, store: ObjectStore, job_prefix: str, epoch: int) -> list[str]:

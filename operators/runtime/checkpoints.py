@@ -18,6 +18,11 @@ checkpoint exists. Layout::
         "key_groups": int, "parallelism": int,
         "operators": {op_name: {range_label: dkv manifest key}},
         "outputs": {output_name: [staged object keys]},
+        "output_checksums": {staged object key: [bytes, crc32c]},
+            # taken by the task as it staged the file (Sink.stage, ObjectChecksum), for
+            # the outputs whose sink takes one; a restart checks them before it publishes
+            # again (Sink.check_staged, Sink.republish). Absent in checkpoints written
+            # before checksums existed (read as {}: not checked)
         "dropped": {op_name: {range_label: [[name, bytes], ...]} | null} | null,
             # what the epoch's range manifests stopped naming compared with the previous
             # checkpoint's (DKV.dropped_at_checkpoint): garbage once the previous
@@ -81,6 +86,7 @@ from operators.errors import JobFencedError
 from operators.paths import checkpoint_key, checkpoint_prefix, epoch_of_checkpoint
 from storage.errors import CorruptionError
 from storage.objectstore import ObjectStore
+from storage.objectstore.checksum import ObjectChecksum
 
 FORMAT_VERSION = 1
 
@@ -106,6 +112,11 @@ class JobCheckpoint:
     unkept: dict[str, dict[str, list] | None] | None = None
     layout: int = paths.LAYOUT_FLAT  # the key layout of the tasks' files (operators.paths)
     source_state: dict | None = None  # Source.snapshot_state at source_offsets
+    output_checksums: dict[str, list[int]] = field(default_factory=dict)
+
+    def staged_checksums(self) -> dict[str, ObjectChecksum]:
+        """``output_checksums`` as ``{staged key: ObjectChecksum}``."""
+        return {k: ObjectChecksum.from_json(v) for k, v in self.output_checksums.items()}
 
     def encode(self) -> bytes:
         """Checksummed JSON bytes."""

@@ -58,7 +58,7 @@ if the checkpoint object itself is damaged), and the damage is reported in
 ``CleanupReport.damaged`` and logged as a warning. A restart falling back to that
 checkpoint would refuse it; the Dagster ``verified`` check reports it.
 
-Last, writes abandoned by killed writers (a local ``.tmp-`` file, an S3 multipart upload
+Last, writes abandoned by killed writers (a local temp file, an S3 multipart upload
 never completed) under the job's prefix are removed once ``ABANDONED_WRITE_AGE_S`` old:
 no write of a live writer takes that long (an epoch's lease lasts at most 30 minutes).
 """

@@ -475,7 +475,7 @@ class JobRunner:
         restore_source(self.job, ckpt)
         if read_commit_log(self.store, self.job.prefix).last_recorded < ckpt.epoch:
             record_commit(self.store, self.job.prefix, ckpt.epoch)  # a crash came between
-        self._publish(ckpt)  # idempotent: finishes a publish a crash interrupted
+        self._republish(ckpt)  # finishes a publish a crash interrupted
         return ckpt
 
     def _new_exchange(self) -> Exchange:
@@ -548,7 +548,7 @@ class JobRunner:
         self._exchange = None  # the epoch's events are no longer needed
         self.failpoint("after_tasks", epoch)
         fault_point("after_tasks")
-        outputs = _staged_outputs(results[self.job.operators[-1].name])
+        outputs, checksums = _staged_outputs(results[self.job.operators[-1].name])
         outputs.update(self._stage_dead_letters())
         self._prepare_sinks(epoch, outputs)
         offsets = {p: end for p, (_, end) in plan.offsets.items()}
@@ -571,7 +571,7 @@ class JobRunner:
             finished=finished, key_groups=self.job.key_groups, parallelism=self.job.parallelism,
             operators={op: {res.range_label: res.manifest_key for res in rs}
                        for op, rs in results.items()},
-            outputs=outputs, metrics=metrics, layout=ckpt.layout,
+            outputs=outputs, output_checksums=checksums, metrics=metrics, layout=ckpt.layout,
             dropped=encode_objects(self.job.prefix, {  # retention hook (operators.runtime.cleanup)
                 op: {res.range_label: res.dropped for res in rs} for op, rs in results.items()}, ckpt.layout),
             unkept=encode_objects(self.job.prefix, {  # retention hook
@@ -787,6 +787,18 @@ class JobRunner:
             fault_point("publish_file")
         return published
 
+    def _republish(self, ckpt: JobCheckpoint) -> list[str]:
+        """Step 8 again for the checkpoint a restart continues from: files published
+        correctly are left alone, and a staged file damaged since it was written is
+        never published (``Sink.republish``)."""
+        checksums = ckpt.staged_checksums()
+        published = []
+        for name, staged in ckpt.outputs.items():
+            published += self.job.output_sink(name).republish(
+                self.store, self.job.prefix, ckpt.epoch, staged, checksums,
+                self.verify_restart == "full", self._map_in_tasks)
+        return published
+
     def _map_in_tasks(self, fn: Callable, items: list) -> list:
         """``[fn(item) for item in items]``, on Spark one task per item (at most one per
         core), so what ``fn`` reads and writes never passes through the driver."""
@@ -835,13 +847,16 @@ def _parents(manifests: dict[str, str], old_ranges, new_range) -> tuple[str, ...
                  if o.label in manifests and o.start < new_range.end and new_range.start < o.end)
 
 
-def _staged_outputs(last_results: list[TaskResult]) -> dict[str, list[str]]:
-    """``{output name: [staged key per range, in range order]}`` of the last operator."""
+def _staged_outputs(last_results: list[TaskResult]) -> tuple[dict[str, list[str]], dict[str, list[int]]]:
+    """``({output name: [staged key per range, in range order]}, {staged key: checksum})``
+    of the last operator (the checkpoint's ``outputs`` and ``output_checksums``)."""
     outputs: dict[str, list[str]] = {}
+    checksums: dict[str, list[int]] = {}
     for res in sorted(last_results, key=lambda r: r.range_index):
         for name, key in res.staged_outputs.items():
             outputs.setdefault(name, []).append(key)
-    return outputs
+        checksums.update(res.staged_checksums)
+    return outputs, checksums
 
 
 def _root_message(e: BaseException) -> str:

@@ -8,6 +8,14 @@ object exists with the size its manifest records (one HEAD each: catches missing
 and torn or truncated objects); ``"full"`` reads and verifies every block and record as
 the Dagster ``verified`` asset check does (one GET of the whole state).
 
+Staged output files are checked by their sink (``Sink.check_staged``) against the
+checksums the checkpoint recorded when the tasks staged them: a file whose published
+copy already matches is fine (it is left alone); otherwise the staged file itself must
+match, since the restart is about to copy it. A staged file damaged since, whose
+published copy is missing or differs, makes the checkpoint unusable like a damaged
+table, so the fallback rule below applies: the epoch is recomputed if none of its
+output is visible, and otherwise the restart refuses, naming the file.
+
 When the newest checkpoint N is unusable, the restart falls back to the newest earlier
 retained checkpoint M whose files all verify, **only if no output of an epoch after M is
 visible**: a sink's published files (``Sink.published_after``) or the dead-letter table.
@@ -112,7 +120,7 @@ def _check_files(store: ObjectStore, manifest_key: str) -> list[str]:
 
 
 def check_checkpoint(store: ObjectStore, job_prefix: str, epoch: int,
-                     mode: str = "names") -> tuple[JobCheckpoint | None, list[str]]:
+                     mode: str = "names", job: Job | None = None) -> tuple[JobCheckpoint | None, list[str]]:
     """Checks job checkpoint ``epoch`` and the files it names (module docstring).
 
     Args:
@@ -120,6 +128,9 @@ def check_checkpoint(store: ObjectStore, job_prefix: str, epoch: int,
         job_prefix: ``jobs/<job>``.
         epoch: the committed epoch to check.
         mode: ``"names"`` or ``"full"``.
+        job: the job, whose sinks then check their staged outputs against the
+            checksums the checkpoint recorded (``Sink.check_staged``: publishable
+            again); without it, each staged output must exist.
 
     Returns:
         ``(checkpoint or None if unreadable, errors)``; each error names a URI.
@@ -133,9 +144,14 @@ def check_checkpoint(store: ObjectStore, job_prefix: str, epoch: int,
         for manifest_key in ranges.values():
             errors += verify_manifest(store, manifest_key).errors if mode == "full" \
                 else _check_files(store, manifest_key)
-    for keys in ckpt.outputs.values():
-        errors += [f"{store.uri(k)}: staged output named by epoch {epoch} is missing"
-                   for k in keys if not store.exists(k)]
+    if job is None:
+        for keys in ckpt.outputs.values():
+            errors += [f"{store.uri(k)}: staged output named by epoch {epoch} is missing"
+                       for k in keys if not store.exists(k)]
+        return ckpt, errors
+    checksums = ckpt.staged_checksums()
+    for name, keys in ckpt.outputs.items():
+        errors += job.output_sink(name).check_staged(store, job_prefix, epoch, keys, checksums, mode == "full")
     return ckpt, errors
 
 
@@ -209,7 +225,7 @@ def restart_checkpoint(
         return None, None
     bad: list[str] = _missing(store, job.prefix, commits)
     for epoch in reversed(epochs):
-        ckpt, errors = check_checkpoint(store, job.prefix, epoch, mode)
+        ckpt, errors = check_checkpoint(store, job.prefix, epoch, mode, job)
         if not errors:
             break
         bad += [f"epoch {epoch}: {msg}" for msg in errors]

@@ -114,6 +114,9 @@ class TaskResult:
 
     ``dead_letter_key``: the staged file of the task's dead-letter rows, or None.
 
+    ``staged_checksums``: ``{staged key: [bytes, crc32c]}`` of the staged outputs whose
+    sink took a checksum (``Sink.stage``; ``ObjectChecksum.to_json``).
+
     ``event_time``: the first operator's range 0, when it computed the epoch's event time
     itself (``operators.runtime.exchange``): the ``live.EpochEventTime``; else None.
 
@@ -133,6 +136,7 @@ class TaskResult:
     event_time: object | None = None  # live.EpochEventTime, computed by range 0 (exchange.run_range)
     dropped: dict[str, int] | None = None  # retention hook (operators.runtime.cleanup)
     unkept: dict[str, int] | None = None  # retention hook
+    staged_checksums: dict[str, list[int]] = field(default_factory=dict)
 
 
 class _TaskSubject(Subject):
@@ -279,12 +283,15 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
     tables = {name: e[0] for name, e in emitted.items()}
     forwarded = None
     staged: dict[str, str] = {}
+    checksums: dict[str, list[int]] = {}
     if spec.next_parallelism is not None:
         forwarded = _forward_table(*emitted[MAIN_OUTPUT], spec)
     else:
         for name, table in tables.items():
             if table.num_rows:
-                staged[name] = sinks[name].write_staged(store, staging, table)
+                staged[name], checksum = sinks[name].stage(store, staging, table)
+                if checksum is not None:
+                    checksums[staged[name]] = checksum.to_json()
     dead_letter_key = None
     if dead is not None and dead.count:
         dead_letter_key = dead_letter.stage(store, spec.job_prefix, spec.epoch, dead.table(), attempt,
@@ -305,6 +312,7 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
         range_label=krange.label,
         manifest_key=manifest_key,
         staged_outputs=staged,
+        staged_checksums=checksums,
         metrics={
             "events": n_events,
             "timers_fired": timers_fired,

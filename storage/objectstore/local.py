@@ -4,25 +4,34 @@ Key ``a/b/c`` is the file ``<root>/a/b/c``; parent directories are created on de
 
 Atomicity:
 
-* ``put`` writes ``<dir>/.tmp-<uuid>-<name>`` in the target directory, fsyncs it, then
-  ``os.replace``s it over the key. ``rename`` within one filesystem is atomic on POSIX, so a
-  reader sees the old file or the new one, never a partial write.
+* ``put`` writes a temp file in the store's temp directory ``<root>/.tmp/``, fsyncs it,
+  then ``os.replace``s it over the key. ``rename`` within one filesystem is atomic on
+  POSIX, so a reader sees the old file or the new one, never a partial write.
 * ``put_if_absent`` writes the same kind of temp file, then ``os.link``s it to the key.
   ``link`` fails with ``EEXIST`` if the key exists, so exactly one of several racing writers
-  wins, and the winner's file is complete the instant it becomes visible. The temp file is
-  unlinked afterwards in every case.
+  wins, and the winner's file is complete the instant it becomes visible.
+* ``copy`` hard-links the source to a temp name and renames it over the key (a byte copy
+  where the filesystem has no hard links): no bytes move, and the result is atomic as
+  ``put``'s. Sharing the inode is safe because no write ever changes a file in place
+  (``put`` renames a new file over the name).
 
-* ``copy`` hard-links the source to a temp name in the target directory and renames it
-  over the key (a byte copy where the filesystem has no hard links): no bytes move, and
-  the result is atomic as ``put``'s. Sharing the inode is safe because no write ever
-  changes a file in place (``put`` renames a new file over the name).
+A temp file never sits next to the objects: a reader that globs a directory of the
+store (DuckDB's ``read_parquet('dir/*/*.parquet')``, Spark, pyarrow) sees finished
+objects only, whatever fault came between a write and its rename. Every write unlinks
+its temp name once done, in every case: ``rename`` does nothing when both names are
+already links to one file (a copy repeated onto its own result), which would otherwise
+leave the temp name behind. The temp directory is ``.tmp/`` under the root (the same
+filesystem, which keeps ``rename`` and ``link`` atomic; the whole root must be one
+filesystem); a temp file is named ``<uuid hex>-<key, percent-encoded>`` (cut to the
+filesystem's 255-byte name limit), so cleanup can tell which key prefix it was for.
 * ``delete_many`` unlinks the keys one by one and counts one ``DELETE`` per batch of
   ``DELETE_BATCH`` keys, the requests S3's ``DeleteObjects`` would make, so request
   counts measured on a directory match a bucket's.
 
-Temp files start with ``.tmp-`` and are never returned by ``list``; a writer killed
-between the write and the rename leaves one, which ``remove_abandoned_writes`` (called by
-the job's cleanup) deletes once it is old.
+``list`` never returns the temp directory's files; a writer killed between the write and
+the rename leaves one, which ``remove_abandoned_writes`` (called by the job's cleanup)
+deletes once it is old. It also deletes the ``.tmp-<uuid>-<name>`` files that versions of
+this store which wrote temp files next to their key left behind (``list`` hides those too).
 
 ``get_range_immutable`` keeps up to ``MAX_OPEN_FILES`` files open per store (LRU) and
 reads them with ``pread``; this store's own ``put`` and ``delete`` of a key close its file
@@ -39,11 +48,15 @@ import time
 import uuid
 from collections import OrderedDict
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 from storage.errors import ObjectExistsError, ObjectNotFoundError
 from storage.objectstore import DELETE_BATCH, ObjectStore
 
-TMP_PREFIX = ".tmp-"
+TMP_DIR = ".tmp"  # under the root: where every write's temp file lives until renamed
+LEGACY_TMP_PREFIX = ".tmp-"  # temp files next to their key, as older versions wrote them
+NAME_MAX = 255  # bytes in a file name (ext4, xfs, apfs)
+_UUID_HEX = 32
 MAX_OPEN_FILES = 256  # per store instance, for get_range_immutable
 
 
@@ -78,13 +91,21 @@ class LocalObjectStore(ObjectStore):
     def _path(self, key: str) -> Path:
         # Reject keys that would escape the root; keys come from our own naming code, so
         # this is a guard against bugs rather than an access-control check.
-        if key.startswith("/") or ".." in key.split("/"):
+        parts = key.split("/")
+        if key.startswith("/") or ".." in parts or parts[0] == TMP_DIR:
             raise ValueError(f"invalid object key {key!r}")
         return self._root / key
 
-    def _write_temp(self, path: Path, data: bytes) -> Path:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.parent / f"{TMP_PREFIX}{uuid.uuid4().hex}-{path.name}"
+    def _temp_path(self, key: str) -> Path:
+        """A fresh temp name for a write of ``key``, in the store's temp directory."""
+        tmp_dir = self._root / TMP_DIR
+        tmp_dir.mkdir(exist_ok=True)
+        name = f"{uuid.uuid4().hex}-{quote(key, safe='')}"
+        # A cut name still starts with the key's beginning, all a prefix match needs.
+        return tmp_dir / name[:NAME_MAX]
+
+    def _write_temp(self, key: str, data: bytes) -> Path:
+        tmp = self._temp_path(key)
         try:
             with open(tmp, "wb") as f:
                 f.write(data)
@@ -92,32 +113,36 @@ class LocalObjectStore(ObjectStore):
                 os.fsync(f.fileno())
         except BaseException:
             # A write failing midway (disk full, I/O error) leaves no litter; a process
-            # killed here leaves a ``.tmp-`` file that ``list`` never returns.
+            # killed here leaves a temp file that ``list`` never returns.
             tmp.unlink(missing_ok=True)
             raise
         return tmp
 
+    def _install(self, tmp: Path, path: Path, install) -> None:
+        """``install(tmp, path)`` (``os.replace`` or ``os.link``) with the key's directory
+        made first (only now, so a write that failed earlier leaves no new directory),
+        then the temp name unlinked whatever happened: after a ``link``, after a failure,
+        and after a ``rename`` between two links to one file, which POSIX makes a no-op
+        that keeps both names."""
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            install(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
     def put(self, key: str, data: bytes) -> None:
         path = self._path(key)
         self._forget_fd(key)
-        tmp = self._write_temp(path, data)
-        try:
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        self._install(self._write_temp(key, data), path, os.replace)
         self.stats.record("PUT", bytes_written=len(data))
 
     def put_if_absent(self, key: str, data: bytes) -> None:
         path = self._path(key)
-        tmp = self._write_temp(path, data)
         try:
-            os.link(tmp, path)
+            self._install(self._write_temp(key, data), path, os.link)
         except FileExistsError:
             self.stats.record("PUT")
             raise ObjectExistsError(f"object already exists: {self.uri(key)}") from None
-        finally:
-            tmp.unlink(missing_ok=True)
         self.stats.record("PUT", bytes_written=len(data))
 
     def get(self, key: str) -> bytes:
@@ -225,7 +250,9 @@ class LocalObjectStore(ObjectStore):
         base = self._path(base_rel) if base_rel else self._root
         if not base.is_dir():
             return
-        for dirpath, _dirnames, filenames in os.walk(base):
+        for dirpath, dirnames, filenames in os.walk(base):
+            if dirpath == str(self._root) and TMP_DIR in dirnames:
+                dirnames.remove(TMP_DIR)  # temp files are no objects
             rel_dir = os.path.relpath(dirpath, self._root)
             yield dirpath, "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/", filenames
 
@@ -234,7 +261,7 @@ class LocalObjectStore(ObjectStore):
         out: list[str] = []
         for _dirpath, rel_dir, filenames in self._walk(prefix):
             for name in filenames:
-                if name.startswith(TMP_PREFIX):
+                if name.startswith(LEGACY_TMP_PREFIX):
                     continue
                 key = rel_dir + name
                 if key.startswith(prefix):
@@ -243,23 +270,33 @@ class LocalObjectStore(ObjectStore):
         return out
 
     def remove_abandoned_writes(self, prefix: str, older_than_s: float) -> int:
-        """Deletes ``.tmp-`` files under ``prefix`` last written more than
-        ``older_than_s`` seconds ago: a ``put`` killed before its rename or link leaves
-        one. Returns how many were deleted."""
-        cutoff = time.time() - older_than_s
-        removed = 0
+        """Deletes temp files of writes to keys under ``prefix`` last written more than
+        ``older_than_s`` seconds ago: a write killed before its rename or link leaves
+        one. A temp name cut to ``NAME_MAX`` whose key part is shorter than ``prefix`` is
+        left for a cleanup with a shorter prefix (``""`` takes every one). Returns how
+        many were deleted."""
+        candidates = []
+        tmp_dir = self._root / TMP_DIR
+        if tmp_dir.is_dir():
+            for name in os.listdir(tmp_dir):
+                # "<32 hex digits>-<percent-encoded key>", perhaps cut.
+                if unquote(name[_UUID_HEX + 1:]).startswith(prefix):
+                    candidates.append(os.path.join(tmp_dir, name))
         for dirpath, rel_dir, filenames in self._walk(prefix):
             for name in filenames:
-                # ".tmp-<32 hex digits>-<name>" becomes the key rel_dir + name.
-                if not name.startswith(TMP_PREFIX) or not (rel_dir + name[len(TMP_PREFIX) + 33:]).startswith(prefix):
-                    continue
-                path = os.path.join(dirpath, name)
-                try:
-                    if os.stat(path).st_mtime < cutoff:
-                        os.unlink(path)
-                        removed += 1
-                except FileNotFoundError:
-                    pass  # its writer finished or cleaned up meanwhile
+                # Older versions' ".tmp-<32 hex digits>-<name>" is a write of rel_dir + name.
+                start = len(LEGACY_TMP_PREFIX) + _UUID_HEX + 1
+                if name.startswith(LEGACY_TMP_PREFIX) and (rel_dir + name[start:]).startswith(prefix):
+                    candidates.append(os.path.join(dirpath, name))
+        cutoff = time.time() - older_than_s
+        removed = 0
+        for path in candidates:
+            try:
+                if os.stat(path).st_mtime < cutoff:
+                    os.unlink(path)
+                    removed += 1
+            except FileNotFoundError:
+                pass  # its writer finished or cleaned up meanwhile
         return removed
 
     def delete(self, key: str) -> None:
@@ -285,8 +322,7 @@ class LocalObjectStore(ObjectStore):
         if not src.is_file():
             raise ObjectNotFoundError(f"object not found: {self.uri(src_key)}")
         self._forget_fd(dst_key)
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.parent / f"{TMP_PREFIX}{uuid.uuid4().hex}-{dst.name}"
+        tmp = self._temp_path(dst_key)
         try:
             try:
                 os.link(src, tmp)
@@ -297,7 +333,7 @@ class LocalObjectStore(ObjectStore):
                 raise ObjectNotFoundError(f"object not found: {self.uri(src_key)}") from None
             except OSError:  # no hard links on this filesystem: copy the bytes
                 shutil.copyfile(src, tmp)
-            os.replace(tmp, dst)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+        self._install(tmp, dst, os.replace)

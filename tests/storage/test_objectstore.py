@@ -144,21 +144,110 @@ def test_list_hides_temp_files(tmp_path: Path) -> None:
 def test_local_abandoned_writes_removed_only_when_old(tmp_path: Path) -> None:
     """What a ``put`` killed between its write and its rename leaves (``_write_temp`` is
     that first step) is removed once older than the limit; a young one may be a write
-    in progress and stays, and so do files outside the prefix and finished objects."""
+    in progress and stays, and so do files outside the prefix and finished objects.
+    Temp files an older version left next to their key are removed the same way."""
     import time
 
     store = LocalObjectStore(tmp_path)
     store.put("job/a/k", b"done")
-    old = store._write_temp(tmp_path / "job" / "a" / "t1", b"partial")
-    other = store._write_temp(tmp_path / "other" / "t2", b"partial")
-    young = store._write_temp(tmp_path / "job" / "a" / "t3", b"partial")
+    old = store._write_temp("job/a/t1", b"partial")
+    other = store._write_temp("other/t2", b"partial")
+    young = store._write_temp("job/a/t3", b"partial")
+    legacy = tmp_path / "job" / "a" / f".tmp-{'0' * 32}-t4"
+    legacy.write_bytes(b"partial")
     hours_ago = time.time() - 7200
-    for path in (old, other):
+    for path in (old, other, legacy):
         os.utime(path, (hours_ago, hours_ago))
-    assert store.remove_abandoned_writes("job/", older_than_s=3600) == 1
-    assert not old.exists() and other.exists() and young.exists()
+    assert store.remove_abandoned_writes("job/", older_than_s=3600) == 2
+    assert not old.exists() and not legacy.exists() and other.exists() and young.exists()
     assert store.get("job/a/k") == b"done"
     assert store.remove_abandoned_writes("", older_than_s=0) == 2  # the rest, once old enough
+    assert store.list("") == ["job/a/k"]
+
+
+def test_local_temp_files_never_in_an_object_directory(tmp_path: Path) -> None:
+    """A write in progress keeps its temp file outside every object directory (a reader
+    globbing ``d/*`` sees finished objects only), ``list`` never shows it, and a long
+    key's temp name fits the filesystem's name limit and is still found by prefix."""
+    import time
+
+    store = LocalObjectStore(tmp_path)
+    tmp = store._write_temp("d/k", b"partial")
+    assert tmp.parent == tmp_path / ".tmp"
+    assert list((tmp_path).glob("d/*")) == []
+    long_key = "job/" + "/".join(["x" * 100] * 3) + "/k"
+    long_tmp = store._write_temp(long_key, b"partial")
+    assert len(long_tmp.name.encode()) <= 255
+    store.put(long_key, b"done")
+    assert store.list("") == [long_key]
+    hours_ago = time.time() - 7200
+    for path in (tmp, long_tmp):
+        os.utime(path, (hours_ago, hours_ago))
+    assert store.remove_abandoned_writes("job/", older_than_s=3600) == 1 and tmp.exists()
+    with pytest.raises(ValueError):
+        store.put(".tmp/x", b"no")
+
+
+def test_local_copy_onto_its_own_result_leaves_no_temp(tmp_path: Path) -> None:
+    """A copy repeated onto a target that already is a link to the source (a publish
+    redone on restart): ``rename`` between two links to one file does nothing, and the
+    temp name must still go."""
+    store = LocalObjectStore(tmp_path)
+    store.put("staged/a", b"rows")
+    for _ in range(3):
+        store.copy("staged/a", "sink/epoch=1/part-0.parquet")
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()) == [
+        "sink/epoch=1/part-0.parquet", "staged/a"]
+    assert store.get("sink/epoch=1/part-0.parquet") == b"rows"
+
+
+@pytest.mark.parametrize("fail_at", ["write", "link", "replace"])
+def test_local_failing_write_leaves_no_temp_anywhere(tmp_path: Path, monkeypatch, fail_at: str) -> None:
+    """A write that fails midway (disk full) leaves neither a temp file nor a partial
+    object, for ``put``, ``put_if_absent`` and ``copy``; the previous object stays."""
+    import errno
+
+    store = LocalObjectStore(tmp_path)
+    store.put("d/k", b"old")
+    store.put("d/src", b"source")
+
+    def enospc(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if fail_at == "write":
+        real_open = open
+
+        class FullFile:
+            def __init__(self, f):
+                self._f = f
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                self._f.close()
+
+            def write(self, data):
+                self._f.write(data[: len(data) // 2])
+                enospc()
+
+        monkeypatch.setattr("builtins.open", lambda p, m="r", *a, **k: FullFile(real_open(p, m, *a, **k))
+                            if "w" in m else real_open(p, m, *a, **k))
+        monkeypatch.setattr("shutil.copyfile", enospc)
+        monkeypatch.setattr(os, "link", enospc)  # copy falls back to copying bytes
+    else:
+        monkeypatch.setattr(os, fail_at, enospc)
+    for write in (lambda: store.put("d/k", b"new"), lambda: store.put("e/k", b"new"),
+                  lambda: store.put_if_absent("e/k", b"new"), lambda: store.copy("d/src", "d/k")):
+        try:
+            write()
+        except OSError as e:
+            assert e.errno == errno.ENOSPC
+    monkeypatch.undo()
+    files = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
+    # A filesystem without hard links makes ``copy`` copy the bytes, which succeeds here.
+    assert store.get("d/k") == (b"source" if fail_at == "link" else b"old")
+    assert [f for f in files if ".tmp" in f] == []
 
 
 def test_s3_abandoned_multipart_uploads_aborted_only_when_old(s3_server, s3_store) -> None:
@@ -323,7 +412,8 @@ def test_rejects_escaping_keys(tmp_path: Path) -> None:
     st.sampled_from(["a/x", "a/y", "a/z/w", "b/x", "ax"]),
     st.binary(max_size=64)), max_size=12))
 def test_operations_match_a_dict(store: ObjectStore, ops) -> None:
-    """Any sequence of writes leaves the store equal to a dict replaying them."""
+    """Any sequence of writes (copies onto their own result included) leaves the store
+    equal to a dict replaying them; a local store's directory holds those objects only."""
     for key in store.list(""):
         store.delete(key)
     model: dict[str, bytes] = {}
@@ -358,6 +448,9 @@ def test_operations_match_a_dict(store: ObjectStore, ops) -> None:
     for key, data in model.items():
         assert store.get(key) == data
         assert store.get_range(key, 1, 3) == data[1:4]
+    if isinstance(store, LocalObjectStore):  # on disk: the objects, and no temp file at all
+        root = store._root
+        assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()) == sorted(model)
 
 
 # ------------------------------------------------------------------- S3 only
