@@ -69,6 +69,7 @@ from operators.io.sinks import EPOCH_COLUMN, ParquetSink
 from operators.io.sources import ERROR_COLUMN, KEY_COLUMN, RAW_VALUE_COLUMN, TIMESTAMP_COLUMN
 from operators.paths import LAYOUT_FLAT, staging_prefix
 from storage.objectstore import ObjectStore
+from storage.objectstore.checksum import ObjectChecksum
 
 DEAD_LETTER_OUTPUT = "_dead_letter"  # its key in JobCheckpoint.outputs
 DAY_MS = 86_400_000
@@ -233,8 +234,9 @@ def counts(screened: dict[str, int], operator_errors: int = 0) -> dict[str, int]
 
 
 def stage(store: ObjectStore, job_prefix: str, epoch: int, dead: pa.Table, attempt: str,
-          label: str = "source", layout: int = LAYOUT_FLAT) -> str:
-    """Writes dead-letter rows as a staged Parquet file; returns its key.
+          label: str = "source", layout: int = LAYOUT_FLAT) -> tuple[str, ObjectChecksum]:
+    """Writes dead-letter rows as a staged Parquet file; returns its key and checksum
+    (the checkpoint's ``output_checksums``: a restart never publishes it damaged).
 
     Args:
         dead: rows of ``DEAD_LETTER_SCHEMA``, all of epoch ``epoch``; written without
@@ -255,8 +257,9 @@ def stage(store: ObjectStore, job_prefix: str, epoch: int, dead: pa.Table, attem
     buf = io.BytesIO()
     pq.write_table(dead.drop_columns([EPOCH_COLUMN]), buf, compression="zstd")
     key = f"{staging_prefix(job_prefix, epoch, DEAD_LETTER_OUTPUT, label, attempt, layout)}/dead_letter.parquet"
-    store.put(key, buf.getvalue())
-    return key
+    data = buf.getvalue()
+    store.put(key, data)
+    return key, ObjectChecksum.of(data)
 
 
 # Dead-letter rows a ``TooManyDeadLettersError`` quotes.

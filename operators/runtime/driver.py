@@ -550,6 +550,7 @@ class JobRunner:
         fault_point("after_tasks")
         outputs, checksums = _staged_outputs(results[self.job.operators[-1].name])
         outputs.update(self._stage_dead_letters())
+        checksums.update(self._dead_letter_checksums(results))
         self._prepare_sinks(epoch, outputs)
         offsets = {p: end for p, (_, end) in plan.offsets.items()}
         first = results[self.job.operators[0].name]
@@ -705,6 +706,16 @@ class JobRunner:
         if self._screened is not None and self._screened.staged_key:
             keys.insert(0, self._screened.staged_key)
         return {dead_letter.DEAD_LETTER_OUTPUT: keys} if keys else {}
+
+    def _dead_letter_checksums(self, results_by_op: dict[str, list[TaskResult]]) -> dict[str, list[int]]:
+        """Checksums of the epoch's staged dead-letter files (the screen's and the tasks'
+        of every operator; the last operator's are in ``_staged_outputs`` already)."""
+        staged = set(self._task_dead_letters)
+        out = {k: v for rs in results_by_op.values() for res in rs
+               for k, v in res.staged_checksums.items() if k in staged}
+        if self._screened is not None and self._screened.checksum is not None:
+            out[self._screened.staged_key] = self._screened.checksum
+        return out
 
     def _check_dead_letters(self, epoch: int, counts: dict[str, int], results_by_op: dict[str, list[TaskResult]],
                             outputs: dict[str, list[str]]) -> None:

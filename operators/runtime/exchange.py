@@ -69,11 +69,13 @@ class DeadLetterSpec:
 
 @dataclass
 class DeadLetterResult:
-    """What staging the dead letters gave: the staged file (None: no bad rows) and
-    per-reason counts (``dead_letter.reason_counts``)."""
+    """What staging the dead letters gave: the staged file (None: no bad rows),
+    per-reason counts (``dead_letter.reason_counts``) and the file's checksum
+    (``ObjectChecksum.to_json``; None: no file)."""
 
     staged_key: str | None
     counts: dict[str, int]
+    checksum: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -137,8 +139,9 @@ def run_dead_letters(spec: DeadLetterSpec, tables: list[pa.Table], store: Object
     dead = cut_dead_letters(pa.concat_tables(tables), spec.cuts) if tables else None
     if dead is None or not dead.num_rows:
         return DeadLetterResult(None, {})
-    key = dead_letter.stage(store, spec.job_prefix, spec.epoch, dead, uuid.uuid4().hex[:12], layout=spec.layout)
-    return DeadLetterResult(key, dead_letter.reason_counts(dead))
+    key, checksum = dead_letter.stage(store, spec.job_prefix, spec.epoch, dead, uuid.uuid4().hex[:12],
+                                      layout=spec.layout)
+    return DeadLetterResult(key, dead_letter.reason_counts(dead), checksum.to_json())
 
 
 class Exchange(ABC):

@@ -294,8 +294,9 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
                     checksums[staged[name]] = checksum.to_json()
     dead_letter_key = None
     if dead is not None and dead.count:
-        dead_letter_key = dead_letter.stage(store, spec.job_prefix, spec.epoch, dead.table(), attempt,
-                                            label=f"{operator.name}-{krange.label}", layout=spec.layout)
+        dead_letter_key, checksum = dead_letter.stage(store, spec.job_prefix, spec.epoch, dead.table(), attempt,
+                                                      label=f"{operator.name}-{krange.label}", layout=spec.layout)
+        checksums[dead_letter_key] = checksum.to_json()
     if spec.flush:
         db.flush()
     fault_point("task_before_checkpoint")

@@ -122,7 +122,7 @@ def test_dead_letter_files_of_both_forms_read_back(tmp_path) -> None:
     old = io.BytesIO()
     pq.write_table(rows(1, 2), old)
     store.put(f"jobs/j/sinks/dead_letter/epoch={1:08d}/part-source.parquet", old.getvalue())
-    staged = stage(store, "jobs/j", 2, rows(2, 3), "a1")
+    staged, _ = stage(store, "jobs/j", 2, rows(2, 3), "a1")
     assert pq.read_table(io.BytesIO(store.get(staged))).column_names == [
         n for n in DEAD_LETTER_SCHEMA.names if n != "epoch"]
     sink.publish(store, "jobs/j", 2, [staged])

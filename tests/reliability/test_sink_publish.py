@@ -20,6 +20,7 @@ import pytest
 from operators import IntCodec, Job, JobRunner, Operator, ParquetSink, Source, ValueSpec
 from operators.errors import RecoveryRefusedError
 from operators.runtime.checkpoints import read_checkpoint
+from operators.runtime.dead_letter import DEAD_LETTER_OUTPUT
 from storage.objectstore import local as local_store
 
 EVENTS = pa.table({"key": [b"a", b"b", b"a", b"c", b"a", b"b"], "amount": [5, 7, 2, 9, 8, 1],
@@ -267,3 +268,26 @@ def test_republish_refuses_a_damaged_staged_file_it_would_copy(tmp_path: Path) -
         sink.republish(runner.store, job.prefix, 1, [staged], ckpt.staged_checksums(), False,
                        lambda fn, items: [fn(i) for i in items])
     assert not runner.store.exists(sink.published_key(job.prefix, 1, staged))
+
+
+def test_damaged_staged_dead_letter_file_never_replaces_a_published_one(tmp_path: Path) -> None:
+    """The dead-letter table is a sink too: its staged files' checksums are in the
+    checkpoint, and a restart leaves a published dead-letter file that matches alone
+    when its staged copy was damaged since. Oracle: the row with a negative timestamp is
+    the one dead letter, in epoch 3."""
+    events = EVENTS.set_column(2, "timestamp", pa.array([1_000, 2_000, 3_000, 4_000, -5, 6_000]))
+    root = tmp_path / "store"
+    runner = JobRunner(_job(events), None, str(root))
+    runner.run()
+    ckpt = read_checkpoint(runner.store, runner.job.prefix, 3)
+    (staged,) = ckpt.outputs[DEAD_LETTER_OUTPUT]
+    assert staged in ckpt.output_checksums
+    sink = runner.job.dead_letter.sink
+    final = sink.published_key(runner.job.prefix, 3, staged)
+    good = runner.store.get(final)
+    runner.store.put(staged, _damaged(runner.store.get(staged), "bit flip"))
+
+    assert JobRunner(_job(events), None, str(root), verify_restart="full").run() == []
+    assert runner.store.get(final) == good
+    dead = pq.read_table(_sink_dir(root).parent / "dead_letter")
+    assert dead.column("offset").to_pylist() == [4] and dead.column("epoch").to_pylist() == [3]
