@@ -53,9 +53,7 @@ import json
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import TextIO
-from urllib.parse import urlparse
 
 from storage.dkv.dump import render_bytes
 from storage.errors import StorageError
@@ -70,7 +68,7 @@ from storage.log.errors import (
 )
 from storage.log.log import Log
 from storage.log.records import Record
-from storage.objectstore import open_object_store
+from storage.objectstore import open_existing_store, open_object_store
 
 PRODUCER_PROPERTIES = {"parse.key": "false", "key.separator": "\t", "null.marker": ""}
 CONSUMER_PROPERTIES = {
@@ -99,11 +97,10 @@ def open_log(store: str, prefix: str, create: bool = False) -> Log:
         UsageError: a local ``store`` that does not exist (so a misspelled path does not
             leave an empty directory behind), or, without ``create``, a log with no topic.
     """
-    parsed = urlparse(store)
-    local = parsed.scheme in ("", "file") or len(parsed.scheme) == 1
-    if local and not create and not Path(parsed.path if parsed.scheme == "file" else store).is_dir():
-        raise UsageError(f"no log found under {store}: no such directory (check --store)")
-    log = Log(open_object_store(store), prefix)
+    try:
+        log = Log((open_object_store if create else open_existing_store)(store), prefix)
+    except FileNotFoundError as e:
+        raise UsageError(f"no log found under {store}: no such directory (check --store)") from e
     if not create and not log.metadata().topics:
         raise UsageError(f"no log found under {log.store.uri(log.prefix)}: no topics "
                          f"(check --store and --prefix, or create one with create-topic)")
