@@ -9,8 +9,9 @@ them into a Spark DataFrame, ``describe`` what a job's checkpoints hold. Command
         (--list | --state-id ID | --timers | --verify) [--operator NAME] [--epoch N]
         [--from KEY] [--to KEY] [--hex] [--json] [--limit N]
 
-``--list`` prints the retained epochs and, per operator, its key-group ranges and its
-state ids with their kind and codecs. ``--state-id`` prints one state id's entries,
+``--list`` prints the retained epochs and, per operator, its key-group ranges (each
+with its DKV manifest, which ``storage.dkv.dump`` reads) and its state ids with their
+kind and codecs. ``--state-id`` prints one state id's entries,
 decoded with the job's codecs; ``--timers`` the pending timers; both only of subject keys
 in ``[--from, --to)`` (UTF-8, or hex with ``--hex``), as a table (the first ``--limit``
 rows, default 20) or, with ``--json``, as JSON lines (all rows unless ``--limit``).
@@ -53,32 +54,37 @@ from operators.runtime.recovery import check_checkpoint
 from operators.runtime.timers import decode_timer_key
 from storage.dkv import DKV
 from storage.dkv.dump import parse_bytes, render_bytes
+from storage.errors import ObjectNotFoundError
 from storage.objectstore import ObjectStore
 
 KeyRange = tuple[bytes, bytes | None]
 
 
-def checkpoint_epoch(store: ObjectStore, job_prefix: str, epoch: int | None = None) -> int:
-    """The retained epoch to read: ``epoch``, or the newest.
-
-    Raises:
-        LookupError: the job has no committed checkpoint under ``store`` ("no checkpoint
-            found under ..."), or ``epoch`` is not retained (the message lists those that are).
-    """
-    epochs = list_epochs(store, job_prefix)
-    if not epochs:
-        raise LookupError(f"no checkpoint found under {store.uri(paths.checkpoint_prefix(job_prefix))}"
-                          f": check --store and the job's name")
-    if epoch is None:
-        return epochs[-1]
-    if epoch not in epochs:
-        raise LookupError(f"epoch {epoch} is not retained under {store.uri(job_prefix)} "
-                          f"(retained epochs: {', '.join(map(str, epochs))})")
-    return epoch
+def _no_checkpoint(store: ObjectStore, job_prefix: str) -> LookupError:
+    return LookupError(f"no checkpoint found under {store.uri(paths.checkpoint_prefix(job_prefix))}"
+                       f": check --store and the job's name")
 
 
 def _checkpoint(store: ObjectStore, job_prefix: str, epoch: int | None) -> JobCheckpoint:
-    return read_checkpoint(store, job_prefix, checkpoint_epoch(store, job_prefix, epoch))
+    """The checkpoint of ``epoch`` (None: the newest).
+
+    Raises:
+        LookupError: the job has no committed checkpoint under ``store`` ("no checkpoint
+            found under ..."), or none of ``epoch`` (the message lists the retained ones).
+    """
+    if epoch is None:
+        epochs = list_epochs(store, job_prefix)
+        if not epochs:
+            raise _no_checkpoint(store, job_prefix)
+        epoch = epochs[-1]
+    try:
+        return read_checkpoint(store, job_prefix, epoch)
+    except ObjectNotFoundError:
+        epochs = list_epochs(store, job_prefix)
+        if not epochs:
+            raise _no_checkpoint(store, job_prefix) from None
+        raise LookupError(f"epoch {epoch} is not retained under {store.uri(job_prefix)} "
+                          f"(retained epochs: {', '.join(map(str, epochs))})") from None
 
 
 def _in_range(subject_key: bytes, key_range: KeyRange | None) -> bool:
@@ -225,8 +231,8 @@ def describe(store: ObjectStore, job: Job, epoch: int | None = None) -> dict:
 
     Returns:
         ``{"job", "checkpoints" (URI), "epochs" (retained, ascending), "epoch" (the one
-        described), "operators": [{"name", "ranges" (key-group range labels at that
-        epoch), "states": {state id: kind and codecs}}]}``.
+        described), "operators": [{"name", "ranges": {key-group range label: URI of its DKV
+        manifest at that epoch}, "states": {state id: kind and codecs}}]}``.
 
     Raises:
         LookupError: no checkpoint, or ``epoch`` is not retained.
@@ -234,7 +240,9 @@ def describe(store: ObjectStore, job: Job, epoch: int | None = None) -> dict:
     ckpt = _checkpoint(store, job.prefix, epoch)
     return {"job": job.name, "checkpoints": store.uri(paths.checkpoint_prefix(job.prefix)),
             "epochs": list_epochs(store, job.prefix), "epoch": ckpt.epoch,
-            "operators": [{"name": op.name, "ranges": sorted(ckpt.operators.get(op.name, {})),
+            "operators": [{"name": op.name,
+                           "ranges": {label: store.uri(key) for label, key in
+                                      sorted(ckpt.operators.get(op.name, {}).items())},
                            "states": {sid: spec_kind(spec) for sid, spec in sorted(state_specs(op).items())}}
                           for op in job.operators]}
 
@@ -248,7 +256,7 @@ def verify(store: ObjectStore, job: Job, epoch: int | None = None) -> tuple[int,
     Raises:
         LookupError: no checkpoint, or ``epoch`` is not retained.
     """
-    epoch = checkpoint_epoch(store, job.prefix, epoch)
+    epoch = _checkpoint(store, job.prefix, epoch).epoch
     return epoch, check_checkpoint(store, job.prefix, epoch, "full")[1]
 
 
@@ -297,7 +305,9 @@ def _print_listing(d: dict, out: TextIO) -> None:
     w(f"job {d['job']}: checkpoints under {d['checkpoints']}\n")
     w(f"retained epochs: {', '.join(map(str, d['epochs']))} (described: {d['epoch']})\n")
     for op in d["operators"]:
-        w(f"operator {op['name']}: {len(op['ranges'])} key-group ranges ({', '.join(op['ranges'])})\n")
+        w(f"operator {op['name']}: {len(op['ranges'])} key-group ranges\n")
+        for label, manifest in op["ranges"].items():
+            w(f"  range {label}: {manifest}\n")
         for sid, kind in op["states"].items():
             w(f"  state {sid}: {kind}\n")
         w("  timers (--timers)\n")

@@ -37,7 +37,7 @@ def test_list_names_retained_epochs_ranges_and_state_ids(stored) -> None:
     listing = json.loads(run(root, "--list", "--json"))
     (op,) = listing["operators"]
     assert listing["epochs"] == [3, 4, 5] and listing["epoch"] == ckpt.epoch == 5
-    assert op["ranges"] == sorted(ckpt.operators[op["name"]])
+    assert op["ranges"] == {label: runner.store.uri(key) for label, key in ckpt.operators[op["name"]].items()}
     assert op["states"] == {"windows": "map<int64, record<count:int64,amount:int64>>"}
     text = run(root, "--list")
     assert "retained epochs: 3, 4, 5" in text and "  state windows: map<int64, record<" in text
