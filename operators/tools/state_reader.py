@@ -53,7 +53,7 @@ from operators.runtime.checkpoints import JobCheckpoint, list_epochs, read_check
 from operators.runtime.recovery import check_checkpoint
 from operators.runtime.timers import decode_timer_key
 from storage.dkv import DKV
-from storage.dkv.dump import parse_bytes, render_bytes
+from storage.cli import parse_bytes, render_bytes, run_command
 from storage.errors import ObjectNotFoundError
 from storage.objectstore import ObjectStore
 
@@ -335,7 +335,8 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     p.add_argument("--json", action="store_true", help="JSON lines instead of a table")
     p.add_argument("--limit", type=int, help="rows to print (default 20; with --json all)")
     a = p.parse_args(argv)
-    try:
+
+    def command() -> int:
         job = load_job(a.job)
         try:
             store = open_existing_store(a.store)
@@ -355,23 +356,22 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         if a.verify:
             epoch, errors = verify(store, job, a.epoch)
             for e in errors:
-                out.write(f"CORRUPT: {e}\n")
+                out.write(f"FAILED: {e}\n")
             out.write(f"epoch {epoch}: {'ok' if not errors else f'{len(errors)} damaged files'}\n")
             return 1 if errors else 0
         if a.timers:
             table = list_timers(store, job, a.operator, a.epoch, key_range)
         else:
             table = read_state(store, job, a.state_id, a.operator, a.epoch, key_range)
-    except (ValueError, KeyError, LookupError) as e:
-        print(f"error: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
-        return 2
-    if a.json:
-        _rows_json(table if a.limit is None else table.slice(0, a.limit), a.hex, out)
-    else:
-        out.write(f"{table.num_rows:,} rows\n")
-        out.write(table.slice(0, 20 if a.limit is None else a.limit).to_pandas().to_string(index=False) + "\n")
-    return 0
+        if a.json:
+            _rows_json(table if a.limit is None else table.slice(0, a.limit), a.hex, out)
+        else:
+            out.write(f"{table.num_rows:,} rows\n")
+            out.write(table.slice(0, 20 if a.limit is None else a.limit).to_pandas().to_string(index=False) + "\n")
+        return 0
 
+    # KeyError (an unknown operator or state id) is a LookupError.
+    return run_command(command, (ValueError, LookupError))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -41,8 +41,9 @@ from storage.dkv.invariants import check_manifest
 from storage.dkv.manifest import Manifest, load_manifest
 from storage.dkv.sstable import SSTableReader
 from storage.dkv.verify import VerifyReport, verify_manifest, verify_sstable
+from storage.cli import parse_bytes, render_bytes, run_command
 from storage.errors import StorageError
-from storage.objectstore import ObjectStore, open_object_store
+from storage.objectstore import ObjectStore, open_existing_store
 
 
 def fmt_key(k: bytes | None) -> str:
@@ -58,38 +59,19 @@ def fmt_key(k: bytes | None) -> str:
     return "0x" + k.hex()
 
 
-def render_bytes(data: bytes | None, hex: bool = False) -> str | None:
-    """Bytes for a JSON line of a command-line tool: hex digits with ``hex``, else UTF-8
-    text with undecodable bytes escaped as ``\\xNN`` (for reading, not round trips; use
-    ``hex`` for exact bytes). None stays None."""
-    if data is None:
-        return None
-    return data.hex() if hex else data.decode("utf-8", "backslashreplace")
-
-
-def parse_bytes(text: str, hex: bool = False) -> bytes:
-    """A key given on the command line: hex digits with ``hex``, else UTF-8 text.
+def open_location(loc: str) -> tuple[ObjectStore, str]:
+    """Splits a file path or URI into (store rooted at its directory, object key).
 
     Raises:
-        ValueError: ``hex`` and ``text`` is not hex (the message names it).
+        FileNotFoundError: a local directory that does not exist (never created here).
     """
-    if not hex:
-        return text.encode("utf-8")
-    try:
-        return bytes.fromhex(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not hex (--hex takes keys as hex digits)") from None
-
-
-def open_location(loc: str) -> tuple[ObjectStore, str]:
-    """Splits a file path or URI into (store rooted at its directory, object key)."""
     loc = loc.rstrip("/")
     if "://" in loc:
         scheme, rest = loc.split("://", 1)
         parent, name = posixpath.split(rest)
-        return open_object_store(f"{scheme}://{parent}"), name
+        return open_existing_store(f"{scheme}://{parent}"), name
     parent, name = posixpath.split(loc)
-    return open_object_store(parent or "."), name
+    return open_existing_store(parent or "."), name
 
 
 def is_manifest(loc: str) -> bool:
@@ -117,7 +99,7 @@ def open_manifest(loc: str) -> tuple[ObjectStore, str, Manifest]:
     root = path[: len(path) - len(tail)].rstrip("/") or "."
     if root.endswith(":/"):  # a URI whose root is the bucket: keep its "//"
         root += "/"
-    return open_object_store(root), tail, m
+    return open_existing_store(root), tail, m
 
 
 def scan(loc: str, start: bytes = b"", end: bytes | None = None) -> Iterator[dict]:
@@ -159,17 +141,14 @@ def verify(loc: str) -> VerifyReport:
     Raises:
         ValueError: a manifest moved out of its store (see ``open_manifest``).
     """
-    if is_manifest(loc):
-        try:
-            store, key, _ = open_manifest(loc)
-        except StorageError as e:
-            return VerifyReport(errors=[str(e)])
-        return verify_manifest(store, key)
-    store, key = open_location(loc)
     report = VerifyReport()
     try:
+        if is_manifest(loc):
+            store, key, _ = open_manifest(loc)
+            return verify_manifest(store, key)
+        store, key = open_location(loc)
         blocks, entries, size = verify_sstable(store, key)
-    except StorageError as e:
+    except (StorageError, OSError) as e:  # a missing directory or file, a corrupt one
         report.errors.append(str(e))
         return report
     report.tables, report.blocks, report.entries, report.table_bytes = 1, blocks, entries, size
@@ -253,7 +232,7 @@ def print_verify(locs: Sequence[str], out: TextIO) -> bool:
             continue
         ok = False
         for error in r.errors:
-            out.write(f"{loc}: CORRUPT: {error}\n")
+            out.write(f"{loc}: FAILED: {error}\n")
     return ok
 
 
@@ -278,7 +257,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     vp = sub.add_parser("verify", help="read and check every block; exit 1 on damage")
     vp.add_argument("locations", nargs="+", help="paths or URIs of SSTables or manifests (.json)")
     args = ap.parse_args(argv)
-    try:
+
+    def command() -> int | None:
         if args.kind == "sstable":
             dump_sstable(args.location, args.entries, out)
         elif args.kind == "manifest":
@@ -287,14 +267,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             print_scan(args.location, args.start, args.end, args.hex, args.limit, out)
         else:
             return 0 if print_verify(args.locations, out) else 1
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except (StorageError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
+        return 0
 
+    return run_command(command)
 
 if __name__ == "__main__":
     sys.exit(main())

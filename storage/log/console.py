@@ -55,8 +55,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import TextIO
 
-from storage.dkv.dump import render_bytes
-from storage.errors import StorageError
+from storage.cli import render_bytes, run_command
 from storage.log.config import COMPACT, DELETE, ProducerConfig, TopicConfig
 from storage.log.consumer import Consumer, all_committed_offsets, committed_offsets
 from storage.log.errors import (
@@ -396,7 +395,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, stdin: Te
     """Runs the CLI; returns the exit status (0 done, 1 corrupt or missing file, 2 usage)."""
     out, stdin = out or sys.stdout, stdin or sys.stdin
     a = _parser().parse_args(argv)
-    try:
+
+    def command() -> None:
         if a.command == "create-topic":
             cfg = TopicConfig(partitions=a.partitions, cleanup_policy=COMPACT if a.compact else DELETE)
             open_log(a.store, a.prefix, create=True).create_topic(a.topic, cfg)
@@ -417,14 +417,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, stdin: Te
             print(f"Processed a total of {n} messages", file=sys.stderr)
         else:
             _groups(a, out)
-    except (UsageError, UnknownTopicError, OffsetOutOfRangeError, InvalidRecordError,
-            InvalidConfigError, TopicExistsError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except (StorageError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
+
+    return run_command(command, (UsageError, UnknownTopicError, OffsetOutOfRangeError,
+                                 InvalidRecordError, InvalidConfigError, TopicExistsError))
 
 
 if __name__ == "__main__":

@@ -78,7 +78,7 @@ def test_verify_exits_1_on_a_damaged_table(tmp_path: Path) -> None:
     (tmp_path / table).write_bytes(bytes(data))
     out = io.StringIO()
     assert main(["--store", str(tmp_path), "--job", JOB, "--verify"], out) == 1
-    assert f"CORRUPT: {runner.store.uri(table)}" in out.getvalue()
+    assert f"FAILED: {runner.store.uri(table)}" in out.getvalue()
     assert out.getvalue().endswith("epoch 2: 1 damaged files\n")
 
 

@@ -136,11 +136,11 @@ def test_verify_exits_1_on_damage_and_names_the_file(tmp_path: Path, damage: str
         _flip(tmp_path / victim, 20)
     out = io.StringIO()
     assert main(["verify", str(tmp_path / mkey)], out) == 1
-    assert "CORRUPT" in out.getvalue() and victim.rsplit("/", 1)[1] in out.getvalue()
+    assert "FAILED" in out.getvalue() and victim.rsplit("/", 1)[1] in out.getvalue()
     if damage == "table block":  # the table alone fails as well
         out = io.StringIO()
         assert main(["verify", str(tmp_path / table)], out) == 1
-        assert "CORRUPT" in out.getvalue()
+        assert "FAILED" in out.getvalue()
 
 
 def test_usage_mistakes_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
