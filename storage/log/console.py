@@ -129,14 +129,15 @@ def _flag(props: dict[str, str], name: str) -> bool:
     return value == "true"
 
 
-def produce_lines(log: Log, topic: str, lines: Iterable[str], props: dict[str, str],
+def produce_lines(log: Log, topic: str, lines: Iterable[bytes | str], props: dict[str, str],
                   flush_each: bool = False) -> dict[int, tuple[int, int]]:
     """Sends each line as one record (see the module docstring).
 
     Args:
         log: the log.
         topic: an existing topic.
-        lines: the input lines (a trailing newline is dropped).
+        lines: the input lines, as bytes (standard input's, kept exact) or text (sent
+            as UTF-8); a trailing line break is dropped.
         props: ``PRODUCER_PROPERTIES`` as given.
         flush_each: commit after every line (interactive input).
 
@@ -149,7 +150,8 @@ def produce_lines(log: Log, topic: str, lines: Iterable[str], props: dict[str, s
         InvalidRecordError: a keyless record for a compacted topic.
     """
     log.metadata().topic(topic)  # an unknown topic fails before reading any input
-    parse_key, sep, null = _flag(props, "parse.key"), props["key.separator"], props["null.marker"]
+    parse_key = _flag(props, "parse.key")
+    sep, null = props["key.separator"].encode(), props["null.marker"].encode()
     # The producer never flushes on its own (it would not return the offsets): this loop
     # flushes every FLUSH_BYTES of input, at the end, and after each line if asked.
     producer = log.producer(ProducerConfig(linger_ms=10**12, max_file_bytes=1 << 62))
@@ -161,14 +163,13 @@ def produce_lines(log: Log, topic: str, lines: Iterable[str], props: dict[str, s
             assigned[part] = (assigned.get(part, (first, last))[0], last)
 
     for n, line in enumerate(lines, 1):
-        line = line.rstrip("\r\n")
+        value = (line.encode() if isinstance(line, str) else line).rstrip(b"\r\n")
         key = None
         if parse_key:
-            key, found, line = line.partition(sep)
+            key, found, value = value.partition(sep)
             if not found:
-                raise UsageError(f"line {n} has no key separator {sep!r} (parse.key=true): {key!r}")
-        value = None if null and line == null else line.encode()
-        producer.send(topic, None if key is None else key.encode(), value)
+                raise UsageError(f"line {n} has no key separator {sep.decode()!r} (parse.key=true): {key!r}")
+        producer.send(topic, key, None if null and value == null else value)
         buffered += len(line) + 24
         if flush_each or buffered >= FLUSH_BYTES:
             flush()
@@ -403,7 +404,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, stdin: Te
             out.write(f"created topic {a.topic} ({cfg.partitions} partitions, {cfg.cleanup_policy})\n")
         elif a.command == "produce":
             props = parse_properties(a.property, PRODUCER_PROPERTIES)
-            assigned = produce_lines(open_log(a.store, a.prefix), a.topic, stdin, props, stdin.isatty())
+            # Standard input as bytes, so a record holds exactly the bytes of its line.
+            lines = getattr(stdin, "buffer", stdin)
+            assigned = produce_lines(open_log(a.store, a.prefix), a.topic, lines, props, stdin.isatty())
             ranges = ", ".join(f"{a.topic}/{p} {f}..{last}" for p, (f, last) in sorted(assigned.items()))
             print(f"produced {sum(last - f + 1 for f, last in assigned.values())} records"
                   f"{': ' + ranges if ranges else ''}", file=sys.stderr)
