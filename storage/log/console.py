@@ -16,9 +16,9 @@ Usage::
 Every command takes ``--store`` (the object-store root, default ``.dkvstream``) and
 ``--prefix`` (the log's prefix in it, default ``log``).
 
-``produce`` sends each line of standard input as one record (UTF-8 value). Properties
-as Kafka's: ``parse.key=true`` splits each line at the first ``key.separator`` (default
-a tab) into key and value; ``null.marker=X`` makes a value equal to X a tombstone. The
+``produce`` sends each line of standard input as one record, its bytes unchanged.
+Properties as Kafka's: ``parse.key=true`` splits each line at the first
+``key.separator`` (default a tab) into key and value; ``null.marker=X`` makes a value equal to X a tombstone. The
 records of a run are written as one segment file at the end of input (from a terminal:
 one per line, so each is readable at once), and a line on standard error gives the
 offsets assigned.
