@@ -2,8 +2,9 @@
 
 Like Spark's ``statestore`` data source: ``read_state`` returns one state id's entries
 as a typed Arrow table (values decoded with the spec's codec), ``list_timers`` the
-pending timers, ``checkpoint_entries`` the raw DKV entries, and ``to_spark`` turns any of
-them into a Spark DataFrame, ``describe`` what a job's checkpoints hold. Command line::
+pending timers, ``checkpoint_entries`` the raw DKV entries, ``to_spark`` turns any of
+them into a Spark DataFrame, and ``describe`` says what a job's checkpoints hold.
+Command line::
 
     python -m operators.tools.state_reader --job MODULE:ATTRIBUTE [--store .dkvstream]
         (--list | --state-id ID | --timers | --verify) [--operator NAME] [--epoch N]
@@ -11,10 +12,10 @@ them into a Spark DataFrame, ``describe`` what a job's checkpoints hold. Command
 
 ``--list`` prints the retained epochs and, per operator, its key-group ranges (each
 with its DKV manifest, which ``storage.dkv.dump`` reads) and its state ids with their
-kind and codecs. ``--state-id`` prints one state id's entries,
-decoded with the job's codecs; ``--timers`` the pending timers; both only of subject keys
-in ``[--from, --to)`` (UTF-8, or hex with ``--hex``), as a table (the first ``--limit``
-rows, default 20) or, with ``--json``, as JSON lines (all rows unless ``--limit``).
+kind and codecs. ``--state-id`` prints one state id's entries, decoded with the job's
+codecs; ``--timers`` the pending timers; both only of subject keys in ``[--from, --to)``
+(UTF-8, or hex with ``--hex``), as a table (the first ``--limit`` rows, default 20) or,
+with ``--json``, as JSON lines (all rows unless ``--limit``).
 ``--verify`` reads every file the checkpoint names (each range manifest, SSTable block
 and WAL record, each staged output) and prints each damaged one.
 
@@ -52,8 +53,8 @@ from operators.api.state import (
 from operators.runtime.checkpoints import JobCheckpoint, list_epochs, read_checkpoint
 from operators.runtime.recovery import check_checkpoint
 from operators.runtime.timers import decode_timer_key
-from storage.dkv import DKV
 from storage.cli import parse_bytes, render_bytes, run_command
+from storage.dkv import DKV
 from storage.errors import ObjectNotFoundError
 from storage.objectstore import ObjectStore
 

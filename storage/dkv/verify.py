@@ -8,7 +8,8 @@ and every WAL object (record crc32c, sequence range and record count, as
 ``TableStore.read_wal`` checks them). Nothing is written. Cost: one GET per manifest and
 WAL object, and for each table the whole object once (tail and blocks).
 
-Used by the Dagster asset check on a job's checkpoint asset (``assets/checkpoints.py``).
+Used by the Dagster asset check on a job's checkpoint asset (``assets/checkpoints.py``)
+and by ``python -m storage.dkv.dump verify``.
 """
 
 from __future__ import annotations

@@ -18,10 +18,10 @@ Every command takes ``--store`` (the object-store root, default ``.dkvstream``) 
 
 ``produce`` sends each line of standard input as one record, its bytes unchanged.
 Properties as Kafka's: ``parse.key=true`` splits each line at the first
-``key.separator`` (default a tab) into key and value; ``null.marker=X`` makes a value equal to X a tombstone. The
-records of a run are written as one segment file at the end of input (from a terminal:
-one per line, so each is readable at once), and a line on standard error gives the
-offsets assigned.
+``key.separator`` (default a tab) into key and value; ``null.marker=X`` makes a value
+equal to X a tombstone. The records of a run are written as one segment file at the end
+of input (from a terminal: one per line, so each is readable at once), and a line on
+standard error gives the offsets assigned.
 
 ``consume`` prints records from a start position and exits when it reaches the end of
 the log (``--follow``: keeps polling for new records until ``--max-messages`` or
