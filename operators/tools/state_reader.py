@@ -2,18 +2,40 @@
 
 Like Spark's ``statestore`` data source: ``read_state`` returns one state id's entries
 as a typed Arrow table (values decoded with the spec's codec), ``list_timers`` the
-pending timers, ``checkpoint_entries`` the raw DKV entries, and ``to_spark`` turns any of
-them into a Spark DataFrame. Command line::
+pending timers, ``checkpoint_entries`` the raw DKV entries, ``to_spark`` turns any of
+them into a Spark DataFrame, and ``describe`` says what a job's checkpoints hold.
+Command line::
 
-    python -m operators.tools.state_reader --store .dkvstream \\
-        --job examples.flights:flights_job --state-id windows [--epoch N] [--timers]
+    python -m operators.tools.state_reader --job MODULE:ATTRIBUTE [--store .dkvstream]
+        (--list | --state-id ID | --timers | --verify) [--operator NAME] [--epoch N]
+        [--from KEY] [--to KEY] [--hex] [--json] [--limit N]
+
+``--list`` prints the retained epochs and, per operator, its key-group ranges (each
+with its DKV manifest, which ``storage.dkv.dump`` reads) and its state ids with their
+kind and codecs. ``--state-id`` prints one state id's entries, decoded with the job's
+codecs; ``--timers`` the pending timers; both only of subject keys in ``[--from, --to)``
+(UTF-8, or hex with ``--hex``), as a table (the first ``--limit`` rows, default 20) or,
+with ``--json``, as JSON lines (all rows unless ``--limit``).
+``--verify`` reads every file the checkpoint names (each range manifest, SSTable block
+and WAL record, each staged output) and prints each damaged one.
+
+The decoding lives here rather than in ``storage.dkv.dump``: the key layout and the
+codecs are the operators' (``operators.api.state``), and ``storage`` never imports
+``operators``; ``storage.dkv.dump`` prints the same entries as raw bytes.
+
+Exit status: 0 done, 1 damage found by ``--verify``, 2 a usage mistake (no checkpoint
+under ``--store``, an unknown job attribute, operator, state id or epoch), with a
+one-line message.
 """
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib
+import json
 import sys
 from collections.abc import Iterator
+from typing import TextIO
 
 import pyarrow as pa
 
@@ -28,17 +50,47 @@ from operators.api.state import (
     list_payload,
     state_specs,
 )
-from operators.runtime.checkpoints import JobCheckpoint, latest_checkpoint, read_checkpoint
+from operators.runtime.checkpoints import JobCheckpoint, list_epochs, read_checkpoint
+from operators.runtime.recovery import check_checkpoint
 from operators.runtime.timers import decode_timer_key
+from storage.cli import parse_bytes, render_bytes, run_command
 from storage.dkv import DKV
+from storage.errors import ObjectNotFoundError
 from storage.objectstore import ObjectStore
+
+KeyRange = tuple[bytes, bytes | None]
+
+
+def _no_checkpoint(store: ObjectStore, job_prefix: str) -> LookupError:
+    return LookupError(f"no checkpoint found under {store.uri(paths.checkpoint_prefix(job_prefix))}"
+                       f": check --store and the job's name")
 
 
 def _checkpoint(store: ObjectStore, job_prefix: str, epoch: int | None) -> JobCheckpoint:
-    ckpt = latest_checkpoint(store, job_prefix) if epoch is None else read_checkpoint(store, job_prefix, epoch)
-    if ckpt is None:
-        raise LookupError(f"{store.uri(job_prefix)}: no committed checkpoint")
-    return ckpt
+    """The checkpoint of ``epoch`` (None: the newest).
+
+    Raises:
+        LookupError: the job has no committed checkpoint under ``store`` ("no checkpoint
+            found under ..."), or none of ``epoch`` (the message lists the retained ones).
+    """
+    if epoch is None:
+        epochs = list_epochs(store, job_prefix)
+        if not epochs:
+            raise _no_checkpoint(store, job_prefix)
+        epoch = epochs[-1]
+    try:
+        return read_checkpoint(store, job_prefix, epoch)
+    except ObjectNotFoundError:
+        epochs = list_epochs(store, job_prefix)
+        if not epochs:
+            raise _no_checkpoint(store, job_prefix) from None
+        raise LookupError(f"epoch {epoch} is not retained under {store.uri(job_prefix)} "
+                          f"(retained epochs: {', '.join(map(str, epochs))})") from None
+
+
+def _in_range(subject_key: bytes, key_range: KeyRange | None) -> bool:
+    return key_range is None or (key_range[0] <= subject_key
+                                 and (key_range[1] is None or subject_key < key_range[1]))
 
 
 def checkpoint_entries(store: ObjectStore, job_prefix: str, epoch: int | None = None,
@@ -55,8 +107,7 @@ def checkpoint_entries(store: ObjectStore, job_prefix: str, epoch: int | None = 
         ``(operator name, range label, dkv key, value)``.
 
     Raises:
-        LookupError: the job has no committed checkpoint.
-        ObjectNotFoundError: ``epoch`` is not retained.
+        LookupError: the job has no committed checkpoint, or ``epoch`` is not retained.
     """
     ckpt = _checkpoint(store, job_prefix, epoch)
     for op_name in sorted(ckpt.operators):
@@ -82,7 +133,7 @@ def _operator(job: Job, name: str | None):
 
 
 def read_state(store: ObjectStore, job: Job, state_id: str, operator: str | None = None,
-               epoch: int | None = None) -> pa.Table:
+               epoch: int | None = None, key_range: KeyRange | None = None) -> pa.Table:
     """One state id's entries at a checkpoint, decoded with its spec's codecs.
 
     Args:
@@ -91,6 +142,7 @@ def read_state(store: ObjectStore, job: Job, state_id: str, operator: str | None
         state_id: the spec's state id (its attribute name by default).
         operator: operator name (None: the job's only operator).
         epoch: retained epoch (None: the newest).
+        key_range: only subject keys in ``[start, end)`` (end None: no bound); None: all.
 
     Returns:
         Columns ``key_group`` (int32), ``subject_key`` (binary), ``state_id`` (string),
@@ -98,7 +150,8 @@ def read_state(store: ObjectStore, job: Job, state_id: str, operator: str | None
         value codec; a list for ListSpec).
 
     Raises:
-        KeyError: unknown operator or state id. LookupError: no checkpoint.
+        KeyError: unknown operator or state id. LookupError: no checkpoint, or
+            ``epoch`` is not retained.
     """
     op = _operator(job, operator)
     specs = state_specs(op)
@@ -112,7 +165,7 @@ def read_state(store: ObjectStore, job: Job, state_id: str, operator: str | None
         if k[2] != SCHEMA_STATE:
             continue
         kg, subject_key, sid, map_key = decode_state_key(k)
-        if sid != state_id:
+        if sid != state_id or not _in_range(subject_key, key_range):
             continue
         cols["key_group"].append(kg)
         cols["subject_key"].append(subject_key)
@@ -132,8 +185,11 @@ def read_state(store: ObjectStore, job: Job, state_id: str, operator: str | None
     return pa.table(cols, schema=pa.schema(fields))
 
 
-def list_timers(store: ObjectStore, job: Job, operator: str | None = None, epoch: int | None = None) -> pa.Table:
+def list_timers(store: ObjectStore, job: Job, operator: str | None = None, epoch: int | None = None,
+                key_range: KeyRange | None = None) -> pa.Table:
     """Pending timers at a checkpoint, in (operator, range, key group, time) order.
+
+    Args: as ``read_state``.
 
     Returns:
         Columns ``operator``, ``key_group`` (int32), ``timestamp`` (timestamp[ms, UTC])
@@ -145,6 +201,8 @@ def list_timers(store: ObjectStore, job: Job, operator: str | None = None, epoch
         if k[2] != SCHEMA_TIMER:
             continue
         kg, ts, subject_key = decode_timer_key(k)
+        if not _in_range(subject_key, key_range):
+            continue
         for col, val in zip(rows, (op, kg, ts, subject_key)):
             rows[col].append(val)
     return pa.table(rows, schema=pa.schema([
@@ -162,37 +220,159 @@ def is_timer(dkv_key: bytes) -> bool:
     return len(dkv_key) > 2 and dkv_key[2] == SCHEMA_TIMER
 
 
+def spec_kind(spec) -> str:
+    """A state spec's kind and codecs, e.g. ``map<int64, record<...>>``."""
+    if isinstance(spec, MapSpec):
+        return f"map<{spec.key_codec.name}, {spec.value_codec.name}>"
+    return f"{'list' if isinstance(spec, ListSpec) else 'value'}<{spec.codec.name}>"
+
+
+def describe(store: ObjectStore, job: Job, epoch: int | None = None) -> dict:
+    """What a job's checkpoints hold, for ``--list``.
+
+    Returns:
+        ``{"job", "checkpoints" (URI), "epochs" (retained, ascending), "epoch" (the one
+        described), "operators": [{"name", "ranges": {key-group range label: URI of its DKV
+        manifest at that epoch}, "states": {state id: kind and codecs}}]}``.
+
+    Raises:
+        LookupError: no checkpoint, or ``epoch`` is not retained.
+    """
+    ckpt = _checkpoint(store, job.prefix, epoch)
+    return {"job": job.name, "checkpoints": store.uri(paths.checkpoint_prefix(job.prefix)),
+            "epochs": list_epochs(store, job.prefix), "epoch": ckpt.epoch,
+            "operators": [{"name": op.name,
+                           "ranges": {label: store.uri(key) for label, key in
+                                      sorted(ckpt.operators.get(op.name, {}).items())},
+                           "states": {sid: spec_kind(spec) for sid, spec in sorted(state_specs(op).items())}}
+                          for op in job.operators]}
+
+
+def verify(store: ObjectStore, job: Job, epoch: int | None = None) -> tuple[int, list[str]]:
+    """Reads every file a checkpoint names, as the Dagster asset check does.
+
+    Returns:
+        ``(epoch, errors)``: one error per missing or corrupt file, naming its URI.
+
+    Raises:
+        LookupError: no checkpoint, or ``epoch`` is not retained.
+    """
+    epoch = _checkpoint(store, job.prefix, epoch).epoch
+    return epoch, check_checkpoint(store, job.prefix, epoch, "full")[1]
+
+
 def load_job(spec: str) -> Job:
-    """``module:attribute`` naming a Job or a function returning one."""
+    """``module:attribute`` naming a Job or a function returning one.
+
+    Raises:
+        ValueError: ``spec`` is not ``module:attribute``, the module cannot be imported,
+            it has no such attribute, or the attribute is not a Job (the message says which).
+    """
     module, _, attr = spec.partition(":")
-    obj = getattr(importlib.import_module(module), attr)
-    return obj() if callable(obj) and not isinstance(obj, Job) else obj
+    if not module or not attr:
+        raise ValueError(f"--job {spec!r}: give module:attribute, e.g. examples.flights:flights_job")
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:
+        raise ValueError(f"--job {spec!r}: cannot import {module!r} ({e})") from e
+    if not hasattr(mod, attr):
+        jobs = sorted(n for n, v in vars(mod).items() if isinstance(v, Job)
+                      or ("job" in n.lower() and callable(v) and not isinstance(v, type)))
+        raise ValueError(f"--job {spec!r}: module {module!r} has no attribute {attr!r} (jobs: {jobs})")
+    obj = getattr(mod, attr)
+    job = obj() if callable(obj) and not isinstance(obj, Job) else obj
+    if not isinstance(job, Job):
+        raise ValueError(f"--job {spec!r} is a {type(job).__name__}, not a Job or a function returning one")
+    return job
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Print state or timers of a job checkpoint (see module docstring)."""
-    from storage.objectstore import open_object_store
+def _json_value(value):
+    """JSON for what ``to_pylist`` gives: bytes as text, timestamps as ms."""
+    if isinstance(value, datetime.datetime):
+        return int(value.timestamp() * 1000)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
-    p = argparse.ArgumentParser(prog="python -m operators.tools.state_reader", description="Read operator state.")
-    p.add_argument("--store", default=".dkvstream")
+
+def _rows_json(table: pa.Table, hex: bool, out: TextIO) -> None:
+    binary = [f.name for f in table.schema if pa.types.is_binary(f.type)]
+    for row in table.to_pylist():
+        for name in binary:
+            row[name] = render_bytes(row[name], hex)
+        out.write(json.dumps(row, default=_json_value) + "\n")
+
+
+def _print_listing(d: dict, out: TextIO) -> None:
+    w = out.write
+    w(f"job {d['job']}: checkpoints under {d['checkpoints']}\n")
+    w(f"retained epochs: {', '.join(map(str, d['epochs']))} (described: {d['epoch']})\n")
+    for op in d["operators"]:
+        w(f"operator {op['name']}: {len(op['ranges'])} key-group ranges\n")
+        for label, manifest in op["ranges"].items():
+            w(f"  range {label}: {manifest}\n")
+        for sid, kind in op["states"].items():
+            w(f"  state {sid}: {kind}\n")
+        w("  timers (--timers)\n")
+
+
+def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
+    """Runs the CLI (see module docstring); returns the exit status."""
+    from storage.objectstore import open_existing_store
+
+    out = out or sys.stdout
+    p = argparse.ArgumentParser(prog="python -m operators.tools.state_reader",
+                                description="Read a job's operator state at a retained checkpoint.")
+    p.add_argument("--store", default=".dkvstream", help="object-store root (default .dkvstream)")
     p.add_argument("--job", required=True, help="module:attribute of a Job or a function returning one")
-    p.add_argument("--operator")
-    p.add_argument("--state-id")
-    p.add_argument("--epoch", type=int)
-    p.add_argument("--timers", action="store_true", help="list pending timers instead of state")
-    p.add_argument("--limit", type=int, default=20)
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--list", action="store_true", help="retained epochs, operators, state ids")
+    what.add_argument("--state-id", help="print this state id's entries")
+    what.add_argument("--timers", action="store_true", help="print pending timers")
+    what.add_argument("--verify", action="store_true", help="read every file of the checkpoint")
+    p.add_argument("--operator", help="operator name (default: the job's only operator)")
+    p.add_argument("--epoch", type=int, help="retained epoch (default: the newest)")
+    p.add_argument("--from", dest="start", help="first subject key (inclusive)")
+    p.add_argument("--to", dest="end", help="end subject key (exclusive)")
+    p.add_argument("--hex", action="store_true", help="--from/--to and --json bytes as hex")
+    p.add_argument("--json", action="store_true", help="JSON lines instead of a table")
+    p.add_argument("--limit", type=int, help="rows to print (default 20; with --json all)")
     a = p.parse_args(argv)
-    store, job = open_object_store(a.store), load_job(a.job)
-    if a.timers:
-        table = list_timers(store, job, a.operator, a.epoch)
-    elif a.state_id:
-        table = read_state(store, job, a.state_id, a.operator, a.epoch)
-    else:
-        p.error("give --state-id or --timers")
-    print(f"{table.num_rows:,} rows")
-    print(table.slice(0, a.limit).to_pandas().to_string(index=False))
-    return 0
 
+    def command() -> int:
+        job = load_job(a.job)
+        try:
+            store = open_existing_store(a.store)
+        except FileNotFoundError:
+            raise LookupError(f"no checkpoint found under {a.store}: no such directory (check --store)") from None
+        key_range = None
+        if a.start is not None or a.end is not None:
+            key_range = (b"" if a.start is None else parse_bytes(a.start, a.hex),
+                         None if a.end is None else parse_bytes(a.end, a.hex))
+        if a.list:
+            listing = describe(store, job, a.epoch)
+            if a.json:
+                out.write(json.dumps(listing) + "\n")
+            else:
+                _print_listing(listing, out)
+            return 0
+        if a.verify:
+            epoch, errors = verify(store, job, a.epoch)
+            for e in errors:
+                out.write(f"FAILED: {e}\n")
+            out.write(f"epoch {epoch}: {'ok' if not errors else f'{len(errors)} damaged files'}\n")
+            return 1 if errors else 0
+        if a.timers:
+            table = list_timers(store, job, a.operator, a.epoch, key_range)
+        else:
+            table = read_state(store, job, a.state_id, a.operator, a.epoch, key_range)
+        if a.json:
+            _rows_json(table if a.limit is None else table.slice(0, a.limit), a.hex, out)
+        else:
+            out.write(f"{table.num_rows:,} rows\n")
+            out.write(table.slice(0, 20 if a.limit is None else a.limit).to_pandas().to_string(index=False) + "\n")
+        return 0
+
+    # KeyError (an unknown operator or state id) is a LookupError.
+    return run_command(command, (ValueError, LookupError))
 
 if __name__ == "__main__":
     sys.exit(main())

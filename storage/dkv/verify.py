@@ -8,7 +8,8 @@ and every WAL object (record crc32c, sequence range and record count, as
 ``TableStore.read_wal`` checks them). Nothing is written. Cost: one GET per manifest and
 WAL object, and for each table the whole object once (tail and blocks).
 
-Used by the Dagster asset check on a job's checkpoint asset (``assets/checkpoints.py``).
+Used by the Dagster asset check on a job's checkpoint asset (``assets/checkpoints.py``)
+and by ``python -m storage.dkv.dump verify``.
 """
 
 from __future__ import annotations
@@ -57,6 +58,44 @@ class VerifyReport:
         self.errors += other.errors
 
 
+def read_blocks(r: SSTableReader) -> int:
+    """Reads every data block of ``r`` (crc32c, zstd frame, key order) and checks the
+    entry count against the meta block.
+
+    Returns:
+        The number of entries read.
+
+    Raises:
+        CorruptionError: a block fails its checks, blocks are out of key order, or the
+            count differs from the meta block's (the message names the URI).
+    """
+    entries = 0
+    prev = None
+    for keys, _values in r.scan_batches(b""):
+        if prev is not None and keys and keys[0] <= prev:
+            raise CorruptionError(f"{r.uri}: blocks out of key order at key {keys[0]!r}")
+        entries += len(keys)
+        prev = keys[-1] if keys else prev
+    if entries != r.entries:
+        raise CorruptionError(f"{r.uri}: {entries} entries in blocks, meta block says {r.entries}")
+    return entries
+
+
+def verify_sstable(store: ObjectStore, key: str) -> tuple[int, int, int]:
+    """Reads one SSTable whole (footer, meta block, every data block) and checks it.
+
+    Returns:
+        ``(blocks, entries, bytes)`` read.
+
+    Raises:
+        ObjectNotFoundError: the table is missing.
+        CorruptionError: see ``read_blocks``; also a bad footer or meta block.
+    """
+    whole = store.get(key)
+    r = SSTableReader(store, key, size=len(whole), whole=whole)
+    return r.num_blocks, read_blocks(r), len(whole)
+
+
 def verify_table(store: ObjectStore, t: TableInfo) -> tuple[int, int]:
     """Reads every block of table ``t`` and checks it against its manifest entry.
 
@@ -74,15 +113,7 @@ def verify_table(store: ObjectStore, t: TableInfo) -> tuple[int, int]:
     """
     whole = store.get(t.key)
     r = SSTableReader(store, t.key, size=t.size, whole=whole)
-    entries = 0
-    prev = None
-    for keys, _values in r.scan_batches(b""):
-        if prev is not None and keys and keys[0] <= prev:
-            raise CorruptionError(f"{r.uri}: blocks out of key order at key {keys[0]!r}")
-        entries += len(keys)
-        prev = keys[-1] if keys else prev
-    if entries != r.entries:
-        raise CorruptionError(f"{r.uri}: {entries} entries in blocks, meta block says {r.entries}")
+    entries = read_blocks(r)
     if t.clip is None:
         if (r.min_key, r.max_key) != (t.min_key, t.max_key) or entries != t.entries:
             raise CorruptionError(

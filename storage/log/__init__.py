@@ -10,7 +10,8 @@
   times, consumer-group offsets in the compacted ``__consumer_offsets`` topic.
 * ``offset_map.py`` / ``cleaner.py``: compacted topics: the fixed-memory key-hash map
   and the two-pass cleaner (two GETs per input file, complete deduplication).
-* ``log.py``: ``Log``, the facade. ``dump.py``: the command-line dump tool.
+* ``log.py``: ``Log``, the facade. ``dump.py``: the command-line dump tool;
+  ``console.py``: the console producer, consumer and consumer-groups tool.
 
 Seeds: ``kafka-index-binary-search.txt``, ``kafka-log-compaction-design.txt``,
 ``warpstream-compacted-topics.txt``.

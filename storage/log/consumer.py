@@ -201,22 +201,40 @@ def commit_group_offsets(log, group: str, offsets: dict[tuple[str, int], int]) -
     prod.flush()
 
 
+def _read_group_offsets(log, partition: int, groups: dict[str, dict[tuple[str, int], int]],
+                        group: str | None = None) -> None:
+    """Replays partition ``partition`` of ``__consumer_offsets`` into ``groups``
+    (``{group: {(topic, partition): offset}}``), only ``group``'s records if given."""
+    start = log.metadata().partition(GROUP_OFFSETS_TOPIC, partition).log_start
+    for r in fetch(log, GROUP_OFFSETS_TOPIC, partition, start).records:
+        g, topic, part = json.loads(r.key)
+        if group is not None and g != group:
+            continue
+        if r.value is None:
+            groups.get(g, {}).pop((topic, part), None)
+        else:
+            groups.setdefault(g, {})[(topic, part)] = int(r.value)
+
+
 def committed_offsets(log, group: str) -> dict[tuple[str, int], int]:
     """The newest committed position of every partition of ``group``."""
     if GROUP_OFFSETS_TOPIC not in log.metadata().topics:
         return {}
-    p = _group_partition(group)
-    start = log.metadata().partition(GROUP_OFFSETS_TOPIC, p).log_start
-    out: dict[tuple[str, int], int] = {}
-    for r in fetch(log, GROUP_OFFSETS_TOPIC, p, start).records:
-        g, topic, part = json.loads(r.key)
-        if g != group:
-            continue
-        if r.value is None:
-            out.pop((topic, part), None)
-        else:
-            out[(topic, part)] = int(r.value)
-    return out
+    groups: dict[str, dict[tuple[str, int], int]] = {}
+    _read_group_offsets(log, _group_partition(group), groups, group)
+    return groups.get(group, {})
+
+
+def all_committed_offsets(log) -> dict[str, dict[tuple[str, int], int]]:
+    """Every consumer group's committed positions, ``{group: {(topic, partition):
+    offset}}``; a group whose every position was deleted is left out. Reads every
+    partition of ``__consumer_offsets`` (the listing of ``kafka-consumer-groups --list``)."""
+    if GROUP_OFFSETS_TOPIC not in log.metadata().topics:
+        return {}
+    groups: dict[str, dict[tuple[str, int], int]] = {}
+    for p in range(GROUP_OFFSETS_PARTITIONS):
+        _read_group_offsets(log, p, groups)
+    return {g: offsets for g, offsets in sorted(groups.items()) if offsets}
 
 
 class Consumer:

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from storage.dkv.dump import fmt_key, open_location
-from storage.errors import StorageError
+from storage.cli import run_command
 from storage.log.log import Log
 from storage.log.segment import chunk_batches, decode_indexes, read_directory
 from storage.objectstore import open_object_store
@@ -106,16 +106,14 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     dp.add_argument("--prefix", default="log", help="the log's prefix in the store (default log)")
     dp.add_argument("--entries", action="store_true", help="list every entry")
     args = ap.parse_args(argv)
-    try:
+
+    def command() -> None:
         if args.kind == "segment":
             dump_segment(args.location, args.records, not args.no_indexes, out)
         else:
             describe(args.root, args.prefix, args.entries, out)
-    except (StorageError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
 
+    return run_command(command, ())
 
 if __name__ == "__main__":
     sys.exit(main())

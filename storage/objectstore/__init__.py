@@ -26,6 +26,7 @@ rebuild its clients; its request counts start afresh in each process.
 
 from __future__ import annotations
 
+import os
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
@@ -44,6 +45,7 @@ __all__ = [
     "ObjectStore",
     "RequestStats",
     "map_requests",
+    "open_existing_store",
     "open_object_store",
     "subtract_requests",
     "sum_requests",
@@ -330,3 +332,20 @@ def open_object_store(uri: str) -> ObjectStore:
         # variables (see storage/objectstore/s3.py), so the URI alone reopens the store.
         return S3ObjectStore.from_uri(uri)
     raise ValueError(f"unknown object-store URI scheme {scheme!r} in {uri!r}")
+
+
+def open_existing_store(uri: str) -> ObjectStore:
+    """``open_object_store`` for a tool that only reads: a local directory that does not
+    exist is an error rather than created, so a misspelled path leaves nothing behind.
+
+    Raises:
+        FileNotFoundError: ``uri`` is a local path (or ``file://`` URI) with no directory.
+        ValueError: The scheme is unknown.
+    """
+    parsed = urlparse(uri)
+    if parsed.scheme in ("", "file") or len(parsed.scheme) == 1:
+        path = parsed.path if parsed.scheme == "file" else uri
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"{uri}: no such directory")
+    return open_object_store(uri)
+

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import pytest
 
 from storage.dkv import DKV, DKVOptions
 from storage.dkv.dump import main
+from storage.dkv.manifest import load_manifest
 from storage.dkv.sstable import SSTableBuilder
 from storage.objectstore.local import LocalObjectStore
 
@@ -64,3 +66,88 @@ def test_dump_reports_corruption(tmp_path: Path, capsys: pytest.CaptureFixture[s
     (tmp_path / "bad.sst").write_bytes(b"\x00" * 100)
     assert main(["sstable", str(tmp_path / "bad.sst")], io.StringIO()) == 1
     assert "bad magic" in capsys.readouterr().err
+
+
+def _checkpointed(tmp_path: Path) -> tuple[LocalObjectStore, str, dict[bytes, bytes]]:
+    """A DKV under a job-like prefix with tables on two levels, a tombstone and a WAL
+    object, checkpointed; returns (store, manifest key, the live state as a dict)."""
+    store = LocalObjectStore(tmp_path)
+    db = DKV.open(store, "jobs/j/state/op/kg-0000-0127", options=DKVOptions(memtable_bytes=2000))
+    oracle = {}
+    for i in range(300):
+        k, v = b"k%03d" % (i % 250), b"v%d" % i
+        db.put(k, v)
+        oracle[k] = v
+    db.compact_all()
+    for k in (b"k005", b"k100"):
+        db.delete(k)
+        del oracle[k]
+    db.put(b"\xff\x00", b"\x80")
+    oracle[b"\xff\x00"] = b"\x80"
+    return store, db.checkpoint("e1"), oracle
+
+
+def test_scan_manifest_equals_the_state_in_a_key_range(tmp_path: Path) -> None:
+    _, mkey, oracle = _checkpointed(tmp_path)
+    text = run("scan", str(tmp_path / mkey), "--from", "k004", "--to", "k101")
+    got = [json.loads(line) for line in text.splitlines()]
+    want = [{"key": k.decode(), "value": v.decode()} for k, v in sorted(oracle.items())
+            if b"k004" <= k < b"k101"]
+    assert got == want
+    text = run("scan", (tmp_path / mkey).as_uri(), "--hex", "--from", "ff")
+    assert [json.loads(line) for line in text.splitlines()] == [{"key": "ff00", "value": "80"}]
+    assert len(run("scan", str(tmp_path / mkey), "--limit", "7").splitlines()) == 7
+
+
+def test_scan_sstable_prints_tombstones_and_sequence_numbers(tmp_path: Path) -> None:
+    b = SSTableBuilder(block_bytes=256, bloom_bits_per_key=10, zstd_level=3)
+    for i in range(50):
+        b.add(b"key-%03d" % i, 100 + i, None if i % 7 == 0 else b"value %d" % i)
+    (tmp_path / "t.sst").write_bytes(b.finish()[0])
+    got = [json.loads(line) for line in run("scan", str(tmp_path / "t.sst"), "--from", "key-010",
+                                              "--to", "key-015").splitlines()]
+    assert got == [{"key": "key-%03d" % i, "seq": 100 + i,
+                    "value": None if i % 7 == 0 else "value %d" % i} for i in range(10, 15)]
+
+
+def test_verify_passes_an_intact_checkpoint(tmp_path: Path) -> None:
+    store, mkey, _ = _checkpointed(tmp_path)
+    tables = store.list("jobs/j/state/op/kg-0000-0127/sst/")
+    text = run("verify", str(tmp_path / mkey), *(str(tmp_path / t) for t in tables))
+    assert text.count(": ok,") == 1 + len(tables) and "1 WAL objects (3 records)" in text
+
+
+def _flip(path: Path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["table block", "table missing", "manifest byte", "wal byte"])
+def test_verify_exits_1_on_damage_and_names_the_file(tmp_path: Path, damage: str) -> None:
+    store, mkey, _ = _checkpointed(tmp_path)
+    m = load_manifest(store, mkey)
+    table = next(m.levels.all_tables()).key
+    victim = {"table block": table, "table missing": table, "manifest byte": mkey,
+              "wal byte": m.wal[0].key}[damage]
+    if damage == "table missing":
+        (tmp_path / victim).unlink()
+    else:
+        _flip(tmp_path / victim, 20)
+    out = io.StringIO()
+    assert main(["verify", str(tmp_path / mkey)], out) == 1
+    assert "FAILED" in out.getvalue() and victim.rsplit("/", 1)[1] in out.getvalue()
+    if damage == "table block":  # the table alone fails as well
+        out = io.StringIO()
+        assert main(["verify", str(tmp_path / table)], out) == 1
+        assert "FAILED" in out.getvalue()
+
+
+def test_usage_mistakes_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, mkey, _ = _checkpointed(tmp_path)
+    assert main(["scan", str(tmp_path / mkey), "--hex", "--from", "zz"], io.StringIO()) == 2
+    assert capsys.readouterr().err == "error: 'zz' is not hex (--hex takes keys as hex digits)\n"
+    moved = tmp_path / "e1.json"
+    moved.write_bytes((tmp_path / mkey).read_bytes())
+    assert main(["scan", str(moved)], io.StringIO()) == 2
+    assert "must lie at <store root>/jobs/j/state/op/kg-0000-0127/manifests/e1.json" in capsys.readouterr().err
