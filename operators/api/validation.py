@@ -19,7 +19,7 @@ from operators.api.keygroups import MAX_KEY_GROUPS
 from operators.api.operator import MAIN_OUTPUT, Operator
 from operators.api.state import ListSpec, MapSpec, ValueSpec, state_specs
 from operators.errors import InvalidJobError
-from operators.io.sinks import Sink
+from operators.io.sinks import ParquetSink, Sink
 from operators.io.sources import Source
 from operators.paths import LAYOUTS
 
@@ -128,6 +128,12 @@ def check_structure(job: Job) -> None:
         raise InvalidJobError(f"job {job.name}: sinks {extra} name no output of {last.name} "
                               f"(its outputs: {sorted(last.outputs)}); remove them or declare "
                               f"the output in {type(last).__name__}.outputs")
+    for output, sink in job.sinks.items():
+        if isinstance(sink, ParquetSink) and isinstance(last.outputs.get(output), pa.Schema):
+            try:  # an ``epoch`` column: refused here, not in the first epoch's tasks
+                sink.check_columns(last.outputs[output].names)
+            except ValueError as e:
+                raise InvalidJobError(f"job {job.name}: output {output!r} of {last.name}: {e}") from None
 
 
 def check_job(job: Job) -> None:

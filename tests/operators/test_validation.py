@@ -93,6 +93,10 @@ BAD = {
     "sink of no output": ({"sinks": {"main": ParquetSink("counts", WINDOW_COUNT_SCHEMA),
                                      "extra": ParquetSink("x")}},
                           r"sinks \['extra'\] name no output of key_window_count .*remove them"),
+    "epoch column into a Parquet sink": ({"operators": [type("EpochOut", (KeyWindowCount,), {
+        "name": "epoch_out", "outputs": {"main": WINDOW_COUNT_SCHEMA.append(pa.field("epoch", pa.int64()))}})()],
+        "sinks": {"main": ParquetSink("counts")}},
+        r"output 'main' of epoch_out: ParquetSink 'counts': the output has a column 'epoch'.*rename the column"),
 }
 
 
