@@ -98,8 +98,8 @@ def test_cleanup_job_frees_expired_checkpoints_and_unreferenced_files(tmp_path, 
     store = runner.store
     sizes = {k: store.size(k) for k in store.list(PREFIX + "/")}
     # What two puts killed before their rename left: one hours ago, one just now.
-    table_dir = store._path(next(iter(_named_by_retained(store)))).parent
-    abandoned, recent = store._write_temp(table_dir / "a.sst", b"x"), store._write_temp(table_dir / "b.sst", b"x")
+    table_dir = next(iter(_named_by_retained(store))).rsplit("/", 1)[0]
+    abandoned, recent = store._write_temp(f"{table_dir}/a.sst", b"x"), store._write_temp(f"{table_dir}/b.sst", b"x")
     os.utime(abandoned, (time.time() - 7200, time.time() - 7200))
 
     result = cleanup_job_def.execute_in_process(run_config=op_config("cleanup", NAME), resources=_resources(tmp_path),
