@@ -28,9 +28,9 @@ executors do on a cluster; the same
 subtraction as the in-process runner's ``requests`` metric, ``driver._epoch_requests``,
 but aligned to the epoch: the epoch's own commit, publish and retention). Driver seconds
 are the epoch's wall time (``time.perf_counter``, a monotonic wall clock) minus the time
-spent on the executors' side: planning, the commit, the publish, retention and the lease, with the local directory's own costs (a hard link per
-published file, an unlink per deleted one) on top of the simulated latency. Steady
-epochs are those in which a checkpoint expires; the table gives their medians, and the
+spent on the executors' side: planning, the commit, the publish, retention and the lease, with the local
+directory's own costs (a hard link per published file, an unlink per deleted one) on top of the simulated
+latency. Steady epochs are those in which a checkpoint expires; the table gives their medians, and the
 target of at most 3P + 50 requests and under 1 s per epoch.
 
 ``--quick`` runs P = 2 and 16 for 5 epochs with retain 2 and no latency (seconds; the

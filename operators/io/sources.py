@@ -133,8 +133,8 @@ def check_slice(source: Source, partition: str, start: int, end: int, table: pa.
 
     The schema: ``key`` binary, ``timestamp`` int64 (ms since the Unix epoch, UTC), the
     fields of ``source.value_schema`` in their order, then ``_error`` (string),
-    ``_raw_value`` (binary), ``_offset`` (int64) and ``_ingest_time`` (int64) if present. Every slice of every partition comes out in this
-    one schema, so the driver can concatenate them. The check compares types only (no
+    ``_raw_value`` (binary), ``_offset`` (int64) and ``_ingest_time`` (int64) if present. Every slice of every
+    partition comes out in this one schema, so the driver can concatenate them. The check compares types only (no
     per-row work); null, empty or out-of-range keys and timestamps are row-level and go
     to the dead-letter table later (``operators.runtime.dead_letter``).
 

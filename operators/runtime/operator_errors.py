@@ -368,7 +368,8 @@ class DeadLetterRows:
         n = len(keys)
         if not n:
             return
-        self._add(pa.array([f"{TIMER_SOURCE}{self.operator}"] * n, pa.string()), pa.nulls(n, pa.string()), pa.nulls(n, pa.int64()),
+        self._add(pa.array([f"{TIMER_SOURCE}{self.operator}"] * n, pa.string()), pa.nulls(n, pa.string()),
+                  pa.nulls(n, pa.int64()),
                   pa.array(keys, pa.binary()), pa.array(stamps, pa.int64()), pa.nulls(n, pa.binary()),
                   [describe(self.operator, handler, e, self._code_file) for e in errors])
         self.raised += [(handler, e) for e in errors]
