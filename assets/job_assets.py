@@ -41,7 +41,7 @@ from assets.checkpoints import (
 from assets.resources import DKVSettingsResource, ObjectStoreResource
 from assets.stream_run import run_epochs
 from operators.api.job import Job
-from operators.runtime import dead_letter
+from operators.io import dead_letter
 from operators.runtime.checkpoints import read_checkpoint
 from operators.runtime.driver import JobRunner
 

@@ -28,9 +28,9 @@ executors do on a cluster; the same
 subtraction as the in-process runner's ``requests`` metric, ``driver._epoch_requests``,
 but aligned to the epoch: the epoch's own commit, publish and retention). Driver seconds
 are the epoch's wall time (``time.perf_counter``, a monotonic wall clock) minus the time
-spent on the executors' side: planning, the commit, the publish, retention and the lease, with the local directory's own costs (a hard link per
-published file, an unlink per deleted one) on top of the simulated latency. Steady
-epochs are those in which a checkpoint expires; the table gives their medians, and the
+spent on the executors' side: planning, the commit, the publish, retention and the lease, with the local
+directory's own costs (a hard link per published file, an unlink per deleted one) on top of the simulated
+latency. Steady epochs are those in which a checkpoint expires; the table gives their medians, and the
 target of at most 3P + 50 requests and under 1 s per epoch.
 
 ``--quick`` runs P = 2 and 16 for 5 epochs with retain 2 and no latency (seconds; the
@@ -55,7 +55,7 @@ from operators.api.job import Job
 from operators.paths import checkpoint_key
 from operators.runtime.driver import JobRunner
 from operators.runtime.exchange import LocalExchange
-from storage.objectstore import REQUEST_KINDS, ObjectStore, subtract_requests
+from storage.objectstore import REQUEST_KINDS, ForwardingObjectStore, subtract_requests
 from storage.objectstore.local import LocalObjectStore
 
 PARTITIONS = 2
@@ -64,29 +64,20 @@ EVENTS_PER_RANGE = 20
 FIELDS = (*REQUEST_KINDS, "bytes_read", "bytes_written")
 
 
-class LatencyStore(ObjectStore):
+class LatencyStore(ForwardingObjectStore):
     """A ``LocalObjectStore`` whose requests wait ``latency_s`` first, except on the
     executors' side (``in_task``): a stand-in for S3's per-request latency on the
     driver's side. Counts are the inner store's (one per request, ``delete_many`` per
     1,000 keys)."""
 
     def __init__(self, root: str, latency_s: float) -> None:
-        super().__init__()
-        self.inner = LocalObjectStore(root)
-        self.stats = self.inner.stats
+        super().__init__(LocalObjectStore(root))
         self.latency_s = latency_s
         self.in_task = threading.local()
 
     def _wait(self, requests: int = 1) -> None:
         if self.latency_s and not getattr(self.in_task, "on", False):
             time.sleep(self.latency_s * requests)
-
-    @property
-    def root_uri(self) -> str:
-        return self.inner.root_uri
-
-    def uri(self, key: str) -> str:
-        return self.inner.uri(key)
 
     def put(self, key: str, data: bytes) -> None:
         self._wait()

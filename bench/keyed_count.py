@@ -86,7 +86,8 @@ def _run(kind: str, events: int, keys: int, epoch: int, zipf: float | None, batc
     cols = ["key", "window_start"]
     pd.testing.assert_frame_equal(got.sort_values(cols).reset_index(drop=True)[exp.columns],
                                   exp.sort_values(cols).reset_index(drop=True), check_dtype=False)
-    conn.send({"kind": kind, "events": events, "seconds": seconds, "cpu_seconds": cpu_seconds, "epochs": epochs, "rows": len(got),
+    conn.send({"kind": kind, "events": events, "seconds": seconds, "cpu_seconds": cpu_seconds, "epochs": epochs,
+               "rows": len(got),
                "tables": tables, "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10})
 
 

@@ -31,6 +31,7 @@ from examples.flights_producer import TICK_S, replay_order
 from operators.api.job import Job
 from operators.api.operator import WATERMARK_MAX, WATERMARK_MIN
 from operators.io.kafka import KafkaSource
+from storage.local_server import pid_alive
 
 # The value columns, as examples.flights.FlightsSource reads them from the CSV (a test
 # checks they agree): the producer writes integers as JSON integers, null when missing.
@@ -136,15 +137,6 @@ def progress_line(record: dict, positions: list[np.ndarray] | None, first_tick: 
     return line
 
 
-def _alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie, exited but not yet reaped, counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-
-
 class _Lines:
     """The complete JSON lines appended to a file since the last call."""
 
@@ -193,7 +185,7 @@ def watch(job_out: str, producer_out: str, job_pid: int, producer_pid: int, rate
     first_tick = produced = None
     positions = None
     while True:
-        job_alive, producer_alive = _alive(job_pid), _alive(producer_pid)
+        job_alive, producer_alive = pid_alive(job_pid), pid_alive(producer_pid)
         for r in producer.new():
             first_tick = r.get("first_tick", first_tick)
             if "produced" in r:

@@ -265,8 +265,10 @@ class HourlyWeatherDelaysBatch(BatchOperator):
         late = ends <= ctx.watermark
         if late.any():
             lt = events.filter(pa.array(late))
-            ctx.emit({"key": lt.column("key"), "event_time": lt.column("timestamp").cast(pa.timestamp("ms", tz="UTC")),
-                      "input": lt.column(INPUT_COLUMN), "watermark": pa.array([ctx.watermark] * lt.num_rows, pa.int64())},
+            ctx.emit({"key": lt.column("key"),
+                      "event_time": lt.column("timestamp").cast(pa.timestamp("ms", tz="UTC")),
+                      "input": lt.column(INPUT_COLUMN),
+                      "watermark": pa.array([ctx.watermark] * lt.num_rows, pa.int64())},
                      output="late", keys=lt.column("key").to_pylist(), timestamps=lt.column("timestamp").to_pylist())
             events, ends = events.filter(pa.array(~late)), ends[~late]
         is_weather = pc.equal(events.column(INPUT_COLUMN), self.weather_input).to_numpy(zero_copy_only=False)

@@ -36,9 +36,9 @@ from operators.errors import (
     RecoveryRefusedError,
     SnapshotVacuumedError,
 )
+from operators.io.dead_letter import DeadLetter
 from operators.io.sinks import ParquetSink, Sink
 from operators.io.sources import Source
-from operators.runtime.dead_letter import DeadLetter
 
 # Heavier modules (the driver pulls in the runtime; the connectors deltalake and the log),
 # imported when first named: ``from operators import JobRunner`` works as the rest.

@@ -40,7 +40,7 @@ class BadInputError(ValueError):
 
 class TooManyDeadLettersError(JobFailedError):
     """Raised when an epoch sends more than ``DeadLetter.max_ratio`` of its records to the
-    dead-letter table; nothing of the epoch is committed (``operators.runtime.dead_letter``)."""
+    dead-letter table; nothing of the epoch is committed (``operators.io.dead_letter``)."""
 
 
 class OperatorError(JobFailedError):

@@ -128,7 +128,7 @@ def kafka_broker(tmp_path_factory):
     storage; tests create their own topics (``tests/operators/test_kafka.py``). At teardown the
     broker is stopped and its process must be gone."""
     from operators.io.kafka_broker import TansuBroker
-    from storage.objectstore.seaweedfs import _pid_alive
+    from storage.local_server import pid_alive
 
     broker = TansuBroker(tmp_path_factory.mktemp("tansu"), stop_timeout_s=3.0).start()
     pid = broker.pid
@@ -136,7 +136,7 @@ def kafka_broker(tmp_path_factory):
         yield broker
     finally:
         broker.stop()
-        assert not _pid_alive(pid), f"tansu (pid {pid}) still running after stop"
+        assert not pid_alive(pid), f"tansu (pid {pid}) still running after stop"
 
 
 @pytest.fixture

@@ -260,7 +260,8 @@ def prefix_oracle(plan: EpochPlan) -> pd.DataFrame:
     if plan.full:
         return route_daily_delays_oracle(plan.scale)
     rows = pa.concat_tables([
-        replay_partitions(plan.scale)[p].slice(0, n).select(["origin", "dest", "dep_time", "dep_delay", "event_time_ms"])
+        replay_partitions(plan.scale)[p].slice(0, n)
+        .select(["origin", "dest", "dep_time", "dep_delay", "event_time_ms"])
         for p, n in plan.ends.items() if n])
     ms = rows.column("event_time_ms").to_numpy()
     rows = rows.append_column("window_start", pa.array(ms - ms % DAY_MS))

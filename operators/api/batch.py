@@ -24,7 +24,7 @@ from __future__ import annotations
 import struct
 from abc import abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import pyarrow as pa
 
@@ -40,7 +40,6 @@ from operators.api.state import (
     state_keys,
     subject_prefix,
 )
-from operators.runtime.timers import TimerService
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -53,6 +52,16 @@ TIMESTAMP = "timestamp"
 KEY_GROUP = "key_group"
 
 
+class BulkTimers(Protocol):
+    """The timers a ``BatchContext`` registers through: the task's timer service
+    (``operators.runtime.timers.TimerService``). Rows of the three sequences are aligned;
+    timestamps in ms."""
+
+    def set_many(self, key_groups: Sequence[int], timestamps: Sequence[int], keys: Sequence[bytes]) -> None: ...
+
+    def delete_many(self, key_groups: Sequence[int], timestamps: Sequence[int], keys: Sequence[bytes]) -> None: ...
+
+
 class BatchContext:
     """What a ``BatchOperator`` acts through during one task.
 
@@ -61,7 +70,7 @@ class BatchContext:
             or below it are late); in ``on_timers``, the watermark being advanced to.
     """
 
-    def __init__(self, db: StateStore, timers: TimerService, outputs: dict[str, pa.Schema],
+    def __init__(self, db: StateStore, timers: BulkTimers, outputs: dict[str, pa.Schema],
                  operator: str = "operator") -> None:
         self._db = db
         self._timers = timers

@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 from operators import paths
 from operators.api.keygroups import DEFAULT_KEY_GROUPS
 from operators.api.operator import Operator
+from operators.io.dead_letter import DEAD_LETTER_OUTPUT, DeadLetter
 from operators.io.sinks import Sink
 from operators.io.sources import Source
-from operators.runtime.dead_letter import DEAD_LETTER_OUTPUT, DeadLetter
 
 
 @dataclass
@@ -39,7 +39,7 @@ class Job:
         max_out_of_orderness_ms: watermark bound: watermark = min over unfinished
             source partitions of the max event time seen, minus this (>= 0).
         dead_letter: where malformed events go and the future-timestamp bound
-            (``operators.runtime.dead_letter.DeadLetter``).
+            (``operators.io.dead_letter.DeadLetter``).
         trigger_interval_ms: a continuous run (``JobRunner.epochs(continuous=True)``)
             starts an epoch at most this often, ms (Spark's processing-time trigger);
             0 starts the next epoch as soon as the previous one commits and input waits.

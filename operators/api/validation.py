@@ -180,7 +180,8 @@ def check_job(job: Job) -> None:
     if dl.tolerance not in ("all", "none"):
         raise InvalidJobError(f"job {job.name}: dead_letter.tolerance must be 'all' or 'none', "
                               f"got {dl.tolerance!r}")
-    if dl.max_ratio is not None and not (isinstance(dl.max_ratio, (int, float)) and not isinstance(dl.max_ratio, bool) and 0 <= dl.max_ratio <= 1):
+    if dl.max_ratio is not None and not (isinstance(dl.max_ratio, (int, float)) and not isinstance(dl.max_ratio, bool)
+                                         and 0 <= dl.max_ratio <= 1):
         raise InvalidJobError(f"job {job.name}: dead_letter.max_ratio must be a share from 0 to 1 or None, "
                               f"got {dl.max_ratio!r}")
     _check_int(job, "dead_letter.min_records", dl.min_records, 0)

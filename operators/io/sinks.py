@@ -22,8 +22,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from operators import paths
-from operators.paths import range_label_of
 from operators.errors import RecoveryRefusedError
+from operators.paths import range_label_of
 from storage.errors import ObjectNotFoundError
 from storage.objectstore import REQUEST_THREADS, ObjectStore, map_requests
 from storage.objectstore.checksum import ObjectChecksum

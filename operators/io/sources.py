@@ -15,7 +15,7 @@ KEY_COLUMN = "key"
 TIMESTAMP_COLUMN = "timestamp"
 # Optional columns of ``Source.read`` for rows the source could not decode: the error
 # message (null for a good row) and the raw bytes. Such rows go to the job's dead-letter
-# table (``operators.runtime.dead_letter``); the columns never reach an operator.
+# table (``operators.io.dead_letter``); the columns never reach an operator.
 ERROR_COLUMN = "_error"
 RAW_VALUE_COLUMN = "_raw_value"
 # Optional column of ``Source.read`` for a source whose offsets have gaps (a Kafka topic:
@@ -133,10 +133,10 @@ def check_slice(source: Source, partition: str, start: int, end: int, table: pa.
 
     The schema: ``key`` binary, ``timestamp`` int64 (ms since the Unix epoch, UTC), the
     fields of ``source.value_schema`` in their order, then ``_error`` (string),
-    ``_raw_value`` (binary), ``_offset`` (int64) and ``_ingest_time`` (int64) if present. Every slice of every partition comes out in this
-    one schema, so the driver can concatenate them. The check compares types only (no
+    ``_raw_value`` (binary), ``_offset`` (int64) and ``_ingest_time`` (int64) if present. Every slice of every
+    partition comes out in this one schema, so the driver can concatenate them. The check compares types only (no
     per-row work); null, empty or out-of-range keys and timestamps are row-level and go
-    to the dead-letter table later (``operators.runtime.dead_letter``).
+    to the dead-letter table later (``operators.io.dead_letter``).
 
     Casts: a column is cast only if the cast is lossless for every possible value, and
     then silently (zero-copy or a widening):

@@ -1,7 +1,7 @@
 """An upsert table sink: a Delta Lake table with a primary key (delta-rs, ``deltalake``).
 
-What Kudu gives at the end of a stream: a table with a primary key that takes inserts, updates and deletes from a job, answers
-point lookups, scans columns with projection and predicates, and reads a snapshot as
+What Kudu gives at the end of a stream: a table with a primary key that takes inserts, updates and deletes from a
+job, answers point lookups, scans columns with projection and predicates, and reads a snapshot as
 of a past commit. The table is a Delta Lake table under ``<job>/sinks/<name>/`` that
 any Delta reader opens (pyarrow through ``deltalake``, DuckDB through that dataset,
 Spark through ``to_spark`` or delta-spark).

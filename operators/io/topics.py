@@ -251,7 +251,7 @@ def decode_json_values_per_record(raw: list[bytes | None],
     A value that is not JSON, not an object, or has a field its column cannot hold as
     written does not raise: its columns are null and its error message is set (naming
     the field: ``"field 'price': ..."``), so the runtime sends it to the dead-letter table
-    (``operators.runtime.dead_letter``). Not held as written, rather than coerced:
+    (``operators.io.dead_letter``). Not held as written, rather than coerced:
 
     * ``true``/``false`` in a numeric column (Arrow would take it as 1/0);
     * a number with a fraction or exponent (``6.5``, also ``6.0``) in an integer column

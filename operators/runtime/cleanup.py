@@ -81,7 +81,7 @@ from operators.runtime.control import read_lease
 from storage.dkv.gc import collect_garbage
 from storage.errors import CorruptionError, ObjectNotFoundError
 from storage.faults import fault_point
-from storage.objectstore import DELETE_BATCH, ObjectStore, map_requests
+from storage.objectstore import DELETE_BATCH, ForwardingObjectStore, ObjectStore, map_requests
 
 log = logging.getLogger(__name__)
 
@@ -405,48 +405,15 @@ def _in_flight(store: ObjectStore, job_prefix: str, newest: int) -> str:
     return ""
 
 
-class _ListedOnly(ObjectStore):
+class _ListedOnly(ForwardingObjectStore):
     """The store as seen through one listing: ``list`` returns only keys listed then, so
     garbage collection can never reach a file written afterwards. Everything else is
-    passed through."""
+    passed through; abandoned writes are still removed by age, which, not the listing,
+    keeps writes in progress safe."""
 
     def __init__(self, inner: ObjectStore, listed: set[str]) -> None:
-        super().__init__()
-        self._inner = inner
+        super().__init__(inner)
         self._listed = listed
-        self.stats = inner.stats
-
-    @property
-    def root_uri(self) -> str:
-        return self._inner.root_uri
-
-    def uri(self, key: str) -> str:
-        return self._inner.uri(key)
-
-    def put(self, key: str, data: bytes) -> None:
-        self._inner.put(key, data)
-
-    def put_if_absent(self, key: str, data: bytes) -> None:
-        self._inner.put_if_absent(key, data)
-
-    def get(self, key: str) -> bytes:
-        return self._inner.get(key)
-
-    def get_range(self, key: str, start: int, length: int) -> bytes:
-        return self._inner.get_range(key, start, length)
-
-    def size(self, key: str) -> int:
-        return self._inner.size(key)
-
-    def exists(self, key: str) -> bool:
-        return self._inner.exists(key)
 
     def list(self, prefix: str) -> list[str]:
-        return [k for k in self._inner.list(prefix) if k in self._listed]
-
-    def delete(self, key: str) -> None:
-        self._inner.delete(key)
-
-    def remove_abandoned_writes(self, prefix: str, older_than_s: float) -> int:
-        # Age, not the listing, keeps writes in progress safe here.
-        return self._inner.remove_abandoned_writes(prefix, older_than_s)
+        return [k for k in self.inner.list(prefix) if k in self._listed]

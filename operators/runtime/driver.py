@@ -69,8 +69,9 @@ from operators.api.job import Job
 from operators.api.keygroups import KeyGroupRange, key_group_ranges
 from operators.api.operator import MAIN_OUTPUT, WATERMARK_MIN
 from operators.errors import BadInputError, JobFailedError, JobFencedError, OperatorError
+from operators.io import dead_letter
 from operators.paths import LAYOUTS, checkpoint_key
-from operators.runtime import dead_letter, live
+from operators.runtime import live
 from operators.runtime.checkpoints import (
     JobCheckpoint,
     commit_checkpoint,
@@ -129,7 +130,7 @@ class EpochResult:
         published: object keys published this epoch.
         dead_letter: bad input rows, and events and timers an operator raised on,
             sent to the dead-letter table this epoch, per reason and ``total``
-            (``operators.runtime.dead_letter``).
+            (``operators.io.dead_letter``).
         recovery: set on the first epoch after a restart that fell back from an
             unusable checkpoint (``operators.runtime.recovery.Fallback.as_metrics``).
         live: arrival (``input_rate``), read and processing rates (events/s), lag

@@ -31,10 +31,11 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from operators.api.operator import Operator
+from operators.io import dead_letter
 from operators.io.sinks import Sink
 from operators.io.sources import Source
 from operators.paths import LAYOUT_FLAT
-from operators.runtime import dead_letter, live
+from operators.runtime import live
 from operators.runtime.live import EventTimeInputs
 from operators.runtime.open_state import OpenState
 from operators.runtime.splits import (

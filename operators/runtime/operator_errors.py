@@ -34,7 +34,7 @@ underneath (``storage.errors.StorageError``, or any error a state read raised), 
 ``MemoryError``, a runtime check outside the handler, and a batch that raises while no
 single key's rows do (the error is not one event's).
 
-Dead-letter rows (``operators.runtime.dead_letter.DEAD_LETTER_SCHEMA``, reason
+Dead-letter rows (``operators.io.dead_letter.DEAD_LETTER_SCHEMA``, reason
 ``operator_error``): ``error`` is ``operator <name> <handler>: <type>: <message> (at
 <file>:<line> in <function>)``, the innermost frame of the exception. For an event of
 the job's first operator: ``source``, ``partition`` and ``offset`` are the event's source
@@ -67,8 +67,8 @@ import pyarrow as pa
 from operators.api.operator import Operator
 from operators.api.state import StateStore
 from operators.errors import OperatorError
+from operators.io.dead_letter import DEAD_LETTER_SCHEMA, OPERATOR_ERROR, value_json
 from operators.io.sources import KEY_COLUMN, OFFSET_COLUMN, TIMESTAMP_COLUMN
-from operators.runtime.dead_letter import DEAD_LETTER_SCHEMA, OPERATOR_ERROR, value_json
 from storage.dkv.db import prefix_successor
 from storage.errors import StorageError
 
@@ -368,7 +368,8 @@ class DeadLetterRows:
         n = len(keys)
         if not n:
             return
-        self._add(pa.array([f"{TIMER_SOURCE}{self.operator}"] * n, pa.string()), pa.nulls(n, pa.string()), pa.nulls(n, pa.int64()),
+        self._add(pa.array([f"{TIMER_SOURCE}{self.operator}"] * n, pa.string()), pa.nulls(n, pa.string()),
+                  pa.nulls(n, pa.int64()),
                   pa.array(keys, pa.binary()), pa.array(stamps, pa.int64()), pa.nulls(n, pa.binary()),
                   [describe(self.operator, handler, e, self._code_file) for e in errors])
         self.raised += [(handler, e) for e in errors]

@@ -25,10 +25,11 @@ from operators.api.keygroups import KeyGroupRange, key_groups_of, range_indexes_
 from operators.api.operator import MAIN_OUTPUT, KeyedEvent, Operator, Subject
 from operators.api.state import subject_prefix
 from operators.errors import OperatorError
+from operators.io import dead_letter
 from operators.io.sinks import Sink
 from operators.io.sources import INGEST_TIME_COLUMN, KEY_COLUMN, OFFSET_COLUMN, TIMESTAMP_COLUMN
 from operators.paths import staging_prefix
-from operators.runtime import dead_letter, operator_errors
+from operators.runtime import operator_errors
 from operators.runtime.live import ingest_sketches
 from operators.runtime.open_state import OpenState
 from operators.runtime.splits import (

@@ -30,8 +30,8 @@ task's state, e.g. ``--dkv wal_flush_bytes=1048576``.
 ``--continuous`` keeps a job on a live source running (``JobRunner.epochs(continuous=True)``,
 docs/continuous-jobs.md): SIGTERM or SIGINT asks it to stop after the epoch in flight
 (``JobRunner.stop()``), prints ``{"event": "stopped", "epoch", "drained"}`` (the newest
-committed epoch, 0 if none; whether the job is drained, finished for good) and exits 0; a second signal exits at once with 128 + the
-signal number, like an uncaught SIGTERM (a restart continues from the newest checkpoint,
+committed epoch, 0 if none; whether the job is drained, finished for good) and exits 0; a second signal exits at
+once with 128 + the signal number, like an uncaught SIGTERM (a restart continues from the newest checkpoint,
 as after any crash). With ``--drain-on-stop`` the first signal stops with a drain
 (``JobRunner.stop(drain=True)``, Flink's ``stop --drain``): one more epoch at watermark
 +infinity emits every open window, and the job is finished for good. A signal during
@@ -161,7 +161,8 @@ def _dkv_options(parser: argparse.ArgumentParser, settings: list[str]) -> DKVOpt
         try:
             values[name] = float(value) if fields[name] in (float, "float") else int(value)
         except ValueError:
-            parser.error(f"--dkv {kv!r}: {name} takes {'a number' if fields[name] in (float, 'float') else 'an integer'}")
+            kind = 'a number' if fields[name] in (float, 'float') else 'an integer'
+            parser.error(f"--dkv {kv!r}: {name} takes {kind}")
     return DKVOptions(**values)
 
 

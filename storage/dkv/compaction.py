@@ -34,14 +34,14 @@ from operator import neg
 
 from storage.dkv.levels import LevelList
 from storage.dkv.merge import merge_newest
+from storage.dkv.options import DKVOptions
+from storage.dkv.sstable import TableInfo
+from storage.dkv.tablestore import TableStore
 
 # The merge reads the inputs one key range at a time, a range spanning about this many
 # data blocks of all inputs together (~4 KiB raw each: ~16 MiB of entries at most in
 # memory), and merges each range in memory with one sort.
 MERGE_RANGE_BLOCKS = 4096
-from storage.dkv.options import DKVOptions
-from storage.dkv.sstable import TableInfo
-from storage.dkv.tablestore import TableStore
 
 
 @dataclass(frozen=True)

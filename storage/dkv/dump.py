@@ -36,12 +36,12 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import TextIO
 
+from storage.cli import parse_bytes, render_bytes, run_command
 from storage.dkv.db import DKV
 from storage.dkv.invariants import check_manifest
 from storage.dkv.manifest import Manifest, load_manifest
 from storage.dkv.sstable import SSTableReader
 from storage.dkv.verify import VerifyReport, verify_manifest, verify_sstable
-from storage.cli import parse_bytes, render_bytes, run_command
 from storage.errors import StorageError
 from storage.objectstore import ObjectStore, open_existing_store
 

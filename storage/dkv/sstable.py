@@ -53,8 +53,8 @@ import zstandard
 from crc32c import crc32c
 
 from storage.dkv.block_cache import BlockCache
-from storage.dkv.native import NATIVE
 from storage.dkv.bloom import POLICY_NAME, build_bloom, may_contain
+from storage.dkv.native import NATIVE
 from storage.errors import CorruptionError
 from storage.objectstore import ObjectStore
 
@@ -519,7 +519,8 @@ class SSTableReader:
                 f"{uri}: malformed meta block at offset {meta_off}: {e}"
             ) from None
         if bloom_name != POLICY_NAME:
-            raise CorruptionError(f"{uri}: unknown Bloom filter policy {bloom_name!r} in meta block at offset {meta_off}")
+            raise CorruptionError(f"{uri}: unknown Bloom filter policy {bloom_name!r} "
+                                  f"in meta block at offset {meta_off}")
         self.bloom_bits = len(self._bloom_bits) * 8
         self.format_version = version
         # (first_key, offset, disk_len, raw_len, entries) per block, for tools.
@@ -536,7 +537,8 @@ class SSTableReader:
                 raise CorruptionError(f"{uri}: sparse index row {i} inconsistent at offset {off}")
             pos += ln
         if pos != meta_off or self._first_keys != sorted(self._first_keys) or not blocks:
-            raise CorruptionError(f"{uri}: sparse index in meta block at offset {meta_off} does not cover the data blocks")
+            raise CorruptionError(f"{uri}: sparse index in meta block at offset {meta_off} "
+                                  "does not cover the data blocks")
         if sum(b[2] for b in self._blocks) != self.entries:
             raise CorruptionError(f"{uri}: entry count in meta block at offset {meta_off} disagrees with index")
 
@@ -762,9 +764,9 @@ class SSTableReader:
             if end is not None and self._first_keys[i] >= end:
                 return
             keys, seqs, values = self._block(i)
-            j = bisect_left(keys, start) if first else 0
+            lo = bisect_left(keys, start) if first else 0
             first = False
-            for j in range(j, len(keys)):
+            for j in range(lo, len(keys)):
                 k = keys[j]
                 if end is not None and k >= end:
                     return

@@ -23,8 +23,8 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from storage.dkv.dump import fmt_key, open_location
 from storage.cli import run_command
+from storage.dkv.dump import fmt_key, open_location
 from storage.log.log import Log
 from storage.log.segment import chunk_batches, decode_indexes, read_directory
 from storage.objectstore import open_object_store

@@ -277,7 +277,8 @@ class Batch:
             raise CorruptionError(f"{where}: batch at byte {base + pos} does not decompress: {e}") from None
         n = h.count
         if len(raw) != h.raw_len or h.raw_len < 24 * n:
-            raise CorruptionError(f"{where}: batch at byte {base + pos} has {len(raw)} raw bytes, header says {h.raw_len}")
+            raise CorruptionError(f"{where}: batch at byte {base + pos} has {len(raw)} raw bytes, "
+                                  f"header says {h.raw_len}")
         self.header = h
         self._raw = raw
         self.deltas = np.frombuffer(raw, np.uint32, n, 0)

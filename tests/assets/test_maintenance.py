@@ -65,13 +65,14 @@ def test_compaction_job_publishes_results_the_job_installs(tmp_path, reference) 
     runner = _runner(tmp_path)
     runner.run(max_epochs=3)
     ckpt = runner.latest()
-    l0 = {label: len(load_manifest(runner.store, m).levels.l0) for label, m in ckpt.operators["key_window_count"].items()}
+    l0 = {label: len(load_manifest(runner.store, m).levels.l0)
+          for label, m in ckpt.operators["key_window_count"].items()}
     expected = sum(plan_compaction(load_manifest(runner.store, m).levels, SMALL_DKV.options()) is not None
                    for m in ckpt.operators["key_window_count"].values())
     assert expected == 2 and min(l0.values()) >= SMALL_DKV.l0_compaction_trigger
 
-    result = compaction.execute_in_process(run_config=op_config("plan_compaction", NAME), resources=_resources(tmp_path),
-                                           instance=DagsterInstance.ephemeral())
+    result = compaction.execute_in_process(run_config=op_config("plan_compaction", NAME),
+                                           resources=_resources(tmp_path), instance=DagsterInstance.ephemeral())
     assert result.success
     plan_md = _op_metadata(result, "plan_compaction")
     assert plan_md["epoch"] == 3 and plan_md["ranges_to_compact"] == expected

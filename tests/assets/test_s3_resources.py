@@ -55,7 +55,7 @@ def test_job_run_uses_the_configured_s3_resource(spark, s3_server, monkeypatch, 
     the environment Spark gives its Python tasks, name a closed port and other keys. The
     epochs' run (driver and Spark tasks) and the maintenance ops all reach the server:
     state and output equal an in-process run's on a local directory."""
-    from storage.objectstore.seaweedfs import free_ports
+    from storage.local_server import free_ports
 
     [closed] = free_ports(1)
     elsewhere = {"AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{closed}", "AWS_ACCESS_KEY_ID": "nobody",

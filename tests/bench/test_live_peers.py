@@ -3,7 +3,6 @@ real Kafka-compatible broker (Tansu, in memory): the first 20,000 flights produc
 peer's complete windows equal a pandas oracle over exactly those flights."""
 from __future__ import annotations
 
-
 import pandas as pd
 import pyarrow as pa
 import pytest

@@ -38,6 +38,7 @@ from operators.api.keygroups import key_group_ranges
 from operators.runtime.checkpoints import list_epochs, read_checkpoint
 from operators.spark.session import OBJECT_STORE_ENV
 from operators.tools.state_reader import checkpoint_entries, read_state
+from storage.local_server import pid_alive
 from storage.objectstore import open_object_store
 
 pytestmark = pytest.mark.slow("starts a Spark cluster")
@@ -62,14 +63,6 @@ def _descendants(pid: int) -> set[int]:
             found.add(c)
             todo.append(c)
     return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
 
 
 class Cluster:
@@ -110,7 +103,7 @@ def cluster(tmp_path_factory):
         spawned = set().union(*(_descendants(p) for p in daemons)) if daemons else set()
         stopped = _script("stop", directory)
         assert stopped.returncode == 0, stopped.stderr
-        left = sorted(p for p in daemons | spawned if _alive(p))
+        left = sorted(p for p in daemons | spawned if pid_alive(p))
         assert not left, f"processes left running after stop: {left}"
         assert _script("status", directory).returncode == 1
 

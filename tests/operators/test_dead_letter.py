@@ -22,10 +22,10 @@ from examples.synthetic import (
 from operators.api.job import Job
 from operators.api.operator import KeyedEvent, Operator, Subject
 from operators.errors import TooManyDeadLettersError
+from operators.io.dead_letter import REASONS, BadInputError, DeadLetter
 from operators.io.sinks import ParquetSink
 from operators.io.sources import ERROR_COLUMN, RAW_VALUE_COLUMN, Source
 from operators.runtime.checkpoints import latest_checkpoint
-from operators.runtime.dead_letter import REASONS, BadInputError, DeadLetter
 from operators.runtime.driver import JobRunner
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Spark workers cannot import tests
@@ -183,7 +183,7 @@ def test_future_bound_is_relative_to_the_wall_clock() -> None:
 
     import numpy as np
 
-    from operators.runtime.dead_letter import screen
+    from operators.io.dead_letter import screen
 
     now = int(time.time() * 1000)
     t = pa.table({"key": [b"a", b"b", b"c"], "timestamp": [now, now + 3_600_000, now + 3 * 86_400_000],

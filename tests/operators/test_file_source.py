@@ -109,7 +109,7 @@ def test_waves_of_files_match_the_oracle_and_a_restart_rereads_nothing(tmp_path,
     written, events, results = [], 0, []
     runner = JobRunner(_job(_source(str(inbox), fmt)), None, root)
     for wave in range(3):
-        for j in range(2):
+        for _ in range(2):
             n = len(written) * ROWS_PER_FILE
             df = _rows(n, ROWS_PER_FILE)
             # Names against arrival order: the mtime, not the name, orders files.
@@ -494,8 +494,8 @@ def _two_waves(inbox, root: str) -> list[pd.DataFrame]:
     the file log, the checkpoint past all four files."""
     written = []
     runner = JobRunner(_job(_source(str(inbox), "csv")), None, root)
-    for wave in range(2):
-        for j in range(2):
+    for _ in range(2):
+        for _ in range(2):
             df = _rows(len(written) * ROWS_PER_FILE, ROWS_PER_FILE)
             _write(inbox, f"f{len(written)}.csv", _encode(df, "csv"), 1e9 + len(written))
             written.append(df)

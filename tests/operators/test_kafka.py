@@ -425,7 +425,7 @@ def test_broker_command_line_start_status_stop(tmp_path) -> None:
     import subprocess
     import sys
 
-    from storage.objectstore.seaweedfs import _pid_alive
+    from storage.local_server import pid_alive
 
     def cli(action):
         return subprocess.run([sys.executable, "-m", "operators.io.kafka_broker", action,
@@ -441,7 +441,7 @@ def test_broker_command_line_start_status_stop(tmp_path) -> None:
         assert status.returncode == 0 and status.stdout.strip() == info["bootstrap"]
     finally:
         assert cli("stop").returncode == 0
-    assert not _pid_alive(info["pid"])
+    assert not pid_alive(info["pid"])
     assert cli("status").returncode == 1
 
 

@@ -122,10 +122,10 @@ def test_job_with_two_workers_caching_state(batch, tmp_path, monkeypatch) -> Non
     plain = run(str(tmp_path / "plain"), cached=False)
     cached = run(str(tmp_path / "cached"), cached=True)
     assert sum(w.hits for w in workers) > 0 and sum(w.caught_up for w in workers) > 0
+    def entries(r, epoch):
+        return sorted((op, k, v) for op, _, k, v in checkpoint_entries(r.store, r.job.prefix, epoch))
     for epoch in range(1, cached.latest().epoch + 1):
-        def entries(r):
-            return sorted((op, k, v) for op, _, k, v in checkpoint_entries(r.store, r.job.prefix, epoch))
-        assert entries(cached) == entries(plain), f"state of epoch {epoch} differs"
+        assert entries(cached, epoch) == entries(plain, epoch), f"state of epoch {epoch} differs"
     def rows(r):
         return r.job.sinks["main"].read(r.store, r.job.prefix).to_pandas().sort_values(
             ["origin", "dest", "window_start"]).reset_index(drop=True)

@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from operators.runtime.driver import JobRunner
+from storage.local_server import pid_alive
 from tests.operators import live_sources
 from tests.operators.live_sources import EVENTS, reveal
 
@@ -80,22 +81,14 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie, exited but not yet reaped, counts as gone)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def _survivors(pids: list[int]) -> list[str]:
     """The command lines of the ``pids`` still running once they all exited or
     ``EXIT_DEADLINE_S`` passed."""
     deadline = time.monotonic() + EXIT_DEADLINE_S
-    while any(map(_alive, pids)) and time.monotonic() < deadline:
+    while any(map(pid_alive, pids)) and time.monotonic() < deadline:
         time.sleep(0.1)
     return [Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
-            for p in pids if _alive(p)]
+            for p in pids if pid_alive(p)]
 
 
 @contextlib.contextmanager

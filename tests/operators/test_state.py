@@ -48,17 +48,23 @@ def test_state_objects_match_dict_model(tmp_path_factory, ops) -> None:
         subj = FakeSubject(db, key, key[0] % 4)
         v, lst, m = Specs.count.state_for(subj), Specs.seen.state_for(subj), Specs.totals.state_for(subj)
         if op == "set":
-            v.set(len(text)); model_v[key] = len(text)
+            v.set(len(text))
+            model_v[key] = len(text)
         elif op == "drop":
-            v.drop(); model_v.pop(key, None)
+            v.drop()
+            model_v.pop(key, None)
         elif op == "append":
-            lst.append(text); model_l.setdefault(key, []).append(text)
+            lst.append(text)
+            model_l.setdefault(key, []).append(text)
         elif op == "clear":
-            lst.clear(); model_l.pop(key, None)
+            lst.clear()
+            model_l.pop(key, None)
         elif op == "mset":
-            m.set(text, num); model_m.setdefault(key, {})[text] = num
+            m.set(text, num)
+            model_m.setdefault(key, {})[text] = num
         elif op == "mdel":
-            m.delete(text); model_m.get(key, {}).pop(text, None)
+            m.delete(text)
+            model_m.get(key, {}).pop(text, None)
     for key in (b"a", b"ab", b"b"):
         subj = FakeSubject(db, key, key[0] % 4)
         assert Specs.count.state_for(subj).get() == model_v.get(key)
@@ -382,6 +388,7 @@ def test_wrong_type_in_a_bulk_state_call_names_the_first_bad_value(db) -> None:
         (lambda: BulkListState(db, Totals.names).append([b"a", b"b"], [0, 0], ["x", 7]), "7", "value"),
     ]
     for call, bad, role in cases:
-        with pytest.raises(StateTypeError, match=rf"operator 'totals_by_key' state '\w+': the {role} codec .* got \w+ {bad}"):
+        with pytest.raises(StateTypeError,
+                           match=rf"operator 'totals_by_key' state '\w+': the {role} codec .* got \w+ {bad}"):
             call()
     assert list(db.scan_prefix(b"")) == []

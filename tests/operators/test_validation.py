@@ -13,8 +13,8 @@ from operators.api.codecs import IntCodec, JsonCodec
 from operators.api.job import Job
 from operators.api.state import ListSpec, MapSpec, ValueSpec
 from operators.api.validation import InvalidJobError
+from operators.io.dead_letter import DeadLetter
 from operators.io.sinks import ParquetSink
-from operators.runtime.dead_letter import DeadLetter
 from operators.runtime.driver import JobRunner
 
 

@@ -277,14 +277,16 @@ def check_running_totals(out: pd.DataFrame, records: pd.DataFrame) -> None:
     assert not missing and not extra, (
         f"output vs topic: {sum(missing.values())} records missing (e.g. seq {sorted(missing)[:10]}), "
         f"{sum(extra.values())} extra (e.g. seq {sorted(extra)[:10]})")
-    assert (out["amount"].to_numpy() == amount_of(out["seq"].to_numpy())).all(), "an output row's amount is not its record's"
+    assert (out["amount"].to_numpy() == amount_of(out["seq"].to_numpy())).all(), \
+        "an output row's amount is not its record's"
     out = out.sort_values(["key", "count"], kind="stable").reset_index(drop=True)
     position = out.groupby("key").cumcount().to_numpy() + 1
     bad = np.flatnonzero(out["count"].to_numpy() != position)
     assert bad.size == 0, f"running counts are not 1..n per key: {out.iloc[bad[:5]].to_dict('records')}"
     running = out.groupby("key")["amount"].cumsum().to_numpy()
     bad = np.flatnonzero(out["sum"].to_numpy() != running)
-    assert bad.size == 0, f"running sums differ from the amounts' cumulative sums: {out.iloc[bad[:5]].to_dict('records')}"
+    assert bad.size == 0, \
+        f"running sums differ from the amounts' cumulative sums: {out.iloc[bad[:5]].to_dict('records')}"
     final = out.groupby("key").agg(count=("count", "max"), sum=("sum", "max")).sort_index()
     oracle = records.groupby("key").agg(count=("seq", "size"), sum=("amount", "sum")).sort_index()
     pd.testing.assert_frame_equal(final.astype("int64"), oracle.astype("int64"), obj="final totals per key")

@@ -19,8 +19,8 @@ import pytest
 
 from operators import IntCodec, Job, JobRunner, Operator, ParquetSink, Source, ValueSpec
 from operators.errors import RecoveryRefusedError
+from operators.io.dead_letter import DEAD_LETTER_OUTPUT
 from operators.runtime.checkpoints import read_checkpoint
-from operators.runtime.dead_letter import DEAD_LETTER_OUTPUT
 from storage.objectstore import local as local_store
 
 EVENTS = pa.table({"key": [b"a", b"b", b"a", b"c", b"a", b"b"], "amount": [5, 7, 2, 9, 8, 1],

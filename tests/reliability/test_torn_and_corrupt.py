@@ -238,7 +238,8 @@ def _damage(store: LocalObjectStore, job: Job, epoch: int, what: str) -> str:
     prev = read_checkpoint(store, job.prefix, epoch - 1)
     manifests = {k: load_manifest(store, k) for k in sorted(ckpt.operators["key_window_count"].values())}
     mkey, m = next(iter(manifests.items()))
-    old = {t.key for mk in prev.operators["key_window_count"].values() for t in load_manifest(store, mk).levels.all_tables()}
+    old = {t.key for mk in prev.operators["key_window_count"].values()
+           for t in load_manifest(store, mk).levels.all_tables()}
     if what == "job checkpoint truncated":
         key = checkpoint_key(job.prefix, epoch)
         _truncate(store, key, store.size(key) // 2)

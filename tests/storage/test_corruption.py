@@ -87,7 +87,7 @@ def make_db(tmp_path: Path) -> tuple[LocalObjectStore, str]:
         db.put(k, v or b"")
     db.flush()  # one table
     db.delete(b"k0001")
-    for k, _, v in ENTRIES[200:]:
+    for k, _, _ in ENTRIES[200:]:
         db.put(k, b"late")  # the last record of the WAL object: k0299 -> b"late"
     mkey = db.checkpoint("e00000001-a1")  # WAL object holds the delete and the late writes
     db.close()

@@ -106,8 +106,8 @@ def test_scan_sstable_prints_tombstones_and_sequence_numbers(tmp_path: Path) -> 
     (tmp_path / "t.sst").write_bytes(b.finish()[0])
     got = [json.loads(line) for line in run("scan", str(tmp_path / "t.sst"), "--from", "key-010",
                                               "--to", "key-015").splitlines()]
-    assert got == [{"key": "key-%03d" % i, "seq": 100 + i,
-                    "value": None if i % 7 == 0 else "value %d" % i} for i in range(10, 15)]
+    assert got == [{"key": f"key-{i:03d}", "seq": 100 + i,
+                    "value": None if i % 7 == 0 else f"value {i}"} for i in range(10, 15)]
 
 
 def test_verify_passes_an_intact_checkpoint(tmp_path: Path) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-
 from unittest import mock
 
 import hypothesis.strategies as st
@@ -11,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 
 import storage.dkv.memtable as memtable_module
-from storage.dkv.native import NATIVE
 from storage.dkv.memtable import Memtable
+from storage.dkv.native import NATIVE
 
 # The C loop (when built) and the pure-Python reference an install without a compiler runs.
 PATHS = [pytest.param(True, id="native", marks=pytest.mark.skipif(NATIVE is None, reason="C module not built")),

@@ -232,7 +232,7 @@ def spans_st(draw):
         parts.append((keys, pseqs, [d[k] for k in keys]))
         versions += list(zip(keys, pseqs, (d[k] for k in keys)))
     newest = {}
-    for k, sq, v in sorted(versions, key=lambda e: e[1]):
+    for k, _, v in sorted(versions, key=lambda e: e[1]):
         newest[k] = v
     oracle = sorted((k, v) for k, v in newest.items() if v is not None)
     return parts, spans, oracle

@@ -16,19 +16,22 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from storage.errors import ObjectExistsError, ObjectNotFoundError
-from storage.objectstore import ObjectStore, open_object_store
+from storage.objectstore import ForwardingObjectStore, ObjectStore, open_object_store
 from storage.objectstore.local import LocalObjectStore
 from storage.objectstore.s3 import S3ObjectStore, S3RequestError
 
 MiB = 1024 * 1024
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", "s3", "forwarding"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
     """An empty store of each implementation (overrides tests/storage/conftest.py's
-    local-only ``store`` for this module: the S3 one needs the session's server)."""
+    local-only ``store`` for this module: the S3 one needs the session's server), and a
+    ``ForwardingObjectStore`` over a local one."""
     if request.param == "local":
         return LocalObjectStore(tmp_path / "bucket")
+    if request.param == "forwarding":
+        return ForwardingObjectStore(LocalObjectStore(tmp_path / "bucket"))
     return request.getfixturevalue("s3_store")
 
 
@@ -645,3 +648,34 @@ def test_s3_stopped_server_fails_clearly_then_recovers(s3_server, s3_store) -> N
     assert store.get("before") == b"kept"
     store.put_if_absent("m/1", b"x")
     assert store.list("") == ["before", "m/1"]
+
+
+# Every request of the interface, with arguments: a ForwardingObjectStore must pass each
+# one to its inner store as it is (not fall back to a default built on other requests).
+REQUESTS = {
+    "uri": ("k",), "put": ("k", b"v"), "put_if_absent": ("k", b"v"), "get": ("k",),
+    "get_range": ("k", 1, 2), "get_range_immutable": ("k", 1, 2), "size": ("k",), "exists": ("k",),
+    "list": ("p/",), "delete": ("k",), "delete_many": (["a", "b"],), "copy": ("a", "b"),
+    "remove_abandoned_writes": ("p/", 60.0),
+}
+RETURN_NOTHING = {"put", "put_if_absent", "delete", "delete_many", "copy"}
+
+
+def test_requests_table_covers_the_interface() -> None:
+    public = {n for n in vars(ObjectStore) if not n.startswith("_") and n != "root_uri"}
+    assert public == set(REQUESTS)
+
+
+@pytest.mark.parametrize("request_name", sorted(REQUESTS))
+def test_forwarding_store_passes_each_request_to_its_inner_store(request_name: str) -> None:
+    from unittest import mock
+
+    inner = mock.create_autospec(ObjectStore, instance=True)
+    inner.stats = object()
+    type(inner).root_uri = mock.PropertyMock(return_value="mem://x")
+    store = ForwardingObjectStore(inner)
+    result = getattr(store, request_name)(*REQUESTS[request_name])
+    getattr(inner, request_name).assert_called_once_with(*REQUESTS[request_name])
+    assert result is (None if request_name in RETURN_NOTHING else getattr(inner, request_name).return_value)
+    assert [c[0] for c in inner.method_calls] == [request_name]  # nothing else reached it
+    assert store.root_uri == "mem://x" and store.stats is inner.stats

@@ -64,7 +64,7 @@ def test_compaction_racing_the_job(tmp_path: Path, inline: bool, seed: int) -> N
     assert r.base_manifest == base and r.outputs
     assert all(t.key.startswith(f"{PREFIX}/compactions/{r.id}/") for t in r.outputs)
     # The job keeps going: writes, flushes and (if inline) compactions kill some inputs.
-    for i in range(rng.randint(0, 3)):
+    for _ in range(rng.randint(0, 3)):
         write(db, model, rng, 300)
         db.flush()
     counts = db.install_pending_compactions()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-
 from unittest import mock
 
 import hypothesis.strategies as st
@@ -12,7 +11,6 @@ import pytest
 from hypothesis import given, settings
 
 import storage.dkv.sstable as sstable_module
-
 from storage.dkv.block_cache import BlockCache
 from storage.dkv.sstable import FOOTER_SIZE, SSTableBuilder, SSTableReader
 from storage.objectstore.local import LocalObjectStore
@@ -168,7 +166,8 @@ _entries = st.dictionaries(st.binary(max_size=12), st.binary(max_size=200) | st.
 
 
 @pytest.mark.parametrize("native", [
-    pytest.param(True, id="native", marks=pytest.mark.skipif(sstable_module.NATIVE is None, reason="C module not built")),
+    pytest.param(True, id="native",
+                 marks=pytest.mark.skipif(sstable_module.NATIVE is None, reason="C module not built")),
     pytest.param(False, id="python")])
 @settings(max_examples=150, deadline=None)
 @given(entries=_entries, block_bytes=st.integers(1, 600), cuts=st.lists(st.integers(0, 120), max_size=4))

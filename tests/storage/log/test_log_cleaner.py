@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage.log import COMPACT, CleanerConfig, InvalidRecordError, Log, ProducerConfig, TopicConfig
+from storage.log import COMPACT, CleanerConfig, InvalidRecordError, Log, TopicConfig
 from storage.log.offset_map import OffsetMap, hash_keys
 from storage.log.segment import SegmentWriter, read_directory
 from storage.objectstore.local import LocalObjectStore
@@ -150,7 +150,7 @@ def test_two_gets_per_input_file_and_outputs_hold_only_compacted_data(tmp_path) 
     log = compacted_log(tmp_path, partitions=4)
     log.create_topic("plain", TopicConfig(partitions=3))
     prod = log.producer()
-    for f in range(5):
+    for _ in range(5):
         for i in range(200):
             prod.send("c", b"k%d" % (i % 40), b"v%d" % i)
             prod.send("plain", b"k%d" % i, b"x")
@@ -252,7 +252,7 @@ def clean_and_measure(tmp, mib: int) -> tuple[int, object]:
     records = mib * MIB // 28  # a record takes ~28 bytes in a zstd batch (random 20-byte value)
     per_file = 128 * 1024 // 28
     model: dict[int, dict] = {0: {}, 1: {}}
-    for first in range(0, records, per_file):
+    for _ in range(0, records, per_file):
         writer = SegmentWriter()
         for part in (0, 1):
             keys = [b"key-%08d" % (2 * rng.randrange(records // 4) + part) for _ in range(per_file // 2)]

@@ -148,7 +148,7 @@ def test_threads_reading_one_topic_see_its_records(tmp_path: Path) -> None:
     rng = random.Random(3)
     prod = log.producer(ProducerConfig(batch_bytes=BATCH_BYTES))
     expected = []
-    for f in range(8):
+    for _ in range(8):
         for _ in range(400):
             key, value = b"k%d" % rng.randrange(1000), _value(rng, 1000)
             prod.send("t", key, value, partition=0, timestamp=5_000 + len(expected))

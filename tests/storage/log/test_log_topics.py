@@ -32,7 +32,7 @@ def produce_random(log: Log, n: int, seed: int = 1) -> dict[int, list]:
         _, part = prod.send("t", key, value, timestamp=10_000 + i, headers=headers)
         pending.append((part, key, value, 10_000 + i, headers))
         if rng.random() < 0.05:
-            for (_, p), (first, _) in prod.flush().items():
+            for (_, p), _ in prod.flush().items():
                 oracle.setdefault(p, [])
             pending = _assign(pending, oracle)
     prod.flush()

@@ -1,0 +1,71 @@
+"""The packages' layering, read from the imports of every module (``ast``, so imports
+inside functions and under ``TYPE_CHECKING`` count too):
+
+* ``operators.api`` (what a job is written against) imports nothing from
+  ``operators.runtime`` or ``operators.spark``, nor pyspark;
+* ``operators.runtime`` reaches Spark only through its exchange: it imports no pyspark,
+  and from ``operators.spark`` only ``SparkExchange`` (``operators.spark.stage``).
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNTIME_TO_SPARK = {("operators.spark.stage", "SparkExchange")}
+
+
+def imports(path: Path) -> list[tuple[int, str, str | None]]:
+    """Every import of a module, as ``(line, module, name)``: ``name`` is None for
+    ``import module``, else the name of ``from module import name``."""
+    found: list[tuple[int, str, str | None]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name, None) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}:{node.lineno}: relative import; the project imports absolutely"
+            found += [(node.lineno, node.module, alias.name) for alias in node.names]
+    return found
+
+
+def offending(path: Path, packages: tuple[str, ...], allowed: set[tuple[str, str]] = frozenset()) -> list[str]:
+    """The imports of ``path`` that reach into ``packages`` (``from package import
+    module`` included), but for the ``(module, name)`` pairs in ``allowed``."""
+    def within(module: str) -> bool:
+        return any(module == p or module.startswith(p + ".") for p in packages)
+    where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    return [f"{where}:{line}: " + (f"from {module} import {name}" if name else f"import {module}")
+            for line, module, name in imports(path)
+            if (module, name) not in allowed and (within(module) or (name and within(f"{module}.{name}")))]
+
+
+def modules(package: str) -> list[Path]:
+    found = sorted((ROOT / package.replace(".", "/")).rglob("*.py"))
+    assert found, package
+    return found
+
+
+@pytest.mark.parametrize("path", modules("operators.api"), ids=lambda p: p.name)
+def test_api_imports_neither_runtime_nor_spark(path: Path) -> None:
+    bad = offending(path, ("operators.runtime", "operators.spark", "pyspark"))
+    assert not bad, "operators.api must not depend on the runtime or Spark:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("path", modules("operators.runtime"), ids=lambda p: p.name)
+def test_runtime_reaches_spark_only_through_its_exchange(path: Path) -> None:
+    bad = offending(path, ("operators.spark", "pyspark"), RUNTIME_TO_SPARK)
+    assert not bad, ("operators.runtime reaches Spark only through operators.spark.stage.SparkExchange:\n"
+                     + "\n".join(bad))
+
+
+def test_the_rules_see_a_forbidden_import(tmp_path: Path) -> None:
+    """The parser finds imports at any depth, both forms."""
+    module = tmp_path / "m.py"
+    module.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from operators.runtime import timers\n"
+                      "def f():\n    import pyspark.sql\n")
+    bad = offending(module, ("operators.runtime", "pyspark"))
+    assert [b.split(": ", 1)[1] for b in bad] == ["from operators.runtime import timers", "import pyspark.sql"]
+    assert offending(module, ("operators.runtime.timers",)) == bad[:1]  # from package import module
+    assert offending(module, ("pyspark",), {("operators.runtime", "timers")}) == bad[1:]
