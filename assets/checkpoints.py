@@ -6,7 +6,6 @@ lag, latency, rates) is what the Dagster UI plots over time (one point per epoch
 what the compaction sensor reads.
 """
 
-import datetime as dt
 import math
 from dataclasses import dataclass
 
@@ -14,10 +13,11 @@ from dagster import AssetCheckResult, AssetCheckSeverity, AssetKey, MetadataValu
 
 from assets.resources import ObjectStoreResource
 from operators.api.job import Job
-from operators.api.operator import WATERMARK_MAX, WATERMARK_MIN
+from operators.api.operator import WATERMARK_MAX
 from operators.paths import checkpoint_key
 from operators.runtime.checkpoints import JobCheckpoint, latest_checkpoint, list_epochs
 from operators.runtime.driver import EpochResult
+from operators.runtime.progress import format_watermark
 from operators.runtime.recovery import check_checkpoint
 from storage.dkv.compaction import size_amplification
 from storage.dkv.manifest import load_manifest
@@ -36,15 +36,6 @@ LIVE_METRICS = ("input_rate", "read_rate", "processing_rate", "lag_events", "lag
 def checkpoint_asset_key(job: Job) -> AssetKey:
     """Key of the job's state checkpoint asset."""
     return AssetKey(f"{job.name}_checkpoint")
-
-
-def format_watermark(ms: int) -> str:
-    """A watermark as ISO-8601 UTC, or ``-inf``/``+inf``."""
-    if ms >= WATERMARK_MAX:
-        return "+inf (end of input)"
-    if ms <= WATERMARK_MIN:
-        return "-inf (no events yet)"
-    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc).isoformat()
 
 
 @dataclass

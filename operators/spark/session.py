@@ -46,7 +46,11 @@ DEFAULT_CONF: dict[str, str] = {
     # task, one after the other, halving parallelism.
     "spark.sql.adaptive.coalescePartitions.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
-    "spark.ui.enabled": "false",
+    # The web UI (jobs, stages, tasks, executors) on a free port chosen at start, not
+    # 4040: several drivers on one machine never collide. run_job and the Dagster run
+    # log print its URL (``SparkContext.uiWebUrl``); ``spark.ui.enabled=false`` turns it off.
+    "spark.ui.enabled": "true",
+    "spark.ui.port": "0",
     "spark.driver.memory": "2g",
     "spark.python.worker.reuse": "true",
     # An epoch's tasks read shuffle blocks from every executor: waiting for a "local"

@@ -57,7 +57,7 @@ def _env(visible: Path) -> dict[str, str]:
 
 def _run_job_args(root: str) -> list[str]:
     return ["--job", "tests.operators.live_sources:live_job", "--store", root, "--master", "local[2]",
-            "--continuous", "--events-per-epoch", "300"]
+            "--continuous", "--events-per-epoch", "300", "--json"]
 
 
 def _parent_pid(pid: int) -> int | None:
