@@ -21,7 +21,7 @@ from dagster_aws.s3 import S3Resource
 from dagster_pyspark import PySparkResource
 from pydantic import Field
 
-from operators.spark.session import ensure_python_workers_use_this_interpreter, spark_conf
+from operators.spark.session import describe_session, ensure_python_workers_use_this_interpreter, spark_conf
 from storage.dkv import DKVOptions
 from storage.objectstore import ObjectStore, open_object_store
 
@@ -120,10 +120,23 @@ class DKVSettingsResource(ConfigurableResource):
         )
 
 
+class SparkResource(PySparkResource):
+    """dagster-pyspark's resource, saying in the run log what its start-up does: Spark
+    starting (10-40 s on a laptop, before the first epoch), then the master, the
+    application id and the Spark UI's URL (``spark.ui.enabled``: on by default, at a free
+    port, ``operators.spark.session``)."""
+
+    def setup_for_execution(self, context) -> None:
+        context.log.info(f"starting Spark on {self.spark_config.get('spark.master', 'local')} (10-40 s)...")
+        super().setup_for_execution(context)
+        context.log.info(describe_session(self.spark_session))
+
+
 def spark_resource(conf: dict[str, str] | None = None) -> PySparkResource:
-    """dagster-pyspark's resource with dkvstream's Spark defaults (``operators.spark.session``)."""
+    """dagster-pyspark's resource with dkvstream's Spark defaults (``operators.spark.session``)
+    that logs its start-up (``SparkResource``)."""
     ensure_python_workers_use_this_interpreter()
-    return PySparkResource(spark_config=spark_conf(conf))
+    return SparkResource(spark_config=spark_conf(conf))
 
 
 def s3_resource() -> S3Resource:

@@ -8,7 +8,8 @@ the Dagster asset that runs a job logs it (``assets.job_assets``).
 The total is an estimate (hence "~"): ``epochs_left`` replays ``live.plan_epoch``'s
 equal shares over what each partition has left, which is exact unless watermark
 alignment pauses a partition (its epochs then read less): the estimate is then at
-least what is left over the run's mean events per epoch. The time left is the epochs
+least what is left over the offsets the run's epochs read on average (from its second
+epoch on). The time left is the epochs
 left times the mean wall time of the run's epochs so far.
 """
 from __future__ import annotations
@@ -87,12 +88,11 @@ class ProgressTracker:
         self.events_per_epoch = events_per_epoch
         self._starts: dict[str, int] = {}
         self._seconds: list[float] = []
-        self._events: list[int] = []
+        self._first_left: int | None = None  # offsets left after the run's first epoch
 
     def update(self, result: EpochResult) -> Progress:
         """The progress after ``result`` (an epoch of this run, in commit order)."""
         self._seconds.append(result.seconds)
-        self._events.append(result.events)
         lag = dict(result.live.get("lag_events") or {})
         if not self.source.bounded:
             return Progress(result.epoch, False, lag)
@@ -100,16 +100,21 @@ class ProgressTracker:
             return Progress(result.epoch, True, lag, result.epoch, 100.0, 0.0)
         if not lag:
             return Progress(result.epoch, True)
+        remaining = sum(max(0, n) for n in lag.values())
         left = epochs_left(lag, self.events_per_epoch)
         # Epochs that read less than planned (watermark alignment paused a partition)
-        # take longer: the run's mean read per epoch bounds the rest from below.
-        mean_events = sum(self._events) // len(self._events)
-        if mean_events > 0:
-            left = max(left, -(-sum(lag.values()) // mean_events))
+        # take longer: the offsets the run's epochs after its first read on average
+        # bound the rest from below.
+        if self._first_left is None:
+            self._first_left = remaining
+        elif len(self._seconds) > 1 and self._first_left > remaining:
+            mean_read = (self._first_left - remaining) // (len(self._seconds) - 1)
+            if mean_read > 0:
+                left = max(left, -(-remaining // mean_read))
         for p in result.source_offsets.keys() - self._starts.keys():
             self._starts[p] = self.source.start_offset(p)
         read = sum(max(0, o - self._starts[p]) for p, o in result.source_offsets.items())
-        total = read + sum(max(0, n) for n in lag.values())
+        total = read + remaining
         mean = sum(self._seconds) / len(self._seconds)
         return Progress(result.epoch, True, lag, result.epoch + left,
                         100.0 * read / total if total else 100.0, left * mean)

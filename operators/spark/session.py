@@ -125,6 +125,15 @@ def get_spark(conf: dict[str, str] | None = None):
     return spark
 
 
+def describe_session(spark) -> str:
+    """One line for a log once ``spark`` is up: ``Spark up: master local[2], application
+    local-1700000000000, UI at http://host:port`` (``UI off`` when ``spark.ui.enabled`` is
+    false)."""
+    sc = spark.sparkContext
+    ui = f"UI at {sc.uiWebUrl}" if sc.uiWebUrl else "UI off (spark.ui.enabled=false)"
+    return f"Spark up: master {sc.master}, application {sc.applicationId}, {ui}"
+
+
 def _launch_jvm(conf: dict[str, str]) -> None:
     """Starts the process's Py4J gateway JVM, as PySpark would on the first SparkContext
     (same ``spark-submit`` command, same ``--conf`` settings), but in a new session

@@ -169,12 +169,13 @@ def main(argv: list[str] | None = None) -> int:
 def _print_started(spark, as_json: bool) -> None:
     """The ``started`` line: master, application id and the Spark UI's URL (None when
     ``spark.ui.enabled`` is false)."""
+    from operators.spark.session import describe_session
+
     sc = spark.sparkContext
     if as_json:
         _print({"event": "started", "app_id": sc.applicationId, "ui": sc.uiWebUrl, "master": sc.master})
     else:
-        ui = f"UI at {sc.uiWebUrl}" if sc.uiWebUrl else "UI off (spark.ui.enabled=false)"
-        _say(f"Spark up: master {sc.master}, application {sc.applicationId}, {ui}")
+        _say(describe_session(spark))
 
 
 def _print_committed(runner: JobRunner, result: EpochResult, parallelism: int) -> None:

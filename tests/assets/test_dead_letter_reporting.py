@@ -36,7 +36,7 @@ def test_the_dagster_run_log_names_dead_letters_per_epoch(tmp_path) -> None:
         logs = [e for e in instance.all_logs(result.run_id) if not e.is_dagster_event]
     for epoch in (1, 2):
         want = _expected(epoch)
-        info = [e.user_message for e in logs if e.user_message.startswith(f"epoch {epoch} committed:")]
+        info = [e.user_message for e in logs if e.user_message.startswith(f"epoch {epoch} of ")]
         assert len(info) == 1 and f", {want['total']} dead letters," in info[0], info
         reasons = ", ".join(f"{r} {n}" for r, n in want.items() if r != "total")
         warning = [e for e in logs if e.user_message.startswith(f"epoch {epoch}: {want['total']} records went to "

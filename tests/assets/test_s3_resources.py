@@ -10,7 +10,7 @@ import uuid
 from dagster import DagsterInstance, EnvVar, materialize
 from dagster_aws.s3 import S3Resource
 
-from assets.checkpoints import checkpoint_asset_key, make_checkpoint_check, verify_checkpoint
+from assets.checkpoints import checkpoint_asset_key, checkpoint_check_result, verify_checkpoint
 from assets.job_assets import job_assets
 from assets.jobs import cleanup_job_def, compaction, op_config
 from assets.resources import ObjectStoreResource, default_resources, spark_resource
@@ -45,8 +45,7 @@ def test_maintenance_jobs_on_s3_through_s3resource(s3_server, monkeypatch) -> No
     assert verify_checkpoint(store, f"jobs/{NAME}", latest_checkpoint(store, f"jobs/{NAME}")).ok
     [after] = runner.run(max_epochs=1)
     assert latest_checkpoint(store, f"jobs/{NAME}").metrics["remote_compactions"]["installed"] == 2
-    check = make_checkpoint_check(small_job())
-    result = check(object_store=resources["object_store"])
+    result = checkpoint_check_result(resources["object_store"].open(), small_job())
     assert result.passed and result.metadata["epoch"].value == after.epoch
 
 

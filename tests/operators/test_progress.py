@@ -72,11 +72,14 @@ def test_bounded_progress_by_hand() -> None:
 
 
 def test_epochs_that_read_less_than_planned_lengthen_the_estimate() -> None:
-    # Watermark alignment paused a partition: 200 read where 500 were planned, so the
-    # 1,800 left take ceil(1,800 / 200) = 9 epochs, not the 4 the plan's shares give.
+    # Watermark alignment paused a partition: epoch 2 read 200 offsets where 500 were
+    # planned, so the 1,600 left take ceil(1,600 / 200) = 8 epochs, not the 4 the plan's
+    # shares give.
     tracker = ProgressTracker(_Source(), events_per_epoch=500)
-    progress = tracker.update(_result(1, {"a": 200, "b": 0}, {"a": 800, "b": 1_000}, seconds=1.0, events=200))
-    assert progress.epochs_total == 1 + 9
+    first = tracker.update(_result(1, {"a": 200, "b": 0}, {"a": 800, "b": 1_000}, seconds=1.0, events=200))
+    assert first.epochs_total == 1 + 4  # one epoch says nothing yet: the plan's shares
+    second = tracker.update(_result(2, {"a": 400, "b": 0}, {"a": 600, "b": 1_000}, seconds=1.0, events=200))
+    assert second.epochs_total == 2 + 8
 
 
 def test_live_progress_is_lag_per_partition() -> None:
