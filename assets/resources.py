@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import fields
+from typing import Any
 
-from dagster import ConfigurableResource, EnvVar
+from dagster import ConfigurableResource, EnvVar, get_dagster_logger
 from dagster_aws.s3 import S3Resource
 from dagster_pyspark import PySparkResource
 from pydantic import Field
@@ -121,15 +122,23 @@ class DKVSettingsResource(ConfigurableResource):
 
 
 class SparkResource(PySparkResource):
-    """dagster-pyspark's resource, saying in the run log what its start-up does: Spark
-    starting (10-40 s on a laptop, before the first epoch), then the master, the
-    application id and the Spark UI's URL (``spark.ui.enabled``: on by default, at a free
-    port, ``operators.spark.session``)."""
+    """dagster-pyspark's resource, started on first use and saying so in the run log:
+    ``starting Spark on <master> (10-40 s)...``, then the master, the application id and
+    the Spark UI's URL (``spark.ui.enabled``: on by default, at a free port,
+    ``operators.spark.session``). A run that does not use Spark (the checkpoint check
+    executed alone) never starts it."""
 
     def setup_for_execution(self, context) -> None:
-        context.log.info(f"starting Spark on {self.spark_config.get('spark.master', 'local')} (10-40 s)...")
-        super().setup_for_execution(context)
-        context.log.info(describe_session(self.spark_session))
+        pass  # started by the first ``spark_session`` (dagster-pyspark's LazyPySparkResource does the same)
+
+    @property
+    def spark_session(self) -> Any:
+        if self._spark_session is None:
+            log = get_dagster_logger()
+            log.info(f"starting Spark on {self.spark_config.get('spark.master', 'local')} (10-40 s)...")
+            super().setup_for_execution(None)
+            log.info(describe_session(self._spark_session))
+        return self._spark_session
 
 
 def spark_resource(conf: dict[str, str] | None = None) -> PySparkResource:

@@ -8,7 +8,7 @@ from dagster._core.test_utils import instance_for_test
 
 from assets.checkpoints import VERIFIED, checkpoint_asset_key
 from assets.job_assets import job_assets
-from assets.resources import DKVSettingsResource, ObjectStoreResource
+from assets.resources import DKVSettingsResource, ObjectStoreResource, spark_resource
 from tests.assets.live_job import NoSpark
 from tests.assets.small_job import small_job
 
@@ -40,10 +40,14 @@ def test_every_run_ends_with_the_checkpoint_check(tmp_path) -> None:
         assert any(m.startswith("epoch 2 of ~6 (33%, ~") and m.endswith("offsets p0=1,000 p1=1,000")
                    for m in logs), logs
 
-        # The check alone (the UI's "Execute check"): verifies, runs no epoch.
-        alone = materialize(job_assets(job), resources=_resources(tmp_path), instance=instance,
+        # The check alone (the UI's "Execute check"): verifies, runs no epoch, and does
+        # not start Spark (the real resource: it starts on first use).
+        resources = {**_resources(tmp_path), "pyspark": spark_resource({"spark.master": "local[2]"})}
+        alone = materialize(job_assets(job), resources=resources, instance=instance,
                             selection=AssetSelection.checks(AssetCheckKey(checkpoint_asset_key(job), VERIFIED)))
         assert alone.success
         [check] = alone.get_asset_check_evaluations()
         assert check.passed and check.metadata["epoch"].value == 2
         assert alone.get_asset_materialization_events() == []
+        logs = [e.user_message for e in instance.all_logs(alone.run_id) if not e.is_dagster_event]
+        assert not any("Spark" in m for m in logs), logs
