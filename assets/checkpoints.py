@@ -2,22 +2,27 @@
 
 Every committed epoch is one materialization of ``<job>_checkpoint``. Its numeric
 metadata (epoch, events/s, keys, per-level table counts and bytes, size amplification,
-lag, latency, rates) is what the Dagster UI plots over time (one point per epoch), and
-what the compaction sensor reads.
+lag, latency, rates, progress) is what the Dagster UI plots over time (one point per
+epoch, in the asset's Plots tab), and what the compaction sensor reads. Each key is
+present in every epoch it can be measured in and names its unit (``_s``, ``_ms``,
+``_bytes``, ``_events_per_s``, ``_percent``).
+
+The check ``verified`` (``checkpoint_check_spec``, ``checkpoint_check_result``) is part
+of the asset that runs the epochs (``assets.job_assets``): it runs at the end of every
+run, and alone when executed from the UI.
 """
 
-import datetime as dt
 import math
 from dataclasses import dataclass
 
-from dagster import AssetCheckResult, AssetCheckSeverity, AssetKey, MetadataValue, asset_check
+from dagster import AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, AssetKey, MetadataValue
 
-from assets.resources import ObjectStoreResource
 from operators.api.job import Job
-from operators.api.operator import WATERMARK_MAX, WATERMARK_MIN
+from operators.api.operator import WATERMARK_MAX
 from operators.paths import checkpoint_key
 from operators.runtime.checkpoints import JobCheckpoint, latest_checkpoint, list_epochs
 from operators.runtime.driver import EpochResult
+from operators.runtime.progress import Progress, format_watermark
 from operators.runtime.recovery import check_checkpoint
 from storage.dkv.compaction import size_amplification
 from storage.dkv.manifest import load_manifest
@@ -29,22 +34,15 @@ from storage.objectstore import ObjectStore
 L0_TABLES_MAX = "l0_tables_max_range"
 SIZE_AMP_MAX = "size_amplification_max_range"
 # Numeric metadata keys of an epoch's live metrics (``live_metadata``), plotted per epoch.
-LIVE_METRICS = ("input_rate", "read_rate", "processing_rate", "lag_events", "lag_ms_max", "latency_p50_ms",
-                "latency_p99_ms", "latency_max_ms", "watermark_delay_ms")
+LIVE_METRICS = ("input_events_per_s", "read_events_per_s", "processing_events_per_s", "lag_events", "lag_ms_max",
+                "latency_p50_ms", "latency_p99_ms", "latency_max_ms", "watermark_delay_ms")
+# Name of the checkpoint's asset check.
+VERIFIED = "verified"
 
 
 def checkpoint_asset_key(job: Job) -> AssetKey:
     """Key of the job's state checkpoint asset."""
     return AssetKey(f"{job.name}_checkpoint")
-
-
-def format_watermark(ms: int) -> str:
-    """A watermark as ISO-8601 UTC, or ``-inf``/``+inf``."""
-    if ms >= WATERMARK_MAX:
-        return "+inf (end of input)"
-    if ms <= WATERMARK_MIN:
-        return "-inf (no events yet)"
-    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc).isoformat()
 
 
 @dataclass
@@ -90,8 +88,16 @@ def level_stats(store: ObjectStore, ckpt: JobCheckpoint) -> LevelStats:
     return LevelStats(tables, sizes, l0_max, amp_max, ranges)
 
 
-def checkpoint_metadata(result: EpochResult, stats: LevelStats) -> dict:
-    """Dagster metadata of one committed epoch (numeric values are plotted by the UI)."""
+def checkpoint_metadata(result: EpochResult, stats: LevelStats, progress: Progress | None = None) -> dict:
+    """Dagster metadata of one committed epoch (numeric values are plotted by the UI).
+
+    Args:
+        result: the committed epoch.
+        stats: its DKV shape (``level_stats``).
+        progress: the run's progress after it (``operators.runtime.progress``): for a
+            bounded source ``epochs_total_estimate``, ``progress_percent`` and
+            ``time_left_s`` are added; None: none.
+    """
     amp = stats.size_amplification_max
     md = {
         "epoch": MetadataValue.int(result.epoch),
@@ -121,6 +127,10 @@ def checkpoint_metadata(result: EpochResult, stats: LevelStats) -> dict:
         md[f"L{i}_tables"] = MetadataValue.int(n)
         md[f"L{i}_bytes"] = MetadataValue.int(size)
     md.update(live_metadata(result.live))
+    if progress is not None and progress.epochs_total is not None:
+        md["epochs_total_estimate"] = MetadataValue.int(progress.epochs_total)
+        md["progress_percent"] = MetadataValue.float(round(progress.percent, 1))
+        md["time_left_s"] = MetadataValue.float(round(progress.seconds_left, 1))
     return md
 
 
@@ -131,10 +141,11 @@ def live_metadata(live: dict) -> dict:
     Entries (a metric the epoch could not measure, null in ``live``, is left out, so its
     plot has a gap rather than a false zero):
 
-    - ``input_rate``: events/s arriving (the growth of the source's end offsets) between
-      the previous epoch's plan and this one's; ``read_rate``: events/s this epoch read
-      over the same time; ``processing_rate``: events/s processed from this epoch's plan
-      to its publish.
+    - ``input_events_per_s``: events/s arriving (the growth of the source's end offsets)
+      between the previous epoch's plan and this one's (``live["input_rate"]``);
+      ``read_events_per_s``: events/s this epoch read over the same time
+      (``read_rate``); ``processing_events_per_s``: events/s processed from this epoch's
+      plan to its publish (``processing_rate``).
     - ``lag_events``: offsets left unread after the epoch (end offsets at its plan minus
       committed offsets), summed over the partitions (Kafka consumer lag);
       ``lag_events_by_partition`` (JSON) the same per partition.
@@ -153,9 +164,9 @@ def live_metadata(live: dict) -> dict:
         live: the metrics dict (empty: nothing measured, no entries).
     """
     md = {}
-    for key in ("input_rate", "read_rate", "processing_rate"):
-        if live.get(key) is not None:
-            md[key] = MetadataValue.float(round(float(live[key]), 1))
+    for name in ("input", "read", "processing"):
+        if live.get(f"{name}_rate") is not None:
+            md[f"{name}_events_per_s"] = MetadataValue.float(round(float(live[f"{name}_rate"]), 1))
     lag = live.get("lag_events")
     if lag:
         md["lag_events"] = MetadataValue.int(int(sum(lag.values())))
@@ -208,41 +219,49 @@ def check_older_checkpoints(store: ObjectStore, job_prefix: str,
     return damaged
 
 
-def make_checkpoint_check(job: Job):
-    """The asset check ``verified`` on ``<job>_checkpoint``: the newest checkpoint's files
-    all exist and their checksums verify, and every older retained checkpoint (a restart's
-    fallback) and the files it names are readable (``check_older_checkpoints``). Fails
-    with severity ERROR naming each bad file and, in ``damaged_epochs``, each older
-    checkpoint that is damaged."""
+def checkpoint_check_spec(job: Job) -> AssetCheckSpec:
+    """The asset check ``verified`` on ``<job>_checkpoint`` (``checkpoint_check_result``),
+    declared by the asset that runs the job's epochs, which yields its result at the end
+    of each run."""
+    return AssetCheckSpec(VERIFIED, asset=checkpoint_asset_key(job),
+                          description="Every file the newest checkpoint names exists and its checksums "
+                                      "verify; older retained checkpoints are readable")
 
-    @asset_check(asset=checkpoint_asset_key(job), name="verified",
-                 description="Every file the newest checkpoint names exists and its checksums "
-                             "verify; older retained checkpoints are readable")
-    def verified(object_store: ObjectStoreResource) -> AssetCheckResult:
-        store = object_store.open()
-        try:
-            ckpt = latest_checkpoint(store, job.prefix)
-        except CorruptionError as e:
-            return AssetCheckResult(passed=False, severity=AssetCheckSeverity.ERROR,
-                                    metadata={"errors": MetadataValue.json([str(e)])})
-        if ckpt is None:
-            return AssetCheckResult(passed=True, metadata={"epoch": MetadataValue.int(0),
-                                                           "note": "no committed checkpoint yet"})
-        report = verify_checkpoint(store, job.prefix, ckpt)
-        older = check_older_checkpoints(store, job.prefix, ckpt.epoch)
-        errors = report.errors + [f"epoch {e}: {msg}" for e, msgs in older.items() for msg in msgs]
-        return AssetCheckResult(
-            passed=not errors, severity=AssetCheckSeverity.ERROR,
-            metadata={
-                "epoch": MetadataValue.int(ckpt.epoch),
-                "checkpoint_uri": MetadataValue.path(store.uri(checkpoint_key(job.prefix, ckpt.epoch))),
-                "manifests": MetadataValue.int(report.manifests),
-                "tables": MetadataValue.int(report.tables),
-                "table_bytes": MetadataValue.int(report.table_bytes),
-                "blocks": MetadataValue.int(report.blocks),
-                "wal_objects": MetadataValue.int(report.wal_objects),
-                "damaged_epochs": MetadataValue.json(sorted(older)),
-                "errors": MetadataValue.json(errors[:20]),
-            })
 
-    return verified
+def checkpoint_check_result(store: ObjectStore, job: Job) -> AssetCheckResult:
+    """The result of ``verified``: the newest checkpoint's files all exist and their
+    checksums verify, and every older retained checkpoint (a restart's fallback) and the
+    files it names are readable (``check_older_checkpoints``).
+
+    Returns:
+        Passed, with metadata ``epoch``, ``checkpoint_uri``, ``manifests``, ``tables``,
+        ``table_bytes``, ``blocks``, ``wal_objects`` (what was verified); or failed with
+        severity ERROR naming each bad file in ``errors`` (the first 20) and each damaged
+        older checkpoint in ``damaged_epochs``. Passed with ``epoch`` 0 when nothing is
+        committed yet.
+    """
+    key = checkpoint_asset_key(job)
+    try:
+        ckpt = latest_checkpoint(store, job.prefix)
+    except CorruptionError as e:
+        return AssetCheckResult(asset_key=key, check_name=VERIFIED, passed=False, severity=AssetCheckSeverity.ERROR,
+                                metadata={"errors": MetadataValue.json([str(e)])})
+    if ckpt is None:
+        return AssetCheckResult(asset_key=key, check_name=VERIFIED, passed=True,
+                                metadata={"epoch": MetadataValue.int(0), "note": "no committed checkpoint yet"})
+    report = verify_checkpoint(store, job.prefix, ckpt)
+    older = check_older_checkpoints(store, job.prefix, ckpt.epoch)
+    errors = report.errors + [f"epoch {e}: {msg}" for e, msgs in older.items() for msg in msgs]
+    return AssetCheckResult(
+        asset_key=key, check_name=VERIFIED, passed=not errors, severity=AssetCheckSeverity.ERROR,
+        metadata={
+            "epoch": MetadataValue.int(ckpt.epoch),
+            "checkpoint_uri": MetadataValue.path(store.uri(checkpoint_key(job.prefix, ckpt.epoch))),
+            "manifests": MetadataValue.int(report.manifests),
+            "tables": MetadataValue.int(report.tables),
+            "table_bytes": MetadataValue.int(report.table_bytes),
+            "blocks": MetadataValue.int(report.blocks),
+            "wal_objects": MetadataValue.int(report.wal_objects),
+            "damaged_epochs": MetadataValue.json(sorted(older)),
+            "errors": MetadataValue.json(errors[:20]),
+        })

@@ -1,7 +1,8 @@
 """The single Dagster ``Definitions`` of dkvstream (loaded by ``dagster dev``).
 
-Per stream job: its assets (``job_assets``), the ``verified`` check on its checkpoint
-asset, an asset job running its epochs, and its compaction, cleanup and source sensors.
+Per stream job: its assets (``job_assets``; the ``verified`` check on its checkpoint
+asset runs at the end of each run), an asset job running its epochs, and its
+compaction, cleanup and source sensors.
 Once for all stream jobs: the ``compaction``, ``flush`` and ``cleanup`` jobs.
 
 A stream job runs in one of two modes (``continuous``; default: continuous for a live
@@ -20,10 +21,12 @@ stopped stream ends SUCCESS whichever way it was launched (the job, or the asset
 "Materialize").
 """
 import os
+from collections.abc import Callable, Mapping
 
+import pyarrow as pa
 from dagster import AssetSelection, Definitions, define_asset_job, in_process_executor
 
-from assets.checkpoints import make_checkpoint_check
+from assets.checkpoints import checkpoint_asset_key
 from assets.job_assets import continuous_by_default, job_assets
 from assets.jobs import MAINTENANCE_JOBS
 from assets.resources import default_resources
@@ -36,27 +39,30 @@ from assets.sensors import (
 )
 from examples.aircraft_rotations import aircraft_job
 from examples.flights import flights_job
+from examples.flights_plot import delay_plot_metadata
 from examples.flights_weather import flights_weather_job
 from operators.api.job import Job
 
 
-def stream_job_definitions(job: Job, continuous: bool | None = None) -> dict:
-    """Assets, checks, the epochs job and sensors of one stream job, as ``Definitions`` kwargs.
+def stream_job_definitions(job: Job, continuous: bool | None = None,
+                           sink_metadata: Mapping[str, Callable[[pa.Table], dict]] | None = None) -> dict:
+    """Assets, the epochs job and sensors of one stream job, as ``Definitions`` kwargs.
 
     Args:
         job: the stream job.
         continuous: its mode (module docstring); None: ``continuous_by_default(job)``.
+        sink_metadata: as ``job_assets``'s.
     """
     continuous = continuous_by_default(job) if continuous is None else continuous
-    assets = job_assets(job, continuous=continuous)
+    assets = job_assets(job, continuous=continuous, sink_metadata=sink_metadata)
     mode = "until terminated" if continuous and not job.source.bounded else "until the input is processed"
     epochs_job = define_asset_job(
-        job.name, selection=AssetSelection.assets(*[s.name for s in job.sinks.values()]),
+        # The sinks and the checkpoint, so the checkpoint's check runs after the epochs.
+        job.name, selection=AssetSelection.assets(*[s.name for s in job.sinks.values()], checkpoint_asset_key(job)),
         tags={STREAM_JOB_TAG: job.name}, executor_def=in_process_executor,
         description=f"Run the epochs of stream job {job.name} ({mode})")
     return {
         "assets": assets,
-        "asset_checks": [make_checkpoint_check(job)],
         "jobs": [epochs_job],
         "sensors": [make_compaction_sensor(job), make_cleanup_sensor(job),
                     make_source_sensor(job, epochs_job, continuous=continuous),
@@ -65,7 +71,8 @@ def stream_job_definitions(job: Job, continuous: bool | None = None) -> dict:
 
 
 def dkvstream_definitions(*jobs: Job, resources: dict | None = None,
-                          continuous: dict[str, bool] | None = None) -> Definitions:
+                          continuous: dict[str, bool] | None = None,
+                          sink_metadata: Mapping[str, Callable[[pa.Table], dict]] | None = None) -> Definitions:
     """The ``Definitions`` of the given stream jobs plus the maintenance jobs.
 
     Args:
@@ -73,6 +80,8 @@ def dkvstream_definitions(*jobs: Job, resources: dict | None = None,
         resources: Dagster resources (default: ``assets.resources.default_resources()``).
         continuous: job name -> mode (module docstring); a job not named runs in its
             default mode (continuous for a live source, short runs for a bounded one).
+        sink_metadata: sink name -> more metadata of that sink after each run
+            (``job_assets``); the flights job's ``route_daily_delays`` gets its plot.
 
     Raises:
         ValueError: ``continuous`` names a job not among ``jobs``.
@@ -82,10 +91,9 @@ def dkvstream_definitions(*jobs: Job, resources: dict | None = None,
     if unknown:
         raise ValueError(f"continuous names jobs that are not defined here: {unknown}; "
                          f"defined: {sorted(job.name for job in jobs)}")
-    parts = [stream_job_definitions(job, modes.get(job.name)) for job in jobs]
+    parts = [stream_job_definitions(job, modes.get(job.name), sink_metadata) for job in jobs]
     return Definitions(
         assets=[a for p in parts for a in p["assets"]],
-        asset_checks=[c for p in parts for c in p["asset_checks"]],
         jobs=[*(j for p in parts for j in p["jobs"]), *MAINTENANCE_JOBS],
         sensors=[s for p in parts for s in p["sensors"]],
         resources=resources if resources is not None else default_resources(),
@@ -105,4 +113,5 @@ flights_weather = flights_weather_job(
     scale=int(os.environ.get("DKVSTREAM_FLIGHTS_SCALE", "1")),
     events_per_epoch=int(os.environ.get("DKVSTREAM_EVENTS_PER_EPOCH", "50000")),
 )
-defs = dkvstream_definitions(flights, aircraft, flights_weather)
+defs = dkvstream_definitions(flights, aircraft, flights_weather,
+                             sink_metadata={"route_daily_delays": delay_plot_metadata})

@@ -11,11 +11,22 @@ For a job J with source S and sinks T1..Tn this yields:
   published rows to it (metadata ``epoch``, ``rows_published``), and once more when the
   run ends (its rows and a preview). Each committed epoch is logged, as it commits, as a
   materialization of
-- ``<J>_checkpoint`` (the job's state checkpoint), with metadata: epoch, watermark,
-  source offsets, manifest URI, DKV tables and bytes per level, size amplification,
-  keys, events and events/s, and lag and latency (``assets.checkpoints``), so the
-  Dagster UI plots them.
+- ``<J>_checkpoint`` (the job's state checkpoint, produced by the same multi-asset),
+  with metadata: epoch, watermark, source offsets, manifest URI, DKV tables and bytes
+  per level, size amplification, keys, events and events/s, lag and latency, and for a
+  bounded source the progress (epochs of the total, percent, time left;
+  ``assets.checkpoints``), so the Dagster UI plots them. Its check ``verified``
+  (``assets.checkpoints.checkpoint_check_result``) runs at the end of every run that
+  materializes it; executed alone (the UI's "Execute check") it runs no epoch.
+
+The run log has a line per step: Spark starting and its UI's URL
+(``assets.resources.SparkResource``), then one line per committed epoch
+(``operators.runtime.progress.epoch_line``: epochs of the total, percent and time left,
+or lag per partition; events, rates, watermark as a date, offsets).
 """
+from collections.abc import Callable, Mapping
+
+import pyarrow as pa
 from dagster import (
     AssetExecutionContext,
     AssetKey,
@@ -34,8 +45,9 @@ from dagster_pyspark import PySparkResource
 
 from assets.checkpoints import (
     checkpoint_asset_key,
+    checkpoint_check_result,
+    checkpoint_check_spec,
     checkpoint_metadata,
-    format_watermark,
     level_stats,
 )
 from assets.resources import DKVSettingsResource, ObjectStoreResource
@@ -44,6 +56,7 @@ from operators.api.job import Job
 from operators.io import dead_letter
 from operators.runtime.checkpoints import read_checkpoint
 from operators.runtime.driver import JobRunner
+from operators.runtime.progress import ProgressTracker, epoch_line
 
 __all__ = ["RunJobConfig", "checkpoint_asset_key", "continuous_by_default", "job_assets", "pool_name"]
 
@@ -77,7 +90,8 @@ def pool_name(job: Job) -> str:
     return f"dkvstream-{job.name}"
 
 
-def job_assets(job: Job, group_name: str | None = None, continuous: bool | None = None) -> list:
+def job_assets(job: Job, group_name: str | None = None, continuous: bool | None = None,
+               sink_metadata: Mapping[str, Callable[[pa.Table], dict]] | None = None) -> list:
     """Assets of ``job`` (see module docstring).
 
     Args:
@@ -85,9 +99,12 @@ def job_assets(job: Job, group_name: str | None = None, continuous: bool | None 
         group_name: Dagster asset group (default: the job name).
         continuous: the mode of runs whose launch config leaves ``continuous`` unset
             (None: ``continuous_by_default(job)``).
+        sink_metadata: sink name -> a function of the sink's whole table returning more
+            metadata for the sink's materialization at the end of a run (e.g. a plot,
+            ``examples.flights_plot.delay_plot_metadata``).
 
     Returns:
-        ``[source asset, sinks multi-asset, checkpoint AssetSpec]``.
+        ``[source asset, multi-asset of the sinks and the checkpoint]``.
     """
     group = group_name or job.name
     source = job.source
@@ -113,9 +130,22 @@ def job_assets(job: Job, group_name: str | None = None, continuous: bool | None 
         for output, sink in job.sinks.items()
     ]
 
-    @multi_asset(name=f"run_{job.name}", specs=sink_specs, required_resource_keys=set(), pool=pool_name(job))
+    # Skippable: its materializations are the epochs' (logged as they commit), not an output.
+    ckpt_spec = AssetSpec(ckpt_key, deps=[source_key], group_name=group, skippable=True,
+                          description=f"State checkpoints of job {job.name}: one materialization per committed epoch")
+    check_spec = checkpoint_check_spec(job)
+
+    @multi_asset(name=f"run_{job.name}", specs=[*sink_specs, ckpt_spec], check_specs=[check_spec], can_subset=True,
+                 required_resource_keys=set(), pool=pool_name(job))
     def run_job(context: AssetExecutionContext, config: RunJobConfig, object_store: ObjectStoreResource,
                 pyspark: PySparkResource, dkv: DKVSettingsResource):
+        if context.selected_asset_keys:  # the sinks or the checkpoint: the epochs make them all
+            yield from _run(context, config, object_store, pyspark, dkv)
+        if check_spec.key in context.selected_asset_check_keys:
+            yield checkpoint_check_result(object_store.open(), job)
+
+    def _run(context: AssetExecutionContext, config: RunJobConfig, object_store: ObjectStoreResource,
+             pyspark: PySparkResource, dkv: DKVSettingsResource):
         continuous = default_continuous if config.continuous is None else config.continuous
         # The store of the object_store resource, as the maintenance ops open it; the Spark
         # tasks receive it pickled (its configuration, credentials included), not a URI.
@@ -130,12 +160,16 @@ def job_assets(job: Job, group_name: str | None = None, continuous: bool | None 
             context.log.info(f"continuous run: an epoch at most every {job.trigger_interval_ms} ms while "
                              f"{source.name} has new input, until the run is terminated")
 
+        tracker = ProgressTracker(source, job.events_per_epoch)
+
         def shape(result):  # on the epochs' thread, before the next epoch's retention
             return level_stats(stats_store, read_checkpoint(stats_store, job.prefix, result.epoch))
 
         def report(result, stats) -> None:
-            context.log_event(AssetMaterialization(asset_key=ckpt_key, metadata=checkpoint_metadata(result, stats),
-                                                   description=f"epoch {result.epoch}"))
+            progress = tracker.update(result)
+            context.log_event(AssetMaterialization(
+                asset_key=ckpt_key, metadata=checkpoint_metadata(result, stats, progress),
+                description=f"epoch {result.epoch}"))
             # A sink that published rows is materialized now, not when the run ends: a
             # continuous run may last days, and Dagster's freshness and automation go by this.
             for output, sink in job.sinks.items():
@@ -144,11 +178,8 @@ def job_assets(job: Job, group_name: str | None = None, continuous: bool | None 
                         asset_key=sink.name, description=f"epoch {result.epoch}",
                         metadata={"epoch": MetadataValue.int(result.epoch),
                                   "rows_published": MetadataValue.int(result.output_rows[output])}))
+            context.log.info(epoch_line(result, progress))
             dead = result.dead_letter.get("total", 0)
-            context.log.info(
-                f"epoch {result.epoch} committed: {result.events:,} events in {result.seconds:.1f} s "
-                f"({result.events_per_second:,.0f} events/s), {dead:,} dead letters, "
-                f"watermark {format_watermark(result.watermark)}")
             if dead:
                 context.log.warning(
                     f"epoch {result.epoch}: {dead:,} records went to the dead-letter table "
@@ -164,6 +195,8 @@ def job_assets(job: Job, group_name: str | None = None, continuous: bool | None 
             context.log.info(f"stopped on a termination request ({', '.join(outcome.stop_signals)}) after "
                              f"{epochs} epochs; newest checkpoint: epoch {latest.epoch if latest else 0}")
         for sink in job.sinks.values():
+            if AssetKey(sink.name) not in context.selected_asset_keys:
+                continue
             table = sink.read(store, job.prefix)
             yield MaterializeResult(asset_key=sink.name, metadata={
                 "rows": MetadataValue.int(table.num_rows),
@@ -171,11 +204,10 @@ def job_assets(job: Job, group_name: str | None = None, continuous: bool | None 
                 "committed_epoch": MetadataValue.int(latest.epoch if latest else 0),
                 "location": MetadataValue.path(store.uri(sink.table_prefix(job.prefix))),
                 "preview": _preview(table.slice(0, 5)),
+                **(sink_metadata or {}).get(sink.name, lambda table: {})(table),
             })
 
-    ckpt_spec = AssetSpec(ckpt_key, deps=[source_key], group_name=group,
-                          description=f"State checkpoints of job {job.name}: one materialization per committed epoch")
-    return [source_asset, run_job, ckpt_spec]
+    return [source_asset, run_job]
 
 
 def _preview(table) -> MetadataValue:

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import fields
+from typing import Any
 
-from dagster import ConfigurableResource, EnvVar
+from dagster import ConfigurableResource, EnvVar, get_dagster_logger
 from dagster_aws.s3 import S3Resource
 from dagster_pyspark import PySparkResource
 from pydantic import Field
 
-from operators.spark.session import ensure_python_workers_use_this_interpreter, spark_conf
+from operators.spark.session import describe_session, ensure_python_workers_use_this_interpreter, spark_conf
 from storage.dkv import DKVOptions
 from storage.objectstore import ObjectStore, open_object_store
 
@@ -120,10 +121,31 @@ class DKVSettingsResource(ConfigurableResource):
         )
 
 
+class SparkResource(PySparkResource):
+    """dagster-pyspark's resource, started on first use and saying so in the run log:
+    ``starting Spark on <master> (10-40 s)...``, then the master, the application id and
+    the Spark UI's URL (``spark.ui.enabled``: on by default, at a free port,
+    ``operators.spark.session``). A run that does not use Spark (the checkpoint check
+    executed alone) never starts it."""
+
+    def setup_for_execution(self, context) -> None:
+        pass  # started by the first ``spark_session`` (dagster-pyspark's LazyPySparkResource does the same)
+
+    @property
+    def spark_session(self) -> Any:
+        if self._spark_session is None:
+            log = get_dagster_logger()
+            log.info(f"starting Spark on {self.spark_config.get('spark.master', 'local')} (10-40 s)...")
+            super().setup_for_execution(None)
+            log.info(describe_session(self._spark_session))
+        return self._spark_session
+
+
 def spark_resource(conf: dict[str, str] | None = None) -> PySparkResource:
-    """dagster-pyspark's resource with dkvstream's Spark defaults (``operators.spark.session``)."""
+    """dagster-pyspark's resource with dkvstream's Spark defaults (``operators.spark.session``)
+    that logs its start-up (``SparkResource``)."""
     ensure_python_workers_use_this_interpreter()
-    return PySparkResource(spark_config=spark_conf(conf))
+    return SparkResource(spark_config=spark_conf(conf))
 
 
 def s3_resource() -> S3Resource:

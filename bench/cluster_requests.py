@@ -40,7 +40,7 @@ def run(master: str, store_uri: str, parallelism: int, events: int, retain: int)
     """One driver to the end; its committed-epoch records."""
     cmd = [sys.executable, "-m", "operators.tools.run_job", "--job", "examples.flights:flights_job",
            "--store", store_uri, "--master", master, "--parallelism", str(parallelism),
-           "--events-per-epoch", str(events), "--retain-checkpoints", str(retain),
+           "--events-per-epoch", str(events), "--retain-checkpoints", str(retain), "--json",
            "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.executor.memory=1g"]
     out = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True).stdout
     return [r for r in map(json.loads, out.splitlines()) if r["event"] == "committed"]

@@ -46,7 +46,11 @@ DEFAULT_CONF: dict[str, str] = {
     # task, one after the other, halving parallelism.
     "spark.sql.adaptive.coalescePartitions.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
-    "spark.ui.enabled": "false",
+    # The web UI (jobs, stages, tasks, executors) on a free port chosen at start, not
+    # 4040: several drivers on one machine never collide. run_job and the Dagster run
+    # log print its URL (``SparkContext.uiWebUrl``); ``spark.ui.enabled=false`` turns it off.
+    "spark.ui.enabled": "true",
+    "spark.ui.port": "0",
     "spark.driver.memory": "2g",
     "spark.python.worker.reuse": "true",
     # An epoch's tasks read shuffle blocks from every executor: waiting for a "local"
@@ -119,6 +123,15 @@ def get_spark(conf: dict[str, str] | None = None):
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def describe_session(spark) -> str:
+    """One line for a log once ``spark`` is up: ``Spark up: master local[2], application
+    local-1700000000000, UI at http://host:port`` (``UI off`` when ``spark.ui.enabled`` is
+    false)."""
+    sc = spark.sparkContext
+    ui = f"UI at {sc.uiWebUrl}" if sc.uiWebUrl else "UI off (spark.ui.enabled=false)"
+    return f"Spark up: master {sc.master}, application {sc.applicationId}, {ui}"
 
 
 def _launch_jvm(conf: dict[str, str]) -> None:

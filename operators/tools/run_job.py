@@ -10,28 +10,39 @@ stopping it (``--max-epochs``, or a kill) and starting it again, with another
 
 On a cluster the executors get the S3 endpoint and credentials of this process's
 environment through the Spark configuration (``operators.spark.session.executor_env_conf``).
-Prints one JSON object per line to stdout: ``{"event": "started", "app_id", "ui"}``
-once the Spark session is up, then ``{"event": "committed", "epoch", "events",
-"dead_letter", "seconds", "finished", "drained", "parallelism", "requests", "watermark",
-"source_offsets", "live"}`` per committed epoch (``events``: events the operators got;
-``dead_letter``: the epoch's dead letters per reason and ``total``,
-``EpochResult.dead_letter``; ``requests``: the checkpoint's object-store request counts,
-``{"driver": {...}, "tasks": {...}}``; ``watermark``: ms; ``source_offsets``: the next
-offset per source partition; ``live``: arrival, read and processing rates, lag,
-end-to-end latency and watermark delay, ``EpochResult.live``). An epoch that fails on
+
+Prints one readable line per step to stdout: ``starting Spark (10-40 s)...``, then
+``Spark up: master ..., application ..., UI at http://...`` once the session is up, then
+one line per committed epoch (``operators.runtime.progress.epoch_line``): for a bounded
+source ``epoch 3 of ~7 (43%, ~8 s left): 100,002 events in 2.1 s (47,620 events/s),
+watermark 2013-05-02 14:05:00 UTC, offsets EWR=... JFK=... LGA=...``; for a live source
+the arrival rate and the lag per partition instead of the total. An epoch that fails on
 its input or its operator (``TooManyDeadLettersError``, ``OperatorError``,
-``BadInputError``: a user's error whose message says what to do) prints ``{"event":
-"failed", "error"}``, the message on stderr, and exits 1; nothing of that epoch is
-committed. Other errors are raised (a traceback).
+``BadInputError``: a user's error whose message says what to do) prints the message on
+stderr and exits 1; nothing of that epoch is committed. Other errors are raised (a
+traceback).
+
+``--json`` prints one JSON object per line instead, for scripts: ``{"event": "started",
+"app_id", "ui", "master"}`` once the Spark session is up, then ``{"event": "committed",
+"epoch", "events", "dead_letter", "seconds", "finished", "drained", "parallelism",
+"requests", "watermark", "source_offsets", "live"}`` per committed epoch (``events``:
+events the operators got; ``dead_letter``: the epoch's dead letters per reason and
+``total``, ``EpochResult.dead_letter``; ``requests``: the checkpoint's object-store
+request counts, ``{"driver": {...}, "tasks": {...}}``; ``watermark``: ms;
+``source_offsets``: the next offset per source partition; ``live``: arrival, read and
+processing rates, lag, end-to-end latency and watermark delay, ``EpochResult.live``),
+``{"event": "failed", "error"}`` for an epoch that failed as above (the message is on
+stderr too) and ``{"event": "stopped", "epoch", "drained"}`` (below).
 
 ``--dkv FIELD=VALUE`` (repeatable) sets a ``storage.dkv.DKVOptions`` field of every
 task's state, e.g. ``--dkv wal_flush_bytes=1048576``.
 
 ``--continuous`` keeps a job on a live source running (``JobRunner.epochs(continuous=True)``,
 docs/continuous-jobs.md): SIGTERM or SIGINT asks it to stop after the epoch in flight
-(``JobRunner.stop()``), prints ``{"event": "stopped", "epoch", "drained"}`` (the newest
-committed epoch, 0 if none; whether the job is drained, finished for good) and exits 0; a second signal exits at
-once with 128 + the signal number, like an uncaught SIGTERM (a restart continues from the newest checkpoint,
+(``JobRunner.stop()``), prints that it stopped (``{"event": "stopped", "epoch",
+"drained"}`` with ``--json``: the newest committed epoch, 0 if none; whether the job is
+drained, finished for good) and exits 0; a second signal exits at once with 128 + the
+signal number, like an uncaught SIGTERM (a restart continues from the newest checkpoint,
 as after any crash). With ``--drain-on-stop`` the first signal stops with a drain
 (``JobRunner.stop(drain=True)``, Flink's ``stop --drain``): one more epoch at watermark
 +infinity emits every open window, and the job is finished for good. A signal during
@@ -52,12 +63,17 @@ import sys
 from operators.errors import BadInputError, OperatorError, TooManyDeadLettersError
 from operators.runtime.checkpoints import read_checkpoint
 from operators.runtime.driver import EpochResult, JobRunner
+from operators.runtime.progress import ProgressTracker, epoch_line
 from operators.tools.state_reader import load_job
 from storage.dkv import DKVOptions
 
 
 def _print(record: dict) -> None:
     print(json.dumps(record), flush=True)
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drain-on-stop", action="store_true",
                    help="with --continuous: on SIGTERM/SIGINT, drain (emit every open window, finish the "
                         "job for good) before exiting")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object per line (started, committed, failed, stopped) instead of "
+                        "readable lines, for scripts")
     p.add_argument("--retain-checkpoints", type=int, default=10, help="0 keeps every checkpoint")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting (repeatable)")
     p.add_argument("--dkv", action="append", default=[], metavar="FIELD=VALUE",
@@ -110,32 +129,53 @@ def main(argv: list[str] | None = None) -> int:
             conf = dict(kv.split("=", 1) for kv in a.conf)
             if a.master:
                 conf["spark.master"] = a.master
+            if not a.json:
+                _say("starting Spark (10-40 s)...")
             spark = get_spark(conf)
-            _print({"event": "started", "app_id": spark.sparkContext.applicationId,
-                    "ui": spark.sparkContext.uiWebUrl, "master": spark.sparkContext.master})
+            _print_started(spark, a.json)
         with JobRunner(job, spark, a.store, retain_checkpoints=a.retain_checkpoints or None,
                        dkv_options=dkv_options) as runner:
             if stop is not None:
                 stop.attach(runner)
+            progress = ProgressTracker(job.source, job.events_per_epoch)
             try:
                 for result in runner.epochs(a.max_epochs, continuous=a.continuous):
-                    _print_committed(runner, result, job.parallelism)
+                    if a.json:
+                        _print_committed(runner, result, job.parallelism)
+                    else:
+                        _say(epoch_line(result, progress.update(result)))
             except (TooManyDeadLettersError, OperatorError, BadInputError) as e:
                 # The user's error (a schema that does not match the input, an operator that
                 # raises): its message says what and what to do; a traceback would bury it.
-                _print({"event": "failed", "error": str(e)})
+                if a.json:
+                    _print({"event": "failed", "error": str(e)})
                 print(f"run_job: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
                 return 1
             if a.continuous:
                 newest = runner.latest()
-                _print({"event": "stopped", "epoch": newest.epoch if newest else 0,
-                        "drained": bool(newest and newest.metrics.get("drained"))})
+                epoch, drained = newest.epoch if newest else 0, bool(newest and newest.metrics.get("drained"))
+                if a.json:
+                    _print({"event": "stopped", "epoch": epoch, "drained": drained})
+                else:
+                    _say(f"stopped at epoch {epoch}" + (" (drained: finished for good)" if drained else ""))
     finally:
         if spark is not None:
             from operators.spark.session import stop_spark
 
             stop_spark(spark)
     return 0
+
+
+def _print_started(spark, as_json: bool) -> None:
+    """The ``started`` line: master, application id and the Spark UI's URL (None when
+    ``spark.ui.enabled`` is false)."""
+    from operators.spark.session import describe_session
+
+    sc = spark.sparkContext
+    if as_json:
+        _print({"event": "started", "app_id": sc.applicationId, "ui": sc.uiWebUrl, "master": sc.master})
+    else:
+        _say(describe_session(spark))
 
 
 def _print_committed(runner: JobRunner, result: EpochResult, parallelism: int) -> None:

@@ -144,11 +144,11 @@ def test_terminating_a_continuous_run_finishes_the_epoch_in_flight(tmp_path, ins
     md = {r.asset_materialization.metadata["epoch"].value: r.asset_materialization.metadata for r in records}
     assert [md[e]["lag_events"].value for e in (1, 2, 3)] == [5_000, 4_000, 3_000]
     assert md[3]["lag_events_by_partition"].value == {"p0": 1_500, "p1": 1_500}
-    for e in (2, 3):  # input_rate needs a previous epoch in this run
+    for e in (2, 3):  # the input rate needs a previous epoch in this run
         assert set(LIVE_METRICS) <= set(md[e]), sorted(set(LIVE_METRICS) - set(md[e]))
         assert all(isinstance(md[e][k], (FloatMetadataValue, IntMetadataValue)) for k in LIVE_METRICS)
         assert 0 <= md[e]["latency_p50_ms"].value <= md[e]["latency_p99_ms"].value <= md[e]["latency_max_ms"].value
-    assert "input_rate" not in md[1]
+    assert "input_events_per_s" not in md[1]
     # The step's handler is gone (Dagster itself leaves SIGTERM mapped to SIGINT's handler).
     assert signal.getsignal(signal.SIGINT) is sigint_handler
     assert job.source.attached == (store.uri(""), PREFIX)
@@ -272,7 +272,8 @@ def test_live_metadata_is_one_number_per_measured_metric() -> None:
             "latency_ms": {"p50": 5, "p99": 9, "max": 12}, "event_time_lag_ms": {"p50": 60, "p99": 70, "max": 80},
             "watermark_delay_ms": None}
     assert {k: v.value for k, v in live_metadata(live).items()} == {
-        "input_rate": 1234.6, "read_rate": 99.0, "lag_events": 7, "lag_events_by_partition": {"p0": 3, "p1": 4},
+        "input_events_per_s": 1234.6, "read_events_per_s": 99.0, "lag_events": 7,
+        "lag_events_by_partition": {"p0": 3, "p1": 4},
         "lag_ms_max": 250, "latency_p50_ms": 5, "latency_p99_ms": 9, "latency_max_ms": 12,
         "event_time_lag_p50_ms": 60, "event_time_lag_p99_ms": 70, "event_time_lag_max_ms": 80}
     assert live_metadata({}) == {}

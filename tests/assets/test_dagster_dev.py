@@ -246,4 +246,4 @@ def test_dagster_dev_terminating_a_continuous_run_stops_it_at_a_checkpoint(tmp_p
             ... on Asset { assetMaterializations(limit: 1) { metadataEntries { label } } } } }""",
                              {"key": [f"{NAME}_checkpoint"]})
         labels = {e["label"] for e in data["assetOrError"]["assetMaterializations"][0]["metadataEntries"]}
-        assert {"lag_events", "lag_ms_max", "processing_rate", "watermark_delay_ms"} <= labels
+        assert {"lag_events", "lag_ms_max", "processing_events_per_s", "watermark_delay_ms"} <= labels

@@ -36,7 +36,7 @@ def test_the_dagster_run_log_names_dead_letters_per_epoch(tmp_path) -> None:
         logs = [e for e in instance.all_logs(result.run_id) if not e.is_dagster_event]
     for epoch in (1, 2):
         want = _expected(epoch)
-        info = [e.user_message for e in logs if e.user_message.startswith(f"epoch {epoch} committed:")]
+        info = [e.user_message for e in logs if e.user_message.startswith(f"epoch {epoch} of ")]
         assert len(info) == 1 and f", {want['total']} dead letters," in info[0], info
         reasons = ", ".join(f"{r} {n}" for r, n in want.items() if r != "total")
         warning = [e for e in logs if e.user_message.startswith(f"epoch {epoch}: {want['total']} records went to "
@@ -57,13 +57,13 @@ def strict_dead_letter_job():
 
 def test_run_job_prints_dead_letters_per_epoch(tmp_path, capsys) -> None:
     assert run_job.main(["--job", f"{__name__}:dead_letter_job", "--store", str(tmp_path / "a"),
-                         "--in-process"]) == 0
+                         "--in-process", "--json"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     got = {r["epoch"]: {k: v for k, v in r["dead_letter"].items() if v or k == "total"} for r in lines}
     assert got == {1: _expected(1), 2: _expected(2)}
 
     assert run_job.main(["--job", f"{__name__}:strict_dead_letter_job", "--store", str(tmp_path / "b"),
-                         "--in-process"]) == 1
+                         "--in-process", "--json"]) == 1
     out = capsys.readouterr()
     [failed] = [json.loads(line) for line in out.out.splitlines()]
     assert failed["event"] == "failed" and failed["error"].startswith(

@@ -1,6 +1,8 @@
 """Dagster: the Definitions load, and materializing the flights assets records checkpoints."""
 from __future__ import annotations
 
+import re
+
 from dagster import AssetKey, DagsterInstance, Definitions, materialize
 
 from assets.checkpoints import L0_TABLES_MAX, SIZE_AMP_MAX
@@ -36,9 +38,20 @@ def test_materialize_records_one_checkpoint_per_epoch(spark, tmp_path) -> None:
     result = materialize(job_assets(job), resources=resources, instance=instance,
                          run_config={"ops": {"run_flights": {"config": {"max_epochs": 2}}}})
     assert result.success
+    # The run log says what start-up does, with the Spark UI's URL (on, at a free port).
+    logs = [e.user_message for e in instance.all_logs(result.run_id) if not e.is_dagster_event]
+    assert any(m.startswith("starting Spark on local[2] (10-40 s)") for m in logs), logs
+    [up] = [m for m in logs if m.startswith("Spark up: ")]
+    assert re.fullmatch(r"Spark up: master local\[2\], application local-\d+, UI at http://[^ ]+:\d+", up), up
     events = [e for e in result.get_asset_materialization_events()
               if e.asset_key == checkpoint_asset_key(job)]
     assert len(events) == 2
+    # After epoch 2 every partition has offsets 66,668 read and between one and two
+    # shares of 33,334 left (EWR 120,835, JFK 111,279, LGA 104,662 flights): 2 more epochs.
+    assert [e.materialization.metadata["epochs_total_estimate"].value for e in events] == [4, 4]
+    assert events[-1].materialization.metadata["progress_percent"].value == round(100 * 200_004 / 336_776, 1)
+    [check] = result.get_asset_check_evaluations()
+    assert check.passed and check.metadata["epoch"].value == 2
     md = events[-1].materialization.metadata
     assert md["epoch"].value == 2
     assert md["events"].value == 100_002

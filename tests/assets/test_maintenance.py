@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance
 
-from assets.checkpoints import make_checkpoint_check, verify_checkpoint
+from assets.checkpoints import checkpoint_check_result, verify_checkpoint
 from assets.jobs import cleanup_job_def, compaction, flush_job, op_config
 from assets.resources import DKVSettingsResource, ObjectStoreResource
 from operators.runtime.checkpoints import latest_checkpoint, list_epochs, read_checkpoint
@@ -210,9 +210,8 @@ def test_flush_job_flushes_memtables_at_the_next_epoch(tmp_path, reference) -> N
 def test_checkpoint_check_verifies_the_newest_checkpoint(tmp_path) -> None:
     runner = _runner(tmp_path)
     runner.run(max_epochs=2)
-    check = make_checkpoint_check(small_job())
-    resource = ObjectStoreResource(root_uri=str(tmp_path))
-    ok = check(object_store=resource)
+    store = ObjectStoreResource(root_uri=str(tmp_path)).open()
+    ok = checkpoint_check_result(store, small_job())
     assert ok.passed and ok.metadata["epoch"].value == 2 and ok.metadata["tables"].value > 0
 
     table = sorted(k for k in _named_by_retained(runner.store) if k.endswith(".sst"))[-1]
@@ -220,6 +219,6 @@ def test_checkpoint_check_verifies_the_newest_checkpoint(tmp_path) -> None:
     raw = bytearray(path.read_bytes())
     raw[len(raw) // 3] ^= 0xFF
     path.write_bytes(bytes(raw))
-    bad = check(object_store=resource)
+    bad = checkpoint_check_result(store, small_job())
     assert not bad.passed
     assert any(runner.store.uri(table) in e for e in bad.metadata["errors"].value)

@@ -7,16 +7,17 @@ from __future__ import annotations
 
 import uuid
 
-from dagster import DagsterInstance, EnvVar, materialize
+from dagster import AssetCheckKey, AssetSelection, DagsterInstance, EnvVar, materialize
 from dagster_aws.s3 import S3Resource
 
-from assets.checkpoints import checkpoint_asset_key, make_checkpoint_check, verify_checkpoint
+from assets.checkpoints import VERIFIED, checkpoint_asset_key, verify_checkpoint
 from assets.job_assets import job_assets
 from assets.jobs import cleanup_job_def, compaction, op_config
 from assets.resources import ObjectStoreResource, default_resources, spark_resource
 from operators.runtime.checkpoints import latest_checkpoint, list_epochs
 from operators.runtime.driver import JobRunner
 from storage.objectstore import open_object_store
+from tests.assets.live_job import NoSpark
 from tests.assets.small_job import NAME, SMALL_DKV, small_job, state
 
 
@@ -45,8 +46,11 @@ def test_maintenance_jobs_on_s3_through_s3resource(s3_server, monkeypatch) -> No
     assert verify_checkpoint(store, f"jobs/{NAME}", latest_checkpoint(store, f"jobs/{NAME}")).ok
     [after] = runner.run(max_epochs=1)
     assert latest_checkpoint(store, f"jobs/{NAME}").metrics["remote_compactions"]["installed"] == 2
-    check = make_checkpoint_check(small_job())
-    result = check(object_store=resources["object_store"])
+    # The check alone, as the UI's "Execute check" runs it: through the S3Resource.
+    checked = materialize(job_assets(small_job()), resources={**resources, "pyspark": NoSpark(spark_config={})},
+                          instance=instance,
+                          selection=AssetSelection.checks(AssetCheckKey(checkpoint_asset_key(small_job()), VERIFIED)))
+    [result] = checked.get_asset_check_evaluations()
     assert result.passed and result.metadata["epoch"].value == after.epoch
 
 

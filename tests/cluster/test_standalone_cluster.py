@@ -117,7 +117,7 @@ class Driver:
                 # One executor per one-core worker, within the worker's 2g.
                 "spark.executor.memory": "1g"}
         cmd = [sys.executable, "-m", "operators.tools.run_job", "--job", JOB_SPEC, "--store", store_uri,
-               "--master", cluster.url, "--events-per-epoch", str(EPOCH_EVENTS), "--retain-checkpoints", "0",
+               "--master", cluster.url, "--events-per-epoch", str(EPOCH_EVENTS), "--retain-checkpoints", "0", "--json",
                *args, *(a for k, v in conf.items() for a in ("--conf", f"{k}={v}"))]
         env = {**os.environ, **s3_server.env(), "SPARK_LOCAL_IP": "127.0.0.1",
                "SPARK_CONF_DIR": str(ROOT / "platform/conf"), "PYSPARK_PYTHON": sys.executable}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from assets.checkpoints import make_checkpoint_check
+from assets.checkpoints import checkpoint_check_result
 from assets.resources import ObjectStoreResource
 from operators.runtime.checkpoints import read_checkpoint
 from tests.operators import small_keyed_count as small
@@ -47,8 +47,7 @@ def test_damaged_older_manifest_does_not_fail_later_epochs(tmp_path, caplog) -> 
     assert store.exists(manifest)  # kept, with everything it may name
     assert any(store.uri(manifest) in r.getMessage() for r in caplog.records), caplog.text
 
-    check = make_checkpoint_check(runner.job)
-    verified = check(object_store=ObjectStoreResource(root_uri=root))
+    verified = checkpoint_check_result(ObjectStoreResource(root_uri=root).open(), runner.job)
     assert not verified.passed
     assert verified.metadata["damaged_epochs"].value == [2]
     assert any(
@@ -59,7 +58,7 @@ def test_damaged_older_manifest_does_not_fail_later_epochs(tmp_path, caplog) -> 
     assert [r.epoch for r in runner.run(max_epochs=1)] == [5]  # epoch 2 expires now
     assert read_checkpoint(store, prefix, 5).metrics["retention_damage"] == [damage]
     assert runner.last_cleanup.damaged == [] and not store.exists(manifest)
-    assert check(object_store=ObjectStoreResource(root_uri=root)).passed
+    assert checkpoint_check_result(ObjectStoreResource(root_uri=root).open(), runner.job).passed
     runner.run()
     assert "retention_damage" not in runner.latest().metrics
     small.assert_output_exact(runner, "after retention met a damaged manifest")
@@ -75,11 +74,10 @@ def test_incremental_retention_passes_a_damaged_manifest_by(tmp_path) -> None:
     assert fourth.epoch == 4
     assert runner.last_cleanup.full_sweep == "" and runner.last_cleanup.damaged == []
     assert runner.last_cleanup.checkpoints_deleted == 1 and store.exists(manifest)
-    check = make_checkpoint_check(runner.job)
-    verified = check(object_store=ObjectStoreResource(root_uri=root))
+    verified = checkpoint_check_result(ObjectStoreResource(root_uri=root).open(), runner.job)
     assert verified.metadata["damaged_epochs"].value == [2]  # found by the check, not retention
     runner.run(max_epochs=1)  # epoch 2 expires: its manifest was dropped by epoch 3
     assert runner.last_cleanup.full_sweep == "" and not store.exists(manifest)
-    assert check(object_store=ObjectStoreResource(root_uri=root)).passed
+    assert checkpoint_check_result(ObjectStoreResource(root_uri=root).open(), runner.job).passed
     runner.run()
     small.assert_output_exact(runner, "after incremental retention passed a damaged manifest")

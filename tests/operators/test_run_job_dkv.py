@@ -19,7 +19,7 @@ def test_dkv_options_reach_the_runner(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setattr(run_job, "JobRunner", spy)
     assert run_job.main(["--job", "tests.operators.small_keyed_count:job", "--store", str(tmp_path), "--in-process",
                          "--max-epochs", "1", "--dkv", "wal_flush_bytes=65536",
-                         "--dkv", "size_amp_threshold=0.25"]) == 0
+                         "--dkv", "size_amp_threshold=0.25", "--json"]) == 0
     assert seen["dkv_options"] == DKVOptions(wal_flush_bytes=65536, size_amp_threshold=0.25)
     assert '"event": "committed"' in capsys.readouterr().out
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -58,7 +59,7 @@ def _env(visible: Path) -> dict[str, str]:
 
 def _run_job_args(root: str) -> list[str]:
     return ["--job", "tests.operators.live_sources:live_job", "--store", root, "--master", "local[2]",
-            "--continuous", "--events-per-epoch", "300"]
+            "--continuous", "--events-per-epoch", "300", "--json"]
 
 
 def _parent_pid(pid: int) -> int | None:
@@ -136,6 +137,7 @@ def test_run_job_on_spark_stops_at_a_checkpoint_on_a_group_sigterm(tmp_path) -> 
     assert _survivors(spark_processes) == []
     lines += [json.loads(line) for line in out.splitlines()]
     assert lines[0]["event"] == "started"
+    assert re.fullmatch(r"http://[^ /]+:\d+", lines[0]["ui"]), lines[0]  # the Spark UI, on at a free port
     committed = [r["epoch"] for r in lines if r["event"] == "committed"]
     assert committed == list(range(1, len(committed) + 1))
     assert lines[-1] == {"event": "stopped", "epoch": committed[-1], "drained": False}
