@@ -226,7 +226,11 @@ def test_timer_lower_bound_skips_scans_and_loses_nothing(tmp_path_factory, ops) 
             model.difference_update((kg, ts, key) for ts, kg, key in fired)
             # Everything due fired, the timers set while firing at or below the watermark too.
             assert not any(ts <= watermark for _, ts, _ in model)
-            assert len(set(fired)) == len(fired)
+            # A timer fires once per setting: twice only if the callback set it again after
+            # it fired (as in Flink: a timer registered at or below the watermark while
+            # firing fires in the same advance).
+            again = {(ts, kg, key) for kg, ts, key in rows if ts <= watermark}
+            assert all(fired.count(t) == 1 or (fired.count(t) == 2 and t in again) for t in fired)
             assert service.low is not None and all(ts >= service.low for _, ts, _ in model)
         else:
             scans.clear()
