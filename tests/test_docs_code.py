@@ -1,0 +1,151 @@
+"""Every code block of README.md and docs/*.md runs as written (the habit of doctest).
+
+A page's ```python blocks run in order as one session (a later block may use names an earlier
+one defined), in a subprocess with the repository on PYTHONPATH and a fresh temporary working
+directory, so the ``.dkvstream`` paths of the docs land in a temporary store, never in the
+clone. A page that reads ``DKVSTREAM_KAFKA_BOOTSTRAP`` gets the test broker's address there.
+A block that cannot run here is preceded by ``<!-- no-run: <why> -->``; such blocks are
+reported as skipped with their reasons. ```bash blocks are checked, not run: each
+``python -m <module>`` they name answers ``--help``, each ``--job module:attr`` resolves,
+and each ``platform/`` or ``bench/`` script they name exists.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+NO_RUN = re.compile(r"<!--\s*no-run:\s*(.+?)\s*-->")
+FENCE = re.compile(r"^(\s*)```(\w*)\s*$")
+KAFKA_ENV = "DKVSTREAM_KAFKA_BOOTSTRAP"
+
+
+@dataclass(frozen=True)
+class Block:
+    """One fenced code block: its page (relative to the repository), the 1-based line of
+    its opening fence, its language tag ("" if none), its dedented source, and the reason of
+    a ``<!-- no-run: ... -->`` marker on the line before the fence (None: it runs)."""
+    page: str
+    line: int
+    lang: str
+    source: str
+    no_run: str | None
+
+    @property
+    def where(self) -> str:
+        first = next((s for s in self.source.splitlines() if s.strip()), "")
+        return f"{self.page}:{self.line} ({first.strip()[:70]!r})"
+
+
+def code_blocks(page: Path) -> list[Block]:
+    """The fenced blocks of a Markdown page, in page order.
+
+    Raises:
+        AssertionError: a fence is never closed (the page renders wrongly too)."""
+    lines, blocks, i = page.read_text().splitlines(), [], 0
+    rel = str(page.relative_to(ROOT))
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == "```"), None)
+        assert end is not None, f"{rel}:{i + 1}: code fence never closed"
+        marker = NO_RUN.search(lines[i - 1]) if i else None
+        blocks.append(Block(rel, i + 1, m.group(2), textwrap.dedent("\n".join(lines[i + 1:end])) + "\n",
+                            marker.group(1) if marker else None))
+        i = end + 1
+    return blocks
+
+
+# Runs in the subprocess: exec each block in one namespace, named "<page>:<line>" in
+# tracebacks; on the first failure say which block and stop.
+RUNNER = """
+import json, sys, traceback
+ns = {"__name__": "__main__"}
+for b in json.load(open(sys.argv[1])):
+    try:
+        exec(compile(b["source"], b["where"], "exec"), ns)
+    except BaseException:
+        traceback.print_exc()
+        print("BLOCK FAILED: " + b["where"], file=sys.stderr)
+        sys.exit(1)
+"""
+
+
+def _python_blocks(page: Path) -> list[Block]:
+    return [b for b in code_blocks(page) if b.lang == "python"]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+               SPARK_CONF_DIR=str(ROOT / "platform" / "conf"), PYSPARK_PYTHON=sys.executable,
+               DKVSTREAM_SPARK_MASTER="local[2]")
+    env.pop(KAFKA_ENV, None)  # only a page that needs the broker gets the test's one
+    return {**env, **extra}
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if _python_blocks(p)], ids=lambda p: p.name)
+def test_python_blocks_run_as_written(page: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    blocks = [b for b in _python_blocks(page) if b.no_run is None]
+    extra = {}
+    if any(KAFKA_ENV in b.source for b in blocks):
+        extra[KAFKA_ENV] = request.getfixturevalue("kafka_broker").bootstrap
+    (tmp_path / "blocks.json").write_text(json.dumps([{"where": b.where, "source": b.source} for b in blocks]))
+    work = tmp_path / "cwd"
+    work.mkdir()
+    done = subprocess.run([sys.executable, "-c", RUNNER, str(tmp_path / "blocks.json")], cwd=work,
+                          env=_env(**extra), capture_output=True, text=True, timeout=900)
+    failed = re.search(r"BLOCK FAILED: (.*)", done.stderr)
+    assert done.returncode == 0, (f"a code block of {page.name} fails as written: "
+                                  f"{failed.group(1) if failed else '(no block named)'}\n{done.stderr[-4000:]}")
+
+
+NOT_RUN = [b for p in PAGES for b in code_blocks(p) if b.no_run is not None]
+
+
+@pytest.mark.parametrize("block", NOT_RUN, ids=lambda b: f"{b.page}:{b.line}")
+def test_blocks_marked_no_run_are_listed(block: Block) -> None:
+    """One skip per block the docs mark no-run, so ``-ra`` lists them with their reasons."""
+    assert block.lang == "python", f"{block.where}: only ```python blocks take a no-run marker"
+    pytest.skip(f"no-run: {block.where}: {block.no_run}")
+
+
+def _bash_text() -> list[tuple[Block, str]]:
+    """(block, line) of every line of every ```bash block, continuation lines joined."""
+    return [(b, line) for p in PAGES for b in code_blocks(p) if b.lang == "bash"
+            for line in b.source.replace("\\\n", " ").splitlines()]
+
+
+def test_bash_blocks_name_real_scripts_modules_and_jobs() -> None:
+    modules, jobs, problems = {}, {}, []
+    for block, line in _bash_text():
+        for script in re.findall(r"(?<![\w/.])((?:platform|bench)/[\w/.-]+\.(?:sh|py))", line):
+            if not (ROOT / script).is_file():
+                problems.append(f"{block.where}: {script} does not exist")
+        for module in re.findall(r"python -m ([\w.]+)", line):
+            modules.setdefault(module, block)
+        for module, attr in re.findall(r"--job ([\w.]+):(\w+)", line):
+            jobs.setdefault((module, attr), block)
+    for module, block in modules.items():
+        done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, env=_env(),
+                              capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            problems.append(f"{block.where}: python -m {module} --help exits {done.returncode}: {done.stderr[-500:]}")
+    # A placeholder (mymodule:my_job) is not a repository module: only ours are resolved.
+    ours = [(m, a) for m, a in jobs if (ROOT / m.split(".")[0]).is_dir()]
+    check = "import importlib, sys\nfor m, a in %r:\n    getattr(importlib.import_module(m), a)\n" % ours
+    done = subprocess.run([sys.executable, "-c", check], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=120)
+    if done.returncode != 0:
+        problems.append(f"a --job of {sorted({jobs[k].page for k in ours})} does not resolve: {done.stderr[-500:]}")
+    assert not problems, "\n".join(problems)
