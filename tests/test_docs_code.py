@@ -104,7 +104,7 @@ def test_python_blocks_run_as_written(page: Path, tmp_path: Path, request: pytes
     work = tmp_path / "cwd"
     work.mkdir()
     done = subprocess.run([sys.executable, "-c", RUNNER, str(tmp_path / "blocks.json")], cwd=work,
-                          env=_env(**extra), capture_output=True, text=True, timeout=900)
+                          env=_env(**extra), capture_output=True, text=True, timeout=300)
     failed = re.search(r"BLOCK FAILED: (.*)", done.stderr)
     assert done.returncode == 0, (f"a code block of {page.name} fails as written: "
                                   f"{failed.group(1) if failed else '(no block named)'}\n{done.stderr[-4000:]}")
