@@ -16,6 +16,8 @@ For a job J with source S and sinks T1..Tn this yields:
   keys, events and events/s, and lag and latency (``assets.checkpoints``), so the
   Dagster UI plots them.
 """
+import re
+
 from dagster import (
     AssetExecutionContext,
     AssetKey,
@@ -77,6 +79,13 @@ def pool_name(job: Job) -> str:
     return f"dkvstream-{job.name}"
 
 
+def asset_name(name: str) -> str:
+    """The Dagster asset name of a source or sink: its name with each character Dagster
+    refuses (anything but letters, digits and ``_``) as ``_``, so ``kafka:payments`` (a
+    ``KafkaSource``) becomes ``kafka_payments`` and ``payment-totals`` ``payment_totals``."""
+    return re.sub(r"[^A-Za-z0-9_]", "_", name)
+
+
 def job_assets(job: Job, group_name: str | None = None, continuous: bool | None = None) -> list:
     """Assets of ``job`` (see module docstring).
 
@@ -91,12 +100,12 @@ def job_assets(job: Job, group_name: str | None = None, continuous: bool | None 
     """
     group = group_name or job.name
     source = job.source
-    source_key = AssetKey(source.name)
+    source_key = AssetKey(asset_name(source.name))
     ckpt_key = checkpoint_asset_key(job)
 
     default_continuous = continuous_by_default(job) if continuous is None else continuous
 
-    @asset(name=source.name, group_name=group, description=f"Source of job {job.name}: {type(source).__name__}")
+    @asset(name=asset_name(source.name), group_name=group, description=f"Source of job {job.name}: {type(source).__name__}")
     def source_asset(object_store: ObjectStoreResource) -> MaterializeResult:
         source.attach(object_store.open(), job.prefix)  # before any other call (Source.attach)
         ends = source.end_offsets()
@@ -108,7 +117,7 @@ def job_assets(job: Job, group_name: str | None = None, continuous: bool | None 
         })
 
     sink_specs = [
-        AssetSpec(sink.name, deps=[source_key], group_name=group,
+        AssetSpec(asset_name(sink.name), deps=[source_key], group_name=group,
                   description=f"Output '{output}' of job {job.name} ({type(sink).__name__})")
         for output, sink in job.sinks.items()
     ]
@@ -141,7 +150,7 @@ def job_assets(job: Job, group_name: str | None = None, continuous: bool | None 
             for output, sink in job.sinks.items():
                 if result.output_rows.get(output, 0) > 0:
                     context.log_event(AssetMaterialization(
-                        asset_key=sink.name, description=f"epoch {result.epoch}",
+                        asset_key=asset_name(sink.name), description=f"epoch {result.epoch}",
                         metadata={"epoch": MetadataValue.int(result.epoch),
                                   "rows_published": MetadataValue.int(result.output_rows[output])}))
             dead = result.dead_letter.get("total", 0)
@@ -165,7 +174,7 @@ def job_assets(job: Job, group_name: str | None = None, continuous: bool | None 
                              f"{epochs} epochs; newest checkpoint: epoch {latest.epoch if latest else 0}")
         for sink in job.sinks.values():
             table = sink.read(store, job.prefix)
-            yield MaterializeResult(asset_key=sink.name, metadata={
+            yield MaterializeResult(asset_key=asset_name(sink.name), metadata={
                 "rows": MetadataValue.int(table.num_rows),
                 "epochs_this_run": MetadataValue.int(epochs),
                 "committed_epoch": MetadataValue.int(latest.epoch if latest else 0),
