@@ -161,20 +161,25 @@ def bash_problems(pages: list[Path]) -> list[str]:
                 modules.setdefault(module, block)
             for module, attr in re.findall(r"--job ([\w.]+):(\w+)", line):
                 jobs.setdefault((module, attr), block)
-    for module, block in modules.items():
-        done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, env=_env(),
-                              capture_output=True, text=True, timeout=120)
-        if done.returncode != 0:
-            problems.append(f"{block.where}: python -m {module} --help exits {done.returncode}: {done.stderr[-500:]}")
+    # Started together, waited for together: each --help is mostly the imports.
+    helps = {module: subprocess.Popen([sys.executable, "-m", module, "--help"], cwd=ROOT, env=_env(),
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for module in modules}
+    for module, proc in helps.items():
+        _, err = proc.communicate(timeout=120)
+        if proc.returncode != 0:
+            problems.append(f"{modules[module].where}: python -m {module} --help exits {proc.returncode}: {err[-500:]}")
     # A placeholder (mymodule:my_job) is not a repository module: only ours are resolved.
-    for (module, attr), block in jobs.items():
-        if not (ROOT / module.split(".")[0]).is_dir():
-            continue
-        check = f"import importlib; getattr(importlib.import_module({module!r}), {attr!r})"
-        done = subprocess.run([sys.executable, "-c", check], cwd=ROOT, env=_env(), capture_output=True,
-                              text=True, timeout=120)
-        if done.returncode != 0:
-            problems.append(f"{block.where}: --job {module}:{attr} does not resolve: {done.stderr[-300:]}")
+    ours = [(m, a) for m, a in jobs if (ROOT / m.split(".")[0]).is_dir()]
+    check = ("import importlib\nfor m, a in %r:\n    try:\n        getattr(importlib.import_module(m), a)\n"
+             "    except Exception as e:\n        print(m, a, repr(e)[:300])\n" % ours)
+    done = subprocess.run([sys.executable, "-c", check], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=120)
+    for line in done.stdout.splitlines():
+        module, attr, error = line.split(" ", 2)
+        problems.append(f"{jobs[module, attr].where}: --job {module}:{attr} does not resolve: {error}")
+    if done.returncode != 0:
+        problems.append(f"resolving --job targets failed: {done.stderr[-500:]}")
     return problems
 
 
