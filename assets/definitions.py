@@ -27,7 +27,7 @@ import pyarrow as pa
 from dagster import AssetSelection, Definitions, define_asset_job, in_process_executor
 
 from assets.checkpoints import checkpoint_asset_key
-from assets.job_assets import continuous_by_default, job_assets
+from assets.job_assets import asset_name, continuous_by_default, job_assets
 from assets.jobs import MAINTENANCE_JOBS
 from assets.resources import default_resources
 from assets.sensors import (
@@ -58,7 +58,8 @@ def stream_job_definitions(job: Job, continuous: bool | None = None,
     mode = "until terminated" if continuous and not job.source.bounded else "until the input is processed"
     epochs_job = define_asset_job(
         # The sinks and the checkpoint, so the checkpoint's check runs after the epochs.
-        job.name, selection=AssetSelection.assets(*[s.name for s in job.sinks.values()], checkpoint_asset_key(job)),
+        job.name,
+        selection=AssetSelection.assets(*[asset_name(s.name) for s in job.sinks.values()], checkpoint_asset_key(job)),
         tags={STREAM_JOB_TAG: job.name}, executor_def=in_process_executor,
         description=f"Run the epochs of stream job {job.name} ({mode})")
     return {

@@ -24,6 +24,7 @@ The run log has a line per step: Spark starting and its UI's URL
 (``operators.runtime.progress.epoch_line``: epochs of the total, percent and time left,
 or lag per partition; events, rates, watermark as a date, offsets).
 """
+import re
 from collections.abc import Callable, Mapping
 
 import pyarrow as pa
@@ -90,6 +91,13 @@ def pool_name(job: Job) -> str:
     return f"dkvstream-{job.name}"
 
 
+def asset_name(name: str) -> str:
+    """The Dagster asset name of a source or sink: its name with each character Dagster
+    refuses (anything but letters, digits and ``_``) as ``_``, so ``kafka:payments`` (a
+    ``KafkaSource``) becomes ``kafka_payments`` and ``payment-totals`` ``payment_totals``."""
+    return re.sub(r"[^A-Za-z0-9_]", "_", name)
+
+
 def job_assets(job: Job, group_name: str | None = None, continuous: bool | None = None,
                sink_metadata: Mapping[str, Callable[[pa.Table], dict]] | None = None) -> list:
     """Assets of ``job`` (see module docstring).
@@ -108,12 +116,13 @@ def job_assets(job: Job, group_name: str | None = None, continuous: bool | None 
     """
     group = group_name or job.name
     source = job.source
-    source_key = AssetKey(source.name)
+    source_key = AssetKey(asset_name(source.name))
     ckpt_key = checkpoint_asset_key(job)
 
     default_continuous = continuous_by_default(job) if continuous is None else continuous
 
-    @asset(name=source.name, group_name=group, description=f"Source of job {job.name}: {type(source).__name__}")
+    @asset(name=asset_name(source.name), group_name=group,
+           description=f"Source of job {job.name}: {type(source).__name__}")
     def source_asset(object_store: ObjectStoreResource) -> MaterializeResult:
         source.attach(object_store.open(), job.prefix)  # before any other call (Source.attach)
         ends = source.end_offsets()
@@ -125,7 +134,7 @@ def job_assets(job: Job, group_name: str | None = None, continuous: bool | None 
         })
 
     sink_specs = [
-        AssetSpec(sink.name, deps=[source_key], group_name=group,
+        AssetSpec(asset_name(sink.name), deps=[source_key], group_name=group,
                   description=f"Output '{output}' of job {job.name} ({type(sink).__name__})")
         for output, sink in job.sinks.items()
     ]
@@ -175,7 +184,7 @@ def job_assets(job: Job, group_name: str | None = None, continuous: bool | None 
             for output, sink in job.sinks.items():
                 if result.output_rows.get(output, 0) > 0:
                     context.log_event(AssetMaterialization(
-                        asset_key=sink.name, description=f"epoch {result.epoch}",
+                        asset_key=asset_name(sink.name), description=f"epoch {result.epoch}",
                         metadata={"epoch": MetadataValue.int(result.epoch),
                                   "rows_published": MetadataValue.int(result.output_rows[output])}))
             context.log.info(epoch_line(result, progress))
@@ -195,10 +204,10 @@ def job_assets(job: Job, group_name: str | None = None, continuous: bool | None 
             context.log.info(f"stopped on a termination request ({', '.join(outcome.stop_signals)}) after "
                              f"{epochs} epochs; newest checkpoint: epoch {latest.epoch if latest else 0}")
         for sink in job.sinks.values():
-            if AssetKey(sink.name) not in context.selected_asset_keys:
+            if AssetKey(asset_name(sink.name)) not in context.selected_asset_keys:
                 continue
             table = sink.read(store, job.prefix)
-            yield MaterializeResult(asset_key=sink.name, metadata={
+            yield MaterializeResult(asset_key=asset_name(sink.name), metadata={
                 "rows": MetadataValue.int(table.num_rows),
                 "epochs_this_run": MetadataValue.int(epochs),
                 "committed_epoch": MetadataValue.int(latest.epoch if latest else 0),

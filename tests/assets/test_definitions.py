@@ -76,3 +76,22 @@ def test_materialize_records_one_checkpoint_per_epoch(spark, tmp_path) -> None:
     epochs = [e.materialization.metadata["epoch"].value for e in result.get_asset_materialization_events()
               if e.asset_key == checkpoint_asset_key(job)]
     assert epochs == [3]
+
+
+def test_sources_and_sinks_named_with_characters_dagster_refuses_get_valid_asset_names() -> None:
+    """A ``KafkaSource`` is named ``kafka:<topic>`` and a ``KafkaSink`` after its topic
+    (hyphens allowed): their assets take the name with ``_`` for each refused character."""
+    import pyarrow as pa
+
+    from assets.definitions import dkvstream_definitions
+    from examples.keyed_count import KeyedWindowCount
+    from operators import Job, ParquetSink
+    from operators.io.kafka import KafkaSink, KafkaSource
+
+    source = KafkaSource("127.0.0.1:1", "pay-ments", value_schema=pa.schema([("amount", pa.int64())]))
+    job = Job(name="totals", source=source, operators=[KeyedWindowCount()],
+              sinks={"main": KafkaSink("127.0.0.1:1", "window-counts", KeyedWindowCount.outputs["main"]),
+                     "late": ParquetSink("late")})
+    defs = dkvstream_definitions(job)
+    keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
+    assert keys == {"kafka_pay_ments", "window_counts", "late", "totals_checkpoint"}
