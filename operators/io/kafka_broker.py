@@ -27,11 +27,13 @@ import time
 from importlib import resources
 from pathlib import Path
 
+from storage.errors import DkvstreamError
+
 # Shared with the S3 test server: the same free-port and pid checks.
 from storage.objectstore.seaweedfs import _kill_when_parent_dies, _pid_alive, free_ports
 
 
-class TansuError(RuntimeError):
+class TansuError(DkvstreamError, RuntimeError):
     """Raised when the Tansu broker cannot be found, started or reached."""
 
 

@@ -56,6 +56,7 @@ from collections.abc import Iterable, Sequence
 from typing import TextIO
 
 from storage.cli import render_bytes, run_command
+from storage.errors import DkvstreamError
 from storage.log.config import COMPACT, DELETE, ProducerConfig, TopicConfig
 from storage.log.consumer import Consumer, all_committed_offsets, committed_offsets
 from storage.log.errors import (
@@ -80,7 +81,7 @@ FLUSH_BYTES = ProducerConfig().max_file_bytes
 GROUP_COLUMNS = ("GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG")
 
 
-class UsageError(ValueError):
+class UsageError(DkvstreamError, ValueError):
     """Raised when a command is given something that cannot work (exit status 2)."""
 
 

@@ -36,6 +36,8 @@ import sys
 import time
 from pathlib import Path
 
+from storage.errors import DkvstreamError
+
 DEFAULT_BUCKET = "dkvstream"
 DEFAULT_ACCESS_KEY = "dkvstream"
 DEFAULT_SECRET_KEY = "dkvstream-secret"
@@ -44,7 +46,7 @@ DEFAULT_REGION = "us-east-1"
 PORT_ROLES = ("s3", "s3.grpc", "master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc")
 
 
-class SeaweedFSError(RuntimeError):
+class SeaweedFSError(DkvstreamError, RuntimeError):
     """Raised when the SeaweedFS server cannot be found, started or reached."""
 
 

@@ -60,4 +60,5 @@ def test_failed_epoch_nobody_committed_stays_a_job_failure(tmp_path) -> None:
     with pytest.raises(JobFailedError) as err:
         next(runner.epochs())
     assert not isinstance(err.value, JobFencedError)
-    assert "epoch 2 failed in operator route_daily_delays: object not found" in str(err.value)
+    assert ("epoch 2 failed in operator route_daily_delays: ObjectNotFoundError: object not found"
+            in str(err.value))
