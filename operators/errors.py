@@ -17,7 +17,8 @@ from storage.errors import CorruptionError, DkvstreamError
 
 __all__ = ["DkvstreamError", "InvalidJobError", "JobFailedError", "JobFencedError", "RecoveryRefusedError",
            "StateTypeError", "BadInputError", "TooManyDeadLettersError", "OperatorError",
-           "SourceFileChangedError", "InsertConflictError", "SnapshotVacuumedError", "KafkaIOError"]
+           "SourceFileChangedError", "InsertConflictError", "SnapshotVacuumedError", "KafkaIOError",
+           "JavaNotFoundError"]
 
 
 class InvalidJobError(DkvstreamError, ValueError):
@@ -81,3 +82,9 @@ class KafkaIOError(DkvstreamError, RuntimeError):
     sink's publish; names the topic, partition and offsets (``operators.io.kafka``)."""
 
     retryable = True
+
+
+class JavaNotFoundError(DkvstreamError, RuntimeError):
+    """Raised before Spark starts when it could not: no ``java`` on ``PATH``, or
+    ``JAVA_HOME`` naming a directory without ``bin/java``; says how to install Java
+    (``operators.spark.session.get_spark``)."""
