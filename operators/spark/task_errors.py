@@ -79,7 +79,8 @@ def task_error(failure: BaseException) -> DkvstreamError | None:
     Returns:
         ``failure`` itself when it is a ``DkvstreamError``; else the error of the last
         ``dkvstream-task-error`` line in its text, with its type, ``args`` and
-        ``retryable``; None when there is none, or its version or type is unknown.
+        ``retryable``, and ``failure`` (whose text holds the task's traceback) as its
+        ``__cause__``; None when there is none, or its version or type is unknown.
     """
     if isinstance(failure, DkvstreamError):
         return failure
@@ -99,6 +100,7 @@ def task_error(failure: BaseException) -> DkvstreamError | None:
         return None
     if data.get("retryable") is not None and data["retryable"] != cls.retryable:
         error.retryable = bool(data["retryable"])
+    error.__cause__ = failure
     return error
 
 

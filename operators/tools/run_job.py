@@ -24,10 +24,10 @@ a user's error whose message says what to do; ``JobFailedError``, ``S3Credential
 ...) prints ``{"event": "failed", "error"}``; nothing of that epoch is committed.
 
 Errors and exit statuses are those of every ``python -m`` tool (``storage.cli``): one
-line on stderr, ``error: <message>``; 2 for a mistake on the command line (a ``--job``
-that cannot be loaded, an invalid job, a ``--store`` that does not exist), 1 when the
-run failed otherwise (a failed epoch, no Java for Spark, S3 credentials missing); other
-exceptions are bugs and print their traceback.
+line on stderr; 2 for a mistake on the command line (a ``--job`` that cannot be loaded,
+an invalid job, a ``--store`` that does not exist), ``error: <message>``; 1 when the run
+failed otherwise (a failed epoch, no Java for Spark, S3 credentials missing),
+``error: <Type>: <message>``; other exceptions are bugs and print their traceback.
 
 Where the job starts: from the newest checkpoint of the job in ``--store``, else from the
 beginning of its source. A ``--store`` given as a local directory must exist, so that a

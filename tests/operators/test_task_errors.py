@@ -91,3 +91,4 @@ def test_a_spark_tasks_error_reaches_the_driver_as_its_type(spark, error) -> Non
     assert not isinstance(failed.value, DkvstreamError)  # Spark's exception, with text only
     rebuilt = task_error(failed.value)
     assert isinstance(rebuilt, type(error)) and str(rebuilt) == str(error)
+    assert rebuilt.__cause__ is failed.value  # the worker's traceback, for the logs
