@@ -26,7 +26,8 @@ class InvalidJobError(DkvstreamError, ValueError):
 
 
 class JobFailedError(DkvstreamError, RuntimeError):
-    """Raised when an epoch fails; the previous checkpoint stays the newest."""
+    """Raised when an epoch fails; the previous checkpoint stays the newest. Raised from
+    the task's error when there is one (``__cause__``), whose ``retryable`` it takes."""
 
 
 class JobFencedError(JobFailedError):
