@@ -29,6 +29,7 @@ from operators.api.operator import KeyedEvent, Operator, Subject
 from operators.api.state import ListSpec, ListState, MapSpec, MapState, ValueSpec, ValueState
 from operators.errors import (
     BadInputError,
+    DkvstreamError,
     InsertConflictError,
     InvalidJobError,
     JobFailedError,
@@ -67,6 +68,7 @@ __all__ = [
     "BytesCodec",
     "Codec",
     "DeadLetter",
+    "DkvstreamError",
     "EpochResult",
     "FloatCodec",
     "InsertConflictError",

@@ -1,19 +1,33 @@
 """Every error the job API and the runtime raise, in one place (as ``storage.errors``).
 
-Errors of the stores underneath (``CorruptionError``, ``ObjectNotFoundError``, ...) stay
-in ``storage.errors``; ``RecoveryRefusedError`` is one of them, since stored objects cause it.
+All derive from ``storage.errors.DkvstreamError`` (re-exported here), the project's one
+root, and keep the built-in base that says what kind of mistake each is (``ValueError``
+for a bad job or input, ``RuntimeError`` for a failed run...). ``retryable`` (a class
+attribute) says whether running the same thing again may work: only ``KafkaIOError`` is,
+among these. Errors of the stores underneath (``CorruptionError``,
+``ObjectNotFoundError``, ...) stay in ``storage.errors``; ``RecoveryRefusedError`` is one
+of them, since stored objects cause it.
+
+A task on Spark that raises one of these reaches the driver as the same type with the
+same message (``operators.spark.task_errors``).
 """
 from __future__ import annotations
 
-from storage.errors import CorruptionError
+from storage.errors import CorruptionError, DkvstreamError
+
+__all__ = ["DkvstreamError", "InvalidJobError", "JobFailedError", "JobFencedError", "RecoveryRefusedError",
+           "StateTypeError", "BadInputError", "TooManyDeadLettersError", "OperatorError",
+           "SourceFileChangedError", "InsertConflictError", "SnapshotVacuumedError", "KafkaIOError",
+           "JavaNotFoundError"]
 
 
-class InvalidJobError(ValueError):
+class InvalidJobError(DkvstreamError, ValueError):
     """Raised when a job definition is inconsistent; the message names the job and field."""
 
 
-class JobFailedError(RuntimeError):
-    """Raised when an epoch fails; the previous checkpoint stays the newest."""
+class JobFailedError(DkvstreamError, RuntimeError):
+    """Raised when an epoch fails; the previous checkpoint stays the newest. Raised from
+    the task's error when there is one (``__cause__``), whose ``retryable`` it takes."""
 
 
 class JobFencedError(JobFailedError):
@@ -28,13 +42,13 @@ class RecoveryRefusedError(CorruptionError):
     """
 
 
-class StateTypeError(TypeError):
+class StateTypeError(DkvstreamError, TypeError):
     """Raised when an operator stores a value (or map key) its state's codec cannot
     encode; names the operator, the state id, the codec, the expected type and the value
     (``operators.api.state``)."""
 
 
-class BadInputError(ValueError):
+class BadInputError(DkvstreamError, ValueError):
     """Raised with ``tolerance="none"`` on the first bad row; names partition, offset, reason."""
 
 
@@ -49,21 +63,29 @@ class OperatorError(JobFailedError):
     and event time (``operators.runtime.operator_errors``)."""
 
 
-class SourceFileChangedError(RuntimeError):
+class SourceFileChangedError(DkvstreamError, RuntimeError):
     """Raised when a file a file source logged has since changed or vanished, so its
     offsets can no longer be read as they were logged; names the file, what was logged
     and what is there now (``operators.io.files``)."""
 
 
-class InsertConflictError(RuntimeError):
+class InsertConflictError(DkvstreamError, RuntimeError):
     """Raised when an insert names a primary key the table (or the same epoch) already holds."""
 
 
-class SnapshotVacuumedError(LookupError):
+class SnapshotVacuumedError(DkvstreamError, LookupError):
     """Raised when time travel asks for a table version whose data files a VACUUM may
     have deleted (superseded before the vacuum's retention window)."""
 
 
-class KafkaIOError(RuntimeError):
+class KafkaIOError(DkvstreamError, RuntimeError):
     """Raised when a Kafka broker fails or does not answer in time a source's read or a
     sink's publish; names the topic, partition and offsets (``operators.io.kafka``)."""
+
+    retryable = True
+
+
+class JavaNotFoundError(DkvstreamError, RuntimeError):
+    """Raised before Spark starts when it could not: no ``java`` on ``PATH``, or
+    ``JAVA_HOME`` naming a directory without ``bin/java``; says how to install Java
+    (``operators.spark.session.get_spark``)."""

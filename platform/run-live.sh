@@ -104,7 +104,7 @@ echo "topic: flights, 3 partitions (EWR, JFK, LGA)"
 
 export DKVSTREAM_KAFKA_BOOTSTRAP="$bootstrap" DKVSTREAM_FLIGHTS_TOPIC=flights
 export SPARK_CONF_DIR="$root/platform/conf" PYSPARK_PYTHON="$py"
-"$py" -m operators.tools.run_job --job "$job_spec" --store "$store" --continuous --drain-on-stop --json \
+"$py" -m operators.tools.run_job --job "$job_spec" --store "$store" --create-store --continuous --drain-on-stop --json \
   >"$run_dir/job.out" 2>"$run_dir/job.err" &
 job_pid=$!
 echo "job: flights_live (pid $job_pid), store $store; starting Spark"

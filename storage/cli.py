@@ -1,24 +1,36 @@
 """What the command-line tools share: exit statuses, one-line errors, bytes on a command line.
 
-The tools (``storage.dkv.dump``, ``storage.log.dump``, ``storage.log.console``,
-``operators.tools.state_reader``) exit with:
+Every ``python -m`` tool (``operators.tools.run_job``, ``operators.tools.state_reader``,
+``storage.dkv.dump``, ``storage.log.dump``, ``storage.log.console``) runs its command
+through ``run_command`` and exits with:
 
 * 0: done;
-* 1: a stored file is damaged or missing (``StorageError``, ``OSError``; the message
-  names the file and offset), or a ``verify`` found damage;
-* 2: a usage mistake (argparse's own status for a bad option, too).
+* 1: the command line was right but something else failed: a ``DkvstreamError`` (a
+  stored file damaged or missing, an epoch that failed, no Java, S3 credentials missing
+  or refused; the message says which and what to do) or an ``OSError``; or a
+  ``verify`` found damage;
+* 2: a usage mistake, something to change on the command line (``UsageError``, and
+  what each tool names besides: an unknown epoch, state id or ``--store``; argparse's
+  own status for a bad option, too).
 
-An error is one line on standard error, ``error: <message>``, never a traceback.
+Either error is one line on standard error, ``error: <message>`` (``error: <Type>:
+<message>`` for a ``DkvstreamError``, whose type the docs' error tables list), never a
+traceback. Any other exception is a bug: it is not caught, so its traceback is printed.
 """
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
 
-from storage.errors import StorageError
+from storage.errors import DkvstreamError
 
 USAGE = 2
-DAMAGE = 1
+FAILED = 1
+
+
+class UsageError(DkvstreamError, ValueError):
+    """Raised when a tool is given something that cannot work; the message says what to
+    change on the command line (exit status 2)."""
 
 
 def run_command(command: Callable[[], int | None],
@@ -27,21 +39,31 @@ def run_command(command: Callable[[], int | None],
 
     Args:
         command: the command; returns its exit status (None: 0).
-        usage_errors: what a usage mistake raises (exit 2). Checked before
-            ``StorageError``/``OSError``, so a subclass of those can be a usage error.
+        usage_errors: what else a usage mistake raises (exit 2), besides ``UsageError``.
+            Checked before ``DkvstreamError``/``OSError``, so a subclass of those can be
+            a usage error.
 
     Returns:
         The exit status.
     """
     try:
         return command() or 0
-    except usage_errors as e:
-        # A KeyError's str() is the repr of its message: print the message itself.
-        print(f"error: {e.args[0] if isinstance(e, KeyError) and e.args else e}", file=sys.stderr)
+    except (UsageError, *usage_errors) as e:
+        print(f"error: {_message(e)}", file=sys.stderr)
         return USAGE
-    except (StorageError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return DAMAGE
+    except DkvstreamError as e:
+        print(f"error: {type(e).__name__}: {_message(e)}", file=sys.stderr)
+        return FAILED
+    except OSError as e:
+        print(f"error: {_message(e)}", file=sys.stderr)
+        return FAILED
+
+
+def _message(e: BaseException) -> str:
+    """``e``'s message on one line (a KeyError's str() is the repr of its message: the
+    message itself)."""
+    text = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+    return " ".join(text.split())
 
 
 def render_bytes(data: bytes | None, hex: bool = False) -> str | None:

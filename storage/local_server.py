@@ -26,11 +26,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
+from storage.errors import DkvstreamError
+
 LOOPBACK = "127.0.0.1"
 S = TypeVar("S", bound="LocalServer")  # typing.Self needs Python 3.11
 
 
-class LocalServerError(RuntimeError):
+class LocalServerError(DkvstreamError, RuntimeError):
     """Raised when a local server cannot be found, started or reached."""
 
 

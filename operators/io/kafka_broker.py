@@ -25,6 +25,7 @@ from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
+from storage.cli import run_command
 from storage.local_server import LOOPBACK, LocalServer, LocalServerError, free_ports, recorded, stop_recorded
 
 
@@ -161,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="pid and log directory (default .dkvstream-kafka)")
     parser.add_argument("--port", type=int, default=None, help="listener port (default: a free one)")
     args = parser.parse_args(argv)
-    return {"start": _cmd_start, "stop": _cmd_stop, "status": _cmd_status}[args.action](args)
+    command = {"start": _cmd_start, "stop": _cmd_stop, "status": _cmd_status}[args.action]
+    return run_command(lambda: command(args), ())  # one line, exit 1, for a server that did not start
 
 
 if __name__ == "__main__":

@@ -98,6 +98,7 @@ from operators.runtime.open_state import OpenState
 from operators.runtime.recovery import VERIFY_MODES, restart_checkpoint, restore_source
 from operators.runtime.splits import ReadContext, Split, SplitSummary, stage_input_schema
 from operators.runtime.task import TaskResult, TaskSpec, forwarded_schema
+from operators.spark.task_errors import task_error
 from storage.dkv import DKVOptions
 from storage.errors import ObjectExistsError
 from storage.faults import fault_point
@@ -511,11 +512,11 @@ class JobRunner:
         except Exception as e:
             if self.spark is None:  # in process: the source's own error, as raised
                 raise
-            root = _root_message(e)
-            if "BadInputError" in str(e):
-                raise BadInputError(root.split("BadInputError: ", 1)[-1]) from e
+            cause = task_error(e)
+            if cause is not None:  # a task's DkvstreamError: the same as in process
+                raise cause from e
             raise JobFailedError(f"job {self.job.name}: epoch {epoch} failed reading source "
-                                 f"{self.job.source.name}: {root}") from e
+                                 f"{self.job.source.name}: {_root_message(e)}") from e
 
     def _event_time_inputs(self, ckpt: JobCheckpoint, plan: live.EpochPlan,
                            drain: bool = False) -> live.EventTimeInputs:
@@ -667,7 +668,7 @@ class JobRunner:
                 results, screened = self._exchange.run_operator(
                     op, specs, input_schema, self.job.sinks if last else None, first)
             except Exception as e:
-                raise self._stage_error(op.name, ckpt.epoch, epoch, e) from e
+                raise self._stage_error(op.name, ckpt.epoch, epoch, e) from (task_error(e) or e)
             if i == 0:
                 self._screened = screened
                 if event_time is None:
@@ -681,7 +682,10 @@ class JobRunner:
                      e: Exception) -> JobFailedError | BadInputError:
         """The error to raise for a failed stage: fenced if another driver committed
         ``epoch`` meanwhile, a read task's ``BadInputError`` (the read stage runs with the
-        first operator's when the job does not align), else a job failure."""
+        first operator's when the job does not align), an ``OperatorError``, else a job
+        failure whose ``retryable`` is the task error's. A task's ``DkvstreamError``
+        keeps its type across Spark (``operators.spark.task_errors``); the caller raises
+        the result from it."""
         newest = self._newest_epoch_elsewhere()
         if newest is not None and newest >= epoch:
             # A driver this far behind finds the files of its start checkpoint
@@ -690,14 +694,16 @@ class JobRunner:
                 f"job {self.job.name}: epoch {epoch} was committed by another driver (the newest "
                 f"checkpoint is {self.store.uri(checkpoint_key(self.job.prefix, newest))}) while "
                 f"this driver ran it from epoch {start_epoch}, and its tasks failed "
-                f"({_root_message(e)}); this driver stops without publishing. Run one driver per job.")
-        if self.spark is not None and "BadInputError" in str(e):  # a read task's, run with this stage
-            return BadInputError(_root_message(e).split("BadInputError: ", 1)[-1])
-        if isinstance(e, OperatorError) or "OperatorError: " in str(e):  # on Spark: the worker's, as text
-            return OperatorError(f"job {self.job.name}: epoch {epoch} failed in operator {operator}: "
-                                 f"{_root_message(e).split('OperatorError: ', 1)[-1]}")
-        return JobFailedError(f"job {self.job.name}: epoch {epoch} failed in operator {operator}: "
-                              f"{_root_message(e)}")
+                f"({_task_message(e)}); this driver stops without publishing. Run one driver per job.")
+        cause = task_error(e)
+        if isinstance(cause, BadInputError):
+            return cause
+        failed = f"job {self.job.name}: epoch {epoch} failed in operator {operator}: "
+        if isinstance(cause, OperatorError):
+            return OperatorError(failed + str(cause))
+        error = JobFailedError(failed + _task_message(e))
+        error.retryable = cause is not None and cause.retryable
+        return error
 
     def _stage_dead_letters(self) -> dict[str, list[str]]:
         """Step 4: the epoch's bad input rows, staged by the dead-letter task, with the
@@ -816,8 +822,17 @@ class JobRunner:
         core), so what ``fn`` reads and writes never passes through the driver."""
         if self.spark is None or not items:
             return [fn(item) for item in items]
+        from operators.spark.stage import map_items
+
         sc = self.spark.sparkContext
-        return sc.parallelize(items, min(len(items), max(1, sc.defaultParallelism))).map(fn).collect()
+        tasks = sc.parallelize(items, min(len(items), max(1, sc.defaultParallelism)))
+        try:
+            return tasks.mapPartitions(functools.partial(map_items, fn)).collect()
+        except Exception as e:
+            cause = task_error(e)
+            if cause is not None:  # the task's own error, as in process
+                raise cause from e
+            raise
 
     def _apply_retention(self) -> None:
         """Step 9: keeps the newest ``retain_checkpoints`` checkpoints, frees the rest.
@@ -869,6 +884,13 @@ def _staged_outputs(last_results: list[TaskResult]) -> tuple[dict[str, list[str]
             outputs.setdefault(name, []).append(key)
         checksums.update(res.staged_checksums)
     return outputs, checksums
+
+
+def _task_message(e: BaseException) -> str:
+    """``Type: message`` of the ``DkvstreamError`` a task raised (the same in process
+    and across Spark), else the last Python error line of the failure's text."""
+    cause = task_error(e)
+    return f"{type(cause).__name__}: {cause}" if cause is not None else _root_message(e)
 
 
 def _root_message(e: BaseException) -> str:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import subprocess
 import sys
 
@@ -111,6 +112,9 @@ def get_spark(conf: dict[str, str] | None = None):
 
     Returns:
         ``pyspark.sql.SparkSession``.
+
+    Raises:
+        JavaNotFoundError: no Java to start Spark's JVM with (``check_java``).
     """
     ensure_python_workers_use_this_interpreter()
     from pyspark.sql import SparkSession
@@ -134,12 +138,49 @@ def describe_session(spark) -> str:
     return f"Spark up: master {sc.master}, application {sc.applicationId}, {ui}"
 
 
+INSTALL_JAVA = ("install Java 17 or newer: `bash platform/install-java.sh` (Debian/Ubuntu), or "
+                "`sudo apt-get install openjdk-17-jre-headless`; `run_job --in-process` runs without Spark")
+
+
+def check_java(environ: dict[str, str] | None = None) -> str:
+    """The ``java`` Spark's launcher will run (``spark-class``: ``$JAVA_HOME/bin/java``
+    when ``JAVA_HOME`` is set, else ``java`` on ``PATH``), checked before PySpark starts
+    it, whose own error is only "Java gateway process exited before sending its port
+    number".
+
+    Args:
+        environ: the environment (default ``os.environ``).
+
+    Returns:
+        The path of the ``java`` executable.
+
+    Raises:
+        JavaNotFoundError: ``JAVA_HOME`` has no ``bin/java``, or no ``java`` on ``PATH``;
+            the message says how to install it.
+    """
+    from operators.errors import JavaNotFoundError
+
+    environ = os.environ if environ is None else environ
+    home = environ.get("JAVA_HOME")
+    if home:
+        java = os.path.join(home, "bin", "java")
+        if not (os.path.isfile(java) and os.access(java, os.X_OK)):
+            raise JavaNotFoundError(f"Spark cannot start: JAVA_HOME={home} has no bin/java; point JAVA_HOME "
+                                    f"at a Java installation, unset it to use `java` on PATH, or {INSTALL_JAVA}")
+        return java
+    java = shutil.which("java", path=environ.get("PATH", os.defpath))
+    if java is None:
+        raise JavaNotFoundError(f"Spark cannot start: no `java` on PATH and JAVA_HOME is not set; {INSTALL_JAVA}")
+    return java
+
+
 def _launch_jvm(conf: dict[str, str]) -> None:
     """Starts the process's Py4J gateway JVM, as PySpark would on the first SparkContext
     (same ``spark-submit`` command, same ``--conf`` settings), but in a new session
     (``setsid``): signals sent to this process's group do not kill it under the driver.
-    Does nothing when the gateway already exists (a session started or stopped earlier,
-    or ``spark-submit`` running this process: ``PYSPARK_GATEWAY_PORT``)."""
+    Checks for Java first (``check_java``). Does nothing when the gateway already exists
+    (a session started or stopped earlier, or ``spark-submit`` running this process:
+    ``PYSPARK_GATEWAY_PORT``)."""
     from pyspark import SparkConf, SparkContext
     from pyspark.java_gateway import launch_gateway
 
@@ -147,6 +188,7 @@ def _launch_jvm(conf: dict[str, str]) -> None:
     # SparkContext adopts a gateway already set here (SparkContext._ensure_initialized).
     with SparkContext._lock:
         if SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
+            check_java()
             gateway = launch_gateway(SparkConf().setAll(conf.items()),
                                      popen_kwargs={"start_new_session": True})
             SparkContext._gateway = gateway

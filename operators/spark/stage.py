@@ -26,6 +26,9 @@
   to the driver. Whatever a task sends the driver is pickled by the task, so the driver
   counts the bytes (``bytes_received``, the checkpoint's ``driver_bytes_received``).
 
+A ``DkvstreamError`` a task raises reaches the driver with its type
+(``operators.spark.task_errors``; the task bodies here are wrapped in ``carry_errors``).
+
 Task retries and speculation stay safe: a task writes only under names unique to its
 attempt (``task.run_task``), and the shuffle registers one map output per partition, so
 the results the driver collects and the events the next stage reads come from the same
@@ -41,7 +44,7 @@ from __future__ import annotations
 
 import functools
 import pickle
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import pyarrow as pa
 
@@ -52,6 +55,7 @@ from operators.runtime.exchange import DeadLetterResult, Exchange, FirstStage, r
 from operators.runtime.open_state import OpenState
 from operators.runtime.splits import ReadContext, Split, SplitSummary, read_split
 from operators.runtime.task import TaskResult, TaskSpec
+from operators.spark.task_errors import carry_errors
 from storage.dkv import DKVOptions
 from storage.objectstore import ObjectStore
 
@@ -155,12 +159,20 @@ class SparkExchange(Exchange):
         return results, (dead_results[0] if dead_results else None)
 
 
+@carry_errors
+def map_items(fn: Callable, items: Iterable) -> Iterator:
+    """A task applying ``fn`` to each of its items (``JobRunner._map_in_tasks``)."""
+    for item in items:
+        yield fn(item)
+
+
 # Per Spark Python worker process (workers are reused, spark.python.worker.reuse): the
 # object stores of the tasks it ran, by root URI, and the ranges' open DKV instances.
 _STORES: dict[str, ObjectStore] = {}
 _OPEN_STATE = OpenState()
 
 
+@carry_errors
 def _read_splits(source: Source, ctx: ReadContext, splits: Iterable[Split]) -> Iterator[tuple[int, object]]:
     """A read task: each of its splits."""
     p = ctx.parallelism
@@ -178,6 +190,7 @@ def _read_splits(source: Source, ctx: ReadContext, splits: Iterable[Split]) -> I
                 yield r, (SUMMARY, summary)
 
 
+@carry_errors
 def _run_partition(operator: Operator, specs: list[TaskSpec], input_schema: pa.Schema, store: ObjectStore,
                    sinks: dict[str, Sink] | None, dkv_options: DKVOptions | None, first: FirstStage | None,
                    next_parallelism: int | None, index: int,

@@ -16,11 +16,10 @@ Prints one readable line per step to stdout: ``starting Spark (10-40 s)...``, th
 one line per committed epoch (``operators.runtime.progress.epoch_line``): for a bounded
 source ``epoch 3 of ~7 (43%, ~8 s left): 100,002 events in 2.1 s (47,620 events/s),
 watermark 2013-05-02 14:05:00 UTC, offsets EWR=... JFK=... LGA=...``; for a live source
-the arrival rate and the lag per partition instead of the total. An epoch that fails on
-its input or its operator (``TooManyDeadLettersError``, ``OperatorError``,
-``BadInputError``: a user's error whose message says what to do) prints the message on
-stderr and exits 1; nothing of that epoch is committed. Other errors are raised (a
-traceback).
+the arrival rate and the lag per partition instead of the total. An epoch that fails with
+a ``DkvstreamError`` (``TooManyDeadLettersError``, ``OperatorError``, ``BadInputError``:
+a user's error whose message says what to do; ``JobFailedError``, ``S3CredentialsError``
+...) prints its message on stderr (below) and exits 1; nothing of that epoch is committed.
 
 ``--json`` prints one JSON object per line instead, for scripts: ``{"event": "started",
 "app_id", "ui", "master"}`` once the Spark session is up, then ``{"event": "committed",
@@ -33,6 +32,20 @@ request counts, ``{"driver": {...}, "tasks": {...}}``; ``watermark``: ms;
 processing rates, lag, end-to-end latency and watermark delay, ``EpochResult.live``),
 ``{"event": "failed", "error"}`` for an epoch that failed as above (the message is on
 stderr too) and ``{"event": "stopped", "epoch", "drained"}`` (below).
+
+Errors and exit statuses are those of every ``python -m`` tool (``storage.cli``): one
+line on stderr; 2 for a mistake on the command line (a ``--job`` that cannot be loaded,
+an invalid job, a ``--store`` that does not exist), ``error: <message>``; 1 when the run
+failed otherwise (a failed epoch, no Java for Spark, S3 credentials missing),
+``error: <Type>: <message>``; other exceptions are bugs and print their traceback.
+
+Where the job starts: from the newest checkpoint of the job in ``--store``, else from the
+beginning of its source. A ``--store`` given as a local directory must exist, so that a
+misspelled path is an error ("no store at ...") rather than a new job started from the
+beginning: ``--create-store`` creates it (the first run in a new directory). The default
+store, ``.dkvstream``, is created when missing. An ``s3://`` store is a key prefix, which
+exists as soon as anything is written under it: there the first ``committed`` line tells
+a new job (epoch 1) from a continued one.
 
 ``--dkv FIELD=VALUE`` (repeatable) sets a ``storage.dkv.DKVOptions`` field of every
 task's state, e.g. ``--dkv wal_flush_bytes=1048576``.
@@ -60,12 +73,16 @@ import os
 import signal
 import sys
 
-from operators.errors import BadInputError, OperatorError, TooManyDeadLettersError
+from operators.errors import DkvstreamError, InvalidJobError
 from operators.runtime.checkpoints import read_checkpoint
 from operators.runtime.driver import EpochResult, JobRunner
 from operators.runtime.progress import ProgressTracker, epoch_line
 from operators.tools.state_reader import load_job
+from storage.cli import UsageError, run_command
 from storage.dkv import DKVOptions
+from storage.objectstore import open_existing_store
+
+DEFAULT_STORE = ".dkvstream"
 
 
 def _print(record: dict) -> None:
@@ -79,15 +96,20 @@ def _say(line: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run epochs (see module docstring); returns 0 once the epochs asked for committed,
     or, with ``--continuous``, after a clean stop on SIGTERM/SIGINT; 1 when an epoch
-    failed on its input or operator (module docstring; the previous checkpoint stays the
-    newest).
+    failed (the previous checkpoint stays the newest) or Spark could not start; 2 for a
+    usage mistake (module docstring)."""
+    return run_command(lambda: _run(argv), (InvalidJobError,))
 
-    Raises:
-        JobFailedError: an epoch failed otherwise (the previous checkpoint stays the newest).
-    """
+
+def _run(argv: list[str] | None) -> int:
+    """``main``'s command; raises what ``storage.cli.run_command`` maps to an exit status."""
     p = argparse.ArgumentParser(prog="python -m operators.tools.run_job", description="Run a job's epochs.")
     p.add_argument("--job", required=True, help="module:attribute of a Job or a function returning one")
-    p.add_argument("--store", default=".dkvstream", help="object-store root: a path or s3://bucket/prefix")
+    p.add_argument("--store", help=f"object-store root: a path or s3://bucket/prefix (default {DEFAULT_STORE}); "
+                                   "a local one must exist, see --create-store")
+    p.add_argument("--create-store", action="store_true",
+                   help="create the --store directory if it does not exist (without it, a --store that does "
+                        "not exist is refused, so a misspelled path does not start a new job)")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--master", help="Spark master, e.g. spark://127.0.0.1:7077 "
                                         "(default: DKVSTREAM_SPARK_MASTER, else local[2])")
@@ -120,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                if v is not None}
     job = dataclasses.replace(job, **changes)
     job.validate()
+    store = _store_uri(a.store, a.create_store, job.name)
 
     spark = None
     try:
@@ -133,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                 _say("starting Spark (10-40 s)...")
             spark = get_spark(conf)
             _print_started(spark, a.json)
-        with JobRunner(job, spark, a.store, retain_checkpoints=a.retain_checkpoints or None,
+        with JobRunner(job, spark, store, retain_checkpoints=a.retain_checkpoints or None,
                        dkv_options=dkv_options) as runner:
             if stop is not None:
                 stop.attach(runner)
@@ -144,13 +167,12 @@ def main(argv: list[str] | None = None) -> int:
                         _print_committed(runner, result, job.parallelism)
                     else:
                         _say(epoch_line(result, progress.update(result)))
-            except (TooManyDeadLettersError, OperatorError, BadInputError) as e:
-                # The user's error (a schema that does not match the input, an operator that
-                # raises): its message says what and what to do; a traceback would bury it.
+            except DkvstreamError as e:
+                # Often the user's error (a schema that does not match the input, an operator
+                # that raises): its message says what and what to do; run_command prints it.
                 if a.json:
                     _print({"event": "failed", "error": str(e)})
-                print(f"run_job: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-                return 1
+                raise
             if a.continuous:
                 newest = runner.latest()
                 epoch, drained = newest.epoch if newest else 0, bool(newest and newest.metrics.get("drained"))
@@ -176,6 +198,27 @@ def _print_started(spark, as_json: bool) -> None:
         _print({"event": "started", "app_id": sc.applicationId, "ui": sc.uiWebUrl, "master": sc.master})
     else:
         _say(describe_session(spark))
+
+
+def _store_uri(given: str | None, create: bool, job_name: str) -> str:
+    """The store to run in: ``given``, which must exist unless ``create`` (module
+    docstring), else ``DEFAULT_STORE``.
+
+    Raises:
+        UsageError: ``given`` is a local directory that does not exist, without
+            ``create``; or its scheme is unknown.
+    """
+    if given is None:
+        return DEFAULT_STORE
+    if not create:
+        try:
+            open_existing_store(given)
+        except FileNotFoundError:
+            raise UsageError(f"no store at {given}: no such directory (check --store; to start job "
+                             f"{job_name} in a new store there, pass --create-store)") from None
+        except ValueError as e:  # an unknown scheme
+            raise UsageError(f"--store {given}: {e}") from None
+    return given
 
 
 def _print_committed(runner: JobRunner, result: EpochResult, parallelism: int) -> None:

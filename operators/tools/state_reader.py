@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib
+import inspect
 import json
 import sys
 from collections.abc import Iterator
@@ -53,7 +54,7 @@ from operators.api.state import (
 from operators.runtime.checkpoints import JobCheckpoint, list_epochs, read_checkpoint
 from operators.runtime.recovery import check_checkpoint
 from operators.runtime.timers import decode_timer_key
-from storage.cli import parse_bytes, render_bytes, run_command
+from storage.cli import UsageError, parse_bytes, render_bytes, run_command
 from storage.dkv import DKV
 from storage.errors import ObjectNotFoundError
 from storage.objectstore import ObjectStore
@@ -265,25 +266,42 @@ def load_job(spec: str) -> Job:
     """``module:attribute`` naming a Job or a function returning one.
 
     Raises:
-        ValueError: ``spec`` is not ``module:attribute``, the module cannot be imported,
-            it has no such attribute, or the attribute is not a Job (the message says which).
+        UsageError: (a ``ValueError``) ``spec`` is not ``module:attribute``, the module
+            cannot be imported, it has no such attribute, the attribute is a function that
+            needs arguments, or not a Job (the message says which).
     """
     module, _, attr = spec.partition(":")
     if not module or not attr:
-        raise ValueError(f"--job {spec!r}: give module:attribute, e.g. examples.flights:flights_job")
+        raise UsageError(f"--job {spec!r}: give module:attribute, e.g. examples.flights:flights_job")
     try:
         mod = importlib.import_module(module)
     except ImportError as e:
-        raise ValueError(f"--job {spec!r}: cannot import {module!r} ({e})") from e
+        raise UsageError(f"--job {spec!r}: cannot import {module!r} ({e})") from e
     if not hasattr(mod, attr):
         jobs = sorted(n for n, v in vars(mod).items() if isinstance(v, Job)
                       or ("job" in n.lower() and callable(v) and not isinstance(v, type)))
-        raise ValueError(f"--job {spec!r}: module {module!r} has no attribute {attr!r} (jobs: {jobs})")
+        raise UsageError(f"--job {spec!r}: module {module!r} has no attribute {attr!r} (jobs: {jobs})")
     obj = getattr(mod, attr)
-    job = obj() if callable(obj) and not isinstance(obj, Job) else obj
+    if callable(obj) and not isinstance(obj, Job):
+        required = _required_parameters(obj)
+        if required:
+            raise UsageError(f"--job {spec!r} takes arguments {required}: name a Job, or a function "
+                             f"returning one that needs none")
+        obj = obj()
+    job = obj
     if not isinstance(job, Job):
-        raise ValueError(f"--job {spec!r} is a {type(job).__name__}, not a Job or a function returning one")
+        raise UsageError(f"--job {spec!r} is a {type(job).__name__}, not a Job or a function returning one")
     return job
+
+
+def _required_parameters(fn) -> list[str]:
+    """Names of ``fn``'s parameters without a default ([] when Python cannot tell)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.default is p.empty
+            and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
 def _json_value(value):

@@ -55,7 +55,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import TextIO
 
-from storage.cli import render_bytes, run_command
+from storage.cli import UsageError, render_bytes, run_command
 from storage.log.config import COMPACT, DELETE, ProducerConfig, TopicConfig
 from storage.log.consumer import Consumer, all_committed_offsets, committed_offsets
 from storage.log.errors import (
@@ -78,10 +78,6 @@ CONSUMER_PROPERTIES = {
 }
 FLUSH_BYTES = ProducerConfig().max_file_bytes
 GROUP_COLUMNS = ("GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG")
-
-
-class UsageError(ValueError):
-    """Raised when a command is given something that cannot work (exit status 2)."""
 
 
 def open_log(store: str, prefix: str, create: bool = False) -> Log:

@@ -38,3 +38,5 @@ class OffsetOutOfRangeError(LogError, IndexError):
 
 class MetadataConflictError(LogError):
     """Raised when a metadata commit lost the race too many times (retryable)."""
+
+    retryable = True

@@ -38,7 +38,9 @@ Retries: botocore's ``standard`` retry mode (``AWS_RETRY_MODE`` may pick ``adapt
 retries throttling, 5xx and connection errors with exponential backoff and jitter, up
 to ``max_attempts`` attempts (``AWS_MAX_ATTEMPTS``, default 5); errors that retrying
 cannot fix (403, 404, 412, bad request) fail at once. A request that still fails raises
-``S3RequestError`` naming the operation and the object's ``s3://`` URI.
+``S3RequestError`` naming the operation and the object's ``s3://`` URI; missing or
+refused credentials raise ``S3CredentialsError`` (not retryable) saying which settings
+to check.
 
 A store is cheap to reopen from its URI (``open_object_store(store.root_uri)``), which is
 how Spark tasks get theirs: the executors need the same environment variables (on a
@@ -70,10 +72,33 @@ _CONDITIONAL_CONFLICT_CODES = {"ConditionalRequestConflict", "409"}
 _CONDITIONAL_CONFLICT_RETRIES = 5
 
 
+# S3 error codes of credentials that are missing, wrong or not allowed: retrying with
+# the same ones cannot help, the user has to change them.
+_CREDENTIAL_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "ExpiredToken",
+                     "InvalidToken", "TokenRefreshRequired", "403"}
+CREDENTIALS_HINT = ("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary "
+                    "credentials) or AWS_PROFILE in the environment, or pass access_key_id and "
+                    "secret_access_key to S3ObjectStore")
+
+
 class S3RequestError(StorageError):
     """Raised when an S3 request fails for good (after botocore's retries, or at once
     for permanent errors); the message names the operation, the object's URI and the
-    cause (HTTP status and S3 error code, or the connection error)."""
+    cause (HTTP status and S3 error code, or the connection error).
+
+    ``retryable``: True after transient failures (throttling, 5xx, timeouts, connection
+    errors: botocore's retries ran out), False on an instance for other 4xx answers.
+    """
+
+    retryable = True
+
+
+class S3CredentialsError(S3RequestError):
+    """Raised when S3 has no credentials to sign with, or refuses them (HTTP 403:
+    ``InvalidAccessKeyId``, ``SignatureDoesNotMatch``, ``AccessDenied``, an expired
+    token); tried once, never retried; the message says which settings to check."""
+
+    retryable = False
 
 
 _clients: dict[tuple, Any] = {}
@@ -263,7 +288,7 @@ class S3ObjectStore(ObjectStore):
 
     def _call(self, operation: str, key: str, fn, *args, **kwargs):
         """Runs one boto3 call, translating its errors (see ``S3RequestError``)."""
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
 
         try:
             return fn(*args, **kwargs)
@@ -272,10 +297,19 @@ class S3ObjectStore(ObjectStore):
             if code in _NOT_FOUND_CODES:
                 raise ObjectNotFoundError(f"object not found: {self.uri(key) if key else self.root_uri}") from None
             status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            raise S3RequestError(
-                f"S3 {operation} {self.uri(key) if key else self.root_uri + '/'} failed: HTTP {status} {code}: "
-                f"{e.response.get('Error', {}).get('Message', '')} (endpoint {self._endpoint_name()})"
-            ) from e
+            failed = (f"S3 {operation} {self.uri(key) if key else self.root_uri + '/'} failed: HTTP {status} "
+                      f"{code}: {e.response.get('Error', {}).get('Message', '')} (endpoint {self._endpoint_name()})")
+            if code in _CREDENTIAL_CODES or status == 403:
+                raise S3CredentialsError(f"{failed}; the credentials were refused: check them and the "
+                                         f"bucket's permissions ({CREDENTIALS_HINT})") from e
+            error = S3RequestError(failed)
+            # botocore retried 5xx and throttling already; any other answer is final.
+            error.retryable = not isinstance(status, int) or status >= 500 or status == 429
+            raise error from e
+        except (NoCredentialsError, PartialCredentialsError) as e:
+            raise S3CredentialsError(
+                f"S3 {operation} {self.uri(key) if key else self.root_uri + '/'}: no credentials to sign "
+                f"with ({e}); {CREDENTIALS_HINT}") from e
         except BotoCoreError as e:
             attempts = self._client.meta.config.retries.get("total_max_attempts", "?")
             raise S3RequestError(

@@ -36,6 +36,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from storage.cli import run_command
 from storage.local_server import LocalServer, LocalServerError, free_ports, recorded, stop_recorded
 
 DEFAULT_BUCKET = "dkvstream"
@@ -293,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bucket", default=DEFAULT_BUCKET)
     parser.add_argument("--new-ports", action="store_true", help="pick new free ports on start")
     args = parser.parse_args(argv)
-    return {"start": _cmd_start, "stop": _cmd_stop, "status": _cmd_status}[args.action](args)
+    command = {"start": _cmd_start, "stop": _cmd_stop, "status": _cmd_status}[args.action]
+    return run_command(lambda: command(args), ())  # one line, exit 1, for a server that did not start
 
 
 if __name__ == "__main__":

@@ -57,15 +57,15 @@ def strict_dead_letter_job():
 
 def test_run_job_prints_dead_letters_per_epoch(tmp_path, capsys) -> None:
     assert run_job.main(["--job", f"{__name__}:dead_letter_job", "--store", str(tmp_path / "a"),
-                         "--in-process", "--json"]) == 0
+                         "--create-store", "--in-process", "--json"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     got = {r["epoch"]: {k: v for k, v in r["dead_letter"].items() if v or k == "total"} for r in lines}
     assert got == {1: _expected(1), 2: _expected(2)}
 
     assert run_job.main(["--job", f"{__name__}:strict_dead_letter_job", "--store", str(tmp_path / "b"),
-                         "--in-process", "--json"]) == 1
+                         "--create-store", "--in-process", "--json"]) == 1
     out = capsys.readouterr()
     [failed] = [json.loads(line) for line in out.out.splitlines()]
     assert failed["event"] == "failed" and failed["error"].startswith(
         f"job dl: epoch 1 sent {_expected(1)['total']} of its ")
-    assert out.err.startswith("run_job: TooManyDeadLettersError: job dl: epoch 1 sent")
+    assert out.err.startswith("error: TooManyDeadLettersError: job dl: epoch 1 sent") and out.err.count("\n") == 1

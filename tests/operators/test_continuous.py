@@ -192,7 +192,7 @@ def test_run_job_continuous_stops_cleanly_on_sigterm(tmp_path) -> None:
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen(
         [sys.executable, "-m", "operators.tools.run_job", "--job", "tests.operators.live_sources:live_job",
-         "--store", root, "--in-process", "--continuous", "--events-per-epoch", "300", "--json"],
+         "--store", root, "--create-store", "--in-process", "--continuous", "--events-per-epoch", "300", "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
     lines = []
     try:

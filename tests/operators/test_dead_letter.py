@@ -5,6 +5,7 @@ a pandas computation of the operator's output, and the injected list of bad rows
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pandas as pd
@@ -176,6 +177,18 @@ def test_tolerance_none_fails_before_any_stage(tmp_path) -> None:
         runner.run()
     assert runner.latest() is None
     assert not runner.store.list(f"{job.prefix}/state/")  # nothing ran
+
+
+def test_tolerance_none_on_spark_fails_with_the_read_tasks_bad_input_error(spark, tmp_path) -> None:
+    """A read task's ``BadInputError`` reaches the driver as that type, with its message
+    (which bad row comes first depends on which read task fails first)."""
+    runner = JobRunner(_job(tolerance="none"), spark, str(tmp_path / "store"))
+    with pytest.raises(BadInputError) as failed:
+        runner.run()
+    where = re.fullmatch(r"source bad_input partition (p\d) offset (\d+): (\w+) \(dead_letter.tolerance='none'\)",
+                         str(failed.value))
+    assert where and BAD[(where[1], int(where[2]))] == where[3], str(failed.value)
+    assert runner.latest() is None
 
 
 def test_future_bound_is_relative_to_the_wall_clock() -> None:

@@ -146,7 +146,8 @@ def test_run_job_drain_on_stop(tmp_path) -> None:
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen(
         [sys.executable, "-m", "operators.tools.run_job", "--job", "tests.operators.live_sources:live_job",
-         "--store", root, "--in-process", "--continuous", "--drain-on-stop", "--events-per-epoch", "3000", "--json"],
+         "--store", root, "--create-store", "--in-process", "--continuous", "--drain-on-stop",
+         "--events-per-epoch", "3000", "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
     lines = []
     try:

@@ -9,6 +9,7 @@ import pytest
 from examples.flights import flights_job
 from operators.runtime.checkpoints import latest_checkpoint
 from operators.runtime.driver import JobFailedError, JobFencedError, JobRunner
+from storage.errors import ObjectNotFoundError
 
 
 def _runner(root: str) -> JobRunner:
@@ -60,4 +61,7 @@ def test_failed_epoch_nobody_committed_stays_a_job_failure(tmp_path) -> None:
     with pytest.raises(JobFailedError) as err:
         next(runner.epochs())
     assert not isinstance(err.value, JobFencedError)
-    assert "epoch 2 failed in operator route_daily_delays: object not found" in str(err.value)
+    assert ("epoch 2 failed in operator route_daily_delays: ObjectNotFoundError: object not found"
+            in str(err.value))
+    # The task's error is the cause, and says whether running the epoch again may help.
+    assert isinstance(err.value.__cause__, ObjectNotFoundError) and not err.value.retryable

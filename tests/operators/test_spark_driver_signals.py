@@ -58,7 +58,7 @@ def _env(visible: Path) -> dict[str, str]:
 
 
 def _run_job_args(root: str) -> list[str]:
-    return ["--job", "tests.operators.live_sources:live_job", "--store", root, "--master", "local[2]",
+    return ["--job", "tests.operators.live_sources:live_job", "--store", root, "--create-store", "--master", "local[2]",
             "--continuous", "--events-per-epoch", "300", "--json"]
 
 

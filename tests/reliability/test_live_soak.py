@@ -327,7 +327,8 @@ def test_live_soak_driver_and_broker_kills(s3_server, tmp_path) -> None:
         err = tmp_path / f"driver-{k}.stderr"
         proc = subprocess.Popen(
             [str(harness.PYTHON), "-m", "operators.tools.run_job", "--job", "tests.reliability.live_soak_job:job",
-             "--store", store_uri, "--in-process", "--continuous", "--json", "--retain-checkpoints", str(RETAIN),
+             "--store", store_uri, "--create-store", "--in-process", "--continuous", "--json",
+             "--retain-checkpoints", str(RETAIN),
              *(arg for name, value in DKV.items() for arg in ("--dkv", f"{name}={value}"))],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=open(err, "wb"), text=True)  # noqa: SIM115
         d = Driver(proc, k, err)

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from storage.errors import ObjectExistsError, ObjectNotFoundError
 from storage.objectstore import ForwardingObjectStore, ObjectStore, open_object_store
 from storage.objectstore.local import LocalObjectStore
-from storage.objectstore.s3 import S3ObjectStore, S3RequestError
+from storage.objectstore.s3 import S3CredentialsError, S3ObjectStore, S3RequestError
 
 MiB = 1024 * 1024
 
@@ -516,8 +516,26 @@ def test_s3_store_from_dagster_s3_resource(s3_server, s3_store) -> None:
 def test_s3_bad_credentials_fail_at_once_naming_the_uri(s3_server, s3_store) -> None:
     store = S3ObjectStore(s3_server.bucket, s3_store.prefix, endpoint_url=s3_server.endpoint_url,
                           access_key_id="nobody", secret_access_key="wrong")
-    with pytest.raises(S3RequestError, match=rf"s3://{s3_server.bucket}/{s3_store.prefix}/k .*HTTP 403"):
+    with pytest.raises(S3CredentialsError, match=rf"s3://{s3_server.bucket}/{s3_store.prefix}/k .*HTTP 403") as e:
         store.get("k")
+    assert not e.value.retryable and "AWS_ACCESS_KEY_ID" in str(e.value)
+
+
+def test_s3_missing_credentials_fail_before_any_request(monkeypatch, tmp_path) -> None:
+    """No credentials anywhere botocore looks: one error saying what to set, no request
+    sent (so none retried)."""
+    for name in [n for n in os.environ if n.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    # An endpoint no other test uses: the process's clients are shared per configuration.
+    store = S3ObjectStore("bucket", "no-credentials", endpoint_url="http://127.0.0.1:9")
+    with pytest.raises(S3CredentialsError, match=r"s3://bucket/no-credentials/k: no credentials to sign with "
+                                                 r".*set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY") as e:
+        store.get("k")
+    assert not e.value.retryable and isinstance(e.value, S3RequestError)
+    assert store.stats.snapshot()["GET"] == 1  # the one logical request, never sent
 
 
 class FaultProxy:
@@ -600,21 +618,24 @@ def test_s3_transient_errors_are_retried(s3_server, s3_store, fault_proxy) -> No
     # More transient failures than attempts: a clear error naming the object.
     fault_proxy.requests = 0
     fault_proxy.script = [(503, "SlowDown")] * 4
-    with pytest.raises(S3RequestError, match=rf"{store.uri('k')} failed: HTTP 503 SlowDown"):
+    with pytest.raises(S3RequestError, match=rf"{store.uri('k')} failed: HTTP 503 SlowDown") as e:
         store.get("k")
     assert fault_proxy.requests == 4
+    assert e.value.retryable  # later, the server may answer
 
 
 def test_s3_permanent_errors_are_not_retried(s3_server, s3_store, fault_proxy) -> None:
     store = _s3_store_like(s3_server, s3_store.prefix, endpoint_url=fault_proxy.endpoint_url, max_attempts=4)
-    fault_proxy.script = [(403, "AccessDenied")]
-    with pytest.raises(S3RequestError, match=r"HTTP 403 AccessDenied"):
-        store.put("k", b"v")
-    assert fault_proxy.requests == 1
+    for sent, code in enumerate(["AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"], 1):
+        fault_proxy.script = [(403, code)]
+        with pytest.raises(S3CredentialsError, match=rf"HTTP 403 {code}: .*the credentials were refused") as e:
+            store.put("k", b"v")
+        assert fault_proxy.requests == sent and not e.value.retryable
     fault_proxy.script = [(400, "InvalidArgument")]
-    with pytest.raises(S3RequestError, match=r"HTTP 400"):
+    with pytest.raises(S3RequestError, match=r"HTTP 400") as e:
         store.list("")
-    assert fault_proxy.requests == 2
+    assert fault_proxy.requests == 4
+    assert not isinstance(e.value, S3CredentialsError) and not e.value.retryable
 
 
 def test_s3_put_if_absent_whose_answer_was_lost(s3_server, s3_store, fault_proxy) -> None:
