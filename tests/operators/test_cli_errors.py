@@ -48,7 +48,7 @@ def test_run_job_refuses_a_store_that_does_not_exist(tmp_path) -> None:
 
 def test_create_store_starts_a_job_and_a_rerun_continues_it(tmp_path, capsys) -> None:
     store = str(tmp_path / "new")
-    argv = ["--job", JOB, "--store", store, "--in-process", "--max-epochs", "1"]
+    argv = ["--job", JOB, "--store", store, "--in-process", "--max-epochs", "1", "--json"]
     assert run_job.main([*argv, "--create-store"]) == 0
     assert run_job.main(argv) == 0  # the store exists now: no flag needed
     epochs = [json.loads(line)["epoch"] for line in capsys.readouterr().out.splitlines()]
