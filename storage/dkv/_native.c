@@ -1059,7 +1059,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "storage.dkv._native",
+    PyModuleDef_HEAD_INIT, "dkvstream.storage.dkv._native",
     "Compiled inner loops of DKV (Bloom probes, data block decoding, memtable writes).", -1, methods,
 };
 
