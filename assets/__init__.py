@@ -1,5 +1,5 @@
 """Dagster side of dkvstream: jobs as assets, checkpoints as materializations.
 
-``assets.definitions.defs`` is the single ``Definitions`` loaded by ``dagster dev``
-(see workspace.yaml).
+``assets.definitions.dkvstream_definitions`` makes the ``Definitions`` of stream jobs;
+``examples.definitions.defs`` are the demo ones ``dagster dev`` loads (workspace.yaml).
 """

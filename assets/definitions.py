@@ -1,4 +1,8 @@
-"""The single Dagster ``Definitions`` of dkvstream (loaded by ``dagster dev``).
+"""The Dagster ``Definitions`` of stream jobs: ``dkvstream_definitions(*jobs)``.
+
+A project lists its own jobs: ``defs = dkvstream_definitions(my_job)`` in the module its
+``workspace.yaml`` (or ``dagster dev -m``) loads. Nothing here imports the example jobs;
+the repository's demo ``Definitions`` (the flights jobs) are ``examples.definitions``.
 
 Per stream job: its assets (``job_assets``; the ``verified`` check on its checkpoint
 asset runs at the end of each run), an asset job running its epochs, and its
@@ -20,7 +24,6 @@ terminated run's step then stops in the run worker itself (``assets.stream_run``
 stopped stream ends SUCCESS whichever way it was launched (the job, or the asset graph's
 "Materialize").
 """
-import os
 from collections.abc import Callable, Mapping
 
 import pyarrow as pa
@@ -37,10 +40,6 @@ from assets.sensors import (
     make_source_sensor,
     make_table_compaction_sensor,
 )
-from examples.aircraft_rotations import aircraft_job
-from examples.flights import flights_job
-from examples.flights_plot import delay_plot_metadata
-from examples.flights_weather import flights_weather_job
 from operators.api.job import Job
 
 
@@ -101,18 +100,3 @@ def dkvstream_definitions(*jobs: Job, resources: dict | None = None,
         executor=in_process_executor,  # module docstring
     )
 
-
-flights = flights_job(
-    scale=int(os.environ.get("DKVSTREAM_FLIGHTS_SCALE", "1")),
-    events_per_epoch=int(os.environ.get("DKVSTREAM_EVENTS_PER_EPOCH", "50000")),
-)
-aircraft = aircraft_job(
-    scale=int(os.environ.get("DKVSTREAM_FLIGHTS_SCALE", "1")),
-    events_per_epoch=int(os.environ.get("DKVSTREAM_EVENTS_PER_EPOCH", "50000")),
-)
-flights_weather = flights_weather_job(
-    scale=int(os.environ.get("DKVSTREAM_FLIGHTS_SCALE", "1")),
-    events_per_epoch=int(os.environ.get("DKVSTREAM_EVENTS_PER_EPOCH", "50000")),
-)
-defs = dkvstream_definitions(flights, aircraft, flights_weather,
-                             sink_metadata={"route_daily_delays": delay_plot_metadata})

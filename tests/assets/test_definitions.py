@@ -12,7 +12,7 @@ from examples.flights import flights_job
 
 
 def test_definitions_are_loadable() -> None:
-    from assets.definitions import defs
+    from examples.definitions import defs
 
     Definitions.validate_loadable(defs)
     keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
