@@ -12,6 +12,7 @@ install or the checkout) is not visible there: its finder is never run.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -46,8 +47,13 @@ print("imports ok")
 
 
 def build_wheel(out: Path) -> Path:
-    """Builds dkvstream's wheel from the checkout into ``out``."""
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
+    """Builds dkvstream's wheel into ``out``, from a copy of the checkout: pip builds in
+    the source tree, and the checkout's own ``build/`` may hold modules deleted since."""
+    source = out / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "__pycache__", ".dkvstream*", ".dagster_home", ".hypothesis",
+        ".pytest_cache", "*.so", "tests", "bench", "docs"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(source)],
                    check=True, timeout=600)
     (wheel,) = out.glob("dkvstream-*.whl")
     return wheel
