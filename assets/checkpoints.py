@@ -8,7 +8,7 @@ present in every epoch it can be measured in and names its unit (``_s``, ``_ms``
 ``_bytes``, ``_events_per_s``, ``_percent``).
 
 The check ``verified`` (``checkpoint_check_spec``, ``checkpoint_check_result``) is part
-of the asset that runs the epochs (``assets.job_assets``): it runs at the end of every
+of the asset that runs the epochs (``dkvstream.assets.job_assets``): it runs at the end of every
 run, and alone when executed from the UI.
 """
 
@@ -17,18 +17,18 @@ from dataclasses import dataclass
 
 from dagster import AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, AssetKey, MetadataValue
 
-from operators.api.job import Job
-from operators.api.operator import WATERMARK_MAX
-from operators.paths import checkpoint_key
-from operators.runtime.checkpoints import JobCheckpoint, latest_checkpoint, list_epochs
-from operators.runtime.driver import EpochResult
-from operators.runtime.progress import Progress, format_watermark
-from operators.runtime.recovery import check_checkpoint
-from storage.dkv.compaction import size_amplification
-from storage.dkv.manifest import load_manifest
-from storage.dkv.verify import VerifyReport, verify_manifest
-from storage.errors import CorruptionError
-from storage.objectstore import ObjectStore
+from dkvstream.operators.api.job import Job
+from dkvstream.operators.api.operator import WATERMARK_MAX
+from dkvstream.operators.paths import checkpoint_key
+from dkvstream.operators.runtime.checkpoints import JobCheckpoint, latest_checkpoint, list_epochs
+from dkvstream.operators.runtime.driver import EpochResult
+from dkvstream.operators.runtime.progress import Progress, format_watermark
+from dkvstream.operators.runtime.recovery import check_checkpoint
+from dkvstream.storage.dkv.compaction import size_amplification
+from dkvstream.storage.dkv.manifest import load_manifest
+from dkvstream.storage.dkv.verify import VerifyReport, verify_manifest
+from dkvstream.storage.errors import CorruptionError
+from dkvstream.storage.objectstore import ObjectStore
 
 # Metadata keys the compaction sensor reads.
 L0_TABLES_MAX = "l0_tables_max_range"
@@ -53,7 +53,7 @@ class LevelStats:
         tables_per_level / bytes_per_level: tables and bytes (on the bucket) per level.
         l0_tables_max: the most level-0 tables of any one range (compaction is per range).
         size_amplification_max: the highest size amplification of any range
-            (``storage.dkv.compaction.size_amplification``).
+            (``dkvstream.storage.dkv.compaction.size_amplification``).
         ranges: range manifests read.
     """
 
@@ -94,7 +94,7 @@ def checkpoint_metadata(result: EpochResult, stats: LevelStats, progress: Progre
     Args:
         result: the committed epoch.
         stats: its DKV shape (``level_stats``).
-        progress: the run's progress after it (``operators.runtime.progress``): for a
+        progress: the run's progress after it (``dkvstream.operators.runtime.progress``): for a
             bounded source ``epochs_total_estimate``, ``progress_percent`` and
             ``time_left_s`` are added; None: none.
     """
@@ -135,7 +135,7 @@ def checkpoint_metadata(result: EpochResult, stats: LevelStats, progress: Progre
 
 
 def live_metadata(live: dict) -> dict:
-    """An epoch's live metrics (``EpochResult.live``, ``operators.runtime.live.epoch_metrics``)
+    """An epoch's live metrics (``EpochResult.live``, ``dkvstream.operators.runtime.live.epoch_metrics``)
     as Dagster metadata: one number per metric, so the UI plots each across epochs.
 
     Entries (a metric the epoch could not measure, null in ``live``, is left out, so its
@@ -185,7 +185,7 @@ def live_metadata(live: dict) -> dict:
 
 def verify_checkpoint(store: ObjectStore, job_prefix: str, ckpt: JobCheckpoint) -> VerifyReport:
     """Verifies every file checkpoint ``ckpt`` names: each range manifest with its tables
-    and WAL objects (``storage.dkv.verify``) and each staged output file (exists, size).
+    and WAL objects (``dkvstream.storage.dkv.verify``) and each staged output file (exists, size).
 
     Returns:
         The summed ``VerifyReport``; ``errors`` names every missing or corrupt file.
@@ -204,7 +204,7 @@ def verify_checkpoint(store: ObjectStore, job_prefix: str, ckpt: JobCheckpoint) 
 def check_older_checkpoints(store: ObjectStore, job_prefix: str,
                             newest: int) -> dict[int, list[str]]:
     """The retained checkpoints before ``newest`` a restart could fall back to, checked
-    cheaply (``operators.runtime.recovery.check_checkpoint`` in ``"names"`` mode: each
+    cheaply (``dkvstream.operators.runtime.recovery.check_checkpoint`` in ``"names"`` mode: each
     checkpoint and range manifest verifies, each file it names exists at its size).
 
     Returns:

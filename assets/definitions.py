@@ -2,7 +2,7 @@
 
 A project lists its own jobs: ``defs = dkvstream_definitions(my_job)`` in the module its
 ``workspace.yaml`` (or ``dagster dev -m``) loads. Nothing here imports the example jobs;
-the repository's demo ``Definitions`` (the flights jobs) are ``examples.definitions``.
+the repository's demo ``Definitions`` (the flights jobs) are ``dkvstream.examples.definitions``.
 
 Per stream job: its assets (``job_assets``; the ``verified`` check on its checkpoint
 asset runs at the end of each run), an asset job running its epochs, and its
@@ -10,7 +10,7 @@ compaction, cleanup and source sensors.
 Once for all stream jobs: the ``compaction``, ``flush`` and ``cleanup`` jobs.
 
 A stream job runs in one of two modes (``continuous``; default: continuous for a live
-source, short runs for a bounded one, ``assets.job_assets.continuous_by_default``):
+source, short runs for a bounded one, ``dkvstream.assets.job_assets.continuous_by_default``):
 
 * continuous: one long-running run commits an epoch per trigger interval while there is
   input, until it is terminated; its source sensor is off by default (on, it restarts
@@ -20,7 +20,7 @@ source, short runs for a bounded one, ``assets.job_assets.continuous_by_default`
 
 Every run executes in process (``in_process_executor``): the epochs job is a single
 step, so a step process of its own would only cost a second Python start, and a
-terminated run's step then stops in the run worker itself (``assets.stream_run``), so a
+terminated run's step then stops in the run worker itself (``dkvstream.assets.stream_run``), so a
 stopped stream ends SUCCESS whichever way it was launched (the job, or the asset graph's
 "Materialize").
 """
@@ -29,18 +29,18 @@ from collections.abc import Callable, Mapping
 import pyarrow as pa
 from dagster import AssetSelection, Definitions, define_asset_job, in_process_executor
 
-from assets.checkpoints import checkpoint_asset_key
-from assets.job_assets import asset_name, continuous_by_default, job_assets
-from assets.jobs import MAINTENANCE_JOBS
-from assets.resources import default_resources
-from assets.sensors import (
+from dkvstream.assets.checkpoints import checkpoint_asset_key
+from dkvstream.assets.job_assets import asset_name, continuous_by_default, job_assets
+from dkvstream.assets.jobs import MAINTENANCE_JOBS
+from dkvstream.assets.resources import default_resources
+from dkvstream.assets.sensors import (
     STREAM_JOB_TAG,
     make_cleanup_sensor,
     make_compaction_sensor,
     make_source_sensor,
     make_table_compaction_sensor,
 )
-from operators.api.job import Job
+from dkvstream.operators.api.job import Job
 
 
 def stream_job_definitions(job: Job, continuous: bool | None = None,
@@ -77,7 +77,7 @@ def dkvstream_definitions(*jobs: Job, resources: dict | None = None,
 
     Args:
         jobs: stream jobs (names must differ).
-        resources: Dagster resources (default: ``assets.resources.default_resources()``).
+        resources: Dagster resources (default: ``dkvstream.assets.resources.default_resources()``).
         continuous: job name -> mode (module docstring); a job not named runs in its
             default mode (continuous for a live source, short runs for a bounded one).
         sink_metadata: sink name -> more metadata of that sink after each run

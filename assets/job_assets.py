@@ -6,7 +6,7 @@ For a job J with source S and sinks T1..Tn this yields:
 - ``T1..Tn`` (one multi-asset, upstream ``S``): materializing runs the job's epochs.
   A *short run* ends when the source is drained, or, on a live source, when it has
   nothing new; a *continuous run* on a live source keeps committing an epoch per
-  trigger interval until the run is terminated (``assets.stream_run``). Either ends
+  trigger interval until the run is terminated (``dkvstream.assets.stream_run``). Either ends
   early at ``max_epochs``. Each sink is also materialized by every committed epoch that
   published rows to it (metadata ``epoch``, ``rows_published``), and once more when the
   run ends (its rows and a preview). Each committed epoch is logged, as it commits, as a
@@ -15,13 +15,13 @@ For a job J with source S and sinks T1..Tn this yields:
   with metadata: epoch, watermark, source offsets, manifest URI, DKV tables and bytes
   per level, size amplification, keys, events and events/s, lag and latency, and for a
   bounded source the progress (epochs of the total, percent, time left;
-  ``assets.checkpoints``), so the Dagster UI plots them. Its check ``verified``
-  (``assets.checkpoints.checkpoint_check_result``) runs at the end of every run that
+  ``dkvstream.assets.checkpoints``), so the Dagster UI plots them. Its check ``verified``
+  (``dkvstream.assets.checkpoints.checkpoint_check_result``) runs at the end of every run that
   materializes it; executed alone (the UI's "Execute check") it runs no epoch.
 
 The run log has a line per step: Spark starting and its UI's URL
-(``assets.resources.SparkResource``), then one line per committed epoch
-(``operators.runtime.progress.epoch_line``: epochs of the total, percent and time left,
+(``dkvstream.assets.resources.SparkResource``), then one line per committed epoch
+(``dkvstream.operators.runtime.progress.epoch_line``: epochs of the total, percent and time left,
 or lag per partition; events, rates, watermark as a date, offsets).
 """
 import re
@@ -44,20 +44,20 @@ from dagster import (
 )
 from dagster_pyspark import PySparkResource
 
-from assets.checkpoints import (
+from dkvstream.assets.checkpoints import (
     checkpoint_asset_key,
     checkpoint_check_result,
     checkpoint_check_spec,
     checkpoint_metadata,
     level_stats,
 )
-from assets.resources import DKVSettingsResource, ObjectStoreResource
-from assets.stream_run import run_epochs
-from operators.api.job import Job
-from operators.io import dead_letter
-from operators.runtime.checkpoints import read_checkpoint
-from operators.runtime.driver import JobRunner
-from operators.runtime.progress import ProgressTracker, epoch_line
+from dkvstream.assets.resources import DKVSettingsResource, ObjectStoreResource
+from dkvstream.assets.stream_run import run_epochs
+from dkvstream.operators.api.job import Job
+from dkvstream.operators.io import dead_letter
+from dkvstream.operators.runtime.checkpoints import read_checkpoint
+from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.operators.runtime.progress import ProgressTracker, epoch_line
 
 __all__ = ["RunJobConfig", "checkpoint_asset_key", "continuous_by_default", "job_assets", "pool_name"]
 
@@ -109,7 +109,7 @@ def job_assets(job: Job, group_name: str | None = None, continuous: bool | None 
             (None: ``continuous_by_default(job)``).
         sink_metadata: sink name -> a function of the sink's whole table returning more
             metadata for the sink's materialization at the end of a run (e.g. a plot,
-            ``examples.flights_plot.delay_plot_metadata``).
+            ``dkvstream.examples.flights_plot.delay_plot_metadata``).
 
     Returns:
         ``[source asset, multi-asset of the sinks and the checkpoint]``.

@@ -3,15 +3,15 @@
 Every op works on the object store only (no Spark), so it runs while the job runs:
 
 * ``plan_compaction``: plans, per key-group range of the newest checkpoint, what
-  compaction would do (the pure ``storage.dkv.compaction.plan_compaction`` over the
+  compaction would do (the pure ``dkvstream.storage.dkv.compaction.plan_compaction`` over the
   range's manifest); the plan is the op's output and its metadata.
 * ``compact``: runs remote compaction for the newest checkpoint
-  (``operators.runtime.remote_compaction.compact_job``) and publishes the results, which the job
+  (``dkvstream.operators.runtime.remote_compaction.compact_job``) and publishes the results, which the job
   installs at its next epoch.
 * ``flush``: writes a flush request; the job's next epoch flushes every memtable to
-  level-0 SSTables (``operators.runtime.control``).
+  level-0 SSTables (``dkvstream.operators.runtime.control``).
 * ``cleanup``: checkpoint retention and garbage collection, safe while an epoch is in
-  flight (``operators.runtime.cleanup.cleanup_job(..., concurrent=True)``); reports bytes freed.
+  flight (``dkvstream.operators.runtime.cleanup.cleanup_job(..., concurrent=True)``); reports bytes freed.
 
 Jobs: ``compaction`` (``plan_compaction`` then ``compact``), ``memtable_flush``
 (``flush``) and ``garbage_collection`` (``cleanup``). The
@@ -22,17 +22,17 @@ import time
 
 from dagster import Config, MetadataValue, OpExecutionContext, Out, Output, job, op
 
-from assets.resources import DKVSettingsResource, ObjectStoreResource
-from operators import paths
-from operators.io.table_layout import storage_options
-from operators.io.table_maintenance import compact_table, delta_tables, small_files, vacuum_table
-from operators.runtime.checkpoints import latest_checkpoint
-from operators.runtime.cleanup import cleanup_job
-from operators.runtime.control import pending_flush_requests, request_flush
-from operators.runtime.remote_compaction import compact_job
-from storage.dkv.compaction import plan_compaction as plan_range
-from storage.dkv.manifest import load_manifest
-from storage.dkv.remote_compaction import load_result
+from dkvstream.assets.resources import DKVSettingsResource, ObjectStoreResource
+from dkvstream.operators import paths
+from dkvstream.operators.io.table_layout import storage_options
+from dkvstream.operators.io.table_maintenance import compact_table, delta_tables, small_files, vacuum_table
+from dkvstream.operators.runtime.checkpoints import latest_checkpoint
+from dkvstream.operators.runtime.cleanup import cleanup_job
+from dkvstream.operators.runtime.control import pending_flush_requests, request_flush
+from dkvstream.operators.runtime.remote_compaction import compact_job
+from dkvstream.storage.dkv.compaction import plan_compaction as plan_range
+from dkvstream.storage.dkv.manifest import load_manifest
+from dkvstream.storage.dkv.remote_compaction import load_result
 
 
 class StreamJobConfig(Config):

@@ -22,9 +22,9 @@ from dagster_aws.s3 import S3Resource
 from dagster_pyspark import PySparkResource
 from pydantic import Field
 
-from operators.spark.session import describe_session, ensure_python_workers_use_this_interpreter, spark_conf
-from storage.dkv import DKVOptions
-from storage.objectstore import ObjectStore, open_object_store
+from dkvstream.operators.spark.session import describe_session, ensure_python_workers_use_this_interpreter, spark_conf
+from dkvstream.storage.dkv import DKVOptions
+from dkvstream.storage.objectstore import ObjectStore, open_object_store
 
 DEFAULT_STORE_URI = ".dkvstream"
 
@@ -49,7 +49,7 @@ class ObjectStoreResource(ConfigurableResource):
             ValueError: unknown URI scheme.
         """
         if self.s3 is not None and self.root_uri.startswith(("s3://", "s3a://")):
-            from storage.objectstore.s3 import S3ObjectStore, parse_s3_uri
+            from dkvstream.storage.objectstore.s3 import S3ObjectStore, parse_s3_uri
 
             bucket, prefix = parse_s3_uri(self.root_uri)
             return S3ObjectStore.from_s3_resource(self.s3, bucket, prefix)
@@ -125,7 +125,7 @@ class SparkResource(PySparkResource):
     """dagster-pyspark's resource, started on first use and saying so in the run log:
     ``starting Spark on <master> (10-40 s)...``, then the master, the application id and
     the Spark UI's URL (``spark.ui.enabled``: on by default, at a free port,
-    ``operators.spark.session``). A run that does not use Spark (the checkpoint check
+    ``dkvstream.operators.spark.session``). A run that does not use Spark (the checkpoint check
     executed alone) never starts it."""
 
     def setup_for_execution(self, context) -> None:
@@ -142,7 +142,7 @@ class SparkResource(PySparkResource):
 
 
 def spark_resource(conf: dict[str, str] | None = None) -> PySparkResource:
-    """dagster-pyspark's resource with dkvstream's Spark defaults (``operators.spark.session``)
+    """dagster-pyspark's resource with dkvstream's Spark defaults (``dkvstream.operators.spark.session``)
     that logs its start-up (``SparkResource``)."""
     ensure_python_workers_use_this_interpreter()
     return SparkResource(spark_config=spark_conf(conf))

@@ -20,7 +20,7 @@
   progress (cursor: the end offsets, the newest checkpoint's identity and the job's
   newest checkpoint event it last started a run for). Before it asks the source for new
   input it checks the source against the newest checkpoint, as a restart does
-  (``operators.runtime.recovery.restore_source``): a file source whose log lost objects
+  (``dkvstream.operators.runtime.recovery.restore_source``): a file source whose log lost objects
   fails the tick with ``RecoveryRefusedError`` instead of logging files under offsets
   the checkpoint says were read. On by default for a live source
   whose job runs in short runs (each run processes the new input and ends); off by
@@ -56,24 +56,24 @@ from dagster import (
     sensor,
 )
 
-from assets.checkpoints import L0_TABLES_MAX, SIZE_AMP_MAX, checkpoint_asset_key
-from assets.jobs import (
+from dkvstream.assets.checkpoints import L0_TABLES_MAX, SIZE_AMP_MAX, checkpoint_asset_key
+from dkvstream.assets.jobs import (
     TableCompactionConfig,
     cleanup_job_def,
     compaction,
     op_config,
     table_compaction_job,
 )
-from assets.resources import DKVSettingsResource, ObjectStoreResource
-from operators.api.job import Job
-from operators.io.table_layout import storage_options
-from operators.io.table_maintenance import small_files
-from operators.io.table_sink import TableSink
-from operators.paths import checkpoint_key
-from operators.runtime.checkpoints import JobCheckpoint, list_epochs
-from operators.runtime.recovery import restore_source
-from storage.errors import ObjectNotFoundError
-from storage.objectstore import ObjectStore
+from dkvstream.assets.resources import DKVSettingsResource, ObjectStoreResource
+from dkvstream.operators.api.job import Job
+from dkvstream.operators.io.table_layout import storage_options
+from dkvstream.operators.io.table_maintenance import small_files
+from dkvstream.operators.io.table_sink import TableSink
+from dkvstream.operators.paths import checkpoint_key
+from dkvstream.operators.runtime.checkpoints import JobCheckpoint, list_epochs
+from dkvstream.operators.runtime.recovery import restore_source
+from dkvstream.storage.errors import ObjectNotFoundError
+from dkvstream.storage.objectstore import ObjectStore
 
 IN_PROGRESS = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
                DagsterRunStatus.STARTED]

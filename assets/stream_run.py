@@ -17,18 +17,18 @@ bytecode: it either commits whole or is never started.
   flight finishes its commit, publish and retention, a run waiting for input or for its
   trigger returns without starting one, and ``run_epochs`` returns normally once every
   committed epoch was reported.
-* a second signal does not wait (as ``operators.tools.run_job --continuous`` and Spark's
+* a second signal does not wait (as ``dkvstream.operators.tools.run_job --continuous`` and Spark's
   and Flink's command lines): it raises ``DagsterExecutionInterruptedError`` on the
   step's thread and the epoch in flight is abandoned to the process's exit, which is a
   driver crash, safe as below. For an epoch that hangs (a stuck Spark task).
 
 This is Flink's stop-with-savepoint rather than its cancel: the run ends at a
 checkpoint, nothing is left half done, and the step succeeds (under the in-process
-executor the run then ends SUCCESS; ``assets.definitions``). Dagster's "force
+executor the run then ends SUCCESS; ``dkvstream.assets.definitions``). Dagster's "force
 termination" sends the same interrupt, it only does not wait for the run before marking
 it canceled. A run worker killed outright (SIGKILL, a lost machine) is a driver crash,
 which the epoch protocol already makes safe: an epoch in flight is abandoned before its
-commit and the next run restarts from the newest checkpoint (``operators.runtime.recovery``).
+commit and the next run restarts from the newest checkpoint (``dkvstream.operators.runtime.recovery``).
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ from typing import Any
 
 from dagster import DagsterExecutionInterruptedError
 
-from operators.runtime.driver import EpochResult, JobRunner
+from dkvstream.operators.runtime.driver import EpochResult, JobRunner
 
 __all__ = ["RunOutcome", "run_epochs"]
 

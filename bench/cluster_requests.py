@@ -8,7 +8,7 @@ PATH`` writes requests per epoch as a PNG)::
     .venv/bin/python bench/cluster_requests.py --master "$master" --store "$DKVSTREAM_S3_URI/bench" \\
         --parallelism 2 4 --retain-checkpoints 3
 
-For each parallelism P, one driver (``python -m operators.tools.run_job``) runs the flights
+For each parallelism P, one driver (``python -m dkvstream.operators.tools.run_job``) runs the flights
 job to the end on a fresh prefix, keeping ``--retain-checkpoints`` checkpoints (so the
 driver's cleanup runs as in production). Printed per P: the median over the steady
 epochs (2 to the second-to-last: epoch 1 starts from empty state and the last one only
@@ -28,17 +28,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from examples.flights import flights_job  # noqa: E402
-from operators.paths import checkpoint_key
-from operators.runtime.checkpoints import list_epochs, read_checkpoint  # noqa: E402
-from storage.objectstore import REQUEST_KINDS, open_object_store  # noqa: E402
+from dkvstream.examples.flights import flights_job  # noqa: E402
+from dkvstream.operators.paths import checkpoint_key
+from dkvstream.operators.runtime.checkpoints import list_epochs, read_checkpoint  # noqa: E402
+from dkvstream.storage.objectstore import REQUEST_KINDS, open_object_store  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(master: str, store_uri: str, parallelism: int, events: int, retain: int) -> list[dict]:
     """One driver to the end; its committed-epoch records."""
-    cmd = [sys.executable, "-m", "operators.tools.run_job", "--job", "examples.flights:flights_job",
+    cmd = [sys.executable, "-m", "dkvstream.operators.tools.run_job", "--job", "dkvstream.examples.flights:flights_job",
            "--store", store_uri, "--master", master, "--parallelism", str(parallelism),
            "--events-per-epoch", str(events), "--retain-checkpoints", str(retain), "--json",
            "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.executor.memory=1g"]

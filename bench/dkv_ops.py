@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sortedcontainers import SortedDict  # noqa: E402
 
 from bench.plot import load_average  # noqa: E402
-from storage.dkv import DKV, DKVOptions  # noqa: E402
-from storage.objectstore.local import LocalObjectStore  # noqa: E402
+from dkvstream.storage.dkv import DKV, DKVOptions  # noqa: E402
+from dkvstream.storage.objectstore.local import LocalObjectStore  # noqa: E402
 
 SCANS = 200
 

@@ -198,8 +198,8 @@ class DKVEngine(_Engine):
     name = "DKV"
 
     def __init__(self, root: str) -> None:
-        from storage.dkv import DKV, DKVOptions
-        from storage.objectstore.local import LocalObjectStore
+        from dkvstream.storage.dkv import DKV, DKVOptions
+        from dkvstream.storage.objectstore.local import LocalObjectStore
 
         block, table = cache_split(_cache_bytes())
         self.options = DKVOptions(block_cache_bytes=block, table_cache_bytes=table)
@@ -303,7 +303,7 @@ class DKVPurePythonEngine(DKVEngine):
     name = "DKV-py"
 
     def __init__(self, root: str) -> None:
-        from storage.dkv.native import NATIVE
+        from dkvstream.storage.dkv.native import NATIVE
 
         if NATIVE is not None:
             raise RuntimeError("DKV-py child imported the C module")
@@ -380,7 +380,7 @@ def child(engine_name: str, n_keys: int, profile_phase: str | None, conn) -> Non
 
 def _child(engine_name: str, n_keys: int, profile_phase: str | None) -> dict:
     if engine_name == "dkv-py":
-        os.environ["DKVSTREAM_DKV_NATIVE"] = "0"  # read once, when storage.dkv is imported
+        os.environ["DKVSTREAM_DKV_NATIVE"] = "0"  # read once, when dkvstream.storage.dkv is imported
     tag = f"[{ENGINES[engine_name].name} pid {os.getpid()}]"
     print(f"{tag} building workload ({n_keys:,} keys)", flush=True)
     w = Workload(n_keys)

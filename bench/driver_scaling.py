@@ -4,7 +4,7 @@ Usage: ``.venv/bin/python bench/driver_scaling.py [--ranges 2 64 1000] [--epochs
 [--retain 3] [--latency-ms 10] [--full-sweep-every N] [--quick]``
 
 For each number of key-group ranges P, the keyed counting job
-(``examples.keyed_count``: one keyed operator, hourly tumbling windows) runs in process
+(``dkvstream.examples.keyed_count``: one keyed operator, hourly tumbling windows) runs in process
 (``JobRunner(job, None, store)``) with P ranges over max(256, P) key groups (1,024 at
 P = 1,000), 20 keys and 20 events per range and epoch, each epoch closing an hourly
 window, so every range stages an output file every epoch and the driver publishes P
@@ -49,14 +49,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from examples.keyed_count import WINDOW_MS, keyed_count_job
-from examples.synthetic import SyntheticSource
-from operators.api.job import Job
-from operators.paths import checkpoint_key
-from operators.runtime.driver import JobRunner
-from operators.runtime.exchange import LocalExchange
-from storage.objectstore import REQUEST_KINDS, ForwardingObjectStore, subtract_requests
-from storage.objectstore.local import LocalObjectStore
+from dkvstream.examples.keyed_count import WINDOW_MS, keyed_count_job
+from dkvstream.examples.synthetic import SyntheticSource
+from dkvstream.operators.api.job import Job
+from dkvstream.operators.paths import checkpoint_key
+from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.operators.runtime.exchange import LocalExchange
+from dkvstream.storage.objectstore import REQUEST_KINDS, ForwardingObjectStore, subtract_requests
+from dkvstream.storage.objectstore.local import LocalObjectStore
 
 PARTITIONS = 2
 KEYS_PER_RANGE = 20

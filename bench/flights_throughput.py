@@ -140,8 +140,8 @@ def run_dkvstream(plan: EpochPlan, input_dir: str, work_dir: str, spark, progres
         AssertionError: output differs from the oracle, the run's epochs differ from the
             plan, or an event was late.
     """
-    from examples.flights import flights_job
-    from operators.runtime.driver import JobRunner
+    from dkvstream.examples.flights import flights_job
+    from dkvstream.operators.runtime.driver import JobRunner
 
     shutil.rmtree(work_dir, ignore_errors=True)
     engine = engine or ("dkvstream" if batch else "dkvstream-on-event")
@@ -187,7 +187,7 @@ def _dkvstream_main(argv: list[str]) -> int:
     def run(plan: EpochPlan, input_dir: str, work_dir: str) -> dict:
         spark = None
         if args.runner == "spark":
-            from operators.spark.session import get_spark
+            from dkvstream.operators.spark.session import get_spark
 
             spark = get_spark({"spark.master": "local[2]"})
         return run_dkvstream(plan, input_dir, work_dir, spark,

@@ -51,9 +51,9 @@ def _run(kind: str, events: int, keys: int, epoch: int, zipf: float | None, batc
          memtable_mib: int, wal_flush_mib: int, conn) -> None:
     import pandas as pd
 
-    from examples.keyed_count import keyed_count_job, keyed_count_oracle
-    from operators.runtime.driver import JobRunner
-    from storage.dkv import DKVOptions
+    from dkvstream.examples.keyed_count import keyed_count_job, keyed_count_oracle
+    from dkvstream.operators.runtime.driver import JobRunner
+    from dkvstream.storage.dkv import DKVOptions
 
     if capped:
         # 64 MiB in all: 24 MiB memtable, 24 MiB decoded-block cache, 16 MiB of tables

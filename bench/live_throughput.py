@@ -7,7 +7,7 @@ Usage (needs the ``bench`` extra: Quix Streams, Bytewax, psutil, matplotlib, tab
         --plot docs/img/live-lag.png
     .venv/bin/python bench/live_throughput.py --engines dkvstream,dkvstream-in-process --no-live
 
-Every run starts its own Tansu broker (``operators.io.kafka_broker.TansuBroker``, in
+Every run starts its own Tansu broker (``dkvstream.operators.io.kafka_broker.TansuBroker``, in
 memory) unless ``--bootstrap`` names one, and gives each engine run a fresh topic with the
 same content: the first ``N`` flights of ``examples/flights_producer.py``'s order (3
 partitions, one per origin, record timestamp = scheduled departure), ``N`` = rate x
@@ -43,7 +43,7 @@ the input within 2 s of the producers' end (``drain s`` <= 2: the lag at the end
 most 2 s of input). An engine's highest sustained rate is the largest offered rate it
 sustained.
 
-dkvstream's job: ``examples.flights_live.flights_kafka_job``, the vectorised form of
+dkvstream's job: ``dkvstream.examples.flights_live.flights_kafka_job``, the vectorised form of
 ``examples/flights.py``'s job on a ``KafkaSource`` (JSON values, record key and
 timestamp), 1-s trigger, continuous run,
 local[2] (``--in-process`` form: ``JobRunner(job, None)``). Spark's Python workers are
@@ -51,7 +51,7 @@ started before the producers (one trivial job), as the peers' start-up (Quix's g
 join) is outside their clocks too. The peers: ``quix_flights.py`` (exactly-once) and
 ``bytewax_kafka_flights.py`` (recovery snapshots every second).
 
-``--decode per-record`` runs dkvstream with ``operators.io.topics.decode_json_values_per_record``
+``--decode per-record`` runs dkvstream with ``dkvstream.operators.io.topics.decode_json_values_per_record``
 in place of the Arrow JSON fast path (the engine ``dkvstream-per-record-decode``), to
 measure the fast path in the same run.
 
@@ -111,7 +111,7 @@ CLOCKS = (
 # ------------------------------------------------------------- dkvstream's job
 def flights_kafka_job(bootstrap: str, topic: str, *, events_per_epoch: int = 1_000_000,
                       trigger_interval_ms: int = 1_000, name: str = "flights_live"):
-    """``examples.flights_live.flights_kafka_job`` (the flights job on a ``KafkaSource``,
+    """``dkvstream.examples.flights_live.flights_kafka_job`` (the flights job on a ``KafkaSource``,
     one-day watermark alignment, 10-s idleness) in its vectorised form, local[2]'s 2 tasks.
 
     Args:
@@ -122,9 +122,9 @@ def flights_kafka_job(bootstrap: str, topic: str, *, events_per_epoch: int = 1_0
         name: job name (its object-store prefix).
 
     Returns:
-        ``operators.api.job.Job``.
+        ``dkvstream.operators.api.job.Job``.
     """
-    from examples.flights_live import flights_kafka_job as job
+    from dkvstream.examples.flights_live import flights_kafka_job as job
 
     return job(bootstrap, topic, name=name, events_per_epoch=events_per_epoch, parallelism=2,
                trigger_interval_ms=trigger_interval_ms, batch=True)
@@ -156,7 +156,7 @@ def run_dkvstream(bootstrap: str, topic: str, progress: Progress, spark, work_di
 
     import pyarrow.parquet as pq
 
-    from operators.runtime.driver import JobRunner
+    from dkvstream.operators.runtime.driver import JobRunner
 
     shutil.rmtree(work_dir, ignore_errors=True)
     job = flights_kafka_job(bootstrap, topic, events_per_epoch=events_per_epoch,
@@ -211,7 +211,7 @@ def record_latencies(epochs: list[tuple[float, dict[str, int]]], records: int, s
         records, scale, rate: the run's N, scale and producer rate.
         schedule_start: ``LiveProducer.schedule_start()``.
     """
-    from examples.flights_producer import TICK_S, replay_order
+    from dkvstream.examples.flights_producer import TICK_S, replay_order
 
     _, partition = replay_order(scale)
     partition = partition[:records]
@@ -240,8 +240,8 @@ def _dkvstream_main(argv: list[str]) -> int:
     ap.add_argument("--work-dir", required=True)
     args = ap.parse_args(argv)
     if args.decode == "per-record":
-        from operators.io import kafka
-        from operators.io.topics import decode_json_values_per_record
+        from dkvstream.operators.io import kafka
+        from dkvstream.operators.io.topics import decode_json_values_per_record
 
         kafka.decode_json_values = decode_json_values_per_record  # this process only: the comparison row
     engine = {"in-process": "dkvstream-in-process", "spark": "dkvstream"}[args.runner]
@@ -249,7 +249,7 @@ def _dkvstream_main(argv: list[str]) -> int:
         engine = "dkvstream-per-record-decode"
     spark = None
     if args.runner == "spark":
-        from operators.spark.session import get_spark
+        from dkvstream.operators.spark.session import get_spark
 
         spark = get_spark({"spark.master": "local[2]"})
     epochs: list = []
@@ -322,7 +322,7 @@ def run_child(engine: str, harness_args: list[str], tmp: str, timeout_s: float, 
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
         # The producers are the harness's load, not the engine's memory.
-        memory = TreeMemory(proc.pid, exclude=lambda p: "examples.flights_producer" in p.cmdline())
+        memory = TreeMemory(proc.pid, exclude=lambda p: "dkvstream.examples.flights_producer" in p.cmdline())
         try:
             rc = proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
@@ -513,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         bootstrap = args.bootstrap
         if bootstrap is None:
-            from operators.io.kafka_broker import TansuBroker
+            from dkvstream.operators.io.kafka_broker import TansuBroker
 
             broker = TansuBroker(os.path.join(tmp, "tansu"), stop_timeout_s=3.0).start()
             bootstrap = broker.bootstrap

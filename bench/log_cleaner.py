@@ -33,11 +33,11 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
 from bench.plot import load_average
-from storage.log import COMPACT, CleanerConfig, Log, ProducerConfig, TopicConfig
-from storage.log.offset_map import SLOT_BYTES, OffsetMap, hash_keys
-from storage.log.records import iter_batches
-from storage.log.segment import read_directory
-from storage.objectstore.local import LocalObjectStore
+from dkvstream.storage.log import COMPACT, CleanerConfig, Log, ProducerConfig, TopicConfig
+from dkvstream.storage.log.offset_map import SLOT_BYTES, OffsetMap, hash_keys
+from dkvstream.storage.log.records import iter_batches
+from dkvstream.storage.log.segment import read_directory
+from dkvstream.storage.objectstore.local import LocalObjectStore
 
 MIB = 1024 * 1024
 KAFKA_SLOT = 24

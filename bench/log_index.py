@@ -4,7 +4,7 @@ Usage: ``.venv/bin/python bench/log_index.py [--lookups 1000] [--plot PATH]``
 
 For indexes of 10^3 .. 10^7 entries (8-byte offset entries, 4 KiB pages), looks up
 the ``--lookups`` newest offsets (a consumer at the tail) with Kafka's warm/cold
-search (``storage.log.index``) and, as the baseline measured in the same run, with a
+search (``dkvstream.storage.log.index``) and, as the baseline measured in the same run, with a
 plain binary search over the whole index. Prints the distinct pages touched by all
 tail lookups, the pages per lookup, and microseconds per lookup. The warm section
 (the last 8 KiB) keeps the tail's page set constant whatever the index size; the plain
@@ -25,7 +25,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
 from bench.plot import load_average
-from storage.log.index import OFFSET_ENTRY, PAGE_BYTES, OffsetIndex
+from dkvstream.storage.log.index import OFFSET_ENTRY, PAGE_BYTES, OffsetIndex
 
 
 def plain_search(keys: np.ndarray, target: int, pages: set[int]) -> int:
@@ -95,7 +95,7 @@ def main() -> None:
 
         labels = [f"{r[0]} entries" for r in rows]
         bar_panels(args.plot, f"Offset index: {args.lookups:,} tail lookups per index size", [
-            {"title": "warm/cold search (storage.log.index)", "labels": labels, "fmt": "{:.1f}",
+            {"title": "warm/cold search (dkvstream.storage.log.index)", "labels": labels, "fmt": "{:.1f}",
              "xlabel": "index pages touched per lookup", "values": [float(r[3]) for r in rows]},
             {"title": "plain bisection (baseline)", "labels": labels, "fmt": "{:.1f}",
              "xlabel": "index pages touched per lookup", "values": [float(r[6]) for r in rows]}],

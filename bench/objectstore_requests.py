@@ -8,7 +8,7 @@ For each state size K, one job (one operator keeping a running total per key in 
 
 1. load: one epoch of K events touching every key once, so the state holds K keys;
 2. steady state: ``--epochs`` epochs of ``--events-per-epoch`` events on random keys;
-   after each, ``operators.runtime.remote_compaction.compact_job`` (what the Dagster
+   after each, ``dkvstream.operators.runtime.remote_compaction.compact_job`` (what the Dagster
    maintenance op runs) compacts what the epoch flushed. Tasks never compact inline
    (``max_inline_compaction_bytes=0``), so every compaction is measured on its own.
 
@@ -25,7 +25,7 @@ The run is repeated for DKV's default table size (8 MiB: a million keys are a fe
 tables, counts stay flat) and for tiny 256 KiB tables (counts follow the table count,
 still orders of magnitude below the key count).
 
-By default a SeaweedFS S3 server is started on loopback (``storage.objectstore.seaweedfs``)
+By default a SeaweedFS S3 server is started on loopback (``dkvstream.storage.objectstore.seaweedfs``)
 and the job runs on ``s3://``; ``--local`` uses a temporary directory instead (the
 counts are the same: tests/storage/test_dkv_s3.py checks that).
 """
@@ -43,17 +43,17 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from operators.api.codecs import IntCodec  # noqa: E402
-from operators.api.job import Job  # noqa: E402
-from operators.api.operator import KeyedEvent, Operator, Subject  # noqa: E402
-from operators.api.state import ValueSpec  # noqa: E402
-from operators.io.sinks import ParquetSink  # noqa: E402
-from operators.io.sources import KEY_COLUMN, TIMESTAMP_COLUMN, Source  # noqa: E402
-from operators.runtime.checkpoints import latest_checkpoint  # noqa: E402
-from operators.runtime.driver import JobRunner  # noqa: E402
-from operators.runtime.remote_compaction import compact_job  # noqa: E402
-from storage.dkv import DKVOptions  # noqa: E402
-from storage.objectstore import REQUEST_KINDS, open_object_store, subtract_requests, sum_requests  # noqa: E402
+from dkvstream.operators.api.codecs import IntCodec  # noqa: E402
+from dkvstream.operators.api.job import Job  # noqa: E402
+from dkvstream.operators.api.operator import KeyedEvent, Operator, Subject  # noqa: E402
+from dkvstream.operators.api.state import ValueSpec  # noqa: E402
+from dkvstream.operators.io.sinks import ParquetSink  # noqa: E402
+from dkvstream.operators.io.sources import KEY_COLUMN, TIMESTAMP_COLUMN, Source  # noqa: E402
+from dkvstream.operators.runtime.checkpoints import latest_checkpoint  # noqa: E402
+from dkvstream.operators.runtime.driver import JobRunner  # noqa: E402
+from dkvstream.operators.runtime.remote_compaction import compact_job  # noqa: E402
+from dkvstream.storage.dkv import DKVOptions  # noqa: E402
+from dkvstream.storage.objectstore import REQUEST_KINDS, open_object_store, subtract_requests, sum_requests  # noqa: E402
 
 PARTITIONS = ("p0", "p1")
 # Small tables and levels so that flushes and compactions happen at bench sizes; no
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             import os
 
-            from storage.objectstore.seaweedfs import SeaweedFSServer
+            from dkvstream.storage.objectstore.seaweedfs import SeaweedFSServer
 
             server = SeaweedFSServer(Path(tmp) / "seaweedfs", stop_timeout_s=3.0).start()
             os.environ.update(server.env())

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from examples.flights_data import DAY_MS, ORIGINS, flights_csv_path
+from dkvstream.examples.flights_data import DAY_MS, ORIGINS, flights_csv_path
 
 ROLLING = 20
 
@@ -109,9 +109,9 @@ def check_run(root: str) -> str:
     Raises:
         AssertionError: naming the table and the first difference.
     """
-    from examples.aircraft_rotations import aircraft_job
-    from operators.runtime.checkpoints import list_epochs, read_checkpoint
-    from operators.runtime.driver import JobRunner
+    from dkvstream.examples.aircraft_rotations import aircraft_job
+    from dkvstream.operators.runtime.checkpoints import list_epochs, read_checkpoint
+    from dkvstream.operators.runtime.driver import JobRunner
 
     job = aircraft_job()
     store = JobRunner(job, None, root).store

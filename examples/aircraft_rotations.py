@@ -1,6 +1,6 @@
 """Aircraft rotations: a job that upserts one row per aircraft into a Delta table.
 
-Same flights data as the flights job (``examples.flights_data``), keyed by
+Same flights data as the flights job (``dkvstream.examples.flights_data``), keyed by
 ``tailnum`` (flights without a tail number, ``NA`` in the file, are left out by the source; cancelled
 flights, those without ``air_time``, are ignored by the operator).
 
@@ -37,14 +37,14 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from examples.flights_data import DAY_MS, ORIGINS, replay_partitions
-from operators.api.codecs import FloatCodec, IntCodec, JsonCodec, RecordCodec
-from operators.api.job import Job
-from operators.api.operator import KeyedEvent, Operator, Subject
-from operators.api.state import ListSpec, MapSpec, ValueSpec
-from operators.io.sinks import ParquetSink
-from operators.io.sources import KEY_COLUMN, TIMESTAMP_COLUMN, Source
-from operators.io.table_sink import TableSink
+from dkvstream.examples.flights_data import DAY_MS, ORIGINS, replay_partitions
+from dkvstream.operators.api.codecs import FloatCodec, IntCodec, JsonCodec, RecordCodec
+from dkvstream.operators.api.job import Job
+from dkvstream.operators.api.operator import KeyedEvent, Operator, Subject
+from dkvstream.operators.api.state import ListSpec, MapSpec, ValueSpec
+from dkvstream.operators.io.sinks import ParquetSink
+from dkvstream.operators.io.sources import KEY_COLUMN, TIMESTAMP_COLUMN, Source
+from dkvstream.operators.io.table_sink import TableSink
 
 ROLLING = 20
 EVENT_COLUMNS = ("carrier", "tailnum", "origin", "dest", "dep_delay", "arr_delay", "air_time")

@@ -10,11 +10,11 @@ Environment: ``DKVSTREAM_FLIGHTS_SCALE`` (copies of the data set, default 1) and
 """
 import os
 
-from assets.definitions import dkvstream_definitions
-from examples.aircraft_rotations import aircraft_job
-from examples.flights import flights_job
-from examples.flights_plot import delay_plot_metadata
-from examples.flights_weather import flights_weather_job
+from dkvstream.assets.definitions import dkvstream_definitions
+from dkvstream.examples.aircraft_rotations import aircraft_job
+from dkvstream.examples.flights import flights_job
+from dkvstream.examples.flights_plot import delay_plot_metadata
+from dkvstream.examples.flights_weather import flights_weather_job
 
 SCALE = int(os.environ.get("DKVSTREAM_FLIGHTS_SCALE", "1"))
 EVENTS_PER_EPOCH = int(os.environ.get("DKVSTREAM_EVENTS_PER_EPOCH", "50000"))

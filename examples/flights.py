@@ -15,14 +15,14 @@ import math
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from examples.flights_data import DAY_MS, ORIGINS, replay_partitions
-from operators.api.batch import BatchContext, BatchOperator
-from operators.api.codecs import IntCodec, RecordCodec
-from operators.api.job import Job
-from operators.api.operator import KeyedEvent, Operator, Subject
-from operators.api.state import MapSpec
-from operators.io.sinks import ParquetSink
-from operators.io.sources import KEY_COLUMN, TIMESTAMP_COLUMN, Source
+from dkvstream.examples.flights_data import DAY_MS, ORIGINS, replay_partitions
+from dkvstream.operators.api.batch import BatchContext, BatchOperator
+from dkvstream.operators.api.codecs import IntCodec, RecordCodec
+from dkvstream.operators.api.job import Job
+from dkvstream.operators.api.operator import KeyedEvent, Operator, Subject
+from dkvstream.operators.api.state import MapSpec
+from dkvstream.operators.io.sinks import ParquetSink
+from dkvstream.operators.io.sources import KEY_COLUMN, TIMESTAMP_COLUMN, Source
 
 HOUR_MS = 3_600_000
 
@@ -170,7 +170,7 @@ def route_delays_job(source: Source, *, name: str, batch: bool, **settings) -> J
 
 
 class RouteDailyDelaysBatch(BatchOperator):
-    """``RouteDailyDelays`` in vectorised form (``operators.api.batch``): same state, same
+    """``RouteDailyDelays`` in vectorised form (``dkvstream.operators.api.batch``): same state, same
     output. An epoch's flights are aggregated per (route, day) with pyarrow, then each
     (route, day) window reads and writes its state once."""
 

@@ -1,9 +1,9 @@
-"""The flights job on a live Kafka topic: ``examples.flights`` reading what
-``examples.flights_producer`` replays into a topic, left running.
+"""The flights job on a live Kafka topic: ``dkvstream.examples.flights`` reading what
+``dkvstream.examples.flights_producer`` replays into a topic, left running.
 
 Described in ``docs/examples.md`` ("Flights live from Kafka"); ``platform/run-live.sh``
 runs it end to end (broker, producer, the job on local Spark, a drain, the oracle).
-The job is ``examples.flights.flights_job``'s (operator ``route_daily_delays``, the
+The job is ``dkvstream.examples.flights.flights_job``'s (operator ``route_daily_delays``, the
 ``route_daily_delays`` and ``route_daily_delays_late`` Parquet sinks, a watermark bound
 of 1 hour, watermark alignment of one day) with a ``KafkaSource`` instead of the replay:
 topic partition n carries origin ``ORIGINS[n]``, record key ``origin-dest``, value the
@@ -11,7 +11,7 @@ flight as a JSON object of ``EVENT_COLUMNS``, record timestamp the scheduled dep
 (the event time). On a live source the watermark never reaches +infinity by itself: the
 last windows are emitted when the job is stopped with a drain
 (``JobRunner.stop(drain=True)``, ``run_job --continuous --drain-on-stop``), after which
-its output equals ``examples.flights_oracle.route_daily_delays_oracle()``.
+its output equals ``dkvstream.examples.flights_oracle.route_daily_delays_oracle()``.
 """
 from __future__ import annotations
 
@@ -25,22 +25,22 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from examples.flights import route_delays_job
-from examples.flights_data import DAY_MS, ORIGINS
-from examples.flights_producer import TICK_S, replay_order
-from operators.api.job import Job
-from operators.api.operator import WATERMARK_MAX, WATERMARK_MIN
-from operators.io.kafka import KafkaSource
-from storage.local_server import pid_alive
+from dkvstream.examples.flights import route_delays_job
+from dkvstream.examples.flights_data import DAY_MS, ORIGINS
+from dkvstream.examples.flights_producer import TICK_S, replay_order
+from dkvstream.operators.api.job import Job
+from dkvstream.operators.api.operator import WATERMARK_MAX, WATERMARK_MIN
+from dkvstream.operators.io.kafka import KafkaSource
+from dkvstream.storage.local_server import pid_alive
 
-# The value columns, as examples.flights.FlightsSource reads them from the CSV (a test
+# The value columns, as dkvstream.examples.flights.FlightsSource reads them from the CSV (a test
 # checks they agree): the producer writes integers as JSON integers, null when missing.
 VALUE_SCHEMA = pa.schema([
     ("year", pa.int64()), ("month", pa.int64()), ("day", pa.int64()),
     ("sched_dep_time", pa.int64()), ("dep_time", pa.int64()), ("dep_delay", pa.int64()),
     ("carrier", pa.string()), ("flight", pa.int64()), ("origin", pa.string()), ("dest", pa.string()),
 ])
-# ``run_job --job examples.flights_live:flights_live_job`` takes the broker from here.
+# ``run_job --job dkvstream.examples.flights_live:flights_live_job`` takes the broker from here.
 BOOTSTRAP_ENV = "DKVSTREAM_KAFKA_BOOTSTRAP"
 TOPIC_ENV = "DKVSTREAM_FLIGHTS_TOPIC"
 
@@ -53,11 +53,11 @@ def flights_kafka_job(bootstrap: str, topic: str = "flights", *, name: str = "fl
 
     Args:
         bootstrap: Kafka bootstrap servers, ``host:port``.
-        topic: the topic ``examples.flights_producer`` writes (3 partitions).
+        topic: the topic ``dkvstream.examples.flights_producer`` writes (3 partitions).
         name: job name (its object-store prefix is ``jobs/<name>``).
         events_per_epoch: the most events one epoch reads (a backlog is read in epochs
             of this size, back to back).
-        parallelism, key_groups: as ``examples.flights.flights_job``.
+        parallelism, key_groups: as ``dkvstream.examples.flights.flights_job``.
         trigger_interval_ms: the processing-time trigger, ms (an epoch at most once a
             second by default).
         idle_timeout_ms: a partition read to its end that got nothing for this long (wall
@@ -93,7 +93,7 @@ def flights_live_job() -> Job:
 
 # ------------------------------------------------------- platform/run-live.sh's helpers
 def newest_positions(partition_of_row: np.ndarray) -> list[np.ndarray]:
-    """For each topic partition n, the replay-order index (``examples.flights_producer``)
+    """For each topic partition n, the replay-order index (``dkvstream.examples.flights_producer``)
     of its records: ``positions[n][o]`` is the index of the record at offset o (the
     producer writes each partition in replay order, so offsets are contiguous from 0)."""
     return [np.flatnonzero(partition_of_row == n) for n in range(len(ORIGINS))]
@@ -218,19 +218,19 @@ def watch(job_out: str, producer_out: str, job_pid: int, producer_pid: int, rate
 
 def has_checkpoints(store: str, name: str = "flights_live") -> bool:
     """True if ``store`` holds a committed checkpoint of the job ``name``."""
-    from operators.paths import job_prefix
-    from operators.runtime.checkpoints import latest_checkpoint
-    from storage.objectstore import open_object_store
+    from dkvstream.operators.paths import job_prefix
+    from dkvstream.operators.runtime.checkpoints import latest_checkpoint
+    from dkvstream.storage.objectstore import open_object_store
 
     return latest_checkpoint(open_object_store(store), job_prefix(name)) is not None
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The helpers of ``platform/run-live.sh``: ``python -m examples.flights_live watch
+    """The helpers of ``platform/run-live.sh``: ``python -m dkvstream.examples.flights_live watch
     ...`` (``watch``), ``last-epoch --job-out F`` (prints the progress line of the last
     committed epoch in ``F``) and ``has-run --store S`` (exit 0 if the store holds a run
     of ``flights_live``, else 1)."""
-    p = argparse.ArgumentParser(prog="python -m examples.flights_live", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m dkvstream.examples.flights_live", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     w = sub.add_parser("watch", help="print progress until the job has read everything produced")
     w.add_argument("--job-out", required=True)

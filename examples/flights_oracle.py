@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from examples.flights_data import DAY_MS, SHIFT_MS, flights_csv_path
+from dkvstream.examples.flights_data import DAY_MS, SHIFT_MS, flights_csv_path
 
 KEY_COLUMNS = ["origin", "dest", "window_start"]
 
@@ -50,7 +50,7 @@ def route_daily_delays_oracle(scale: int = 1) -> pd.DataFrame:
 def assert_equals_oracle(output: pa.Table, oracle: pd.DataFrame) -> None:
     """Asserts the job's output equals the oracle: the same columns, every route and window
     once, every column equal; float columns (the delay mean and maximum) to 1e-9 relative,
-    with a NaN equal only to a NaN. The tests and ``examples.flights_report`` both use it.
+    with a NaN equal only to a NaN. The tests and ``dkvstream.examples.flights_report`` both use it.
 
     Args:
         output: the job's sink as read back (one row per route and window, any order).
@@ -66,8 +66,8 @@ def assert_equals_oracle(output: pa.Table, oracle: pd.DataFrame) -> None:
 def assert_rows_equal(output: pa.Table, oracle: pd.DataFrame, key_columns: list[str]) -> None:
     """Asserts ``output`` (any row order) equals ``oracle``: the same columns, each key
     (``key_columns``) once, every column equal; float columns to 1e-9 relative, with a
-    NaN equal only to a NaN (the oracles of ``examples.flights`` and
-    ``examples.flights_weather``).
+    NaN equal only to a NaN (the oracles of ``dkvstream.examples.flights`` and
+    ``dkvstream.examples.flights_weather``).
 
     Raises:
         AssertionError: naming the first difference found (raised explicitly, so the check

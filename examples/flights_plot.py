@@ -5,9 +5,9 @@
 minus cancelled ones, as a flight has a delay exactly when it departed);
 ``delay_heatmap_png`` draws the busiest routes as a heatmap (matplotlib, headless);
 ``delay_plot_metadata`` is the Dagster metadata the sink asset gets after each run
-(``assets.definitions``). From the shell::
+(``dkvstream.assets.definitions``). From the shell::
 
-    python -m examples.flights_plot --store .dkvstream --out docs/img/flights-delays.png
+    python -m dkvstream.examples.flights_plot --store .dkvstream --out docs/img/flights-delays.png
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def monthly_route_delays(table: pa.Table) -> pd.DataFrame:
     """Per route and UTC month of the window start: flights and the mean departure delay.
 
     Args:
-        table: rows of the ``route_daily_delays`` sink (``examples.flights.OUTPUT_SCHEMA``).
+        table: rows of the ``route_daily_delays`` sink (``dkvstream.examples.flights.OUTPUT_SCHEMA``).
 
     Returns:
         Columns ``route`` (``origin-dest``), ``month`` (1-12), ``flights``,
@@ -101,10 +101,10 @@ def delay_plot_metadata(table: pa.Table) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """Write the heatmap of a store's ``route_daily_delays`` output to a PNG file."""
-    from assets.resources import ObjectStoreResource
-    from examples.flights import flights_job
+    from dkvstream.assets.resources import ObjectStoreResource
+    from dkvstream.examples.flights import flights_job
 
-    p = argparse.ArgumentParser(prog="python -m examples.flights_plot", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m dkvstream.examples.flights_plot", description=__doc__.splitlines()[0])
     p.add_argument("--store", default=None, help="object-store root (default: $DKVSTREAM_STORE or .dkvstream)")
     p.add_argument("--job-name", default="flights", help="the flights job's name (default flights)")
     p.add_argument("--out", required=True, help="PNG file to write")

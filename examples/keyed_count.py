@@ -2,7 +2,7 @@
 
 Per key and tumbling event-time window (``window_ms``): the number of events and the sum
 of their ``amount``, emitted by a timer at the window's end. ``KeyedWindowCount`` is the
-``on_event`` form, ``KeyedWindowCountBatch`` the vectorised form (``operators.api.batch``);
+``on_event`` form, ``KeyedWindowCountBatch`` the vectorised form (``dkvstream.operators.api.batch``);
 they share the state layout and give the same output. Events of a window already emitted
 go to the ``late`` output. ``keyed_count_oracle`` is the pandas answer.
 """
@@ -13,14 +13,14 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from examples.synthetic import SyntheticSource
-from operators.api.batch import BatchContext, BatchOperator
-from operators.api.codecs import IntCodec, RecordCodec
-from operators.api.job import Job
-from operators.api.operator import KeyedEvent, Operator, Subject
-from operators.api.state import MapSpec
-from operators.io.sinks import ParquetSink
-from operators.io.sources import KEY_COLUMN, TIMESTAMP_COLUMN
+from dkvstream.examples.synthetic import SyntheticSource
+from dkvstream.operators.api.batch import BatchContext, BatchOperator
+from dkvstream.operators.api.codecs import IntCodec, RecordCodec
+from dkvstream.operators.api.job import Job
+from dkvstream.operators.api.operator import KeyedEvent, Operator, Subject
+from dkvstream.operators.api.state import MapSpec
+from dkvstream.operators.io.sinks import ParquetSink
+from dkvstream.operators.io.sources import KEY_COLUMN, TIMESTAMP_COLUMN
 
 WINDOW_MS = 3_600_000
 

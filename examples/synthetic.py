@@ -14,10 +14,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from operators.api.codecs import IntCodec
-from operators.api.operator import KeyedEvent, Operator, Subject
-from operators.api.state import MapSpec
-from operators.io.sources import KEY_COLUMN, TIMESTAMP_COLUMN, Source
+from dkvstream.operators.api.codecs import IntCodec
+from dkvstream.operators.api.operator import KeyedEvent, Operator, Subject
+from dkvstream.operators.api.state import MapSpec
+from dkvstream.operators.io.sources import KEY_COLUMN, TIMESTAMP_COLUMN, Source
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -2,19 +2,19 @@
 
 The public API, re-exported here::
 
-    from operators import Job, Operator, BatchOperator, ValueSpec, JobRunner, ...
+    from dkvstream.operators import Job, Operator, BatchOperator, ValueSpec, JobRunner, ...
 
-Layout: ``operators.api`` (operators, state specs, codecs, jobs, validation, key groups),
-``operators.runtime`` (driver, tasks, timers, checkpoints, recovery, retention),
-``operators.spark`` (session, stage, worker daemon), ``operators.io`` (sources and sinks),
-``operators.tools`` (command-line tools), ``operators.errors`` and ``operators.paths``
+Layout: ``dkvstream.operators.api`` (operators, state specs, codecs, jobs, validation, key groups),
+``dkvstream.operators.runtime`` (driver, tasks, timers, checkpoints, recovery, retention),
+``dkvstream.operators.spark`` (session, stage, worker daemon), ``dkvstream.operators.io`` (sources and sinks),
+``dkvstream.operators.tools`` (command-line tools), ``dkvstream.operators.errors`` and ``dkvstream.operators.paths``
 (every job-level object key). ``JobRunner`` and the connectors are imported on first use,
-so ``import operators`` stays light.
+so ``from dkvstream import operators`` stays light.
 """
 from __future__ import annotations
 
-from operators.api.batch import BatchContext, BatchOperator
-from operators.api.codecs import (
+from dkvstream.operators.api.batch import BatchContext, BatchOperator
+from dkvstream.operators.api.codecs import (
     BytesCodec,
     Codec,
     FloatCodec,
@@ -24,10 +24,10 @@ from operators.api.codecs import (
     RecordCodec,
     StrCodec,
 )
-from operators.api.job import Job
-from operators.api.operator import KeyedEvent, Operator, Subject
-from operators.api.state import ListSpec, ListState, MapSpec, MapState, ValueSpec, ValueState
-from operators.errors import (
+from dkvstream.operators.api.job import Job
+from dkvstream.operators.api.operator import KeyedEvent, Operator, Subject
+from dkvstream.operators.api.state import ListSpec, ListState, MapSpec, MapState, ValueSpec, ValueState
+from dkvstream.operators.errors import (
     BadInputError,
     DkvstreamError,
     InsertConflictError,
@@ -37,19 +37,19 @@ from operators.errors import (
     RecoveryRefusedError,
     SnapshotVacuumedError,
 )
-from operators.io.dead_letter import DeadLetter
-from operators.io.sinks import ParquetSink, Sink
-from operators.io.sources import Source
+from dkvstream.operators.io.dead_letter import DeadLetter
+from dkvstream.operators.io.sinks import ParquetSink, Sink
+from dkvstream.operators.io.sources import Source
 
 # Heavier modules (the driver pulls in the runtime; the connectors deltalake and the log),
-# imported when first named: ``from operators import JobRunner`` works as the rest.
+# imported when first named: ``from dkvstream.operators import JobRunner`` works as the rest.
 _LAZY = {
-    "JobRunner": "operators.runtime.driver",
-    "EpochResult": "operators.runtime.driver",
-    "TopicSource": "operators.io.topics",
-    "TopicSink": "operators.io.topics",
-    "TableSink": "operators.io.table_sink",
-    "get_spark": "operators.spark.session",
+    "JobRunner": "dkvstream.operators.runtime.driver",
+    "EpochResult": "dkvstream.operators.runtime.driver",
+    "TopicSource": "dkvstream.operators.io.topics",
+    "TopicSink": "dkvstream.operators.io.topics",
+    "TableSink": "dkvstream.operators.io.table_sink",
+    "get_spark": "dkvstream.operators.spark.session",
 }
 
 

@@ -1,19 +1,19 @@
-"""Every error the job API and the runtime raise, in one place (as ``storage.errors``).
+"""Every error the job API and the runtime raise, in one place (as ``dkvstream.storage.errors``).
 
-All derive from ``storage.errors.DkvstreamError`` (re-exported here), the project's one
+All derive from ``dkvstream.storage.errors.DkvstreamError`` (re-exported here), the project's one
 root, and keep the built-in base that says what kind of mistake each is (``ValueError``
 for a bad job or input, ``RuntimeError`` for a failed run...). ``retryable`` (a class
 attribute) says whether running the same thing again may work: only ``KafkaIOError`` is,
 among these. Errors of the stores underneath (``CorruptionError``,
-``ObjectNotFoundError``, ...) stay in ``storage.errors``; ``RecoveryRefusedError`` is one
+``ObjectNotFoundError``, ...) stay in ``dkvstream.storage.errors``; ``RecoveryRefusedError`` is one
 of them, since stored objects cause it.
 
 A task on Spark that raises one of these reaches the driver as the same type with the
-same message (``operators.spark.task_errors``).
+same message (``dkvstream.operators.spark.task_errors``).
 """
 from __future__ import annotations
 
-from storage.errors import CorruptionError, DkvstreamError
+from dkvstream.storage.errors import CorruptionError, DkvstreamError
 
 __all__ = ["DkvstreamError", "InvalidJobError", "JobFailedError", "JobFencedError", "RecoveryRefusedError",
            "StateTypeError", "BadInputError", "TooManyDeadLettersError", "OperatorError",
@@ -45,7 +45,7 @@ class RecoveryRefusedError(CorruptionError):
 class StateTypeError(DkvstreamError, TypeError):
     """Raised when an operator stores a value (or map key) its state's codec cannot
     encode; names the operator, the state id, the codec, the expected type and the value
-    (``operators.api.state``)."""
+    (``dkvstream.operators.api.state``)."""
 
 
 class BadInputError(DkvstreamError, ValueError):
@@ -54,19 +54,19 @@ class BadInputError(DkvstreamError, ValueError):
 
 class TooManyDeadLettersError(JobFailedError):
     """Raised when an epoch sends more than ``DeadLetter.max_ratio`` of its records to the
-    dead-letter table; nothing of the epoch is committed (``operators.io.dead_letter``)."""
+    dead-letter table; nothing of the epoch is committed (``dkvstream.operators.io.dead_letter``)."""
 
 
 class OperatorError(JobFailedError):
     """Raised under ``Job.on_operator_error="fail"`` when an operator raises on an event or
     a timer; names the operator, handler, key, source partition and offset (or the timer)
-    and event time (``operators.runtime.operator_errors``)."""
+    and event time (``dkvstream.operators.runtime.operator_errors``)."""
 
 
 class SourceFileChangedError(DkvstreamError, RuntimeError):
     """Raised when a file a file source logged has since changed or vanished, so its
     offsets can no longer be read as they were logged; names the file, what was logged
-    and what is there now (``operators.io.files``)."""
+    and what is there now (``dkvstream.operators.io.files``)."""
 
 
 class InsertConflictError(DkvstreamError, RuntimeError):
@@ -80,7 +80,7 @@ class SnapshotVacuumedError(DkvstreamError, LookupError):
 
 class KafkaIOError(DkvstreamError, RuntimeError):
     """Raised when a Kafka broker fails or does not answer in time a source's read or a
-    sink's publish; names the topic, partition and offsets (``operators.io.kafka``)."""
+    sink's publish; names the topic, partition and offsets (``dkvstream.operators.io.kafka``)."""
 
     retryable = True
 
@@ -88,4 +88,4 @@ class KafkaIOError(DkvstreamError, RuntimeError):
 class JavaNotFoundError(DkvstreamError, RuntimeError):
     """Raised before Spark starts when it could not: no ``java`` on ``PATH``, or
     ``JAVA_HOME`` naming a directory without ``bin/java``; says how to install Java
-    (``operators.spark.session.get_spark``)."""
+    (``dkvstream.operators.spark.session.get_spark``)."""

@@ -1,4 +1,4 @@
-"""Every object key of a stream job, built in one place (as ``storage.dkv.paths`` for DKV).
+"""Every object key of a stream job, built in one place (as ``dkvstream.storage.dkv.paths`` for DKV).
 
 Layout under the store root::
 
@@ -9,7 +9,7 @@ Layout under the store root::
       checkpoints/retired-<epoch:010d>.json     retention floor: every epoch up to it was
                                                  committed and retired (the newest one is kept)
       state/<operator>/<range label>/...         one DKV instance per operator and key-group
-                                                 range (its own layout: storage.dkv.paths)
+                                                 range (its own layout: dkvstream.storage.dkv.paths)
       staging/epoch=<epoch:010d>/<operator>/<range label>@<attempt>/<file>
                                                  task output, garbage until a checkpoint names it
       r/<hh>/state/<operator>/<range label>/...  the same two under ``LAYOUT_HASHED``: hh =
@@ -84,7 +84,7 @@ def epoch_of_checkpoint(key: str) -> int | None:
 
 def commit_record_key(job: str, epoch: int) -> str:
     """Key of the commit record of ``epoch``: written after the epoch's checkpoint was
-    committed and found newer than every epoch committed before (``operators.runtime.
+    committed and found newer than every epoch committed before (``dkvstream.operators.runtime.
     checkpoints``); the newest record says which epoch was committed last."""
     return f"{checkpoint_prefix(job)}committed-{epoch:010d}.json"
 

@@ -12,4 +12,4 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 bash platform/setup.sh >&2
-exec .venv/bin/python -m operators.io.kafka_broker "$@"
+exec .venv/bin/python -m dkvstream.operators.io.kafka_broker "$@"

@@ -33,7 +33,7 @@ export DKVSTREAM_DKV_MAX_INLINE_COMPACTION_BYTES="${DKVSTREAM_DKV_MAX_INLINE_COM
 # (grep finding no line is no failure).
 echo "run-flights.sh: materializing the flights assets with Dagster (loading takes a few seconds)"
 set +e
-.venv/bin/dagster asset materialize -m examples.definitions \
+.venv/bin/dagster asset materialize -m dkvstream.examples.definitions \
   --select 'flights_replay,route_daily_delays,route_daily_delays_late,flights_checkpoint' 2>&1 \
   | grep --line-buffered -E 'starting Spark|Spark up|epoch [0-9]+( of|:)|ASSET_CHECK_EVALUATION|RUN_SUCCESS|RUN_FAILURE|STEP_FAILURE|Error|error'
 status=${PIPESTATUS[0]}
@@ -43,4 +43,4 @@ if [ "$status" -ne 0 ]; then
     "not reporting what $store holds: it may be an earlier run's output." >&2
   exit "$status"
 fi
-.venv/bin/python -m examples.flights_report
+.venv/bin/python -m dkvstream.examples.flights_report

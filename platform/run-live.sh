@@ -12,7 +12,7 @@
 #   --fresh   forget an earlier run of the job flights_live in the store first
 #   --rate    producer rate, events/s (default $DKVSTREAM_LIVE_RATE, else 20000)
 # Environment: DKVSTREAM_STORE (object store, default .dkvstream), DKVSTREAM_LIVE_RATE,
-#   DKVSTREAM_LIVE_JOB (the job, module:function; default examples.flights_live:flights_live_job),
+#   DKVSTREAM_LIVE_JOB (the job, module:function; default dkvstream.examples.flights_live:flights_live_job),
 #   DKVSTREAM_SPARK_MASTER (default local[2]).
 # Exit status: 0 when the drained job's output equals the oracle; 1 when it differs or
 # the job, the producer or the drain failed; 2 on a usage error. Everything the script
@@ -34,7 +34,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 store=${DKVSTREAM_STORE:-.dkvstream}
-job_spec=${DKVSTREAM_LIVE_JOB:-examples.flights_live:flights_live_job}
+job_spec=${DKVSTREAM_LIVE_JOB:-dkvstream.examples.flights_live:flights_live_job}
 py="$root/.venv/bin/python"
 
 bash platform/setup.sh
@@ -46,7 +46,7 @@ if [ "$fresh" = 1 ]; then
            exit 2 ;;
     *) rm -rf "$store/jobs/flights_live" ;;
   esac
-elif "$py" -m examples.flights_live has-run --store "$store"; then
+elif "$py" -m dkvstream.examples.flights_live has-run --store "$store"; then
   # Its offsets are those of a topic that went with its broker (in-memory storage), and
   # it was drained: it is finished.
   echo "run-live.sh: $store already holds a run of the job flights_live;" \
@@ -78,7 +78,7 @@ cleanup() {
   [ -n "$producer_pid" ] && stop_pid "$producer_pid"
   [ -n "$job_pid" ] && stop_pid "$job_pid"
   if [ "$broker_started" = 1 ]; then
-    "$py" -m operators.io.kafka_broker stop --dir "$run_dir/kafka" 2>/dev/null || true
+    "$py" -m dkvstream.operators.io.kafka_broker stop --dir "$run_dir/kafka" 2>/dev/null || true
   fi
   if [ "$status" -eq 0 ]; then
     rm -rf "$run_dir"
@@ -98,13 +98,13 @@ if ! bootstrap=$(bash platform/kafka-broker.sh start --dir "$run_dir/kafka" 2>"$
   exit 1
 fi
 echo "broker: Tansu on $bootstrap (pid $("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["pid"])' "$run_dir/kafka/broker.json"))"
-"$py" -c 'import sys; from examples.flights_producer import create_topic; create_topic(sys.argv[1], "flights")' \
+"$py" -c 'import sys; from dkvstream.examples.flights_producer import create_topic; create_topic(sys.argv[1], "flights")' \
   "$bootstrap"
 echo "topic: flights, 3 partitions (EWR, JFK, LGA)"
 
 export DKVSTREAM_KAFKA_BOOTSTRAP="$bootstrap" DKVSTREAM_FLIGHTS_TOPIC=flights
 export SPARK_CONF_DIR="$root/platform/conf" PYSPARK_PYTHON="$py"
-"$py" -m operators.tools.run_job --job "$job_spec" --store "$store" --create-store --continuous --drain-on-stop --json \
+"$py" -m dkvstream.operators.tools.run_job --job "$job_spec" --store "$store" --create-store --continuous --drain-on-stop --json \
   >"$run_dir/job.out" 2>"$run_dir/job.err" &
 job_pid=$!
 echo "job: flights_live (pid $job_pid), store $store; starting Spark"
@@ -117,12 +117,12 @@ until grep -q '"event": "started"' "$run_dir/job.out" 2>/dev/null; do
   fi
   sleep 0.2
 done
-"$py" -m examples.flights_producer --bootstrap "$bootstrap" --topic flights --rate "$rate" \
+"$py" -m dkvstream.examples.flights_producer --bootstrap "$bootstrap" --topic flights --rate "$rate" \
   >"$run_dir/producer.out" 2>"$run_dir/producer.err" &
 producer_pid=$!
 echo "producer: replaying 336,776 flights at $rate events/s (pid $producer_pid)"
 
-if ! "$py" -m examples.flights_live watch --job-out "$run_dir/job.out" --producer-out "$run_dir/producer.out" \
+if ! "$py" -m dkvstream.examples.flights_live watch --job-out "$run_dir/job.out" --producer-out "$run_dir/producer.out" \
     --job-pid "$job_pid" --producer-pid "$producer_pid" --rate "$rate"; then
   for log in job producer; do
     echo "--- $log.err (tail) ---" >&2
@@ -138,7 +138,7 @@ wait "$job_pid"
 job_status=$?
 set -e
 job_pid=""
-"$py" -m examples.flights_live last-epoch --job-out "$run_dir/job.out"
+"$py" -m dkvstream.examples.flights_live last-epoch --job-out "$run_dir/job.out"
 if [ "$job_status" -ne 0 ] || ! tail -n 1 "$run_dir/job.out" | grep -q '"drained": true'; then
   echo "run-live.sh: the job did not stop with a drain (exit status $job_status); its log" \
     "($run_dir/job.err) ends:" >&2
@@ -147,4 +147,4 @@ if [ "$job_status" -ne 0 ] || ! tail -n 1 "$run_dir/job.out" | grep -q '"drained
 fi
 wait "$producer_pid" || true
 producer_pid=""
-"$py" -m examples.flights_report --store "$store" --job-name flights_live
+"$py" -m dkvstream.examples.flights_report --store "$store" --job-name flights_live

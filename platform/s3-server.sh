@@ -12,4 +12,4 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 bash platform/setup.sh >&2
-exec .venv/bin/python -m storage.objectstore.seaweedfs "$@"
+exec .venv/bin/python -m dkvstream.storage.objectstore.seaweedfs "$@"

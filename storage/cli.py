@@ -1,7 +1,7 @@
 """What the command-line tools share: exit statuses, one-line errors, bytes on a command line.
 
-Every ``python -m`` tool (``operators.tools.run_job``, ``operators.tools.state_reader``,
-``storage.dkv.dump``, ``storage.log.dump``, ``storage.log.console``) runs its command
+Every ``python -m`` tool (``dkvstream.operators.tools.run_job``, ``dkvstream.operators.tools.state_reader``,
+``dkvstream.storage.dkv.dump``, ``dkvstream.storage.log.dump``, ``dkvstream.storage.log.console``) runs its command
 through ``run_command`` and exits with:
 
 * 0: done;
@@ -22,7 +22,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from storage.errors import DkvstreamError
+from dkvstream.storage.errors import DkvstreamError
 
 USAGE = 2
 FAILED = 1

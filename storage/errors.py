@@ -2,7 +2,7 @@
 error dkvstream raises.
 
 One root (``DkvstreamError``) for the whole project: it is defined here, in the lowest
-layer, because ``storage`` must not import ``operators``; ``operators.errors`` derives
+layer, because ``storage`` must not import ``operators``; ``dkvstream.operators.errors`` derives
 the job API's and the runtime's errors from it. Each error keeps the built-in base that
 says what kind of mistake it is (``ValueError``, ``LookupError``, ``FileNotFoundError``
 ...), so callers that only know the standard library still catch it.

@@ -1,7 +1,7 @@
 """A throw-away server process on loopback, for tests and local development.
 
-The one launcher behind the SeaweedFS S3 server (``storage.objectstore.seaweedfs``) and
-the Kafka-compatible broker (``operators.io.kafka_broker``): a subclass gives the command
+The one launcher behind the SeaweedFS S3 server (``dkvstream.storage.objectstore.seaweedfs``) and
+the Kafka-compatible broker (``dkvstream.operators.io.kafka_broker``): a subclass gives the command
 line and a readiness probe; ``LocalServer`` owns the process. It starts the process in
 its own session with its output appended to a log file in the server's directory, polls
 the probe until the server answers (failing early, with the log's tail, if the process
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
-from storage.errors import DkvstreamError
+from dkvstream.storage.errors import DkvstreamError
 
 LOOPBACK = "127.0.0.1"
 S = TypeVar("S", bound="LocalServer")  # typing.Self needs Python 3.11

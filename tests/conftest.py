@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 from hypothesis import settings
 
-from examples.flights_oracle import assert_equals_oracle
-from operators.spark.session import ensure_python_workers_use_this_interpreter
+from dkvstream.examples.flights_oracle import assert_equals_oracle
+from dkvstream.operators.spark.session import ensure_python_workers_use_this_interpreter
 from tests.ci_env import in_ci
 
 ensure_python_workers_use_this_interpreter()
@@ -75,7 +75,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def spark():
     """A local[2] SparkSession shared by the whole run (starting one takes 10-20 s)."""
-    from operators.spark.session import get_spark
+    from dkvstream.operators.spark.session import get_spark
 
     session = get_spark({"spark.master": "local[2]"})
     yield session
@@ -85,7 +85,7 @@ def spark():
 @pytest.fixture(scope="session")
 def flights_oracle() -> pd.DataFrame:
     """The spec's pandas oracle over the full data set."""
-    from examples.flights_oracle import route_daily_delays_oracle
+    from dkvstream.examples.flights_oracle import route_daily_delays_oracle
 
     return route_daily_delays_oracle()
 
@@ -99,12 +99,12 @@ def check_flights_output(flights_oracle):
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
     """A real SeaweedFS S3 server on free loopback ports for the whole run
-    (``storage.objectstore.seaweedfs.SeaweedFSServer``: ``.endpoint_url``, ``.bucket``,
+    (``dkvstream.storage.objectstore.seaweedfs.SeaweedFSServer``: ``.endpoint_url``, ``.bucket``,
     ``.env()``, ``.restart()``). While it runs, the AWS environment variables point at
     it, so ``open_object_store("s3://<bucket>/...")`` works in this process and in
     Spark workers (a session started earlier needs them in
     ``spark.sparkContext.environment``)."""
-    from storage.objectstore.seaweedfs import SeaweedFSServer
+    from dkvstream.storage.objectstore.seaweedfs import SeaweedFSServer
 
     server = SeaweedFSServer(tmp_path_factory.mktemp("seaweedfs"), stop_timeout_s=3.0)
     server.start()
@@ -123,12 +123,12 @@ def s3_server(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory):
-    """A real Kafka-compatible broker (Tansu, ``operators.io.kafka_broker.TansuBroker``:
+    """A real Kafka-compatible broker (Tansu, ``dkvstream.operators.io.kafka_broker.TansuBroker``:
     ``.bootstrap``, ``.pid``) on a free loopback port for the whole run, in-memory
     storage; tests create their own topics (``tests/operators/test_kafka.py``). At teardown the
     broker is stopped and its process must be gone."""
-    from operators.io.kafka_broker import TansuBroker
-    from storage.local_server import pid_alive
+    from dkvstream.operators.io.kafka_broker import TansuBroker
+    from dkvstream.storage.local_server import pid_alive
 
     broker = TansuBroker(tmp_path_factory.mktemp("tansu"), stop_timeout_s=3.0).start()
     pid = broker.pid
@@ -145,7 +145,7 @@ def s3_store(s3_server, request):
     import re
     import uuid
 
-    from storage.objectstore.s3 import S3ObjectStore
+    from dkvstream.storage.objectstore.s3 import S3ObjectStore
 
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", request.node.name)[:60]
     return S3ObjectStore(

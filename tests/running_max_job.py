@@ -4,7 +4,6 @@ project of their own: it imports only ``dkvstream`` and pyarrow, never ``tests``
 ``running_maxima`` is its pandas oracle."""
 from __future__ import annotations
 
-import pandas as pd
 import pyarrow as pa
 
 from dkvstream import IntCodec, Job, Operator, ParquetSink, Source, ValueSpec

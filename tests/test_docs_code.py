@@ -194,7 +194,8 @@ def test_extractor_and_checks_on_a_made_up_page(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     page.write_text("- item:\n  <!-- no-run: needs a cluster -->\n  ```python\n  x = 1\n  ```\n\n"
                     "```bash\nbash platform/no-such.sh\n.venv/bin/python -m operators.no_such --help\n"
-                    ".venv/bin/python -m operators.tools.run_job --job examples.flights:no_such_job \\\n"
+                    ".venv/bin/python -m dkvstream.operators.tools.run_job "
+                    "--job dkvstream.examples.flights:no_such_job \\\n"
                     "    --in-process\n```\n")
     python, bash = code_blocks(page)
     assert (python.lang, python.line, python.source, python.no_run) == ("python", 3, "x = 1\n", "needs a cluster")
@@ -204,4 +205,4 @@ def test_extractor_and_checks_on_a_made_up_page(tmp_path: Path) -> None:
     problems = bash_problems([page])
     assert [p.split(": ")[1].split(" ")[0] for p in problems] == [
         "platform/no-such.sh", "python", "--job"], problems
-    assert "operators.no_such" in problems[1] and "examples.flights:no_such_job" in problems[2]
+    assert "operators.no_such" in problems[1] and "dkvstream.examples.flights:no_such_job" in problems[2]

@@ -46,7 +46,7 @@ from bench.baselines.flights_input import (
     run_engine_cli,
 )
 from bench.baselines.flights_window import fold, merge, new_accumulator, to_output_table
-from examples.flights_data import DAY_MS
+from dkvstream.examples.flights_data import DAY_MS
 
 
 def bytewax_import_error() -> str | None:

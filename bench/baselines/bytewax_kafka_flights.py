@@ -58,7 +58,7 @@ from bench.baselines.flights_live import (
     run_live_cli,
 )
 from bench.baselines.flights_window import fold, merge, new_accumulator, to_output_table
-from examples.flights_data import DAY_MS
+from dkvstream.examples.flights_data import DAY_MS
 
 
 def build_flow(bootstrap: str, topic: str, ends: dict[int, int], progress: Progress, sink: list):

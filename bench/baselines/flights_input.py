@@ -28,9 +28,9 @@ import pyarrow.parquet as pq
 
 # Columns of the input files: the route key, the event time and the columns the
 # dkvstream job carries with each event (examples/flights.py EVENT_COLUMNS).
-from examples.flights import EVENT_COLUMNS
-from examples.flights_data import DAY_MS, ORIGINS, replay_partitions
-from operators.io.sources import KEY_COLUMN, TIMESTAMP_COLUMN, Source
+from dkvstream.examples.flights import EVENT_COLUMNS
+from dkvstream.examples.flights_data import DAY_MS, ORIGINS, replay_partitions
+from dkvstream.operators.io.sources import KEY_COLUMN, TIMESTAMP_COLUMN, Source
 
 ROUTE_COLUMN = "route"
 EVENT_TIME_COLUMN = "event_time"
@@ -255,7 +255,7 @@ def prefix_oracle(plan: EpochPlan) -> pd.DataFrame:
     the CSV); for a prefix, the same grouping over the replay rows ``[0, end)`` with
     pyarrow's ``group_by`` (the smoke test checks the two agree on the full data).
     """
-    from examples.flights_oracle import route_daily_delays_oracle
+    from dkvstream.examples.flights_oracle import route_daily_delays_oracle
 
     if plan.full:
         return route_daily_delays_oracle(plan.scale)
@@ -286,7 +286,7 @@ def check_output(output: pa.Table, plan: EpochPlan) -> None:
     Raises:
         AssertionError: naming the first differing column and row.
     """
-    from examples.flights_oracle import assert_equals_oracle
+    from dkvstream.examples.flights_oracle import assert_equals_oracle
 
     assert_equals_oracle(output, prefix_oracle(plan))
 

@@ -71,9 +71,9 @@ import pandas as pd
 import pyarrow as pa
 
 from bench.baselines.flights_input import EpochPlan, prefix_oracle
-from examples.flights_data import ORIGINS
-from examples.flights_oracle import assert_equals_oracle
-from examples.flights_producer import TICK_S, create_topic, produce, replay_order
+from dkvstream.examples.flights_data import ORIGINS
+from dkvstream.examples.flights_oracle import assert_equals_oracle
+from dkvstream.examples.flights_producer import TICK_S, create_topic, produce, replay_order
 
 WATERMARK_DELAY_MS = 3_600_000  # the spec's watermark: max event time - 1 h
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -307,7 +307,7 @@ def run_live_cli(args, engine: str, run, extra_stats=None) -> int:
 
 
 class LiveProducer:
-    """``python -m examples.flights_producer`` in a child process (``args.producers`` of
+    """``python -m dkvstream.examples.flights_producer`` in a child process (``args.producers`` of
     them, default 1, each producing the records of its own partitions on the common
     schedule: one Python producer tops out at about 25,000-30,000 records/s), started
     from a thread once the engine is ready (``progress.ready``), on a fresh topic; while it runs, and
@@ -353,7 +353,7 @@ class LiveProducer:
             env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO_ROOT, os.environ.get("PYTHONPATH", "")])}
             k = self.producers
             procs = [subprocess.Popen(
-                [sys.executable, "-m", "examples.flights_producer", "--bootstrap", a.bootstrap, "--topic",
+                [sys.executable, "-m", "dkvstream.examples.flights_producer", "--bootstrap", a.bootstrap, "--topic",
                  a.topic, "--rate", str(a.rate), "--scale", str(a.scale), "--limit", str(a.records),
                  *(["--partitions", ",".join(str(p) for p in range(len(ORIGINS)) if p % k == i)] if k > 1 else [])],
                 stdout=subprocess.PIPE, cwd=REPO_ROOT, env=env) for i in range(k)]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute  # pa.compute
 
-from examples.flights_data import DAY_MS
+from dkvstream.examples.flights_data import DAY_MS
 
 
 def new_accumulator() -> list:

@@ -57,7 +57,7 @@ from bench.baselines.flights_live import (
     run_live_cli,
 )
 from bench.baselines.flights_window import fold, new_accumulator, to_output_table
-from examples.flights_data import DAY_MS
+from dkvstream.examples.flights_data import DAY_MS
 
 # With librdkafka's default session timeout (45 s) the group join timed out on Tansu; with
 # 10 s the first partitions are assigned after about 5 s.

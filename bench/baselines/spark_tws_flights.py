@@ -63,7 +63,7 @@ from bench.baselines.flights_input import (
     check_output,
     run_engine_cli,
 )
-from examples.flights_data import DAY_MS
+from dkvstream.examples.flights_data import DAY_MS
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 WATERMARK_DELAY = "1 hour"
@@ -391,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     def run_on_spark(plan: EpochPlan, input_dir: str, work_dir: str) -> dict:
-        from operators.spark.session import get_spark
+        from dkvstream.operators.spark.session import get_spark
 
         spark = get_spark({"spark.master": "local[2]", "spark.sql.shuffle.partitions": "2"})
         return dict(run(spark, plan, input_dir, work_dir, args.variant,

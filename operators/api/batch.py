@@ -28,8 +28,8 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import pyarrow as pa
 
-from operators.api.operator import MAIN_OUTPUT, KeyedEvent, Operator, Subject
-from operators.api.state import (
+from dkvstream.operators.api.operator import MAIN_OUTPUT, KeyedEvent, Operator, Subject
+from dkvstream.operators.api.state import (
     ENCODE_ERRORS,
     ListSpec,
     MapSpec,
@@ -54,7 +54,7 @@ KEY_GROUP = "key_group"
 
 class BulkTimers(Protocol):
     """The timers a ``BatchContext`` registers through: the task's timer service
-    (``operators.runtime.timers.TimerService``). Rows of the three sequences are aligned;
+    (``dkvstream.operators.runtime.timers.TimerService``). Rows of the three sequences are aligned;
     timestamps in ms."""
 
     def set_many(self, key_groups: Sequence[int], timestamps: Sequence[int], keys: Sequence[bytes]) -> None: ...

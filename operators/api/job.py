@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from operators import paths
-from operators.api.keygroups import DEFAULT_KEY_GROUPS
-from operators.api.operator import Operator
-from operators.io.dead_letter import DEAD_LETTER_OUTPUT, DeadLetter
-from operators.io.sinks import Sink
-from operators.io.sources import Source
+from dkvstream.operators import paths
+from dkvstream.operators.api.keygroups import DEFAULT_KEY_GROUPS
+from dkvstream.operators.api.operator import Operator
+from dkvstream.operators.io.dead_letter import DEAD_LETTER_OUTPUT, DeadLetter
+from dkvstream.operators.io.sinks import Sink
+from dkvstream.operators.io.sources import Source
 
 
 @dataclass
@@ -39,7 +39,7 @@ class Job:
         max_out_of_orderness_ms: watermark bound: watermark = min over unfinished
             source partitions of the max event time seen, minus this (>= 0).
         dead_letter: where malformed events go and the future-timestamp bound
-            (``operators.io.dead_letter.DeadLetter``).
+            (``dkvstream.operators.io.dead_letter.DeadLetter``).
         trigger_interval_ms: a continuous run (``JobRunner.epochs(continuous=True)``)
             starts an epoch at most this often, ms (Spark's processing-time trigger);
             0 starts the next epoch as soon as the previous one commits and input waits.
@@ -84,12 +84,12 @@ class Job:
         self.validate()
 
     def validate(self) -> None:
-        """Check the definition (``operators.api.validation.check_job``).
+        """Check the definition (``dkvstream.operators.api.validation.check_job``).
 
         Raises:
             InvalidJobError: (a ``ValueError``) naming the job, the problem and what to do.
         """
-        from operators.api.validation import check_job  # imports state specs and codecs
+        from dkvstream.operators.api.validation import check_job  # imports state specs and codecs
 
         check_job(self)
 

@@ -1,6 +1,6 @@
 """The job author's API: keyed events, operators and the subject they act on.
 
-No PySpark here: an operator is plain Python, run by ``operators.runtime.task`` inside Spark
+No PySpark here: an operator is plain Python, run by ``dkvstream.operators.runtime.task`` inside Spark
 tasks and directly by unit tests.
 
 Timestamps are event time in milliseconds since the Unix epoch (UTC), as int.

@@ -3,7 +3,7 @@
 DKV key layout of a state entry (docs/design.md, "Key groups and keys")::
 
     key_group   u16 big-endian     one range = one contiguous key interval
-    schema      u8  = 0x00         0x00 state, 0x01 timer (operators.runtime.timers)
+    schema      u8  = 0x00         0x00 state, 0x01 timer (dkvstream.operators.runtime.timers)
     key_len     u32 big-endian     length of the subject key
     key         key_len bytes      the subject key
     id_len      u16 big-endian     length of the state id
@@ -21,11 +21,11 @@ import struct
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
-from operators.api.codecs import Codec
-from operators.errors import StateTypeError
+from dkvstream.operators.api.codecs import Codec
+from dkvstream.operators.errors import StateTypeError
 
 if TYPE_CHECKING:
-    from operators.api.operator import Subject
+    from dkvstream.operators.api.operator import Subject
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -42,7 +42,7 @@ ENCODE_ERRORS = (TypeError, ValueError, AttributeError, OverflowError, struct.er
 
 
 class StateStore(Protocol):
-    """The part of DKV state objects use (``storage.dkv.DKV`` satisfies it)."""
+    """The part of DKV state objects use (``dkvstream.storage.dkv.DKV`` satisfies it)."""
 
     def get(self, key: bytes) -> bytes | None: ...
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]: ...

@@ -12,24 +12,24 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from operators.api import codecs as codecs_module
-from operators.api.batch import BatchOperator
-from operators.api.codecs import Codec
-from operators.api.keygroups import MAX_KEY_GROUPS
-from operators.api.operator import MAIN_OUTPUT, Operator
-from operators.api.state import ListSpec, MapSpec, ValueSpec, state_specs
-from operators.errors import InvalidJobError
-from operators.io.sinks import ParquetSink, Sink
-from operators.io.sources import Source
-from operators.paths import LAYOUTS
+from dkvstream.operators.api import codecs as codecs_module
+from dkvstream.operators.api.batch import BatchOperator
+from dkvstream.operators.api.codecs import Codec
+from dkvstream.operators.api.keygroups import MAX_KEY_GROUPS
+from dkvstream.operators.api.operator import MAIN_OUTPUT, Operator
+from dkvstream.operators.api.state import ListSpec, MapSpec, ValueSpec, state_specs
+from dkvstream.operators.errors import InvalidJobError
+from dkvstream.operators.io.sinks import ParquetSink, Sink
+from dkvstream.operators.io.sources import Source
+from dkvstream.operators.paths import LAYOUTS
 
 if TYPE_CHECKING:
-    from operators.api.job import Job
+    from dkvstream.operators.api.job import Job
 
 
 
 def known_codecs() -> list[str]:
-    """Names of the codec classes in ``operators.api.codecs`` (for error messages)."""
+    """Names of the codec classes in ``dkvstream.operators.api.codecs`` (for error messages)."""
     return sorted(n for n, v in vars(codecs_module).items()
                   if isinstance(v, type) and issubclass(v, Codec) and v is not Codec)
 
@@ -66,8 +66,8 @@ def check_operator(job: Job, op) -> None:
                               f"instance; write {op.__name__}()")
     if not isinstance(op, (Operator, BatchOperator)):
         raise InvalidJobError(
-            f"job {job.name}: {op!r} is not an Operator; subclass operators.Operator "
-            f"(on_event per event) or operators.BatchOperator (on_batch per epoch)")
+            f"job {job.name}: {op!r} is not an Operator; subclass dkvstream.Operator "
+            f"(on_event per event) or dkvstream.BatchOperator (on_batch per epoch)")
     for out, schema in op.outputs.items():
         if not isinstance(schema, pa.Schema):
             raise InvalidJobError(f"job {job.name}: operator {op.name} output {out!r} schema is "

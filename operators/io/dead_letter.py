@@ -8,10 +8,10 @@ for bad records). A row is bad, with exactly one reason (checked in this order):
 reason                   the row
 =======================  ==============================================================
 ``unparseable_value``    the source could not decode it: its ``_error`` column (see
-                         ``operators.io.sources.ERROR_COLUMN``) is set, e.g. a topic value
+                         ``dkvstream.operators.io.sources.ERROR_COLUMN``) is set, e.g. a topic value
                          that is not JSON or does not fit ``value_schema`` without loss
                          (the error names the field: ``field 'price': JSON true is not a
-                         number``; ``operators.io.topics.decode_json_values``)
+                         number``; ``dkvstream.operators.io.topics.decode_json_values``)
 ``missing_key``          key null or empty (a null key would otherwise be taken for the
                          runtime's heartbeat row and vanish)
 ``missing_timestamp``    timestamp null
@@ -35,7 +35,7 @@ the bound.
 An event or timer an operator raises on is a dead letter too, with reason
 ``operator_error``, under ``Job.on_operator_error="dead_letter"``: the task that ran it
 stages its rows, the driver names them in the checkpoint with the screen's
-(``operators.runtime.operator_errors``).
+(``dkvstream.operators.runtime.operator_errors``).
 
 Bad rows are removed before the watermark is computed and written to the dead-letter
 table (``DeadLetter.table``, ``sinks/<table>/epoch=<e>/part-source.parquet``), staged
@@ -64,18 +64,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from operators.errors import BadInputError, TooManyDeadLettersError
-from operators.io.sinks import EPOCH_COLUMN, ParquetSink
-from operators.io.sources import ERROR_COLUMN, KEY_COLUMN, RAW_VALUE_COLUMN, TIMESTAMP_COLUMN
-from operators.paths import LAYOUT_FLAT, staging_prefix
-from storage.objectstore import ObjectStore
-from storage.objectstore.checksum import ObjectChecksum
+from dkvstream.operators.errors import BadInputError, TooManyDeadLettersError
+from dkvstream.operators.io.sinks import EPOCH_COLUMN, ParquetSink
+from dkvstream.operators.io.sources import ERROR_COLUMN, KEY_COLUMN, RAW_VALUE_COLUMN, TIMESTAMP_COLUMN
+from dkvstream.operators.paths import LAYOUT_FLAT, staging_prefix
+from dkvstream.storage.objectstore import ObjectStore
+from dkvstream.storage.objectstore.checksum import ObjectChecksum
 
 DEAD_LETTER_OUTPUT = "_dead_letter"  # its key in JobCheckpoint.outputs
 DAY_MS = 86_400_000
 # The screen's reasons in the order it checks them, then ``operator_error``: an event or
 # timer an operator raised on, under ``Job.on_operator_error="dead_letter"``
-# (``operators.runtime.operator_errors``; written by the task, not the screen).
+# (``dkvstream.operators.runtime.operator_errors``; written by the task, not the screen).
 OPERATOR_ERROR = "operator_error"
 REASONS = ("unparseable_value", "missing_key", "missing_timestamp", "timestamp_before_epoch",
            "timestamp_in_future", OPERATOR_ERROR)
@@ -242,11 +242,11 @@ def stage(store: ObjectStore, job_prefix: str, epoch: int, dead: pa.Table, attem
         dead: rows of ``DEAD_LETTER_SCHEMA``, all of epoch ``epoch``; written without
             the ``epoch`` column (``DEAD_LETTER_FILE_SCHEMA``: the directory gives it).
         label: who wrote them: ``"source"`` for the driver's screen, ``<operator>-<range
-            label>`` for a task (``operators.runtime.operator_errors``). It names the
+            label>`` for a task (``dkvstream.operators.runtime.operator_errors``). It names the
             published file (``part-<label>.parquet``), so it is unique within an epoch.
         attempt: unique to the writer's attempt (driver or task): a failed attempt's file
             is never named by a checkpoint and is cleaned up like any staged output.
-        layout: the job's key layout (``operators.paths``).
+        layout: the job's key layout (``dkvstream.operators.paths``).
 
     Raises:
         ValueError: a row of another epoch (a bug of the caller).

@@ -6,7 +6,7 @@ Offsets and the file log
 ------------------------
 The source has one partition, ``files``. Each discovery (``end_offsets``) lists the
 watched prefix and appends the files it has not seen to a durable, append-only *file
-log* in the job's store, under ``operators.paths.source_prefix(job, name)``: per file
+log* in the job's store, under ``dkvstream.operators.paths.source_prefix(job, name)``: per file
 its ordinal, name, size, CRC-32 of its bytes, modification time and row count. Offsets
 are cumulative row numbers over the logged files, in log order (dense: a file of n rows
 takes n offsets, an empty file none), so the offset a checkpoint commits names exactly
@@ -101,8 +101,8 @@ import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
-from operators.errors import RecoveryRefusedError, SourceFileChangedError
-from operators.io.sources import (
+from dkvstream.operators.errors import RecoveryRefusedError, SourceFileChangedError
+from dkvstream.operators.io.sources import (
     ERROR_COLUMN,
     INGEST_TIME_COLUMN,
     KEY_COLUMN,
@@ -110,9 +110,9 @@ from operators.io.sources import (
     TIMESTAMP_COLUMN,
     Source,
 )
-from operators.paths import source_prefix
-from storage.errors import CorruptionError, ObjectExistsError, ObjectNotFoundError
-from storage.objectstore import ObjectStore, open_object_store
+from dkvstream.operators.paths import source_prefix
+from dkvstream.storage.errors import CorruptionError, ObjectExistsError, ObjectNotFoundError
+from dkvstream.storage.objectstore import ObjectStore, open_object_store
 
 PARTITION = "files"
 FORMATS = ("parquet", "csv", "jsonl")
@@ -773,8 +773,8 @@ def _encode(source: FileSource, files: list[LoggedFile]) -> bytes:
 def _list_with_times(store: ObjectStore, prefix: str) -> list[tuple[str, int, int | None]]:
     """``(key, size, mtime ms or None)`` of every object under ``prefix``: the local
     store's file times, S3's ``LastModified``; other stores report no time."""
-    from storage.objectstore.local import LocalObjectStore
-    from storage.objectstore.s3 import S3ObjectStore
+    from dkvstream.storage.objectstore.local import LocalObjectStore
+    from dkvstream.storage.objectstore.s3 import S3ObjectStore
 
     if isinstance(store, S3ObjectStore):
         root = f"{store.prefix}/" if store.prefix else ""

@@ -52,10 +52,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from operators import paths
-from operators.errors import KafkaIOError
-from operators.io.sinks import Sink
-from operators.io.sources import (
+from dkvstream.operators import paths
+from dkvstream.operators.errors import KafkaIOError
+from dkvstream.operators.io.sinks import Sink
+from dkvstream.operators.io.sources import (
     ERROR_COLUMN,
     INGEST_TIME_COLUMN,
     KEY_COLUMN,
@@ -64,9 +64,9 @@ from operators.io.sources import (
     TIMESTAMP_COLUMN,
     Source,
 )
-from operators.io.topics import VALUE_COLUMN, columns_of_rows, decode_json_values
-from operators.paths import range_label_of
-from storage.objectstore import ObjectStore
+from dkvstream.operators.io.topics import VALUE_COLUMN, columns_of_rows, decode_json_values
+from dkvstream.operators.paths import range_label_of
+from dkvstream.storage.objectstore import ObjectStore
 
 VALUE_FORMATS = ("json", "bytes", "utf8")
 EPOCH_HEADER = "dkvstream-epoch"
@@ -148,7 +148,7 @@ class KafkaSource(Source):
         topic: the topic; it must exist when the source is first used.
         value_format: how a record value becomes the value columns: ``"json"`` (a JSON
             object, decoded into ``value_schema`` with the checks of
-            ``operators.io.topics.decode_json_values``), ``"bytes"`` (one binary
+            ``dkvstream.operators.io.topics.decode_json_values``), ``"bytes"`` (one binary
             ``value`` column), ``"utf8"`` (one string ``value`` column), or a callable
             taking the value (bytes, or None for a null value) and returning a dict of
             ``value_schema`` fields.
@@ -178,7 +178,7 @@ class KafkaSource(Source):
     timestamp when it is a LogAppendTime (the broker's), else the record timestamp too
     (CreateTime: the producer's clock), else the time of the read. With ``timestamp``
     None both are the same value, so the runtime reports now minus it as event-time lag,
-    not latency (``operators.runtime.live.ingest_sketches``).
+    not latency (``dkvstream.operators.runtime.live.ingest_sketches``).
 
     Bad records do not raise: a value that does not decode gets ``_error`` and
     ``_raw_value``, and the runtime sends it to the dead-letter table with topic

@@ -11,7 +11,7 @@ Usage::
 
     with TansuBroker(tmp_dir) as broker:
         source = KafkaSource(broker.bootstrap, "events", ...)
-    # or: python -m operators.io.kafka_broker start --dir DIR  (see platform/kafka-broker.sh)
+    # or: python -m dkvstream.operators.io.kafka_broker start --dir DIR  (see platform/kafka-broker.sh)
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
-from storage.cli import run_command
-from storage.local_server import LOOPBACK, LocalServer, LocalServerError, free_ports, recorded, stop_recorded
+from dkvstream.storage.cli import run_command
+from dkvstream.storage.local_server import LOOPBACK, LocalServer, LocalServerError, free_ports, recorded, stop_recorded
 
 
 class TansuError(LocalServerError):
@@ -149,13 +149,13 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m operators.io.kafka_broker {start,stop,status} --dir DIR``.
+    """``python -m dkvstream.operators.io.kafka_broker {start,stop,status} --dir DIR``.
 
     ``start`` and ``status`` print the bootstrap address (``127.0.0.1:<port>``) on
     stdout; the pid and port are kept in ``DIR/broker.json``, the log in
     ``DIR/tansu.log``.
     """
-    parser = argparse.ArgumentParser(prog="python -m operators.io.kafka_broker",
+    parser = argparse.ArgumentParser(prog="python -m dkvstream.operators.io.kafka_broker",
                                      description="A local Tansu Kafka broker for dkvstream.")
     parser.add_argument("action", choices=["start", "stop", "status"])
     parser.add_argument("--dir", default=".dkvstream-kafka",

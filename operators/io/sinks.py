@@ -21,12 +21,12 @@ from collections.abc import Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from operators import paths
-from operators.errors import RecoveryRefusedError
-from operators.paths import range_label_of
-from storage.errors import ObjectNotFoundError
-from storage.objectstore import REQUEST_THREADS, ObjectStore, map_requests
-from storage.objectstore.checksum import ObjectChecksum
+from dkvstream.operators import paths
+from dkvstream.operators.errors import RecoveryRefusedError
+from dkvstream.operators.paths import range_label_of
+from dkvstream.storage.errors import ObjectNotFoundError
+from dkvstream.storage.objectstore import REQUEST_THREADS, ObjectStore, map_requests
+from dkvstream.storage.objectstore.checksum import ObjectChecksum
 
 # A ParquetSink's files sit in ``epoch=<e>`` directories, which every reader of the table
 # by its directory (pyarrow, DuckDB, Spark: hive partitioning) turns into this column.
@@ -76,7 +76,7 @@ class Sink(ABC):
     def check_staged(self, store: ObjectStore, job_prefix: str, epoch: int, staged: list[str],
                      checksums: dict[str, ObjectChecksum], full: bool) -> list[str]:
         """Whether a restart can publish committed epoch ``epoch`` again (its checkpoint
-        is checked before the job continues from it, ``operators.runtime.recovery``).
+        is checked before the job continues from it, ``dkvstream.operators.runtime.recovery``).
 
         Args:
             staged: the epoch's staged object keys of this sink's output.
@@ -106,7 +106,7 @@ class Sink(ABC):
     def published_after(self, store: ObjectStore, job_prefix: str, epoch: int) -> list[str] | None:
         """What this sink has made visible for epochs after ``epoch`` (URIs or a
         description; empty if nothing), or None if it cannot tell. A restart falls back
-        to checkpoint ``epoch`` only when nothing is (``operators.runtime.recovery``)."""
+        to checkpoint ``epoch`` only when nothing is (``dkvstream.operators.runtime.recovery``)."""
         return None
 
 

@@ -15,7 +15,7 @@ KEY_COLUMN = "key"
 TIMESTAMP_COLUMN = "timestamp"
 # Optional columns of ``Source.read`` for rows the source could not decode: the error
 # message (null for a good row) and the raw bytes. Such rows go to the job's dead-letter
-# table (``operators.io.dead_letter``); the columns never reach an operator.
+# table (``dkvstream.operators.io.dead_letter``); the columns never reach an operator.
 ERROR_COLUMN = "_error"
 RAW_VALUE_COLUMN = "_raw_value"
 # Optional column of ``Source.read`` for a source whose offsets have gaps (a Kafka topic:
@@ -44,7 +44,7 @@ class Source(ABC):
     ``end_offsets``, ``bounded``, ``value_schema``, ``snapshot_state``, ``restore_state``
     and ``close`` (planning, offsets and their checkpointed state);
     ``read`` runs in Spark's read tasks on the executors, one per planned slice
-    (``operators.runtime.splits``), on a copy of the source unpickled there. So a source
+    (``dkvstream.operators.runtime.splits``), on a copy of the source unpickled there. So a source
     must pickle small (configuration, not data: load data lazily in ``read``, caching it
     per process if costly) and be importable on the executors, and ``read`` must not
     depend on state the driver's copy gathered.
@@ -56,7 +56,7 @@ class Source(ABC):
         """Called once by the runtime (``JobRunner``, sensors) before any other method,
         with the job's object store and prefix: a source that keeps its own metadata
         (a file source's list of discovered files) keeps it under
-        ``operators.paths.source_prefix(job_prefix, self.name)``. Default: nothing."""
+        ``dkvstream.operators.paths.source_prefix(job_prefix, self.name)``. Default: nothing."""
 
     @abstractmethod
     def partitions(self) -> list[str]:
@@ -136,7 +136,7 @@ def check_slice(source: Source, partition: str, start: int, end: int, table: pa.
     ``_raw_value`` (binary), ``_offset`` (int64) and ``_ingest_time`` (int64) if present. Every slice of every
     partition comes out in this one schema, so the driver can concatenate them. The check compares types only (no
     per-row work); null, empty or out-of-range keys and timestamps are row-level and go
-    to the dead-letter table later (``operators.io.dead_letter``).
+    to the dead-letter table later (``dkvstream.operators.io.dead_letter``).
 
     Casts: a column is cast only if the cast is lossless for every possible value, and
     then silently (zero-copy or a widening):

@@ -1,7 +1,7 @@
 """How a table sink lays out its Delta table: columns, primary key, partitions, location.
 
-Shared by the writer (``operators.io.table_sink``), the readers
-(``operators.io.table_reader``) and the maintenance ops (``operators.io.table_maintenance``).
+Shared by the writer (``dkvstream.operators.io.table_sink``), the readers
+(``dkvstream.operators.io.table_reader``) and the maintenance ops (``dkvstream.operators.io.table_maintenance``).
 
 Partitioning like Kudu's: a hidden column ``_bucket`` = xxh3_64 of the primary key
 columns mod ``hash_buckets``, plus an optional ``range_column`` (one of the key columns,
@@ -16,8 +16,8 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from operators import paths
-from storage.objectstore import ObjectStore
+from dkvstream.operators import paths
+from dkvstream.storage.objectstore import ObjectStore
 
 OP_COLUMN = "_op"
 BUCKET_COLUMN = "_bucket"
@@ -112,7 +112,7 @@ def delta_uri(store: ObjectStore, key_prefix: str) -> str:
     Raises:
         NotImplementedError: the store is neither a local directory nor S3.
     """
-    from storage.objectstore.s3 import S3ObjectStore
+    from dkvstream.storage.objectstore.s3 import S3ObjectStore
 
     if isinstance(store, S3ObjectStore):
         base = f"{store.prefix}/{key_prefix}" if store.prefix else key_prefix
@@ -127,7 +127,7 @@ def storage_options(store: ObjectStore) -> dict[str, str] | None:
     """delta-rs ``storage_options`` reaching the same bucket as ``store`` (None for a
     local directory). Commits to ``_delta_log`` use S3 conditional puts
     (``If-None-Match``), which delta-rs 1.x does by default and SeaweedFS supports."""
-    from storage.objectstore.s3 import S3ObjectStore
+    from dkvstream.storage.objectstore.s3 import S3ObjectStore
 
     if not isinstance(store, S3ObjectStore):
         return None

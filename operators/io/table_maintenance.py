@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from operators import paths
-from operators.io.table_layout import delta_uri, storage_options
-from storage.objectstore import ObjectStore
+from dkvstream.operators import paths
+from dkvstream.operators.io.table_layout import delta_uri, storage_options
+from dkvstream.storage.objectstore import ObjectStore
 
 
 def delta_tables(store: ObjectStore, job_prefix: str) -> list[str]:

@@ -23,9 +23,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
-from operators.errors import SnapshotVacuumedError
-from operators.io.table_layout import BUCKET_COLUMN, EPOCH_METADATA, TableLayout, storage_options
-from storage.objectstore import ObjectStore
+from dkvstream.operators.errors import SnapshotVacuumedError
+from dkvstream.operators.io.table_layout import BUCKET_COLUMN, EPOCH_METADATA, TableLayout, storage_options
+from dkvstream.storage.objectstore import ObjectStore
 
 _VIEW_TYPES = (pa.types.is_string_view, pa.types.is_binary_view)
 # Footers read at once when deciding how to filter each file (one GET each on S3).

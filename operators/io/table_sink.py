@@ -16,8 +16,8 @@ rows from one range (key the emitting operator by the table's key); rows of one 
 several ranges apply in range order.
 
 Partitioning (``_bucket`` hash buckets plus an optional range column) is in
-``operators.io.table_layout``; reads (lookups, scans, time travel, Spark) in
-``operators.io.table_reader``; compaction and vacuum in ``operators.io.table_maintenance``.
+``dkvstream.operators.io.table_layout``; reads (lookups, scans, time travel, Spark) in
+``dkvstream.operators.io.table_reader``; compaction and vacuum in ``dkvstream.operators.io.table_maintenance``.
 ``TableSink`` has all of them: it is a ``TableReader``.
 
 Exactly-once, one table commit per epoch. A task writes its change rows as Parquet
@@ -44,9 +44,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from operators.errors import InsertConflictError, SnapshotVacuumedError
-from operators.io.sinks import Sink
-from operators.io.table_layout import (
+from dkvstream.operators.errors import InsertConflictError, SnapshotVacuumedError
+from dkvstream.operators.io.sinks import Sink
+from dkvstream.operators.io.table_layout import (
     BUCKET_COLUMN,
     DELETE,
     EPOCH_METADATA,
@@ -57,11 +57,11 @@ from operators.io.table_layout import (
     delta_uri,
     storage_options,
 )
-from operators.io.table_maintenance import compact_table, delta_tables, small_files, vacuum_table
-from operators.io.table_reader import TableReader
-from storage.objectstore import ObjectStore
+from dkvstream.operators.io.table_maintenance import compact_table, delta_tables, small_files, vacuum_table
+from dkvstream.operators.io.table_reader import TableReader
+from dkvstream.storage.objectstore import ObjectStore
 
-# Names this module has always offered (``from operators.io.table_sink import ...``).
+# Names this module has always offered (``from dkvstream.operators.io.table_sink import ...``).
 __all__ = [
     "BUCKET_COLUMN", "DELETE", "EPOCH_METADATA", "INSERT", "OP_COLUMN", "UPSERT",
     "InsertConflictError", "SnapshotVacuumedError", "TableSink", "compact_table", "delta_tables",

@@ -1,4 +1,4 @@
-"""Topics as job sources and sinks (``storage.log``).
+"""Topics as job sources and sinks (``dkvstream.storage.log``).
 
 ``TopicSource``: source partition ``<topic>-<n>`` is partition n of the topic, and the
 runtime's source offsets are the topic's offsets, so they are committed with the job's
@@ -38,8 +38,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
-from operators.io.sinks import Sink
-from operators.io.sources import (
+from dkvstream.operators.io.sinks import Sink
+from dkvstream.operators.io.sources import (
     ERROR_COLUMN,
     INGEST_TIME_COLUMN,
     KEY_COLUMN,
@@ -48,14 +48,14 @@ from operators.io.sources import (
     TIMESTAMP_COLUMN,
     Source,
 )
-from storage.log import Log, TopicConfig
-from storage.log.consumer import fetch, with_fresh_metadata
-from storage.log.errors import InvalidRecordError
-from storage.log.metadata import NO_CHANGE, LogMetadata
-from storage.log.producer import append_file, now_ms, partition_for
-from storage.log.records import Record
-from storage.log.segment import SegmentWriter, read_directory
-from storage.objectstore import ObjectStore, map_requests, open_object_store
+from dkvstream.storage.log import Log, TopicConfig
+from dkvstream.storage.log.consumer import fetch, with_fresh_metadata
+from dkvstream.storage.log.errors import InvalidRecordError
+from dkvstream.storage.log.metadata import NO_CHANGE, LogMetadata
+from dkvstream.storage.log.producer import append_file, now_ms, partition_for
+from dkvstream.storage.log.records import Record
+from dkvstream.storage.log.segment import SegmentWriter, read_directory
+from dkvstream.storage.objectstore import ObjectStore, map_requests, open_object_store
 
 VALUE_COLUMN = "value"
 
@@ -251,7 +251,7 @@ def decode_json_values_per_record(raw: list[bytes | None],
     A value that is not JSON, not an object, or has a field its column cannot hold as
     written does not raise: its columns are null and its error message is set (naming
     the field: ``"field 'price': ..."``), so the runtime sends it to the dead-letter table
-    (``operators.io.dead_letter``). Not held as written, rather than coerced:
+    (``dkvstream.operators.io.dead_letter``). Not held as written, rather than coerced:
 
     * ``true``/``false`` in a numeric column (Arrow would take it as 1/0);
     * a number with a fraction or exponent (``6.5``, also ``6.0``) in an integer column

@@ -28,7 +28,7 @@ import functools
 
 import pyarrow as pa
 
-from operators.io.sources import (
+from dkvstream.operators.io.sources import (
     ERROR_COLUMN,
     INGEST_TIME_COLUMN,
     KEY_COLUMN,

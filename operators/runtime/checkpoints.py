@@ -10,7 +10,7 @@ checkpoint exists. Layout::
         "source_offsets": {partition: int},         # next offset to read
         "partition_max_ts": {partition: int (ms)},  # watermark inputs
         "partition_active_at_ms": {partition: int},  # wall clock (ms) the partition's
-            # quiet time counts from: partition idleness (operators.runtime.live.
+            # quiet time counts from: partition idleness (dkvstream.operators.runtime.live.
             # partition_activity, idle_partitions); a partition missing has not
             # started it (no epoch read events since it appeared), nor has any in
             # checkpoints written before idleness existed (read as {})
@@ -26,7 +26,7 @@ checkpoint exists. Layout::
         "dropped": {op_name: {range_label: [[name, bytes], ...]} | null} | null,
             # what the epoch's range manifests stopped naming compared with the previous
             # checkpoint's (DKV.dropped_at_checkpoint): garbage once the previous
-            # checkpoint expires (incremental retention, operators.runtime.cleanup).
+            # checkpoint expires (incremental retention, dkvstream.operators.runtime.cleanup).
             # ``name`` is relative to the range's state prefix, or "/" + the whole key
             # for an object elsewhere (a parent range's table after a rescale). null for
             # an operator: unknown (a rescale epoch, a shared table dropped); null
@@ -35,7 +35,7 @@ checkpoint exists. Layout::
             # what the epoch's tasks wrote and their manifests do not name
             # (DKV.unkept_at_checkpoint): garbage once this checkpoint is committed
         "layout": int,                              # key layout of the tasks' files, fixed
-            # at the job's first epoch (operators.paths: 1 flat, 2 hashed; absent: 1)
+            # at the job's first epoch (dkvstream.operators.paths: 1 flat, 2 hashed; absent: 1)
         "source_state": {...} | null,               # the source's record of what maps
             # source_offsets to events (Source.snapshot_state; a file source: how many
             # files its log held and their checksum), checked on restart
@@ -45,7 +45,7 @@ checkpoint exists. Layout::
             "requests": {"driver": {...}, "tasks": {...}},  # object-store requests
             # by kind and bytes since the previous commit (RequestStats.snapshot() shape)
             "live": {...}}}}                        # rates, lag, latency, watermark delay
-            # at the commit (operators.runtime.live.epoch_metrics)
+            # at the commit (dkvstream.operators.runtime.live.epoch_metrics)
 
 Everything a task wrote is garbage until a checkpoint names it (docs/design.md, "Epochs and
 checkpoints").
@@ -56,12 +56,12 @@ the gap. Two kinds of small marker objects next to the checkpoints close it, bot
 before anything could depend on them and listed with the checkpoints in one LIST:
 
 * ``checkpoints/retired-<F>.json``, the **retention floor**: written by retention
-  (``operators.runtime.cleanup``) *before* it deletes the checkpoints of epochs up to F.
+  (``dkvstream.operators.runtime.cleanup``) *before* it deletes the checkpoints of epochs up to F.
   Epochs at or below the newest floor are not listed as committed (``read_commit_log``).
 * ``checkpoints/committed-<N>.json``, the **commit record**: written by the driver once
   its checkpoint N passed the fence, before it publishes or cleans up anything; the
   newest one says which epoch was committed last (a restart that finds checkpoints
-  missing after it refuses or falls back, ``operators.runtime.recovery``).
+  missing after it refuses or falls back, ``dkvstream.operators.runtime.recovery``).
 
 ``commit_checkpoint`` writes checkpoint N with ``put_if_absent`` and then lists: if N is at
 or below the floor or the newest commit record, or a newer checkpoint exists, the epoch
@@ -81,12 +81,12 @@ from dataclasses import asdict, dataclass, field
 
 import crc32c
 
-from operators import paths
-from operators.errors import JobFencedError
-from operators.paths import checkpoint_key, checkpoint_prefix, epoch_of_checkpoint
-from storage.errors import CorruptionError
-from storage.objectstore import ObjectStore
-from storage.objectstore.checksum import ObjectChecksum
+from dkvstream.operators import paths
+from dkvstream.operators.errors import JobFencedError
+from dkvstream.operators.paths import checkpoint_key, checkpoint_prefix, epoch_of_checkpoint
+from dkvstream.storage.errors import CorruptionError
+from dkvstream.storage.objectstore import ObjectStore
+from dkvstream.storage.objectstore.checksum import ObjectChecksum
 
 FORMAT_VERSION = 1
 
@@ -110,7 +110,7 @@ class JobCheckpoint:
     partition_active_at_ms: dict[str, int] = field(default_factory=dict)
     dropped: dict[str, dict[str, list] | None] | None = None
     unkept: dict[str, dict[str, list] | None] | None = None
-    layout: int = paths.LAYOUT_FLAT  # the key layout of the tasks' files (operators.paths)
+    layout: int = paths.LAYOUT_FLAT  # the key layout of the tasks' files (dkvstream.operators.paths)
     source_state: dict | None = None  # Source.snapshot_state at source_offsets
     output_checksums: dict[str, list[int]] = field(default_factory=dict)
 
@@ -163,7 +163,7 @@ def encode_objects(job_prefix: str, by_operator: dict[str, dict[str, dict[str, i
 
     Args:
         job_prefix: ``jobs/<job name>``.
-        layout: the job's key layout (``operators.paths``), which places the range prefixes.
+        layout: the job's key layout (``dkvstream.operators.paths``), which places the range prefixes.
         by_operator: ``{operator: {range label: {object key: bytes} or None}}``; an
             operator with an unknown (None) range is unknown as a whole.
 

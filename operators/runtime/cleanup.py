@@ -31,7 +31,7 @@ files *before* the epoch's commit names them, so an unreferenced file may belong
 epoch in flight. The concurrent mode therefore:
 
 1. defers (deletes no file, only expired checkpoint manifests) while the job's epoch
-   lease is live (``operators.runtime.control``: written by the driver before its tasks run,
+   lease is live (``dkvstream.operators.runtime.control``: written by the driver before its tasks run,
    released after the commit);
 2. otherwise lists the job's files, then re-reads the lease and the newest epoch: if a
    lease appeared or an epoch committed meanwhile, it defers too;
@@ -46,7 +46,7 @@ be running, but may be) can have an epoch in flight, and a cleanup that did not 
 would delete that epoch's files before its commit names them. A driver whose commit was
 fenced never cleans up.
 
-The fence (``operators.runtime.checkpoints``): before deleting expired checkpoints, the
+The fence (``dkvstream.operators.runtime.checkpoints``): before deleting expired checkpoints, the
 retention floor is raised to the newest of them, so a lagging driver that writes one of
 them again is fenced; checkpoint objects at or below the floor (such a driver's write)
 and commit records and floors older than the newest of their kind are deleted.
@@ -67,9 +67,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from operators import paths
-from operators.paths import checkpoint_key
-from operators.runtime.checkpoints import (
+from dkvstream.operators import paths
+from dkvstream.operators.paths import checkpoint_key
+from dkvstream.operators.runtime.checkpoints import (
     JobCheckpoint,
     decode_objects,
     list_epochs,
@@ -77,11 +77,11 @@ from operators.runtime.checkpoints import (
     read_commit_log,
     retire_through,
 )
-from operators.runtime.control import read_lease
-from storage.dkv.gc import collect_garbage
-from storage.errors import CorruptionError, ObjectNotFoundError
-from storage.faults import fault_point
-from storage.objectstore import DELETE_BATCH, ForwardingObjectStore, ObjectStore, map_requests
+from dkvstream.operators.runtime.control import read_lease
+from dkvstream.storage.dkv.gc import collect_garbage
+from dkvstream.storage.errors import CorruptionError, ObjectNotFoundError
+from dkvstream.storage.faults import fault_point
+from dkvstream.storage.objectstore import DELETE_BATCH, ForwardingObjectStore, ObjectStore, map_requests
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +203,7 @@ def cleanup_job(store: ObjectStore, job_prefix: str, retain: int, *, concurrent:
 
 
 def _list_task_files(store: ObjectStore, job_prefix: str) -> tuple[list[str], list[str]]:
-    """``(DKV files, staged files)`` of the job in either key layout (``operators.paths``):
+    """``(DKV files, staged files)`` of the job in either key layout (``dkvstream.operators.paths``):
     a LIST of ``state/``, ``staging/`` and ``r/``."""
     flat_state, flat_staged, hashed = map_requests(
         store.list, [paths.state_root(job_prefix), paths.staging_root(job_prefix), paths.hashed_root(job_prefix)])
@@ -240,7 +240,7 @@ class IncrementalRetention:
     written by a committed task attempt and named by none), and an epoch runs from the
     newest checkpoint, which is retained. So unlike the full sweep this needs neither
     the lease nor the re-check; a driver lagging behind by the retention count is fenced
-    at its commit (``operators.runtime.checkpoints``) whatever it finds missing.
+    at its commit (``dkvstream.operators.runtime.checkpoints``) whatever it finds missing.
 
     Falls back to the full sweep (``cleanup_job(concurrent=True)``) when it cannot tell:
     an expired checkpoint or its successor does not read (the sweep reports the damage)

@@ -11,7 +11,7 @@ the bucket with the job (a Dagster op, a shell) can use them:
 * ``control/lease.json`` -- the **epoch lease**, written by the driver before its tasks
   write anything and deleted after the epoch's commit and inline cleanup (or its
   failure). Body: ``{"epoch", "acquired_at_ms", "expires_at_ms", "owner"}``. A cleanup
-  from another process (``operators.runtime.cleanup.cleanup_job(..., concurrent=True)``) deletes
+  from another process (``dkvstream.operators.runtime.cleanup.cleanup_job(..., concurrent=True)``) deletes
   no unreferenced file while a live lease exists, because the tasks' flushed tables and
   staged files are unreferenced until the commit. A lease is *stale* (ignored) once its
   epoch is committed (the driver died between commit and release) or its
@@ -25,9 +25,9 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 
-from operators.paths import flush_request_prefix, lease_key
-from storage.errors import CorruptionError, ObjectNotFoundError
-from storage.objectstore import ObjectStore
+from dkvstream.operators.paths import flush_request_prefix, lease_key
+from dkvstream.storage.errors import CorruptionError, ObjectNotFoundError
+from dkvstream.storage.objectstore import ObjectStore
 
 # An epoch longer than this loses its lease's protection; epochs take seconds to minutes.
 DEFAULT_LEASE_MS = 30 * 60 * 1000

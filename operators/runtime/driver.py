@@ -3,7 +3,7 @@
 The design is in docs/design.md, "Epochs and checkpoints". Per epoch
 (``JobRunner._run_epoch``, one method per step):
 
-1. Plan (``operators.runtime.live.plan_epoch``): for each source partition, new ones
+1. Plan (``dkvstream.operators.runtime.live.plan_epoch``): for each source partition, new ones
    from ``Source.start_offset``, the offset range ``[committed, end)`` (an equal share
    of ``events_per_epoch`` per unfinished partition; none for a partition more than
    ``max_watermark_drift_ms`` ahead in event time: watermark alignment). A live source
@@ -13,10 +13,10 @@ The design is in docs/design.md, "Epochs and checkpoints". Per epoch
    the watermark advances (a partition became idle). ``JobRunner.stop()`` ends the run
    between epochs; ``stop(drain=True)`` first commits a drain epoch: nothing read,
    watermark +infinity (every timer fires), the job finished (Flink's ``stop --drain``).
-2. Read (``operators.runtime.splits``, ``operators.runtime.exchange``): one read task per
+2. Read (``dkvstream.operators.runtime.splits``, ``dkvstream.operators.runtime.exchange``): one read task per
    planned slice reads it, screens bad rows out to the dead-letter rows and sends its
    events, by key-group range of the first operator, through the epoch's exchange
-   (Spark's shuffle, ``operators.spark.stage``); the driver never receives an event. The
+   (Spark's shuffle, ``dkvstream.operators.spark.stage``); the driver never receives an event. The
    epoch's event time (``live.epoch_event_time``) comes from the read tasks' split
    summaries: the watermark it reaches (bounded out-of-orderness: min over the
    partitions of the max event time seen, minus the bound; a bounded source's fully read
@@ -27,7 +27,7 @@ The design is in docs/design.md, "Epochs and checkpoints". Per epoch
    offsets committed end there). With alignment the driver computes it before any
    operator runs; without, the first operator's tasks do, and its range 0 reports it.
 3. Run stages: one Spark stage per operator, one task per key-group range over the
-   events routed to it (``operators.runtime.task.run_task``; a range without events
+   events routed to it (``dkvstream.operators.runtime.task.run_task``; a range without events
    still runs, so it fires its timers); each operator has its own ranges
    (``Job.operator_parallelism``). An operator's ``main`` output is re-keyed and routed
    through the exchange to the next operator's ranges.
@@ -40,16 +40,16 @@ The design is in docs/design.md, "Epochs and checkpoints". Per epoch
 7. Commit: one job checkpoint manifest, written with put-if-absent, names the source
    offsets, the watermark, every DKV range manifest and every staged output file; it
    counts only if its epoch is newer than every epoch committed before (the fence,
-   ``operators.runtime.checkpoints``), else this driver stops with ``JobFencedError``.
+   ``dkvstream.operators.runtime.checkpoints``), else this driver stops with ``JobFencedError``.
 8. Publish: staged sink files of the committed epoch get their final names
    (server-side copies; a sink that produces records does it in Spark tasks,
    ``Sink.publish_in_tasks``; idempotent, redone on restart for the newest checkpoint).
 9. Retention: older checkpoints and the files only they named are deleted
-   (``operators.runtime.cleanup``: incremental, from what each checkpoint recorded it
+   (``dkvstream.operators.runtime.cleanup``: incremental, from what each checkpoint recorded it
    dropped, with a full sweep every ``full_sweep_every`` epochs).
 
 Restart = read the newest checkpoint and continue from its offsets; files of failed
-attempts are never named and never published (``operators.runtime.recovery``: an
+attempts are never named and never published (``dkvstream.operators.runtime.recovery``: an
 unusable or missing newest checkpoint is fallen back from only where that is correct).
 A restart with another parallelism rescales: each new key-group range opens DKV from
 the old ranges it overlaps, reading only its own key interval (key groups themselves
@@ -65,14 +65,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from operators.api.job import Job
-from operators.api.keygroups import KeyGroupRange, key_group_ranges
-from operators.api.operator import MAIN_OUTPUT, WATERMARK_MIN
-from operators.errors import BadInputError, JobFailedError, JobFencedError, OperatorError
-from operators.io import dead_letter
-from operators.paths import LAYOUTS, checkpoint_key
-from operators.runtime import live
-from operators.runtime.checkpoints import (
+from dkvstream.operators.api.job import Job
+from dkvstream.operators.api.keygroups import KeyGroupRange, key_group_ranges
+from dkvstream.operators.api.operator import MAIN_OUTPUT, WATERMARK_MIN
+from dkvstream.operators.errors import BadInputError, JobFailedError, JobFencedError, OperatorError
+from dkvstream.operators.io import dead_letter
+from dkvstream.operators.paths import LAYOUTS, checkpoint_key
+from dkvstream.operators.runtime import live
+from dkvstream.operators.runtime.checkpoints import (
     JobCheckpoint,
     commit_checkpoint,
     encode_objects,
@@ -80,29 +80,29 @@ from operators.runtime.checkpoints import (
     read_commit_log,
     record_commit,
 )
-from operators.runtime.cleanup import CleanupReport, IncrementalRetention
-from operators.runtime.control import (
+from dkvstream.operators.runtime.cleanup import CleanupReport, IncrementalRetention
+from dkvstream.operators.runtime.control import (
     acquire_lease,
     consume_flush_requests,
     pending_flush_requests,
     release_lease,
 )
-from operators.runtime.exchange import (
+from dkvstream.operators.runtime.exchange import (
     DeadLetterResult,
     DeadLetterSpec,
     Exchange,
     FirstStage,
     LocalExchange,
 )
-from operators.runtime.open_state import OpenState
-from operators.runtime.recovery import VERIFY_MODES, restart_checkpoint, restore_source
-from operators.runtime.splits import ReadContext, Split, SplitSummary, stage_input_schema
-from operators.runtime.task import TaskResult, TaskSpec, forwarded_schema
-from operators.spark.task_errors import task_error
-from storage.dkv import DKVOptions
-from storage.errors import ObjectExistsError
-from storage.faults import fault_point
-from storage.objectstore import ObjectStore, open_object_store, subtract_requests, sum_requests
+from dkvstream.operators.runtime.open_state import OpenState
+from dkvstream.operators.runtime.recovery import VERIFY_MODES, restart_checkpoint, restore_source
+from dkvstream.operators.runtime.splits import ReadContext, Split, SplitSummary, stage_input_schema
+from dkvstream.operators.runtime.task import TaskResult, TaskSpec, forwarded_schema
+from dkvstream.operators.spark.task_errors import task_error
+from dkvstream.storage.dkv import DKVOptions
+from dkvstream.storage.errors import ObjectExistsError
+from dkvstream.storage.faults import fault_point
+from dkvstream.storage.objectstore import ObjectStore, open_object_store, subtract_requests, sum_requests
 
 log = logging.getLogger(__name__)
 
@@ -131,13 +131,13 @@ class EpochResult:
         published: object keys published this epoch.
         dead_letter: bad input rows, and events and timers an operator raised on,
             sent to the dead-letter table this epoch, per reason and ``total``
-            (``operators.io.dead_letter``).
+            (``dkvstream.operators.io.dead_letter``).
         recovery: set on the first epoch after a restart that fell back from an
-            unusable checkpoint (``operators.runtime.recovery.Fallback.as_metrics``).
+            unusable checkpoint (``dkvstream.operators.runtime.recovery.Fallback.as_metrics``).
         live: arrival (``input_rate``), read and processing rates (events/s), lag
             (offsets and ms), end-to-end latency or event-time lag (ms) and watermark
             delay (ms), measured after the publish
-            (``operators.runtime.live.epoch_metrics``; the checkpoint's ``metrics["live"]``
+            (``dkvstream.operators.runtime.live.epoch_metrics``; the checkpoint's ``metrics["live"]``
             holds the same measured at the commit).
         drained: True for the drain epoch of ``JobRunner.stop(drain=True)`` (no events
             read, watermark +infinity, ``finished``).
@@ -171,27 +171,27 @@ class JobRunner:
 
     Args:
         job: the job definition.
-        spark: a ``SparkSession`` (see ``operators.spark.session.get_spark``), or None to run
+        spark: a ``SparkSession`` (see ``dkvstream.operators.spark.session.get_spark``), or None to run
             every stage in this process, range after range (tests, debugging).
         store: the object store, or its root URI or path (``.dkvstream`` by default;
-            ``storage.objectstore.open_object_store``). Spark tasks receive the store
+            ``dkvstream.storage.objectstore.open_object_store``). Spark tasks receive the store
             pickled (its configuration, e.g. an S3 endpoint and credentials), so they use
             the same store as the driver whatever their environment.
         dkv_options: DKV tuning passed to every task.
         failpoint: fault injection for tests (see ``Failpoint``).
         retain_checkpoints: keep this many newest checkpoints and, after each epoch,
-            delete older ones and the files only they named (``operators.runtime.cleanup``);
+            delete older ones and the files only they named (``dkvstream.operators.runtime.cleanup``);
             None keeps everything. Incremental: a few requests per epoch whatever the
-            number of ranges (``operators.runtime.cleanup.IncrementalRetention``).
+            number of ranges (``dkvstream.operators.runtime.cleanup.IncrementalRetention``).
         full_sweep_every: every this many epochs, retention runs the full sweep
             instead, which also deletes what failed task attempts left
-            (``operators.runtime.cleanup.cleanup_job``; its requests grow with
+            (``dkvstream.operators.runtime.cleanup.cleanup_job``; its requests grow with
             retained checkpoints x ranges); None: never inline (schedule the Dagster
             ``cleanup`` op instead).
         verify_restart: how a restart checks the newest checkpoint before continuing
             from it, ``"names"`` (files exist at their recorded size) or ``"full"``
             (every block and record); an unusable one is fallen back from where that
-            is correct (``operators.runtime.recovery``).
+            is correct (``dkvstream.operators.runtime.recovery``).
         clock: wall clock, seconds since the Unix epoch (``time.time``): partition
             idleness, live metrics, the dead-letter table's times. Tests pass a fake one.
 
@@ -199,7 +199,7 @@ class JobRunner:
     ``close()`` (or leaving a ``with JobRunner(...) as runner:`` block) closes them.
 
     Raises:
-        InvalidJobError: the job definition is invalid (``operators.api.validation``);
+        InvalidJobError: the job definition is invalid (``dkvstream.operators.api.validation``);
             nothing has been written.
     """
 
@@ -346,7 +346,7 @@ class JobRunner:
                 commit, or when this driver's tasks failed because the other's
                 retention deleted the files of the checkpoint it started from).
             RecoveryRefusedError: the newest checkpoint is unusable or missing and
-                falling back is not safe (``operators.runtime.recovery``).
+                falling back is not safe (``dkvstream.operators.runtime.recovery``).
         """
         return list(self.epochs(max_epochs))
 
@@ -359,7 +359,7 @@ class JobRunner:
                 epoch, below, is not counted).
             continuous: on a live source, do not end when it has nothing new: plan an
                 epoch each time the job's processing-time trigger fires
-                (``Job.trigger_interval_ms``, ``operators.runtime.live``) and there is
+                (``Job.trigger_interval_ms``, ``dkvstream.operators.runtime.live``) and there is
                 new input, blocking in between (no polling loop faster than
                 ``live.NO_INPUT_POLL_MS``). The run then ends only at ``max_epochs``,
                 on ``stop()``, or on an error. A bounded source ends as without it,
@@ -407,7 +407,7 @@ class JobRunner:
                     drain: bool = False) -> tuple[EpochResult, JobCheckpoint]:
         """``_run_epoch`` under the epoch's lease, serving the pending flush requests."""
         # Requests seen now are served by this epoch; the lease keeps a concurrent
-        # cleanup off the files the tasks write before the commit (operators.runtime.control).
+        # cleanup off the files the tasks write before the commit (dkvstream.operators.runtime.control).
         flushes = pending_flush_requests(self.store, self.job.prefix)
         lease = acquire_lease(self.store, self.job.prefix, ckpt.epoch + 1)
         try:
@@ -442,7 +442,7 @@ class JobRunner:
         returns normally; a run waiting for its trigger returns at once without
         starting an epoch. Nothing is ever half-committed: an epoch either commits
         whole or was not started. Safe to call from any thread and from a signal
-        handler (``operators.tools.run_job --continuous`` calls it on SIGTERM/SIGINT);
+        handler (``dkvstream.operators.tools.run_job --continuous`` calls it on SIGTERM/SIGINT);
         idempotent. A stopped runner stays stopped: later ``epochs`` calls return
         without running an epoch (but for a drain asked for and not yet done).
 
@@ -464,7 +464,7 @@ class JobRunner:
         self._stop.request(drain)
 
     def _restart(self) -> JobCheckpoint:
-        """The checkpoint to continue from (``operators.runtime.recovery``), its commit
+        """The checkpoint to continue from (``dkvstream.operators.runtime.recovery``), its commit
         record written if a crash lost it, its publish finished; or the initial one."""
         ckpt, fallback = restart_checkpoint(self.store, self.job, self.verify_restart)
         if fallback is not None:
@@ -483,7 +483,7 @@ class JobRunner:
     def _new_exchange(self) -> Exchange:
         if self.spark is None:
             return LocalExchange(self.store, self.dkv_options, self._open_state)
-        from operators.spark.stage import SparkExchange
+        from dkvstream.operators.spark.stage import SparkExchange
 
         return SparkExchange(self.spark, self.store, self.dkv_options, self._first_parallelism)
 
@@ -492,7 +492,7 @@ class JobRunner:
         return self.job.parallelism_of(self.job.operators[0].name)
 
     def _read_events(self, plan: dict[str, tuple[int, int]], epoch: int) -> list[SplitSummary] | None:
-        """Step 2: the read tasks read the planned slices (``operators.runtime.splits``);
+        """Step 2: the read tasks read the planned slices (``dkvstream.operators.runtime.splits``);
         their events and dead letters stay in the epoch's exchange. With watermark
         alignment the driver gets one ``SplitSummary`` per slice; otherwise None: on
         Spark the read tasks then run in the first operator's job, and a read error is
@@ -539,7 +539,7 @@ class JobRunner:
         summaries = self._read_events(plan.offsets, epoch)
         # With watermark alignment the driver needs the summaries before any operator
         # runs (the cuts); otherwise the first operator's tasks compute the same event
-        # time from them and range 0 reports it (``operators.runtime.exchange``).
+        # time from them and range 0 reports it (``dkvstream.operators.runtime.exchange``).
         event_time = None if summaries is None else live.epoch_event_time(inputs, summaries)
         results = self._run_stages(ckpt, epoch, flush, event_time, inputs)
         if event_time is None:
@@ -575,7 +575,7 @@ class JobRunner:
             operators={op: {res.range_label: res.manifest_key for res in rs}
                        for op, rs in results.items()},
             outputs=outputs, output_checksums=checksums, metrics=metrics, layout=ckpt.layout,
-            dropped=encode_objects(self.job.prefix, {  # retention hook (operators.runtime.cleanup)
+            dropped=encode_objects(self.job.prefix, {  # retention hook (dkvstream.operators.runtime.cleanup)
                 op: {res.range_label: res.dropped for res in rs} for op, rs in results.items()}, ckpt.layout),
             unkept=encode_objects(self.job.prefix, {  # retention hook
                 op: {res.range_label: res.unkept for res in rs} for op, rs in results.items()}, ckpt.layout),
@@ -684,7 +684,7 @@ class JobRunner:
         ``epoch`` meanwhile, a read task's ``BadInputError`` (the read stage runs with the
         first operator's when the job does not align), an ``OperatorError``, else a job
         failure whose ``retryable`` is the task error's. A task's ``DkvstreamError``
-        keeps its type across Spark (``operators.spark.task_errors``); the caller raises
+        keeps its type across Spark (``dkvstream.operators.spark.task_errors``); the caller raises
         the result from it."""
         newest = self._newest_epoch_elsewhere()
         if newest is not None and newest >= epoch:
@@ -708,7 +708,7 @@ class JobRunner:
     def _stage_dead_letters(self) -> dict[str, list[str]]:
         """Step 4: the epoch's bad input rows, staged by the dead-letter task, with the
         files tasks staged for events their operator raised on
-        (``operators.runtime.operator_errors``); ``{}`` when there were none."""
+        (``dkvstream.operators.runtime.operator_errors``); ``{}`` when there were none."""
         keys = list(self._task_dead_letters)
         if self._screened is not None and self._screened.staged_key:
             keys.insert(0, self._screened.staged_key)
@@ -751,7 +751,7 @@ class JobRunner:
 
     def _metrics(self, events: int, results_by_op: dict[str, list[TaskResult]],
                  flush: bool) -> dict:
-        """Step 6: the checkpoint's ``metrics`` (``operators.runtime.checkpoints``)."""
+        """Step 6: the checkpoint's ``metrics`` (``dkvstream.operators.runtime.checkpoints``)."""
         every = [res for rs in results_by_op.values() for res in rs]
         last_results = results_by_op[self.job.operators[-1].name]
         dkv = [res.metrics["dkv"] for res in every]
@@ -778,7 +778,7 @@ class JobRunner:
         return metrics
 
     def _commit(self, new: JobCheckpoint) -> str:
-        """Step 7: commits ``new`` behind the fence (``operators.runtime.checkpoints``);
+        """Step 7: commits ``new`` behind the fence (``dkvstream.operators.runtime.checkpoints``);
         returns the checkpoint's key.
 
         Raises:
@@ -822,7 +822,7 @@ class JobRunner:
         core), so what ``fn`` reads and writes never passes through the driver."""
         if self.spark is None or not items:
             return [fn(item) for item in items]
-        from operators.spark.stage import map_items
+        from dkvstream.operators.spark.stage import map_items
 
         sc = self.spark.sparkContext
         tasks = sc.parallelize(items, min(len(items), max(1, sc.defaultParallelism)))
@@ -838,7 +838,7 @@ class JobRunner:
         """Step 9: keeps the newest ``retain_checkpoints`` checkpoints, frees the rest.
 
         In the concurrent mode: another driver of the job may have an epoch in flight
-        (``operators.runtime.cleanup``). Damage found is recorded in the next checkpoint.
+        (``dkvstream.operators.runtime.cleanup``). Damage found is recorded in the next checkpoint.
         """
         if self._retention is None:
             return

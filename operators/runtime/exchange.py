@@ -18,7 +18,7 @@ One epoch moves its events like this (docs/design.md, "Epochs and checkpoints"):
    rows, before the alignment cut, as one file (``run_dead_letters``).
 
 Two implementations: ``LocalExchange`` runs every task in this process (the in-process
-runner: tests, debugging), ``operators.spark.stage.SparkExchange`` runs them as Spark tasks
+runner: tests, debugging), ``dkvstream.operators.spark.stage.SparkExchange`` runs them as Spark tasks
 with Spark's shuffle routing Arrow IPC batches. Both run the same task bodies here.
 """
 from __future__ import annotations
@@ -30,15 +30,15 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from operators.api.operator import Operator
-from operators.io import dead_letter
-from operators.io.sinks import Sink
-from operators.io.sources import Source
-from operators.paths import LAYOUT_FLAT
-from operators.runtime import live
-from operators.runtime.live import EventTimeInputs
-from operators.runtime.open_state import OpenState
-from operators.runtime.splits import (
+from dkvstream.operators.api.operator import Operator
+from dkvstream.operators.io import dead_letter
+from dkvstream.operators.io.sinks import Sink
+from dkvstream.operators.io.sources import Source
+from dkvstream.operators.paths import LAYOUT_FLAT
+from dkvstream.operators.runtime import live
+from dkvstream.operators.runtime.live import EventTimeInputs
+from dkvstream.operators.runtime.open_state import OpenState
+from dkvstream.operators.runtime.splits import (
     RANGE_COLUMN,
     ReadContext,
     Split,
@@ -47,9 +47,9 @@ from operators.runtime.splits import (
     read_split,
     split_by_range,
 )
-from operators.runtime.task import TaskResult, TaskSpec, run_task
-from storage.dkv import DKVOptions
-from storage.objectstore import ObjectStore, subtract_requests
+from dkvstream.operators.runtime.task import TaskResult, TaskSpec, run_task
+from dkvstream.storage.dkv import DKVOptions
+from dkvstream.storage.objectstore import ObjectStore, subtract_requests
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class DeadLetterSpec:
     Attributes:
         job_prefix, epoch: where and for which epoch it stages.
         cuts: watermark alignment's cuts, ``{partition: first offset not read}``.
-        layout: the job's key layout (``operators.paths``).
+        layout: the job's key layout (``dkvstream.operators.paths``).
     """
 
     job_prefix: str

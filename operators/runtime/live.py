@@ -1,6 +1,6 @@
 """Running a job on a live source: the trigger, and stopping a continuous run.
 
-``JobRunner.epochs(continuous=True)`` (``operators.runtime.driver``) keeps planning
+``JobRunner.epochs(continuous=True)`` (``dkvstream.operators.runtime.driver``) keeps planning
 epochs on a live source instead of ending when it has nothing new. This module holds
 the pieces of that loop that are not the epoch protocol itself:
 
@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from operators.api.operator import WATERMARK_MAX, WATERMARK_MIN
+from dkvstream.operators.api.operator import WATERMARK_MAX, WATERMARK_MIN
 
 # With no new input, the driver asks the source again after the trigger interval, but
 # never more often than this (ms): a trigger interval of 0 must not poll the source's

@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import NamedTuple
 
-from operators.runtime.timers import TimerService
-from storage.dkv import DKV, DKVOptions
+from dkvstream.operators.runtime.timers import TimerService
+from dkvstream.storage.dkv import DKV, DKVOptions
 
 # Open ranges kept per worker process; older ones are closed. A worker usually runs the
 # same few ranges epoch after epoch (local[2]: two workers, P ranges between them).

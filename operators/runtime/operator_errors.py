@@ -30,11 +30,11 @@ checkpointed), reopens the range at that checkpoint and runs the epoch again *gu
   event, plus reopening the range and one final run.
 
 What is not dead-lettered (the task fails as under ``"fail"``): an error of the storage
-underneath (``storage.errors.StorageError``, or any error a state read raised), a
+underneath (``dkvstream.storage.errors.StorageError``, or any error a state read raised), a
 ``MemoryError``, a runtime check outside the handler, and a batch that raises while no
 single key's rows do (the error is not one event's).
 
-Dead-letter rows (``operators.io.dead_letter.DEAD_LETTER_SCHEMA``, reason
+Dead-letter rows (``dkvstream.operators.io.dead_letter.DEAD_LETTER_SCHEMA``, reason
 ``operator_error``): ``error`` is ``operator <name> <handler>: <type>: <message> (at
 <file>:<line> in <function>)``, the innermost frame of the exception. For an event of
 the job's first operator: ``source``, ``partition`` and ``offset`` are the event's source
@@ -64,13 +64,13 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
-from operators.api.operator import Operator
-from operators.api.state import StateStore
-from operators.errors import OperatorError
-from operators.io.dead_letter import DEAD_LETTER_SCHEMA, OPERATOR_ERROR, value_json
-from operators.io.sources import KEY_COLUMN, OFFSET_COLUMN, TIMESTAMP_COLUMN
-from storage.dkv.db import prefix_successor
-from storage.errors import StorageError
+from dkvstream.operators.api.operator import Operator
+from dkvstream.operators.api.state import StateStore
+from dkvstream.operators.errors import OperatorError
+from dkvstream.operators.io.dead_letter import DEAD_LETTER_SCHEMA, OPERATOR_ERROR, value_json
+from dkvstream.operators.io.sources import KEY_COLUMN, OFFSET_COLUMN, TIMESTAMP_COLUMN
+from dkvstream.storage.dkv.db import prefix_successor
+from dkvstream.storage.errors import StorageError
 
 _MAX_MESSAGE = 2_000  # characters of the exception message kept in ``error``
 TIMER_SOURCE = "timer:"  # ``source`` of a timer's dead-letter row: ``timer:<operator>``

@@ -2,8 +2,8 @@
 
 For a bounded source: epochs done of the total, the share of the source's offsets read,
 and the time left. For a live source: lag per partition (Kafka's consumer lag) and the
-rates. ``operators.tools.run_job`` prints ``epoch_line`` for each committed epoch, and
-the Dagster asset that runs a job logs it (``assets.job_assets``).
+rates. ``dkvstream.operators.tools.run_job`` prints ``epoch_line`` for each committed epoch, and
+the Dagster asset that runs a job logs it (``dkvstream.assets.job_assets``).
 
 The total is an estimate (hence "~"): ``epochs_left`` replays ``live.plan_epoch``'s
 equal shares over what each partition has left, which is exact unless watermark
@@ -17,8 +17,8 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 
-from operators.api.operator import WATERMARK_MAX, WATERMARK_MIN
-from operators.runtime.driver import EpochResult
+from dkvstream.operators.api.operator import WATERMARK_MAX, WATERMARK_MIN
+from dkvstream.operators.runtime.driver import EpochResult
 
 # A line names at most this many partitions; the rest are counted ("+N more").
 MAX_PARTITIONS_SHOWN = 6

@@ -34,7 +34,7 @@ checkpoint continued from (``restore_source``, ``Source.restore_state``) before 
 source discovers new input; a refusal is a ``RecoveryRefusedError`` naming its objects.
 
 **Missing checkpoints** are treated the same way: the newest commit record
-(``operators.runtime.checkpoints``) says which epoch was committed last; when it is newer
+(``dkvstream.operators.runtime.checkpoints``) says which epoch was committed last; when it is newer
 than the newest checkpoint left (someone deleted the newest checkpoint objects), the
 epochs in between count as unusable, so the restart refuses if their output is visible
 and otherwise recomputes them. A store without commit records (written before they
@@ -55,18 +55,18 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from operators import paths
-from operators.errors import RecoveryRefusedError
-from operators.paths import checkpoint_key
-from operators.runtime.checkpoints import CommitLog, JobCheckpoint, read_checkpoint, read_commit_log
-from storage.dkv.invariants import check_manifest
-from storage.dkv.manifest import load_manifest
-from storage.dkv.verify import verify_manifest
-from storage.errors import CorruptionError, ObjectNotFoundError
-from storage.objectstore import ObjectStore
+from dkvstream.operators import paths
+from dkvstream.operators.errors import RecoveryRefusedError
+from dkvstream.operators.paths import checkpoint_key
+from dkvstream.operators.runtime.checkpoints import CommitLog, JobCheckpoint, read_checkpoint, read_commit_log
+from dkvstream.storage.dkv.invariants import check_manifest
+from dkvstream.storage.dkv.manifest import load_manifest
+from dkvstream.storage.dkv.verify import verify_manifest
+from dkvstream.storage.errors import CorruptionError, ObjectNotFoundError
+from dkvstream.storage.objectstore import ObjectStore
 
 if TYPE_CHECKING:
-    from operators.api.job import Job
+    from dkvstream.operators.api.job import Job
 
 log = logging.getLogger(__name__)
 

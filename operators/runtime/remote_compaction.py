@@ -1,18 +1,18 @@
 """Compaction of a job's state outside the job, on object storage only.
 
 For each key-group range of the newest checkpoint, plan and run a compaction against
-that range's DKV manifest and publish the result (``storage.dkv.remote_compaction``).
+that range's DKV manifest and publish the result (``dkvstream.storage.dkv.remote_compaction``).
 The job installs a result at its next epoch only if every input table is still live in
 the range's level list, and discards it otherwise (docs/design.md, "DKV files"). This is
 what the Dagster ``compact`` op runs.
 """
 from __future__ import annotations
 
-from operators import paths
-from operators.runtime.checkpoints import latest_checkpoint
-from storage.dkv import DKVOptions
-from storage.dkv.remote_compaction import compact_checkpoint
-from storage.objectstore import ObjectStore
+from dkvstream.operators import paths
+from dkvstream.operators.runtime.checkpoints import latest_checkpoint
+from dkvstream.storage.dkv import DKVOptions
+from dkvstream.storage.dkv.remote_compaction import compact_checkpoint
+from dkvstream.storage.objectstore import ObjectStore
 
 
 def compact_job(store: ObjectStore, job_prefix: str, options: DKVOptions | None = None) -> list[str]:

@@ -8,7 +8,7 @@ Which part of a ``Source`` runs where (docs/design.md, "Epochs and checkpoints")
   (a slice ``[start, end)``), and a read task (a Spark task; this process for the
   in-process runner) runs ``read_split`` on it: read, check the schema
   (``sources.check_slice``), screen bad rows to dead letters
-  (``operators.io.dead_letter.screen``), tag each event with its key group and
+  (``dkvstream.operators.io.dead_letter.screen``), tag each event with its key group and
   key-group range, and cut the good events into one table per range.
 
 The source object travels to the tasks pickled, with the split: it must pickle small
@@ -29,11 +29,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from operators.api.keygroups import key_groups_of_column, range_indexes_of
-from operators.api.operator import WATERMARK_MIN
-from operators.io import dead_letter
-from operators.io.dead_letter import DeadLetter
-from operators.io.sources import (
+from dkvstream.operators.api.keygroups import key_groups_of_column, range_indexes_of
+from dkvstream.operators.api.operator import WATERMARK_MIN
+from dkvstream.operators.io import dead_letter
+from dkvstream.operators.io.dead_letter import DeadLetter
+from dkvstream.operators.io.sources import (
     INGEST_TIME_COLUMN,
     KEY_COLUMN,
     OFFSET_COLUMN,
@@ -41,7 +41,7 @@ from operators.io.sources import (
     Source,
     check_slice,
 )
-from operators.runtime.live import EventTimeSteps
+from dkvstream.operators.runtime.live import EventTimeSteps
 
 # Columns the runtime adds to events (and the source offset, ``OFFSET_COLUMN``, and
 # ingest time, ``INGEST_TIME_COLUMN``); everything else besides key/timestamp is value.

@@ -18,31 +18,31 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from operators import paths
-from operators.api import batch as batch_api
-from operators.api.batch import BatchContext, BatchOperator
-from operators.api.keygroups import KeyGroupRange, key_groups_of, range_indexes_of
-from operators.api.operator import MAIN_OUTPUT, KeyedEvent, Operator, Subject
-from operators.api.state import subject_prefix
-from operators.errors import OperatorError
-from operators.io import dead_letter
-from operators.io.sinks import Sink
-from operators.io.sources import INGEST_TIME_COLUMN, KEY_COLUMN, OFFSET_COLUMN, TIMESTAMP_COLUMN
-from operators.paths import staging_prefix
-from operators.runtime import operator_errors
-from operators.runtime.live import ingest_sketches
-from operators.runtime.open_state import OpenState
-from operators.runtime.splits import (
+from dkvstream.operators import paths
+from dkvstream.operators.api import batch as batch_api
+from dkvstream.operators.api.batch import BatchContext, BatchOperator
+from dkvstream.operators.api.keygroups import KeyGroupRange, key_groups_of, range_indexes_of
+from dkvstream.operators.api.operator import MAIN_OUTPUT, KeyedEvent, Operator, Subject
+from dkvstream.operators.api.state import subject_prefix
+from dkvstream.operators.errors import OperatorError
+from dkvstream.operators.io import dead_letter
+from dkvstream.operators.io.sinks import Sink
+from dkvstream.operators.io.sources import INGEST_TIME_COLUMN, KEY_COLUMN, OFFSET_COLUMN, TIMESTAMP_COLUMN
+from dkvstream.operators.paths import staging_prefix
+from dkvstream.operators.runtime import operator_errors
+from dkvstream.operators.runtime.live import ingest_sketches
+from dkvstream.operators.runtime.open_state import OpenState
+from dkvstream.operators.runtime.splits import (
     INTERNAL_COLUMNS,
     KEY_GROUP_COLUMN,
     PART_COLUMN,
     RANGE_COLUMN,
     apply_cuts,
 )
-from operators.runtime.timers import TimerService
-from storage.dkv import DKV, DKVOptions
-from storage.faults import fault_point
-from storage.objectstore import ObjectStore
+from dkvstream.operators.runtime.timers import TimerService
+from dkvstream.storage.dkv import DKV, DKVOptions
+from dkvstream.storage.faults import fault_point
+from dkvstream.storage.objectstore import ObjectStore
 
 
 @dataclass(frozen=True)
@@ -65,9 +65,9 @@ class TaskSpec:
         next_key_groups / next_parallelism: routing of ``main`` output to the next
             operator (None for the last operator).
         flush: write the memtable to level-0 SSTables before the DKV checkpoint (a
-            flush request, ``operators.runtime.control``).
+            flush request, ``dkvstream.operators.runtime.control``).
         on_operator_error: the job's policy, ``"fail"`` or ``"dead_letter"``
-            (``operators.runtime.operator_errors``).
+            (``dkvstream.operators.runtime.operator_errors``).
         input_name: the ``source`` column of this task's dead-letter rows: the job
             source's name for the first operator, ``operator:<name>`` of the operator
             feeding a later one.
@@ -76,7 +76,7 @@ class TaskSpec:
         offset_limits: watermark alignment's cuts for the first operator,
             ``{_part index: first offset not read}`` (``live.alignment_cuts``): events at
             or past it are dropped (the next epoch reads them again); None: no cut.
-        layout: the job's key layout (``operators.paths``): where the range's DKV files
+        layout: the job's key layout (``dkvstream.operators.paths``): where the range's DKV files
             and staged output go.
     """
 
@@ -106,8 +106,8 @@ class TaskResult:
     ``metrics``: ``events``, ``timers_fired``, ``emitted`` (rows per output), ``seconds``
     (the task's wall time, s), ``open_seconds`` (of which opening or catching up DKV and
     installing remote compactions, s), ``dkv`` (``DKV.stats()``), ``remote_compactions``,
-    ``dkv_reused`` (the worker's open instance was taken, ``operators.runtime.open_state``),
-    ``dead_letter`` (events and timers dead-lettered, ``operators.runtime.operator_errors``),
+    ``dkv_reused`` (the worker's open instance was taken, ``dkvstream.operators.runtime.open_state``),
+    ``dead_letter`` (events and timers dead-lettered, ``dkvstream.operators.runtime.operator_errors``),
     ``ingest`` and ``ingest_at_event_time`` (the ``live.IngestSketch``es of its events'
     ingest times that are not and that are their event time, ``live.ingest_sketches``;
     None: none) and
@@ -119,12 +119,12 @@ class TaskResult:
     sink took a checksum (``Sink.stage``; ``ObjectChecksum.to_json``).
 
     ``event_time``: the first operator's range 0, when it computed the epoch's event time
-    itself (``operators.runtime.exchange``): the ``live.EpochEventTime``; else None.
+    itself (``dkvstream.operators.runtime.exchange``): the ``live.EpochEventTime``; else None.
 
     ``dropped`` / ``unkept``: what the range's new DKV manifest stopped naming and what
     the task wrote that it does not name (``{object key: bytes}``,
     ``DKV.dropped_at_checkpoint`` / ``unkept_at_checkpoint``; None: unknown), for
-    incremental retention (``operators.runtime.cleanup``).
+    incremental retention (``dkvstream.operators.runtime.cleanup``).
     """
 
     range_index: int
@@ -135,7 +135,7 @@ class TaskResult:
     forwarded: pa.Table | None = None  # main output events for the next operator
     dead_letter_key: str | None = None
     event_time: object | None = None  # live.EpochEventTime, computed by range 0 (exchange.run_range)
-    dropped: dict[str, int] | None = None  # retention hook (operators.runtime.cleanup)
+    dropped: dict[str, int] | None = None  # retention hook (dkvstream.operators.runtime.cleanup)
     unkept: dict[str, int] | None = None  # retention hook
     staged_checksums: dict[str, list[int]] = field(default_factory=dict)
 
@@ -208,7 +208,7 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
         sinks: output name -> sink, for the last operator (staged files are written).
         dkv_options: DKV tuning.
         open_state: where a Spark worker keeps the range's DKV open between epochs
-            (``operators.runtime.open_state``); None opens it from the manifest and closes it.
+            (``dkvstream.operators.runtime.open_state``); None opens it from the manifest and closes it.
 
     Returns:
         A ``TaskResult`` naming the DKV manifest and staged files written.
@@ -219,7 +219,7 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
             epoch then fails and the previous checkpoint stays the newest.
         Exception: what is not the event's (a storage error, ``MemoryError``, a runtime
             check), as raised; under ``"dead_letter"`` only such errors
-            (``operators.runtime.operator_errors``).
+            (``dkvstream.operators.runtime.operator_errors``).
     """
     started = time.perf_counter()
     attempt = uuid.uuid4().hex[:12]
@@ -443,7 +443,7 @@ def _run_events_guarded(operator: Operator, spec: TaskSpec, events: pa.Table, su
                         timers: TimerService, dead: operator_errors.DeadLetterRows) -> tuple[int, int, Emitted]:
     """``_run_events`` with each call's writes, timers and emitted rows kept only if it
     returns; the events and timers it raises on go to ``dead``. ``subject`` acts on a
-    ``WriteBuffer`` (``operators.runtime.operator_errors``), as does ``timers``."""
+    ``WriteBuffer`` (``dkvstream.operators.runtime.operator_errors``), as does ``timers``."""
     krange = spec.key_group_range
     buffer: operator_errors.WriteBuffer = subject._db  # type: ignore[assignment]
     events = _sorted_events(events)

@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from operators.api.state import SCHEMA_TIMER, StateStore
-from storage.dkv.db import prefix_successor
+from dkvstream.operators.api.state import SCHEMA_TIMER, StateStore
+from dkvstream.storage.dkv.db import prefix_successor
 
 _U16 = struct.Struct(">H")
 _TS = struct.Struct(">Q")
@@ -67,7 +67,7 @@ class TimerService:
     watermark stays below the bound nothing can be due and the pass reads nothing (Flink's
     RocksDB timer queue caches its head for the same reason). A new service does not know
     the bound and scans once; a task that reuses its range's open DKV reuses the service
-    with it (``operators.runtime.open_state``), so a job whose timers are hours ahead of the
+    with it (``dkvstream.operators.runtime.open_state``), so a job whose timers are hours ahead of the
     watermark scans once per restart, not once per epoch.
 
     Order without a heap entry per timer: a due pass reads each key group's timers up
@@ -139,7 +139,7 @@ class TimerService:
 
     def undo(self, dkv_keys: Iterable[bytes], stored: Callable[[bytes], bool]) -> None:
         """Brings the in-memory bookkeeping back in line with DKV after the writes of one
-        handler call were discarded (``operators.runtime.operator_errors``).
+        handler call were discarded (``dkvstream.operators.runtime.operator_errors``).
 
         Args:
             dkv_keys: every DKV key the discarded call wrote (state keys are ignored).

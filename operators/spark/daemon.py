@@ -3,10 +3,10 @@
 Spark starts one daemon per executor (``python -m <spark.python.daemon.module>``); the
 daemon forks a Python worker for each concurrent task, and each worker imports what its
 tasks need: ``pyspark.worker``, then, while unpickling the task function,
-``operators.spark.stage`` (pyarrow, numpy, DKV), then on first use pandas (pyarrow's
+``dkvstream.operators.spark.stage`` (pyarrow, numpy, DKV), then on first use pandas (pyarrow's
 ``pa.array`` from Python lists imports it) and ``pyarrow.acero``/``dataset``
 (``Table.group_by``). That is ~0.6 s of CPU per worker on a quiet core, 2-5 s under
-load, paid in the first epoch of every executor's every worker. ``operators.spark.session``
+load, paid in the first epoch of every executor's every worker. ``dkvstream.operators.spark.session``
 points ``spark.python.daemon.module`` here, so the daemon imports them once and every
 worker is forked with them loaded (copy-on-write).
 
@@ -15,9 +15,9 @@ are imported", and a fork taken while another thread holds a lock (malloc's, the
 lock) can deadlock the child. Measured with pyarrow 19-22 and numpy 2 on Linux, the only
 threads these imports start are OpenBLAS's pool (none when ``OPENBLAS_NUM_THREADS=1``)
 and jemalloc's background purging thread (none with ``background_thread:false``; Arrow
-uses mimalloc or jemalloc for its pools either way). ``operators.spark.session`` sets both in
+uses mimalloc or jemalloc for its pools either way). ``dkvstream.operators.spark.session`` sets both in
 the executors' environment (``spark.executorEnv.*``: the daemon's environment, which
-must hold them before ``python -m operators.spark.daemon`` imports the ``operators``
+must hold them before ``python -m dkvstream.operators.spark.daemon`` imports the ``operators``
 package), and this module checks that the process is single-threaded after its imports,
 so the fork copies a process with no other thread. If any preload (``DKVSTREAM_SPARK_PRELOAD`` adds
 comma-separated modules, e.g. a job's operator module) did start a thread, it replaces
@@ -46,7 +46,7 @@ import sys
 
 # Imported before the fork: what a dkvstream task needs, in import order.
 PRELOAD = ("pyspark.worker", "numpy", "pyarrow", "pyarrow.compute", "pyarrow.acero", "pyarrow.dataset",
-           "pandas", "operators.spark.stage")
+           "pandas", "dkvstream.operators.spark.stage")
 
 PRELOAD_ENV = "DKVSTREAM_SPARK_PRELOAD"
 
@@ -129,12 +129,12 @@ def main() -> None:
             failed.append(f"{name}: {e}")
     threads = os_threads()
     if len(threads) > 1:
-        print(f"operators.spark.daemon: preloads started {len(threads) - 1} thread(s) {threads[1:]}; "
+        print(f"dkvstream.operators.spark.daemon: preloads started {len(threads) - 1} thread(s) {threads[1:]}; "
               f"forking is unsafe, running pyspark.daemon instead", file=sys.stderr, flush=True)
         os.execv(sys.executable, [sys.executable, "-m", "pyspark.daemon", *sys.argv[1:]])
     gc.freeze()  # the imported modules live as long as the daemon and its workers
     if failed:
-        print(f"operators.spark.daemon: preload failed ({'; '.join(failed)}); workers import on use",
+        print(f"dkvstream.operators.spark.daemon: preload failed ({'; '.join(failed)}); workers import on use",
               file=sys.stderr, flush=True)
     from pyspark import daemon
 

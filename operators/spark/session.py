@@ -6,7 +6,7 @@ environment variable ``DKVSTREAM_SPARK_MASTER`` (default ``local[2]``), and the
 ``conf`` argument (Dagster's ``PySparkResource`` passes its ``spark_config``). So the
 same job runs on ``local[2]`` or a cluster.
 
-Python workers are forked from ``operators.spark.daemon``, which imports the task
+Python workers are forked from ``dkvstream.operators.spark.daemon``, which imports the task
 modules once per executor instead of once per worker.
 
 On a cluster (any master that is not ``local...``), executors share nothing with the
@@ -60,7 +60,7 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",
     # Workers forked from a daemon that imported the task modules once (see
     # operators/spark/daemon.py).
-    "spark.python.daemon.module": "operators.spark.daemon",
+    "spark.python.daemon.module": "dkvstream.operators.spark.daemon",
 }
 
 # The Python daemon's environment (``spark.executorEnv.*``): keeps its imports thread-free,
@@ -158,7 +158,7 @@ def check_java(environ: dict[str, str] | None = None) -> str:
         JavaNotFoundError: ``JAVA_HOME`` has no ``bin/java``, or no ``java`` on ``PATH``;
             the message says how to install it.
     """
-    from operators.errors import JavaNotFoundError
+    from dkvstream.operators.errors import JavaNotFoundError
 
     environ = os.environ if environ is None else environ
     home = environ.get("JAVA_HOME")

@@ -1,7 +1,7 @@
 """The epoch's data plane on Spark: read tasks, Spark's shuffle as the exchange, operator tasks.
 
-``SparkExchange`` implements ``operators.runtime.exchange.Exchange`` with RDD operations
-(the task bodies are ``operators.runtime.exchange``'s, the same as in process):
+``SparkExchange`` implements ``dkvstream.operators.runtime.exchange.Exchange`` with RDD operations
+(the task bodies are ``dkvstream.operators.runtime.exchange``'s, the same as in process):
 
 * **Read stage.** ``parallelize(splits)`` (at most one task per core); each read task
   (``splits.read_split``) emits ``(range index, (EVENTS, Arrow IPC bytes))`` per
@@ -27,7 +27,7 @@
   counts the bytes (``bytes_received``, the checkpoint's ``driver_bytes_received``).
 
 A ``DkvstreamError`` a task raises reaches the driver with its type
-(``operators.spark.task_errors``; the task bodies here are wrapped in ``carry_errors``).
+(``dkvstream.operators.spark.task_errors``; the task bodies here are wrapped in ``carry_errors``).
 
 Task retries and speculation stay safe: a task writes only under names unique to its
 attempt (``task.run_task``), and the shuffle registers one map output per partition, so
@@ -48,16 +48,16 @@ from collections.abc import Callable, Iterable, Iterator
 
 import pyarrow as pa
 
-from operators.api.operator import Operator
-from operators.io.sinks import Sink
-from operators.io.sources import Source
-from operators.runtime.exchange import DeadLetterResult, Exchange, FirstStage, run_range
-from operators.runtime.open_state import OpenState
-from operators.runtime.splits import ReadContext, Split, SplitSummary, read_split
-from operators.runtime.task import TaskResult, TaskSpec
-from operators.spark.task_errors import carry_errors
-from storage.dkv import DKVOptions
-from storage.objectstore import ObjectStore
+from dkvstream.operators.api.operator import Operator
+from dkvstream.operators.io.sinks import Sink
+from dkvstream.operators.io.sources import Source
+from dkvstream.operators.runtime.exchange import DeadLetterResult, Exchange, FirstStage, run_range
+from dkvstream.operators.runtime.open_state import OpenState
+from dkvstream.operators.runtime.splits import ReadContext, Split, SplitSummary, read_split
+from dkvstream.operators.runtime.task import TaskResult, TaskSpec
+from dkvstream.operators.spark.task_errors import carry_errors
+from dkvstream.storage.dkv import DKVOptions
+from dkvstream.storage.objectstore import ObjectStore
 
 
 def to_ipc(table: pa.Table) -> bytes:

@@ -6,7 +6,7 @@ whose only content is the worker's traceback text (Spark's own error classes,
 ``carry_errors`` turns a ``DkvstreamError`` it raises into a ``TaskError`` whose message
 ends with one line of a versioned format::
 
-    dkvstream-task-error/1 {"type": "operators.errors:BadInputError", "args": ["..."], "retryable": false}
+    dkvstream-task-error/1 {"type": "dkvstream.operators.errors:BadInputError", "args": ["..."], "retryable": false}
 
 (JSON on one line: a message's newlines are escaped.) The traceback Spark sends carries
 the line, and ``task_error`` on the driver reads the last such line of the failure's text
@@ -27,7 +27,7 @@ import json
 import re
 from collections.abc import Callable, Iterator
 
-from storage.errors import DkvstreamError
+from dkvstream.storage.errors import DkvstreamError
 
 FORMAT = "dkvstream-task-error"
 VERSION = 1

@@ -4,16 +4,16 @@ One process is one driver: it continues from the newest checkpoint of the store,
 stopping it (``--max-epochs``, or a kill) and starting it again, with another
 ``--parallelism`` if wished, stops and resumes (rescales) the job::
 
-    python -m operators.tools.run_job --job examples.flights:flights_job \\
+    python -m dkvstream.operators.tools.run_job --job dkvstream.examples.flights:flights_job \\
         --store s3://bucket/prefix --master spark://127.0.0.1:7077 \\
         --parallelism 4 --events-per-epoch 50000 --max-epochs 2
 
 On a cluster the executors get the S3 endpoint and credentials of this process's
-environment through the Spark configuration (``operators.spark.session.executor_env_conf``).
+environment through the Spark configuration (``dkvstream.operators.spark.session.executor_env_conf``).
 
 Prints one readable line per step to stdout: ``starting Spark (10-40 s)...``, then
 ``Spark up: master ..., application ..., UI at http://...`` once the session is up, then
-one line per committed epoch (``operators.runtime.progress.epoch_line``): for a bounded
+one line per committed epoch (``dkvstream.operators.runtime.progress.epoch_line``): for a bounded
 source ``epoch 3 of ~7 (43%, ~8 s left): 100,002 events in 2.1 s (47,620 events/s),
 watermark 2013-05-02 14:05:00 UTC, offsets EWR=... JFK=... LGA=...``; for a live source
 the arrival rate and the lag per partition instead of the total. An epoch that fails with
@@ -33,7 +33,7 @@ processing rates, lag, end-to-end latency and watermark delay, ``EpochResult.liv
 ``{"event": "failed", "error"}`` for an epoch that failed as above (the message is on
 stderr too) and ``{"event": "stopped", "epoch", "drained"}`` (below).
 
-Errors and exit statuses are those of every ``python -m`` tool (``storage.cli``): one
+Errors and exit statuses are those of every ``python -m`` tool (``dkvstream.storage.cli``): one
 line on stderr; 2 for a mistake on the command line (a ``--job`` that cannot be loaded,
 an invalid job, a ``--store`` that does not exist), ``error: <message>``; 1 when the run
 failed otherwise (a failed epoch, no Java for Spark, S3 credentials missing),
@@ -47,7 +47,7 @@ store, ``.dkvstream``, is created when missing. An ``s3://`` store is a key pref
 exists as soon as anything is written under it: there the first ``committed`` line tells
 a new job (epoch 1) from a continued one.
 
-``--dkv FIELD=VALUE`` (repeatable) sets a ``storage.dkv.DKVOptions`` field of every
+``--dkv FIELD=VALUE`` (repeatable) sets a ``dkvstream.storage.dkv.DKVOptions`` field of every
 task's state, e.g. ``--dkv wal_flush_bytes=1048576``.
 
 ``--continuous`` keeps a job on a live source running (``JobRunner.epochs(continuous=True)``,
@@ -61,7 +61,7 @@ as after any crash). With ``--drain-on-stop`` the first signal stops with a drai
 +infinity emits every open window, and the job is finished for good. A signal during
 start-up (Spark starting, the store opening) stops the run as soon as it is up, before
 any epoch, the same way. The signal may go to the whole process group (``systemctl stop``,
-Ctrl-C): Spark's JVM runs in a session of its own (``operators.spark.session``), so it
+Ctrl-C): Spark's JVM runs in a session of its own (``dkvstream.operators.spark.session``), so it
 stays up until this process stops it.
 """
 from __future__ import annotations
@@ -73,14 +73,14 @@ import os
 import signal
 import sys
 
-from operators.errors import DkvstreamError, InvalidJobError
-from operators.runtime.checkpoints import read_checkpoint
-from operators.runtime.driver import EpochResult, JobRunner
-from operators.runtime.progress import ProgressTracker, epoch_line
-from operators.tools.state_reader import load_job
-from storage.cli import UsageError, run_command
-from storage.dkv import DKVOptions
-from storage.objectstore import open_existing_store
+from dkvstream.operators.errors import DkvstreamError, InvalidJobError
+from dkvstream.operators.runtime.checkpoints import read_checkpoint
+from dkvstream.operators.runtime.driver import EpochResult, JobRunner
+from dkvstream.operators.runtime.progress import ProgressTracker, epoch_line
+from dkvstream.operators.tools.state_reader import load_job
+from dkvstream.storage.cli import UsageError, run_command
+from dkvstream.storage.dkv import DKVOptions
+from dkvstream.storage.objectstore import open_existing_store
 
 DEFAULT_STORE = ".dkvstream"
 
@@ -102,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str] | None) -> int:
-    """``main``'s command; raises what ``storage.cli.run_command`` maps to an exit status."""
-    p = argparse.ArgumentParser(prog="python -m operators.tools.run_job", description="Run a job's epochs.")
+    """``main``'s command; raises what ``dkvstream.storage.cli.run_command`` maps to an exit status."""
+    p = argparse.ArgumentParser(prog="python -m dkvstream.operators.tools.run_job", description="Run a job's epochs.")
     p.add_argument("--job", required=True, help="module:attribute of a Job or a function returning one")
     p.add_argument("--store", help=f"object-store root: a path or s3://bucket/prefix (default {DEFAULT_STORE}); "
                                    "a local one must exist, see --create-store")
@@ -128,7 +128,7 @@ def _run(argv: list[str] | None) -> int:
     p.add_argument("--retain-checkpoints", type=int, default=10, help="0 keeps every checkpoint")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting (repeatable)")
     p.add_argument("--dkv", action="append", default=[], metavar="FIELD=VALUE",
-                   help="a DKV option of every task's state (storage.dkv.DKVOptions field, e.g. "
+                   help="a DKV option of every task's state (dkvstream.storage.dkv.DKVOptions field, e.g. "
                         "wal_flush_bytes=1048576; repeatable)")
     a = p.parse_args(argv)
     if a.drain_on_stop and not a.continuous:
@@ -147,7 +147,7 @@ def _run(argv: list[str] | None) -> int:
     spark = None
     try:
         if not a.in_process:
-            from operators.spark.session import get_spark
+            from dkvstream.operators.spark.session import get_spark
 
             conf = dict(kv.split("=", 1) for kv in a.conf)
             if a.master:
@@ -182,7 +182,7 @@ def _run(argv: list[str] | None) -> int:
                     _say(f"stopped at epoch {epoch}" + (" (drained: finished for good)" if drained else ""))
     finally:
         if spark is not None:
-            from operators.spark.session import stop_spark
+            from dkvstream.operators.spark.session import stop_spark
 
             stop_spark(spark)
     return 0
@@ -191,7 +191,7 @@ def _run(argv: list[str] | None) -> int:
 def _print_started(spark, as_json: bool) -> None:
     """The ``started`` line: master, application id and the Spark UI's URL (None when
     ``spark.ui.enabled`` is false)."""
-    from operators.spark.session import describe_session
+    from dkvstream.operators.spark.session import describe_session
 
     sc = spark.sparkContext
     if as_json:

@@ -6,12 +6,12 @@ pending timers, ``checkpoint_entries`` the raw DKV entries, ``to_spark`` turns a
 them into a Spark DataFrame, and ``describe`` says what a job's checkpoints hold.
 Command line::
 
-    python -m operators.tools.state_reader --job MODULE:ATTRIBUTE [--store .dkvstream]
+    python -m dkvstream.operators.tools.state_reader --job MODULE:ATTRIBUTE [--store .dkvstream]
         (--list | --state-id ID | --timers | --verify) [--operator NAME] [--epoch N]
         [--from KEY] [--to KEY] [--hex] [--json] [--limit N]
 
 ``--list`` prints the retained epochs and, per operator, its key-group ranges (each
-with its DKV manifest, which ``storage.dkv.dump`` reads) and its state ids with their
+with its DKV manifest, which ``dkvstream.storage.dkv.dump`` reads) and its state ids with their
 kind and codecs. ``--state-id`` prints one state id's entries, decoded with the job's
 codecs; ``--timers`` the pending timers; both only of subject keys in ``[--from, --to)``
 (UTF-8, or hex with ``--hex``), as a table (the first ``--limit`` rows, default 20) or,
@@ -19,9 +19,9 @@ with ``--json``, as JSON lines (all rows unless ``--limit``).
 ``--verify`` reads every file the checkpoint names (each range manifest, SSTable block
 and WAL record, each staged output) and prints each damaged one.
 
-The decoding lives here rather than in ``storage.dkv.dump``: the key layout and the
-codecs are the operators' (``operators.api.state``), and ``storage`` never imports
-``operators``; ``storage.dkv.dump`` prints the same entries as raw bytes.
+The decoding lives here rather than in ``dkvstream.storage.dkv.dump``: the key layout and the
+codecs are the operators' (``dkvstream.operators.api.state``), and ``storage`` never imports
+``operators``; ``dkvstream.storage.dkv.dump`` prints the same entries as raw bytes.
 
 Exit status: 0 done, 1 damage found by ``--verify``, 2 a usage mistake (no checkpoint
 under ``--store``, an unknown job attribute, operator, state id or epoch), with a
@@ -40,9 +40,9 @@ from typing import TextIO
 
 import pyarrow as pa
 
-from operators import paths
-from operators.api.job import Job
-from operators.api.state import (
+from dkvstream.operators import paths
+from dkvstream.operators.api.job import Job
+from dkvstream.operators.api.state import (
     SCHEMA_STATE,
     SCHEMA_TIMER,
     ListSpec,
@@ -51,13 +51,13 @@ from operators.api.state import (
     list_payload,
     state_specs,
 )
-from operators.runtime.checkpoints import JobCheckpoint, list_epochs, read_checkpoint
-from operators.runtime.recovery import check_checkpoint
-from operators.runtime.timers import decode_timer_key
-from storage.cli import UsageError, parse_bytes, render_bytes, run_command
-from storage.dkv import DKV
-from storage.errors import ObjectNotFoundError
-from storage.objectstore import ObjectStore
+from dkvstream.operators.runtime.checkpoints import JobCheckpoint, list_epochs, read_checkpoint
+from dkvstream.operators.runtime.recovery import check_checkpoint
+from dkvstream.operators.runtime.timers import decode_timer_key
+from dkvstream.storage.cli import UsageError, parse_bytes, render_bytes, run_command
+from dkvstream.storage.dkv import DKV
+from dkvstream.storage.errors import ObjectNotFoundError
+from dkvstream.storage.objectstore import ObjectStore
 
 KeyRange = tuple[bytes, bytes | None]
 
@@ -272,7 +272,7 @@ def load_job(spec: str) -> Job:
     """
     module, _, attr = spec.partition(":")
     if not module or not attr:
-        raise UsageError(f"--job {spec!r}: give module:attribute, e.g. examples.flights:flights_job")
+        raise UsageError(f"--job {spec!r}: give module:attribute, e.g. dkvstream.examples.flights:flights_job")
     try:
         mod = importlib.import_module(module)
     except ImportError as e:
@@ -334,10 +334,10 @@ def _print_listing(d: dict, out: TextIO) -> None:
 
 def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     """Runs the CLI (see module docstring); returns the exit status."""
-    from storage.objectstore import open_existing_store
+    from dkvstream.storage.objectstore import open_existing_store
 
     out = out or sys.stdout
-    p = argparse.ArgumentParser(prog="python -m operators.tools.state_reader",
+    p = argparse.ArgumentParser(prog="python -m dkvstream.operators.tools.state_reader",
                                 description="Read a job's operator state at a retained checkpoint.")
     p.add_argument("--store", default=".dkvstream", help="object-store root (default .dkvstream)")
     p.add_argument("--job", required=True, help="module:attribute of a Job or a function returning one")

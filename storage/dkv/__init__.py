@@ -7,7 +7,7 @@ the lifecycle and the module docstrings for each on-bucket format (``wal.py``,
 
 from __future__ import annotations
 
-from storage.dkv.db import DKV
-from storage.dkv.options import DKVOptions
+from dkvstream.storage.dkv.db import DKV
+from dkvstream.storage.dkv.options import DKVOptions
 
 __all__ = ["DKV", "DKVOptions"]

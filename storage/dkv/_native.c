@@ -1,4 +1,4 @@
-/* storage.dkv._native: compiled inner loops of DKV's read path and memtable writes.
+/* dkvstream.storage.dkv._native: compiled inner loops of DKV's read path and memtable writes.
  *
  * Loops that cost a Python bytecode per bit, field or entry and dominate point gets and
  * prefix scans (docs/benchmarks.md, DKV against RocksDB):

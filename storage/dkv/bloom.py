@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 import xxhash
 
-from storage.dkv.native import NATIVE
+from dkvstream.storage.dkv.native import NATIVE
 
 POLICY_NAME = "dkv.bloom.xxh64-dh.v1"
 _xxh64 = xxhash.xxh64_intdigest

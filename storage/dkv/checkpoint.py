@@ -19,10 +19,10 @@ Source: storage/RFC-0001, "Lifecycle"; storage/RFC-0002, "Manifest v2 changes".
 
 from __future__ import annotations
 
-from storage.dkv.invariants import check_manifest
-from storage.dkv.manifest import Manifest, load_manifest, publish_manifest
-from storage.faults import fault_point
-from storage.objectstore import ObjectStore
+from dkvstream.storage.dkv.invariants import check_manifest
+from dkvstream.storage.dkv.manifest import Manifest, load_manifest, publish_manifest
+from dkvstream.storage.faults import fault_point
+from dkvstream.storage.objectstore import ObjectStore
 
 
 def load_checked(store: ObjectStore, key: str) -> Manifest:

@@ -32,11 +32,11 @@ from dataclasses import dataclass
 from itertools import compress, islice
 from operator import neg
 
-from storage.dkv.levels import LevelList
-from storage.dkv.merge import merge_newest
-from storage.dkv.options import DKVOptions
-from storage.dkv.sstable import TableInfo
-from storage.dkv.tablestore import TableStore
+from dkvstream.storage.dkv.levels import LevelList
+from dkvstream.storage.dkv.merge import merge_newest
+from dkvstream.storage.dkv.options import DKVOptions
+from dkvstream.storage.dkv.sstable import TableInfo
+from dkvstream.storage.dkv.tablestore import TableStore
 
 # The merge reads the inputs one key range at a time, a range spanning about this many
 # data blocks of all inputs together (~4 KiB raw each: ~16 MiB of entries at most in

@@ -36,28 +36,28 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from storage.dkv.checkpoint import extends, load_checked, publish
-from storage.dkv.compaction import (
+from dkvstream.storage.dkv.checkpoint import extends, load_checked, publish
+from dkvstream.storage.dkv.compaction import (
     CompactionPlan,
     CompactionResult,
     plan_compaction,
     plan_full,
     run_compaction,
 )
-from storage.dkv.flush import wal_fits, write_l0, write_wal_object
-from storage.dkv.gc_pause import gc_paused
-from storage.dkv.levels import LevelList
-from storage.dkv.manifest import Manifest, WalRef, dropped_files, unkept_files
-from storage.dkv.memtable import ENTRY_OVERHEAD, Memtable
-from storage.dkv.options import DKVOptions
-from storage.dkv.paths import PathResolver, validate_name
-from storage.dkv.read import PointReader, prefix_successor, scan_range
-from storage.dkv.remote_compaction import can_install, list_results, load_result
-from storage.dkv.rescale import start_manifest, wal_in_range
-from storage.dkv.tablestore import TableStore
-from storage.errors import ClosedError, ManifestConflictError
-from storage.faults import fault_point
-from storage.objectstore import ObjectStore
+from dkvstream.storage.dkv.flush import wal_fits, write_l0, write_wal_object
+from dkvstream.storage.dkv.gc_pause import gc_paused
+from dkvstream.storage.dkv.levels import LevelList
+from dkvstream.storage.dkv.manifest import Manifest, WalRef, dropped_files, unkept_files
+from dkvstream.storage.dkv.memtable import ENTRY_OVERHEAD, Memtable
+from dkvstream.storage.dkv.options import DKVOptions
+from dkvstream.storage.dkv.paths import PathResolver, validate_name
+from dkvstream.storage.dkv.read import PointReader, prefix_successor, scan_range
+from dkvstream.storage.dkv.remote_compaction import can_install, list_results, load_result
+from dkvstream.storage.dkv.rescale import start_manifest, wal_in_range
+from dkvstream.storage.dkv.tablestore import TableStore
+from dkvstream.storage.errors import ClosedError, ManifestConflictError
+from dkvstream.storage.faults import fault_point
+from dkvstream.storage.objectstore import ObjectStore
 
 _BYTES = frozenset({bytes})
 _BYTES_OR_NONE = frozenset({bytes, type(None)})

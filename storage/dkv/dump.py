@@ -4,10 +4,10 @@ and of RocksDB's ``sst_dump`` and ``ldb``.
 
 Usage::
 
-    python -m storage.dkv.dump sstable <path-or-uri> [--entries N]
-    python -m storage.dkv.dump manifest <path-or-uri>
-    python -m storage.dkv.dump scan <sstable-or-manifest> [--from K] [--to K] [--hex] [--limit N]
-    python -m storage.dkv.dump verify <sstable-or-manifest>...
+    python -m dkvstream.storage.dkv.dump sstable <path-or-uri> [--entries N]
+    python -m dkvstream.storage.dkv.dump manifest <path-or-uri>
+    python -m dkvstream.storage.dkv.dump scan <sstable-or-manifest> [--from K] [--to K] [--hex] [--limit N]
+    python -m dkvstream.storage.dkv.dump verify <sstable-or-manifest>...
 
 ``sstable`` prints the key and sequence ranges, entry count, Bloom filter size and bits
 per key, block statistics (count, raw and compressed bytes, ratio) and the first N entries
@@ -18,7 +18,7 @@ SSTable every entry (``key``, ``seq``, ``value``, null for a tombstone); of a ma
 the live keys of the state it describes (tables and WAL merged, as a restore reads them:
 ``key``, ``value``). Keys and values print as UTF-8 text (undecodable bytes escaped), or
 as hex with ``--hex``, which also makes ``--from``/``--to`` hex. ``verify`` reads every
-block (and, for a manifest, every table and WAL object it names; ``storage.dkv.verify``)
+block (and, for a manifest, every table and WAL object it names; ``dkvstream.storage.dkv.verify``)
 and prints one line per file.
 
 A manifest's tables may lie under another DKV prefix of the same store (a parent range
@@ -36,14 +36,14 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import TextIO
 
-from storage.cli import parse_bytes, render_bytes, run_command
-from storage.dkv.db import DKV
-from storage.dkv.invariants import check_manifest
-from storage.dkv.manifest import Manifest, load_manifest
-from storage.dkv.sstable import SSTableReader
-from storage.dkv.verify import VerifyReport, verify_manifest, verify_sstable
-from storage.errors import StorageError
-from storage.objectstore import ObjectStore, open_existing_store
+from dkvstream.storage.cli import parse_bytes, render_bytes, run_command
+from dkvstream.storage.dkv.db import DKV
+from dkvstream.storage.dkv.invariants import check_manifest
+from dkvstream.storage.dkv.manifest import Manifest, load_manifest
+from dkvstream.storage.dkv.sstable import SSTableReader
+from dkvstream.storage.dkv.verify import VerifyReport, verify_manifest, verify_sstable
+from dkvstream.storage.errors import StorageError
+from dkvstream.storage.objectstore import ObjectStore, open_existing_store
 
 
 def fmt_key(k: bytes | None) -> str:
@@ -240,7 +240,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Runs the CLI; returns the exit status (0 ok, 1 corrupt or missing file, 2 usage)."""
     out = out or sys.stdout
     ap = argparse.ArgumentParser(
-        prog="python -m storage.dkv.dump", description=__doc__.split("\n")[0]
+        prog="python -m dkvstream.storage.dkv.dump", description=__doc__.split("\n")[0]
     )
     sub = ap.add_subparsers(dest="kind", required=True)
     sp = sub.add_parser("sstable", help="print an SSTable")

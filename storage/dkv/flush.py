@@ -21,13 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from storage.dkv.gc_pause import gc_paused
-from storage.dkv.levels import LevelList
-from storage.dkv.manifest import WalRef
-from storage.dkv.memtable import Memtable
-from storage.dkv.tablestore import TableStore
-from storage.dkv.wal import encoded_batches_size
-from storage.faults import fault_point
+from dkvstream.storage.dkv.gc_pause import gc_paused
+from dkvstream.storage.dkv.levels import LevelList
+from dkvstream.storage.dkv.manifest import WalRef
+from dkvstream.storage.dkv.memtable import Memtable
+from dkvstream.storage.dkv.tablestore import TableStore
+from dkvstream.storage.dkv.wal import encoded_batches_size
+from dkvstream.storage.faults import fault_point
 
 
 def write_l0(tables: TableStore, sealed: Sequence[Memtable], levels: LevelList) -> LevelList:

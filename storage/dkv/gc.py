@@ -37,12 +37,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from storage.dkv.manifest import Manifest, load_manifest
-from storage.dkv.paths import compaction_dir, compactions_dir, parse_result_key
-from storage.dkv.remote_compaction import load_result
-from storage.errors import CorruptionError, ObjectNotFoundError
-from storage.faults import fault_point
-from storage.objectstore import ObjectStore, map_requests
+from dkvstream.storage.dkv.manifest import Manifest, load_manifest
+from dkvstream.storage.dkv.paths import compaction_dir, compactions_dir, parse_result_key
+from dkvstream.storage.dkv.remote_compaction import load_result
+from dkvstream.storage.errors import CorruptionError, ObjectNotFoundError
+from dkvstream.storage.faults import fault_point
+from dkvstream.storage.objectstore import ObjectStore, map_requests
 
 
 def _named(key: str, m: Manifest) -> set[str]:

@@ -6,8 +6,8 @@ violation, naming it, so a bug never reaches (or is never trusted from) the buck
 
 from __future__ import annotations
 
-from storage.dkv.manifest import Manifest
-from storage.errors import CorruptionError
+from dkvstream.storage.dkv.manifest import Manifest
+from dkvstream.storage.errors import CorruptionError
 
 
 def sorted_runs_are_disjoint(m: Manifest) -> bool:

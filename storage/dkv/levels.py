@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 
-from storage.dkv.sstable import TableInfo
+from dkvstream.storage.dkv.sstable import TableInfo
 
 
 @dataclass(frozen=True)

@@ -49,10 +49,10 @@ from dataclasses import dataclass, field
 
 from crc32c import crc32c
 
-from storage.dkv.levels import LevelList
-from storage.dkv.sstable import TableInfo
-from storage.errors import CorruptionError, ManifestConflictError, ObjectExistsError
-from storage.objectstore import ObjectStore
+from dkvstream.storage.dkv.levels import LevelList
+from dkvstream.storage.dkv.sstable import TableInfo
+from dkvstream.storage.errors import CorruptionError, ManifestConflictError, ObjectExistsError
+from dkvstream.storage.objectstore import ObjectStore
 
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -286,7 +286,7 @@ def dropped_files(old_key: str, old: Manifest, new: Manifest) -> dict[str, int] 
     manifest's is its encoded length), no request is made.
 
     These objects are garbage once no retained checkpoint names ``old`` (checkpoint
-    retention, ``operators.runtime.cleanup``), provided no other range names them. A
+    retention, ``dkvstream.operators.runtime.cleanup``), provided no other range names them. A
     table referenced with a ``clip`` may be named by another range too (a table shared
     after a rescale, ``rescale.py``), and only a reference count over every range could
     tell; so when such a table is dropped the answer is None (unknown: a full sweep

@@ -17,7 +17,7 @@ from bisect import bisect_left, insort
 from collections.abc import Iterator, Sequence
 from operator import itemgetter
 
-from storage.dkv.native import NATIVE
+from dkvstream.storage.dkv.native import NATIVE
 
 # Rough per-entry cost of the dict slot, tuple and int, so that many tiny entries still
 # trigger a flush (bytes).

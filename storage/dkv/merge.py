@@ -12,8 +12,8 @@ import heapq
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 
-from storage.dkv.native import NATIVE
-from storage.dkv.sstable import block_range_py
+from dkvstream.storage.dkv.native import NATIVE
+from dkvstream.storage.dkv.sstable import block_range_py
 
 Entry = tuple[bytes, int, "bytes | None"]
 

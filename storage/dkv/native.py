@@ -1,6 +1,6 @@
 """DKV's optional compiled read-path loops (``_native.c``), or ``None``.
 
-``setup.py`` builds ``storage.dkv._native`` when a C compiler is present (it is optional:
+``setup.py`` builds ``dkvstream.storage.dkv._native`` when a C compiler is present (it is optional:
 the install never fails for want of one). Callers pick the compiled function when
 ``NATIVE`` is not None and the pure-Python reference otherwise; both give identical
 results, which ``tests/storage/test_native.py`` checks on random and corrupted inputs.
@@ -16,7 +16,7 @@ DISABLED = os.environ.get("DKVSTREAM_DKV_NATIVE", "1") == "0"
 _loaded: ModuleType | None = None
 if not DISABLED:
     try:
-        from storage.dkv import _native as _loaded
+        from dkvstream.storage.dkv import _native as _loaded
     except ImportError:  # built without a C compiler: the pure-Python paths are used
         _loaded = None
 

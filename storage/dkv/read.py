@@ -23,20 +23,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from storage.dkv.bloom import first_candidate as _first_candidate
-from storage.dkv.bloom import key_hash as _key_hash
-from storage.dkv.bloom import may_contain_hash as _may_contain_hash
-from storage.dkv.levels import LevelList
-from storage.dkv.memtable import Memtable
-from storage.dkv.merge import (
+from dkvstream.storage.dkv.bloom import first_candidate as _first_candidate
+from dkvstream.storage.dkv.bloom import key_hash as _key_hash
+from dkvstream.storage.dkv.bloom import may_contain_hash as _may_contain_hash
+from dkvstream.storage.dkv.levels import LevelList
+from dkvstream.storage.dkv.memtable import Memtable
+from dkvstream.storage.dkv.merge import (
     BlockSpan,
     ColumnBatch,
     merge_batches_live,
     merge_live,
     merge_spans_live,
 )
-from storage.dkv.sstable import SSTableReader, TableInfo
-from storage.dkv.tablestore import TableStore
+from dkvstream.storage.dkv.sstable import SSTableReader, TableInfo
+from dkvstream.storage.dkv.tablestore import TableStore
 
 # Scans reading at most this many data blocks in all (~4 KiB each decompressed) are merged
 # eagerly in one call; longer ones lazily, a block at a time, in bounded memory.

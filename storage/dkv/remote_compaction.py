@@ -20,14 +20,14 @@ from __future__ import annotations
 import time
 import uuid
 
-from storage.dkv.compaction import CompactionPlan, plan_compaction, plan_full, run_compaction
-from storage.dkv.invariants import check_manifest
-from storage.dkv.levels import LevelList
-from storage.dkv.manifest import RemoteResult, decode_result, encode_result, load_manifest
-from storage.dkv.options import DKVOptions
-from storage.dkv.paths import PathResolver, compaction_result_key, compactions_dir, parse_result_key
-from storage.dkv.tablestore import TableStore
-from storage.objectstore import ObjectStore
+from dkvstream.storage.dkv.compaction import CompactionPlan, plan_compaction, plan_full, run_compaction
+from dkvstream.storage.dkv.invariants import check_manifest
+from dkvstream.storage.dkv.levels import LevelList
+from dkvstream.storage.dkv.manifest import RemoteResult, decode_result, encode_result, load_manifest
+from dkvstream.storage.dkv.options import DKVOptions
+from dkvstream.storage.dkv.paths import PathResolver, compaction_result_key, compactions_dir, parse_result_key
+from dkvstream.storage.dkv.tablestore import TableStore
+from dkvstream.storage.objectstore import ObjectStore
 
 
 def new_compaction_id() -> str:

@@ -28,11 +28,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
-from storage.dkv.checkpoint import load_checked
-from storage.dkv.levels import LevelList
-from storage.dkv.manifest import Manifest
-from storage.dkv.sstable import TableInfo
-from storage.dkv.tablestore import TableStore
+from dkvstream.storage.dkv.checkpoint import load_checked
+from dkvstream.storage.dkv.levels import LevelList
+from dkvstream.storage.dkv.manifest import Manifest
+from dkvstream.storage.dkv.sstable import TableInfo
+from dkvstream.storage.dkv.tablestore import TableStore
 
 
 def clip_table(tables: TableStore, t: TableInfo, lo: bytes, hi: bytes | None) -> TableInfo | None:

@@ -52,11 +52,11 @@ import numpy as np
 import zstandard
 from crc32c import crc32c
 
-from storage.dkv.block_cache import BlockCache
-from storage.dkv.bloom import POLICY_NAME, build_bloom, may_contain
-from storage.dkv.native import NATIVE
-from storage.errors import CorruptionError
-from storage.objectstore import ObjectStore
+from dkvstream.storage.dkv.block_cache import BlockCache
+from dkvstream.storage.dkv.bloom import POLICY_NAME, build_bloom, may_contain
+from dkvstream.storage.dkv.native import NATIVE
+from dkvstream.storage.errors import CorruptionError
+from dkvstream.storage.objectstore import ObjectStore
 
 FORMAT_VERSION = 1
 MAGIC = int.from_bytes(b"DKVSST\x00\x01", "little")

@@ -14,14 +14,14 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from storage.dkv.block_cache import BlockCache
-from storage.dkv.manifest import WalRef
-from storage.dkv.options import DKVOptions
-from storage.dkv.paths import PathResolver
-from storage.dkv.sstable import ENTRY_FIXED_BYTES, SSTableBuilder, SSTableReader, TableInfo
-from storage.dkv.wal import WalRecord, decode_wal_columns, encode_wal_batches
-from storage.errors import CorruptionError, ObjectNotFoundError
-from storage.objectstore import ObjectStore
+from dkvstream.storage.dkv.block_cache import BlockCache
+from dkvstream.storage.dkv.manifest import WalRef
+from dkvstream.storage.dkv.options import DKVOptions
+from dkvstream.storage.dkv.paths import PathResolver
+from dkvstream.storage.dkv.sstable import ENTRY_FIXED_BYTES, SSTableBuilder, SSTableReader, TableInfo
+from dkvstream.storage.dkv.wal import WalRecord, decode_wal_columns, encode_wal_batches
+from dkvstream.storage.errors import CorruptionError, ObjectNotFoundError
+from dkvstream.storage.objectstore import ObjectStore
 
 Entry = tuple[bytes, int, "bytes | None"]
 

@@ -9,19 +9,19 @@ and every WAL object (record crc32c, sequence range and record count, as
 WAL object, and for each table the whole object once (tail and blocks).
 
 Used by the Dagster asset check on a job's checkpoint asset (``assets/checkpoints.py``)
-and by ``python -m storage.dkv.dump verify``.
+and by ``python -m dkvstream.storage.dkv.dump verify``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from storage.dkv.invariants import check_manifest
-from storage.dkv.manifest import load_manifest
-from storage.dkv.sstable import SSTableReader, TableInfo
-from storage.dkv.wal import decode_wal
-from storage.errors import CorruptionError, ObjectNotFoundError
-from storage.objectstore import ObjectStore
+from dkvstream.storage.dkv.invariants import check_manifest
+from dkvstream.storage.dkv.manifest import load_manifest
+from dkvstream.storage.dkv.sstable import SSTableReader, TableInfo
+from dkvstream.storage.dkv.wal import decode_wal
+from dkvstream.storage.errors import CorruptionError, ObjectNotFoundError
+from dkvstream.storage.objectstore import ObjectStore
 
 
 @dataclass

@@ -48,7 +48,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 from crc32c import crc32c
 
-from storage.errors import CorruptionError
+from dkvstream.storage.errors import CorruptionError
 
 MAGIC = b"DKVWAL\x00\x01"
 FLAG_TOMBSTONE = 0x01

@@ -16,10 +16,10 @@
 Seeds: ``kafka-index-binary-search.txt``, ``kafka-log-compaction-design.txt``,
 ``warpstream-compacted-topics.txt``.
 """
-from storage.log.cleaner import Cleaner, CleaningReport
-from storage.log.config import COMPACT, DELETE, CleanerConfig, ProducerConfig, TopicConfig
-from storage.log.consumer import Consumer, FetchResult
-from storage.log.errors import (
+from dkvstream.storage.log.cleaner import Cleaner, CleaningReport
+from dkvstream.storage.log.config import COMPACT, DELETE, CleanerConfig, ProducerConfig, TopicConfig
+from dkvstream.storage.log.consumer import Consumer, FetchResult
+from dkvstream.storage.log.errors import (
     InvalidConfigError,
     InvalidRecordError,
     LogError,
@@ -27,9 +27,9 @@ from storage.log.errors import (
     TopicExistsError,
     UnknownTopicError,
 )
-from storage.log.log import Log
-from storage.log.producer import Producer
-from storage.log.records import Record
+from dkvstream.storage.log.log import Log
+from dkvstream.storage.log.producer import Producer
+from dkvstream.storage.log.records import Record
 
 __all__ = [
     "COMPACT",

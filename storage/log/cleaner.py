@@ -70,12 +70,12 @@ from dataclasses import dataclass, field
 import numpy as np
 from pyroaring import BitMap
 
-from storage.log.config import CleanerConfig
-from storage.log.metadata import NO_CHANGE, Entry, LogMetadata
-from storage.log.offset_map import OffsetMap, hash_keys, partition_bits
-from storage.log.producer import now_ms
-from storage.log.records import Columns
-from storage.log.segment import ChunkInfo, SegmentWriter, chunk_batches
+from dkvstream.storage.log.config import CleanerConfig
+from dkvstream.storage.log.metadata import NO_CHANGE, Entry, LogMetadata
+from dkvstream.storage.log.offset_map import OffsetMap, hash_keys, partition_bits
+from dkvstream.storage.log.producer import now_ms
+from dkvstream.storage.log.records import Columns
+from dkvstream.storage.log.segment import ChunkInfo, SegmentWriter, chunk_batches
 
 HASH_SPACE = 2**32
 MAX_RANGE_OFFSETS = 2**32 - 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from storage.log.errors import InvalidConfigError
+from dkvstream.storage.log.errors import InvalidConfigError
 
 DELETE, COMPACT = "delete", "compact"
 

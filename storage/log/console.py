@@ -3,14 +3,14 @@
 
 Usage::
 
-    python -m storage.log.console create-topic --topic T [--partitions N] [--compact]
-    python -m storage.log.console produce --topic T [--property parse.key=true] < lines
-    python -m storage.log.console consume --topic T [--from-beginning] [--group G]
+    python -m dkvstream.storage.log.console create-topic --topic T [--partitions N] [--compact]
+    python -m dkvstream.storage.log.console produce --topic T [--property parse.key=true] < lines
+    python -m dkvstream.storage.log.console consume --topic T [--from-beginning] [--group G]
         [--partition P [--offset earliest|latest|N]] [--max-messages N] [--follow]
         [--property print.key=true ...] [--json [--hex]]
-    python -m storage.log.console groups --list
-    python -m storage.log.console groups --describe (--group G | --all-groups)
-    python -m storage.log.console groups --reset-offsets --group G --topic T
+    python -m dkvstream.storage.log.console groups --list
+    python -m dkvstream.storage.log.console groups --describe (--group G | --all-groups)
+    python -m dkvstream.storage.log.console groups --reset-offsets --group G --topic T
         (--to-earliest | --to-latest | --to-offset N) [--execute]
 
 Every command takes ``--store`` (the object-store root, default ``.dkvstream``) and
@@ -55,19 +55,19 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import TextIO
 
-from storage.cli import UsageError, render_bytes, run_command
-from storage.log.config import COMPACT, DELETE, ProducerConfig, TopicConfig
-from storage.log.consumer import Consumer, all_committed_offsets, committed_offsets
-from storage.log.errors import (
+from dkvstream.storage.cli import UsageError, render_bytes, run_command
+from dkvstream.storage.log.config import COMPACT, DELETE, ProducerConfig, TopicConfig
+from dkvstream.storage.log.consumer import Consumer, all_committed_offsets, committed_offsets
+from dkvstream.storage.log.errors import (
     InvalidConfigError,
     InvalidRecordError,
     OffsetOutOfRangeError,
     TopicExistsError,
     UnknownTopicError,
 )
-from storage.log.log import Log
-from storage.log.records import Record
-from storage.objectstore import open_existing_store, open_object_store
+from dkvstream.storage.log.log import Log
+from dkvstream.storage.log.records import Record
+from dkvstream.storage.objectstore import open_existing_store, open_object_store
 
 PRODUCER_PROPERTIES = {"parse.key": "false", "key.separator": "\t", "null.marker": ""}
 CONSUMER_PROPERTIES = {
@@ -318,7 +318,7 @@ def print_columns(header: Sequence[str], rows: Iterable[Sequence], out: TextIO) 
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m storage.log.console", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m dkvstream.storage.log.console", description=__doc__.split("\n")[0])
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--store", default=".dkvstream", help="object-store root (default .dkvstream)")
     common.add_argument("--prefix", default="log", help="the log's prefix in the store (default log)")

@@ -18,12 +18,12 @@ from typing import TypeVar
 
 import xxhash
 
-from storage.errors import ObjectNotFoundError
-from storage.log.config import COMPACT, TopicConfig
-from storage.log.errors import OffsetOutOfRangeError
-from storage.log.metadata import Entry, LogMetadata
-from storage.log.records import Record
-from storage.log.segment import chunk_batches, read_indexes
+from dkvstream.storage.errors import ObjectNotFoundError
+from dkvstream.storage.log.config import COMPACT, TopicConfig
+from dkvstream.storage.log.errors import OffsetOutOfRangeError
+from dkvstream.storage.log.metadata import Entry, LogMetadata
+from dkvstream.storage.log.records import Record
+from dkvstream.storage.log.segment import chunk_batches, read_indexes
 
 GROUP_OFFSETS_TOPIC = "__consumer_offsets"
 GROUP_OFFSETS_PARTITIONS = 4

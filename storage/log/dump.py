@@ -3,8 +3,8 @@
 
 Usage::
 
-    python -m storage.log.dump segment <path-or-uri> [--records N] [--no-indexes]
-    python -m storage.log.dump describe <store root path-or-uri> [--prefix log] [--entries]
+    python -m dkvstream.storage.log.dump segment <path-or-uri> [--records N] [--no-indexes]
+    python -m dkvstream.storage.log.dump describe <store root path-or-uri> [--prefix log] [--entries]
 
 ``segment`` verifies and prints every chunk of a segment file (topic, partition,
 position, bytes, records, offset deltas, timestamps, tombstones, gaps), each batch
@@ -23,11 +23,11 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from storage.cli import run_command
-from storage.dkv.dump import fmt_key, open_location
-from storage.log.log import Log
-from storage.log.segment import chunk_batches, decode_indexes, read_directory
-from storage.objectstore import open_object_store
+from dkvstream.storage.cli import run_command
+from dkvstream.storage.dkv.dump import fmt_key, open_location
+from dkvstream.storage.log.log import Log
+from dkvstream.storage.log.segment import chunk_batches, decode_indexes, read_directory
+from dkvstream.storage.objectstore import open_object_store
 
 
 def dump_segment(loc: str, records: int, indexes: bool, out: TextIO) -> None:
@@ -79,7 +79,7 @@ def describe(root: str, prefix: str, entries: bool, out: TextIO) -> None:
     try:
         from tabulate import tabulate  # an optional extra: only this listing uses it
     except ImportError:
-        sys.exit("storage.log.dump: listing topics needs tabulate: pip install 'dkvstream[examples]'")
+        sys.exit("dkvstream.storage.log.dump: listing topics needs tabulate: pip install 'dkvstream[examples]'")
     out.write(tabulate(rows, headers="keys", tablefmt="simple") + "\n")
     if entries:
         md = log.metadata()
@@ -95,7 +95,7 @@ def describe(root: str, prefix: str, entries: bool, out: TextIO) -> None:
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Runs the CLI; returns the exit status."""
     out = out or sys.stdout
-    ap = argparse.ArgumentParser(prog="python -m storage.log.dump", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m dkvstream.storage.log.dump", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="kind", required=True)
     sp = sub.add_parser("segment", help="print a segment file and its indexes")
     sp.add_argument("location", help="file path or URI")

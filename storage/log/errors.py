@@ -1,4 +1,4 @@
-"""Errors raised by the log, on top of ``storage.errors`` (``CorruptionError`` for bad
+"""Errors raised by the log, on top of ``dkvstream.storage.errors`` (``CorruptionError`` for bad
 bytes, ``ObjectNotFoundError`` for missing files).
 
 ``MetadataConflictError`` is the only retryable one: another writer committed the same
@@ -6,7 +6,7 @@ metadata version first; reload and try again (``MetadataStore.commit`` does).
 """
 from __future__ import annotations
 
-from storage.errors import StorageError
+from dkvstream.storage.errors import StorageError
 
 
 class LogError(StorageError):

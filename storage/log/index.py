@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from storage.errors import CorruptionError
+from dkvstream.storage.errors import CorruptionError
 
 PAGE_BYTES = 4096
 WARM_BYTES = 8192

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import uuid
 
-from storage.log.cleaner import Cleaner, CleaningReport, dirty_ratio, dirty_stats
-from storage.log.config import CleanerConfig, ProducerConfig, TopicConfig
-from storage.log.consumer import (
+from dkvstream.storage.log.cleaner import Cleaner, CleaningReport, dirty_ratio, dirty_stats
+from dkvstream.storage.log.config import CleanerConfig, ProducerConfig, TopicConfig
+from dkvstream.storage.log.consumer import (
     Consumer,
     FetchResult,
     commit_group_offsets,
@@ -25,12 +25,12 @@ from storage.log.consumer import (
     offsets_for_times,
     read_range,
 )
-from storage.log.errors import InvalidConfigError, TopicExistsError
-from storage.log.metadata import NO_CHANGE, LogMetadata, MetadataStore, PartitionState, TopicState
-from storage.log.producer import Producer, append_file, now_ms
-from storage.log.records import Record
-from storage.log.segment import SegmentWriter
-from storage.objectstore import ObjectStore
+from dkvstream.storage.log.errors import InvalidConfigError, TopicExistsError
+from dkvstream.storage.log.metadata import NO_CHANGE, LogMetadata, MetadataStore, PartitionState, TopicState
+from dkvstream.storage.log.producer import Producer, append_file, now_ms
+from dkvstream.storage.log.records import Record
+from dkvstream.storage.log.segment import SegmentWriter
+from dkvstream.storage.objectstore import ObjectStore
 
 GC_GRACE_MS = 10 * 60 * 1000
 

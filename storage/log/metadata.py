@@ -103,11 +103,11 @@ from typing import TypeVar
 
 from crc32c import crc32c
 
-from storage.errors import CorruptionError, ObjectExistsError, ObjectNotFoundError
-from storage.log.config import TopicConfig
-from storage.log.errors import MetadataConflictError, UnknownTopicError
-from storage.log.segment import ChunkInfo
-from storage.objectstore import ObjectStore
+from dkvstream.storage.errors import CorruptionError, ObjectExistsError, ObjectNotFoundError
+from dkvstream.storage.log.config import TopicConfig
+from dkvstream.storage.log.errors import MetadataConflictError, UnknownTopicError
+from dkvstream.storage.log.segment import ChunkInfo
+from dkvstream.storage.objectstore import ObjectStore
 
 FORMAT_VERSION = 2
 READABLE_FORMAT_VERSIONS = (1, 2)

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from storage.log.config import ProducerConfig
-from storage.log.errors import InvalidRecordError, UnknownTopicError
-from storage.log.metadata import NO_CHANGE, Entry, LogMetadata
-from storage.log.segment import ChunkInfo, SegmentWriter
+from dkvstream.storage.log.config import ProducerConfig
+from dkvstream.storage.log.errors import InvalidRecordError, UnknownTopicError
+from dkvstream.storage.log.metadata import NO_CHANGE, Entry, LogMetadata
+from dkvstream.storage.log.segment import ChunkInfo, SegmentWriter
 
 
 def now_ms() -> int:
@@ -79,7 +79,7 @@ class Producer:
     """Buffers records for any topics of a ``Log`` and flushes them as segment files.
 
     Args:
-        log: the ``storage.log.Log``.
+        log: the ``dkvstream.storage.log.Log``.
         config: flush bounds (``ProducerConfig``).
         clock: returns ms; the default is the wall clock (tests pass a fake one).
     """

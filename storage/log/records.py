@@ -41,7 +41,7 @@ import numpy as np
 import zstandard
 from crc32c import crc32c
 
-from storage.errors import CorruptionError
+from dkvstream.storage.errors import CorruptionError
 
 MAGIC = b"DLB1"
 HEADER = struct.Struct("<4sBBHIIIqqqIII")

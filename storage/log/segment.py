@@ -37,10 +37,10 @@ import numpy as np
 from crc32c import crc32c
 from pyroaring import BitMap
 
-from storage.errors import CorruptionError
-from storage.log.index import IndexBuilder, OffsetIndex, TimeIndex
-from storage.log.records import Batch, Columns, encode_batch, encode_columns, iter_batches
-from storage.objectstore import ObjectStore
+from dkvstream.storage.errors import CorruptionError
+from dkvstream.storage.log.index import IndexBuilder, OffsetIndex, TimeIndex
+from dkvstream.storage.log.records import Batch, Columns, encode_batch, encode_columns, iter_batches
+from dkvstream.storage.objectstore import ObjectStore
 
 FORMAT_VERSION = 1
 TRAILER = struct.Struct("<II8s")

@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TypeVar
 from urllib.parse import urlparse
 
-from storage.errors import ObjectExistsError, ObjectNotFoundError
+from dkvstream.storage.errors import ObjectExistsError, ObjectNotFoundError
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -377,7 +377,7 @@ def open_object_store(uri: str) -> ObjectStore:
     Args:
         uri: ``file:///abs/path``, a plain filesystem path, or ``s3://bucket/prefix``
             (``s3a://`` too; endpoint, region and credentials from the AWS environment
-            variables, see ``storage.objectstore.s3``).
+            variables, see ``dkvstream.storage.objectstore.s3``).
 
     Returns:
         An ``ObjectStore`` rooted at ``uri``.
@@ -385,7 +385,7 @@ def open_object_store(uri: str) -> ObjectStore:
     Raises:
         ValueError: The scheme is unknown.
     """
-    from storage.objectstore.local import LocalObjectStore
+    from dkvstream.storage.objectstore.local import LocalObjectStore
 
     parsed = urlparse(uri)
     scheme = parsed.scheme
@@ -397,7 +397,7 @@ def open_object_store(uri: str) -> ObjectStore:
             raise ValueError(f"file URI with a host is not supported: {uri!r}")
         return LocalObjectStore(parsed.path)
     if scheme in ("s3", "s3a"):
-        from storage.objectstore.s3 import S3ObjectStore
+        from dkvstream.storage.objectstore.s3 import S3ObjectStore
 
         # Endpoint, region and credentials come from the standard AWS environment
         # variables (see storage/objectstore/s3.py), so the URI alone reopens the store.

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from crc32c import crc32c
 
-from storage.errors import ObjectNotFoundError
-from storage.objectstore import ObjectStore
+from dkvstream.storage.errors import ObjectNotFoundError
+from dkvstream.storage.objectstore import ObjectStore
 
 
 @dataclass(frozen=True)

@@ -50,8 +50,8 @@ from collections import OrderedDict
 from pathlib import Path
 from urllib.parse import quote, unquote
 
-from storage.errors import ObjectExistsError, ObjectNotFoundError
-from storage.objectstore import DELETE_BATCH, ObjectStore
+from dkvstream.storage.errors import ObjectExistsError, ObjectNotFoundError
+from dkvstream.storage.objectstore import DELETE_BATCH, ObjectStore
 
 TMP_DIR = ".tmp"  # under the root: where every write's temp file lives until renamed
 LEGACY_TMP_PREFIX = ".tmp-"  # temp files next to their key, as older versions wrote them

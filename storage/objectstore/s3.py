@@ -56,8 +56,8 @@ import time
 from typing import Any
 from urllib.parse import urlparse
 
-from storage.errors import ObjectExistsError, ObjectNotFoundError, StorageError
-from storage.objectstore import DELETE_BATCH, ObjectStore
+from dkvstream.storage.errors import ObjectExistsError, ObjectNotFoundError, StorageError
+from dkvstream.storage.objectstore import DELETE_BATCH, ObjectStore
 
 DEFAULT_REGION = "us-east-1"
 DEFAULT_MAX_ATTEMPTS = 5

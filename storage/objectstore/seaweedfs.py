@@ -17,14 +17,14 @@ SeaweedFS notes that shape the flags below:
 * the process ignores SIGTERM for a while (it drains), so ``stop`` waits
   ``stop_timeout_s`` and then SIGKILLs the process it started, by pid.
 
-The process itself (its log, readiness wait and stop) is ``storage.local_server``'s, as
+The process itself (its log, readiness wait and stop) is ``dkvstream.storage.local_server``'s, as
 for the Kafka-compatible broker of the tests.
 
 Usage::
 
     with SeaweedFSServer(tmp_dir) as server:
         store = S3ObjectStore(server.bucket, endpoint_url=server.endpoint_url, ...)
-    # or: python -m storage.objectstore.seaweedfs start --dir DIR  (see platform/s3-server.sh)
+    # or: python -m dkvstream.storage.objectstore.seaweedfs start --dir DIR  (see platform/s3-server.sh)
 """
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from storage.cli import run_command
-from storage.local_server import LocalServer, LocalServerError, free_ports, recorded, stop_recorded
+from dkvstream.storage.cli import run_command
+from dkvstream.storage.local_server import LocalServer, LocalServerError, free_ports, recorded, stop_recorded
 
 DEFAULT_BUCKET = "dkvstream"
 DEFAULT_ACCESS_KEY = "dkvstream"
@@ -282,12 +282,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m storage.objectstore.seaweedfs {start,stop,status} --dir DIR``.
+    """``python -m dkvstream.storage.objectstore.seaweedfs {start,stop,status} --dir DIR``.
 
     ``start`` prints ``export`` lines for the AWS variables (eval them in a shell);
     the pid and ports are kept in ``DIR/server.json``.
     """
-    parser = argparse.ArgumentParser(prog="python -m storage.objectstore.seaweedfs",
+    parser = argparse.ArgumentParser(prog="python -m dkvstream.storage.objectstore.seaweedfs",
                                      description="A local SeaweedFS S3 server for dkvstream.")
     parser.add_argument("action", choices=["start", "stop", "status"])
     parser.add_argument("--dir", default=".dkvstream-s3", help="data directory (default .dkvstream-s3)")

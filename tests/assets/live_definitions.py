@@ -3,8 +3,8 @@ input for 6 epochs, one epoch at most every 500 ms, the store at ``$DKVSTREAM_ST
 no Spark."""
 import os
 
-from assets.definitions import dkvstream_definitions
-from assets.resources import DKVSettingsResource, ObjectStoreResource
+from dkvstream.assets.definitions import dkvstream_definitions
+from dkvstream.assets.resources import DKVSettingsResource, ObjectStoreResource
 from tests.assets.live_job import NoSpark, live_job
 
 defs = dkvstream_definitions(

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pyarrow as pa
 from dagster_pyspark import PySparkResource
 
-from examples.synthetic import WINDOW_COUNT_SCHEMA, KeyWindowCount, SyntheticSource
-from operators.api.job import Job
-from operators.io.sinks import ParquetSink
-from operators.io.sources import INGEST_TIME_COLUMN
+from dkvstream.examples.synthetic import WINDOW_COUNT_SCHEMA, KeyWindowCount, SyntheticSource
+from dkvstream.operators.api.job import Job
+from dkvstream.operators.io.sinks import ParquetSink
+from dkvstream.operators.io.sources import INGEST_TIME_COLUMN
 
 NAME = "live_small"
 PREFIX = f"jobs/{NAME}"

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections import Counter
 
-from assets.resources import DKVSettingsResource
-from examples.synthetic import WINDOW_COUNT_SCHEMA, KeyWindowCount, SyntheticSource
-from operators.api.job import Job
-from operators.io.sinks import ParquetSink
-from operators.tools.state_reader import checkpoint_entries
-from storage.objectstore import ObjectStore
+from dkvstream.assets.resources import DKVSettingsResource
+from dkvstream.examples.synthetic import WINDOW_COUNT_SCHEMA, KeyWindowCount, SyntheticSource
+from dkvstream.operators.api.job import Job
+from dkvstream.operators.io.sinks import ParquetSink
+from dkvstream.operators.tools.state_reader import checkpoint_entries
+from dkvstream.storage.objectstore import ObjectStore
 
 NAME = "small"
 # 6 epochs of 1,000 events; about 3 level-0 tables per range and epoch.

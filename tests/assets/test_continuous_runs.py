@@ -29,17 +29,17 @@ from dagster import (
     materialize,
 )
 
-import assets.job_assets as job_assets_module
-from assets.checkpoints import LIVE_METRICS, checkpoint_asset_key, live_metadata, verify_checkpoint
-from assets.definitions import dkvstream_definitions, stream_job_definitions
-from assets.job_assets import job_assets
-from assets.resources import DKVSettingsResource, ObjectStoreResource
-from operators.api.job import Job
-from operators.runtime.checkpoints import latest_checkpoint
-from operators.runtime.control import read_lease
-from operators.runtime.driver import JobRunner
-from operators.tools.state_reader import checkpoint_entries
-from storage.objectstore import open_object_store
+import dkvstream.assets.job_assets as job_assets_module
+from dkvstream.assets.checkpoints import LIVE_METRICS, checkpoint_asset_key, live_metadata, verify_checkpoint
+from dkvstream.assets.definitions import dkvstream_definitions, stream_job_definitions
+from dkvstream.assets.job_assets import job_assets
+from dkvstream.assets.resources import DKVSettingsResource, ObjectStoreResource
+from dkvstream.operators.api.job import Job
+from dkvstream.operators.runtime.checkpoints import latest_checkpoint
+from dkvstream.operators.runtime.control import read_lease
+from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.operators.tools.state_reader import checkpoint_entries
+from dkvstream.storage.objectstore import open_object_store
 from tests.assets.live_job import NAME, PREFIX, NoSpark, live_job
 from tests.assets.small_job import small_job
 

@@ -128,11 +128,11 @@ def dagster_dev(tmp_path_factory):
 def test_dagster_dev_runs_flights_and_sensors_compact_and_clean_up(dagster_dev, tmp_path) -> None:
     from dagster_graphql import DagsterGraphQLClient
 
-    from assets.checkpoints import verify_checkpoint
-    from operators.runtime.checkpoints import latest_checkpoint
-    from storage.dkv.remote_compaction import load_result
-    from storage.dkv.verify import verify_table
-    from storage.objectstore import open_object_store
+    from dkvstream.assets.checkpoints import verify_checkpoint
+    from dkvstream.operators.runtime.checkpoints import latest_checkpoint
+    from dkvstream.storage.dkv.remote_compaction import load_result
+    from dkvstream.storage.dkv.verify import verify_table
+    from dkvstream.storage.objectstore import open_object_store
 
     dagster, store_root = dagster_dev
     port = int(dagster.base.rsplit(":", 1)[1])
@@ -202,9 +202,9 @@ def _screenshot(base: str, path: Path) -> None:
 def test_dagster_dev_terminating_a_continuous_run_stops_it_at_a_checkpoint(tmp_path) -> None:
     from dagster_graphql import DagsterGraphQLClient
 
-    from operators.runtime.checkpoints import latest_checkpoint
-    from operators.runtime.control import read_lease
-    from storage.objectstore import open_object_store
+    from dkvstream.operators.runtime.checkpoints import latest_checkpoint
+    from dkvstream.operators.runtime.control import read_lease
+    from dkvstream.storage.objectstore import open_object_store
     from tests.assets.live_job import NAME, PREFIX
 
     workspace = tmp_path / "workspace.yaml"

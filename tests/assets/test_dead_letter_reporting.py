@@ -10,10 +10,10 @@ import json
 
 from dagster import instance_for_test, materialize
 
-from assets.job_assets import job_assets
-from assets.resources import DKVSettingsResource, ObjectStoreResource
-from operators.io.dead_letter import REASONS, DeadLetter
-from operators.tools import run_job
+from dkvstream.assets.job_assets import job_assets
+from dkvstream.assets.resources import DKVSettingsResource, ObjectStoreResource
+from dkvstream.operators.io.dead_letter import REASONS, DeadLetter
+from dkvstream.operators.tools import run_job
 from tests.assets.live_job import NoSpark
 from tests.operators.test_dead_letter import BAD, _job
 

@@ -5,14 +5,14 @@ import re
 
 from dagster import AssetKey, DagsterInstance, Definitions, materialize
 
-from assets.checkpoints import L0_TABLES_MAX, SIZE_AMP_MAX
-from assets.job_assets import checkpoint_asset_key, job_assets
-from assets.resources import DKVSettingsResource, ObjectStoreResource, spark_resource
-from examples.flights import flights_job
+from dkvstream.assets.checkpoints import L0_TABLES_MAX, SIZE_AMP_MAX
+from dkvstream.assets.job_assets import checkpoint_asset_key, job_assets
+from dkvstream.assets.resources import DKVSettingsResource, ObjectStoreResource, spark_resource
+from dkvstream.examples.flights import flights_job
 
 
 def test_definitions_are_loadable() -> None:
-    from examples.definitions import defs
+    from dkvstream.examples.definitions import defs
 
     Definitions.validate_loadable(defs)
     keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
@@ -83,10 +83,10 @@ def test_sources_and_sinks_named_with_characters_dagster_refuses_get_valid_asset
     (hyphens allowed): their assets take the name with ``_`` for each refused character."""
     import pyarrow as pa
 
-    from assets.definitions import dkvstream_definitions
-    from examples.keyed_count import KeyedWindowCount
-    from operators import Job, ParquetSink
-    from operators.io.kafka import KafkaSink, KafkaSource
+    from dkvstream.assets.definitions import dkvstream_definitions
+    from dkvstream.examples.keyed_count import KeyedWindowCount
+    from dkvstream.operators import Job, ParquetSink
+    from dkvstream.operators.io.kafka import KafkaSink, KafkaSource
 
     source = KafkaSource("127.0.0.1:1", "pay-ments", value_schema=pa.schema([("amount", pa.int64())]))
     job = Job(name="totals", source=source, operators=[KeyedWindowCount()],

@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance
 
-from assets.checkpoints import checkpoint_check_result, verify_checkpoint
-from assets.jobs import cleanup_job_def, compaction, flush_job, op_config
-from assets.resources import DKVSettingsResource, ObjectStoreResource
-from operators.runtime.checkpoints import latest_checkpoint, list_epochs, read_checkpoint
-from operators.runtime.cleanup import cleanup_job
-from operators.runtime.control import acquire_lease, pending_flush_requests
-from operators.runtime.driver import JobRunner
-from storage.dkv.compaction import plan_compaction
-from storage.dkv.gc import files_named_by
-from storage.dkv.manifest import load_manifest
-from storage.objectstore.local import LocalObjectStore
+from dkvstream.assets.checkpoints import checkpoint_check_result, verify_checkpoint
+from dkvstream.assets.jobs import cleanup_job_def, compaction, flush_job, op_config
+from dkvstream.assets.resources import DKVSettingsResource, ObjectStoreResource
+from dkvstream.operators.runtime.checkpoints import latest_checkpoint, list_epochs, read_checkpoint
+from dkvstream.operators.runtime.cleanup import cleanup_job
+from dkvstream.operators.runtime.control import acquire_lease, pending_flush_requests
+from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.storage.dkv.compaction import plan_compaction
+from dkvstream.storage.dkv.gc import files_named_by
+from dkvstream.storage.dkv.manifest import load_manifest
+from dkvstream.storage.objectstore.local import LocalObjectStore
 from tests.assets.small_job import NAME, SMALL_DKV, small_job, state
 
 PREFIX = f"jobs/{NAME}"

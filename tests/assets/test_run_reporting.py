@@ -6,9 +6,9 @@ from __future__ import annotations
 from dagster import AssetCheckKey, AssetSelection, materialize
 from dagster._core.test_utils import instance_for_test
 
-from assets.checkpoints import VERIFIED, checkpoint_asset_key
-from assets.job_assets import job_assets
-from assets.resources import DKVSettingsResource, ObjectStoreResource, spark_resource
+from dkvstream.assets.checkpoints import VERIFIED, checkpoint_asset_key
+from dkvstream.assets.job_assets import job_assets
+from dkvstream.assets.resources import DKVSettingsResource, ObjectStoreResource, spark_resource
 from tests.assets.live_job import NoSpark
 from tests.assets.small_job import small_job
 

@@ -10,13 +10,13 @@ import uuid
 from dagster import AssetCheckKey, AssetSelection, DagsterInstance, EnvVar, materialize
 from dagster_aws.s3 import S3Resource
 
-from assets.checkpoints import VERIFIED, checkpoint_asset_key, verify_checkpoint
-from assets.job_assets import job_assets
-from assets.jobs import cleanup_job_def, compaction, op_config
-from assets.resources import ObjectStoreResource, default_resources, spark_resource
-from operators.runtime.checkpoints import latest_checkpoint, list_epochs
-from operators.runtime.driver import JobRunner
-from storage.objectstore import open_object_store
+from dkvstream.assets.checkpoints import VERIFIED, checkpoint_asset_key, verify_checkpoint
+from dkvstream.assets.job_assets import job_assets
+from dkvstream.assets.jobs import cleanup_job_def, compaction, op_config
+from dkvstream.assets.resources import ObjectStoreResource, default_resources, spark_resource
+from dkvstream.operators.runtime.checkpoints import latest_checkpoint, list_epochs
+from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.storage.objectstore import open_object_store
 from tests.assets.live_job import NoSpark
 from tests.assets.small_job import NAME, SMALL_DKV, small_job, state
 
@@ -59,7 +59,7 @@ def test_job_run_uses_the_configured_s3_resource(spark, s3_server, monkeypatch, 
     the environment Spark gives its Python tasks, name a closed port and other keys. The
     epochs' run (driver and Spark tasks) and the maintenance ops all reach the server:
     state and output equal an in-process run's on a local directory."""
-    from storage.local_server import free_ports
+    from dkvstream.storage.local_server import free_ports
 
     [closed] = free_ports(1)
     elsewhere = {"AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{closed}", "AWS_ACCESS_KEY_ID": "nobody",

@@ -5,19 +5,19 @@ from __future__ import annotations
 import pytest
 from dagster import AssetMaterialization, DagsterInstance, build_sensor_context
 
-from assets.checkpoints import L0_TABLES_MAX, SIZE_AMP_MAX, checkpoint_asset_key
-from assets.jobs import compaction
-from assets.resources import DKVSettingsResource, ObjectStoreResource
-from assets.sensors import (
+from dkvstream.assets.checkpoints import L0_TABLES_MAX, SIZE_AMP_MAX, checkpoint_asset_key
+from dkvstream.assets.jobs import compaction
+from dkvstream.assets.resources import DKVSettingsResource, ObjectStoreResource
+from dkvstream.assets.sensors import (
     STREAM_JOB_TAG,
     make_cleanup_sensor,
     make_compaction_sensor,
     make_source_sensor,
 )
-from operators.errors import RecoveryRefusedError
-from operators.runtime.checkpoints import list_epochs
-from operators.runtime.cleanup import cleanup_job
-from operators.runtime.driver import JobRunner
+from dkvstream.operators.errors import RecoveryRefusedError
+from dkvstream.operators.runtime.checkpoints import list_epochs
+from dkvstream.operators.runtime.cleanup import cleanup_job
+from dkvstream.operators.runtime.driver import JobRunner
 from tests.assets.small_job import NAME, SMALL_DKV, small_job
 from tests.operators.test_file_source import (
     ROWS_PER_FILE,

@@ -7,11 +7,11 @@ import pyarrow as pa
 import pytest
 from dagster import DagsterInstance
 
-from assets.jobs import TableCompactionConfig, op_config, table_compaction_job
-from assets.resources import ObjectStoreResource
-from assets.sensors import make_table_compaction_sensor
-from operators.io.table_sink import SnapshotVacuumedError, small_files
-from operators.runtime.driver import JobRunner
+from dkvstream.assets.jobs import TableCompactionConfig, op_config, table_compaction_job
+from dkvstream.assets.resources import ObjectStoreResource
+from dkvstream.assets.sensors import make_table_compaction_sensor
+from dkvstream.operators.io.table_sink import SnapshotVacuumedError, small_files
+from dkvstream.operators.runtime.driver import JobRunner
 from tests.assets.test_sensors import Ticker, reset
 from tests.operators.test_table_sink import (
     as_model,
@@ -82,9 +82,9 @@ def test_table_compaction_sensor_fires_again_after_the_job_is_reset(tmp_path) ->
 def test_definitions_of_a_job_with_a_table_sink_load() -> None:
     from dagster import Definitions
 
-    from assets.definitions import dkvstream_definitions
-    from examples.aircraft_rotations import aircraft_job
-    from examples.flights import flights_job
+    from dkvstream.assets.definitions import dkvstream_definitions
+    from dkvstream.examples.aircraft_rotations import aircraft_job
+    from dkvstream.examples.flights import flights_job
 
     defs = dkvstream_definitions(flights_job(), aircraft_job())
     Definitions.validate_loadable(defs)

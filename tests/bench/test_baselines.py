@@ -14,7 +14,7 @@ from bench.baselines.flights_input import (
     prefix_oracle,
     write_input_files,
 )
-from examples.flights_data import FLIGHT_COUNT
+from dkvstream.examples.flights_data import FLIGHT_COUNT
 
 # The first 3,000 flights in epochs of 1,500 (500 per origin): two micro-batches, so
 # state and timers carry over a batch boundary.
@@ -37,7 +37,7 @@ def test_plan_is_dkvstreams_epoch_plan(tmp_path) -> None:
 def test_files_source_serves_the_replay_rows(tmp_path) -> None:
     """EpochFilesSource over the written files returns what FlightsSource returns for the
     same offsets, across file boundaries and without the end-of-input rows."""
-    from examples.flights import FlightsSource
+    from dkvstream.examples.flights import FlightsSource
 
     plan = plan_epochs(**SMALL)
     write_input_files(plan, str(tmp_path))
@@ -102,7 +102,7 @@ def test_uneven_partitions_take_the_finished_ones_share() -> None:
 
 def test_prefix_oracle_agrees_with_the_spec_oracle_on_the_full_data(flights_oracle) -> None:
     """The pyarrow prefix oracle, forced onto the whole data set, is the pandas oracle."""
-    from examples.flights_oracle import assert_equals_oracle
+    from dkvstream.examples.flights_oracle import assert_equals_oracle
 
     full = plan_epochs(1, 120_000)
     assert full.full and full.events == FLIGHT_COUNT

@@ -7,7 +7,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from examples.flights_oracle import assert_equals_oracle
+from dkvstream.examples.flights_oracle import assert_equals_oracle
 
 RECORDS = 20_000
 TOPIC = "flights-peers"  # the broker is the session's: a name of this module's own
@@ -24,7 +24,7 @@ def broker(kafka_broker) -> str:
 @pytest.fixture(scope="module")
 def flights_topic(broker) -> str:
     """The topic ``flights`` holding the first ``RECORDS`` flights (producer's order)."""
-    from examples.flights_producer import create_topic, produce
+    from dkvstream.examples.flights_producer import create_topic, produce
 
     create_topic(broker, TOPIC)
     assert produce(broker, TOPIC, rate=1e6, limit=RECORDS) == RECORDS
@@ -36,7 +36,7 @@ def complete_oracle() -> tuple[pd.DataFrame, int]:
     """``(oracle rows of the complete windows, cutoff ms)``: a pandas groupby over the
     first ``RECORDS`` flights, restricted to windows ending at or before the smallest
     per-origin largest event time minus 1 h (the complete-window rule)."""
-    from examples.flights_producer import replay_order
+    from dkvstream.examples.flights_producer import replay_order
 
     table, _ = replay_order()
     df = table.slice(0, RECORDS).select(["origin", "dest", "dep_time", "dep_delay", "event_time_ms"]).to_pandas()

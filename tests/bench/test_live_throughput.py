@@ -20,7 +20,7 @@ def test_dkvstream_complete_windows_equal_oracle(kafka_broker, tmp_path) -> None
         complete_window_cutoff_ms,
     )
     from bench.live_throughput import run_dkvstream
-    from examples.flights_producer import create_topic, produce
+    from dkvstream.examples.flights_producer import create_topic, produce
 
     topic = "live-bench-filled"
     create_topic(kafka_broker.bootstrap, topic)
@@ -42,7 +42,7 @@ def test_record_latencies_by_hand() -> None:
     """Two epochs over the first 25 records at 100 records/s (10 per 0.1-s tick): each
     record's latency is its epoch's publish minus its tick's release."""
     from bench.live_throughput import record_latencies
-    from examples.flights_producer import replay_order
+    from dkvstream.examples.flights_producer import replay_order
 
     _, partition = replay_order()
     ends_1 = {f"t-{p}": int((partition[:12] == p).sum()) for p in range(3)}

@@ -1,7 +1,7 @@
 """The flights job on a real Spark standalone cluster (``platform/spark-cluster.sh``: a
 master and two one-core workers on loopback) with state and output on S3 (SeaweedFS).
 
-Each driver is its own process (``python -m operators.tools.run_job``), so stopping and
+Each driver is its own process (``python -m dkvstream.operators.tools.run_job``), so stopping and
 restarting the job is stopping and starting a driver. The cluster's daemons start
 without any AWS variable: executors can reach the store only through the job's Spark
 configuration, never through anything on the local disk.
@@ -32,19 +32,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from examples.flights import OUTPUT_SCHEMA, flights_job
-from examples.flights_oracle import KEY_COLUMNS
-from operators.api.keygroups import key_group_ranges
-from operators.runtime.checkpoints import list_epochs, read_checkpoint
-from operators.spark.session import OBJECT_STORE_ENV
-from operators.tools.state_reader import checkpoint_entries, read_state
-from storage.local_server import pid_alive
-from storage.objectstore import open_object_store
+from dkvstream.examples.flights import OUTPUT_SCHEMA, flights_job
+from dkvstream.examples.flights_oracle import KEY_COLUMNS
+from dkvstream.operators.api.keygroups import key_group_ranges
+from dkvstream.operators.runtime.checkpoints import list_epochs, read_checkpoint
+from dkvstream.operators.spark.session import OBJECT_STORE_ENV
+from dkvstream.operators.tools.state_reader import checkpoint_entries, read_state
+from dkvstream.storage.local_server import pid_alive
+from dkvstream.storage.objectstore import open_object_store
 
 pytestmark = pytest.mark.slow("starts a Spark cluster")
 
 ROOT = Path(__file__).resolve().parents[2]
-JOB_SPEC = "examples.flights:flights_job"
+JOB_SPEC = "dkvstream.examples.flights:flights_job"
 EPOCH_EVENTS = 120_000  # 4 epochs over the full data set (the last one has 1,751 events)
 EPOCHS = list(range(1, 5))
 KILL_EPOCH_EVENTS = 15_000  # the executor-kill test: ~25 epochs
@@ -109,14 +109,14 @@ def cluster(tmp_path_factory):
 
 
 class Driver:
-    """A driver process: ``python -m operators.tools.run_job`` against the cluster and S3."""
+    """A driver process: ``python -m dkvstream.operators.tools.run_job`` against the cluster and S3."""
 
     def __init__(self, cluster: Cluster, s3_server, store_uri: str, *args: str, ui: bool = False) -> None:
         conf = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
                 "spark.ui.enabled": "true" if ui else "false", "spark.ui.port": "0",
                 # One executor per one-core worker, within the worker's 2g.
                 "spark.executor.memory": "1g"}
-        cmd = [sys.executable, "-m", "operators.tools.run_job", "--job", JOB_SPEC, "--store", store_uri,
+        cmd = [sys.executable, "-m", "dkvstream.operators.tools.run_job", "--job", JOB_SPEC, "--store", store_uri,
                "--master", cluster.url, "--events-per-epoch", str(EPOCH_EVENTS), "--retain-checkpoints", "0", "--json",
                *args, *(a for k, v in conf.items() for a in ("--conf", f"{k}={v}"))]
         env = {**os.environ, **s3_server.env(), "SPARK_LOCAL_IP": "127.0.0.1",

@@ -1,4 +1,4 @@
-"""The flights job live from Kafka (``examples.flights_live``): the producer replays the
+"""The flights job live from Kafka (``dkvstream.examples.flights_live``): the producer replays the
 2013 flights into a 3-partition topic of a real broker (Tansu) while the job runs
 continuously; once the job has read everything produced it is stopped with a drain, and
 its output must equal the pandas oracle over every flight, the last windows included."""
@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from examples.flights import FlightsSource
-from examples.flights_live import VALUE_SCHEMA, flights_kafka_job, flights_live_job
-from examples.flights_producer import create_topic, produce
-from operators.runtime.driver import JobRunner
+from dkvstream.examples.flights import FlightsSource
+from dkvstream.examples.flights_live import VALUE_SCHEMA, flights_kafka_job, flights_live_job
+from dkvstream.examples.flights_producer import create_topic, produce
+from dkvstream.operators.runtime.driver import JobRunner
 
 
 def test_value_schema_is_the_replay_sources() -> None:

@@ -1,4 +1,4 @@
-"""The flights output as a picture (``examples.flights_plot``): the monthly means it draws
+"""The flights output as a picture (``dkvstream.examples.flights_plot``): the monthly means it draws
 against pandas over the raw flights, and the sink asset's plot metadata."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from examples.flights_data import replay_partitions
-from examples.flights_plot import delay_heatmap_png, delay_plot_metadata, monthly_route_delays
+from dkvstream.examples.flights_data import replay_partitions
+from dkvstream.examples.flights_plot import delay_heatmap_png, delay_plot_metadata, monthly_route_delays
 
 
 def test_monthly_means_equal_pandas_over_the_raw_flights(flights_oracle) -> None:

@@ -14,10 +14,10 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from examples import flights_report
-from examples.flights import flights_job
-from examples.flights_oracle import assert_equals_oracle
-from operators.runtime.driver import JobRunner
+from dkvstream.examples import flights_report
+from dkvstream.examples.flights import flights_job
+from dkvstream.examples.flights_oracle import assert_equals_oracle
+from dkvstream.operators.runtime.driver import JobRunner
 
 ROOT = Path(__file__).resolve().parents[2]
 YES = re.compile(r"equals the pandas oracle.*: yes")

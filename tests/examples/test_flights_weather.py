@@ -10,9 +10,9 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from examples.flights import HOUR_MS
-from examples.flights_data import FLIGHT_COUNT
-from examples.flights_weather import (
+from dkvstream.examples.flights import HOUR_MS
+from dkvstream.examples.flights_data import FLIGHT_COUNT
+from dkvstream.examples.flights_weather import (
     LATE_SCHEMA,
     OUTPUT_SCHEMA,
     WEATHER_COLUMNS,
@@ -23,18 +23,18 @@ from examples.flights_weather import (
     flights_weather_job,
     weather_partitions,
 )
-from examples.flights_weather_oracle import (
+from dkvstream.examples.flights_weather_oracle import (
     assert_equals_oracle,
     flights_weather_oracle,
     hourly_weather_delays,
 )
-from operators.api.job import Job
-from operators.api.operator import WATERMARK_MAX
-from operators.io.sinks import ParquetSink
-from operators.io.sources import OFFSET_COLUMN
-from operators.io.union import UnionSource
-from operators.runtime.driver import JobRunner
-from operators.tools.state_reader import checkpoint_entries
+from dkvstream.operators.api.job import Job
+from dkvstream.operators.api.operator import WATERMARK_MAX
+from dkvstream.operators.io.sinks import ParquetSink
+from dkvstream.operators.io.sources import OFFSET_COLUMN
+from dkvstream.operators.io.union import UnionSource
+from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.operators.tools.state_reader import checkpoint_entries
 from tests.operators.table_sources import TableSource
 
 WEATHER_COUNT = 26_115

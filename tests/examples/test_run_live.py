@@ -3,7 +3,7 @@ job on local Spark, a drain, the oracle; and that it leaves no process behind, o
 success, when the job fails, and on Ctrl-C. Every process the script starts carries
 ``DKVSTREAM_LIVE_RUN=<its log dir>`` in its environment, so leftovers are found by it.
 
-Also the helpers of the script in ``examples.flights_live`` (progress lines, the
+Also the helpers of the script in ``dkvstream.examples.flights_live`` (progress lines, the
 catch-up rule), against hand-made ``run_job`` records."""
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from examples import flights_live
-from examples.flights import RouteDailyDelays
-from examples.flights_live import flights_live_job, progress_line
+from dkvstream.examples import flights_live
+from dkvstream.examples.flights import RouteDailyDelays
+from dkvstream.examples.flights_live import flights_live_job, progress_line
 
 ROOT = Path(__file__).resolve().parents[2]
 RATE = "100000"  # events/s: the 336,776 flights in about 3.5 s

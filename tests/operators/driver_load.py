@@ -16,10 +16,10 @@ KEYS = 1_000
 
 
 def main(root: str, events_per_epoch: int, epochs: int) -> None:
-    from examples.keyed_count import keyed_count_job
-    from operators.runtime.checkpoints import read_checkpoint
-    from operators.runtime.driver import JobRunner
-    from operators.spark.session import get_spark
+    from dkvstream.examples.keyed_count import keyed_count_job
+    from dkvstream.operators.runtime.checkpoints import read_checkpoint
+    from dkvstream.operators.runtime.driver import JobRunner
+    from dkvstream.operators.spark.session import get_spark
 
     spark = get_spark({"spark.master": "local[2]"})
     job = keyed_count_job(EVENTS_PER_PARTITION, KEYS, events_per_epoch=events_per_epoch, parallelism=2)

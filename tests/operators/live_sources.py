@@ -17,18 +17,18 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 
-from examples.keyed_count import (
+from dkvstream.examples.keyed_count import (
     LATE_SCHEMA,
     OUTPUT_SCHEMA,
     WINDOW_MS,
     KeyedWindowCountBatch,
     keyed_count_oracle,
 )
-from examples.synthetic import SyntheticSource
-from operators.api.job import Job
-from operators.io.sinks import ParquetSink
-from operators.io.sources import Source
-from operators.runtime.driver import JobRunner
+from dkvstream.examples.synthetic import SyntheticSource
+from dkvstream.operators.api.job import Job
+from dkvstream.operators.io.sinks import ParquetSink
+from dkvstream.operators.io.sources import Source
+from dkvstream.operators.runtime.driver import JobRunner
 
 EVENTS = 3_000  # per partition, at most
 STEP_MS = 6_000

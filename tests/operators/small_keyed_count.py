@@ -2,16 +2,16 @@
 200 keys, an event every 6 s per partition, 750 events per epoch (8 epochs, each
 closing an hourly window, so each publishes output), with DKV sized so that every epoch
 flushes and compacts. In process: a run takes under a second. The oracle is pandas
-(``examples.keyed_count.keyed_count_oracle``)."""
+(``dkvstream.examples.keyed_count.keyed_count_oracle``)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from examples.keyed_count import keyed_count_job, keyed_count_oracle
-from operators.api.job import Job
-from operators.runtime.driver import JobRunner
-from storage.dkv import DKVOptions
+from dkvstream.examples.keyed_count import keyed_count_job, keyed_count_oracle
+from dkvstream.operators.api.job import Job
+from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.storage.dkv import DKVOptions
 
 EPOCHS = 8
 OPTIONS = DKVOptions(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from operators.io.sources import OFFSET_COLUMN, Source
+from dkvstream.operators.io.sources import OFFSET_COLUMN, Source
 
 
 class TableSource(Source):

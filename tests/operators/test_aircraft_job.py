@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from examples import aircraft_oracle
-from examples.aircraft_rotations import aircraft_job
-from operators.runtime.driver import JobRunner
+from dkvstream.examples import aircraft_oracle
+from dkvstream.examples.aircraft_rotations import aircraft_job
+from dkvstream.operators.runtime.driver import JobRunner
 
 DAYS = 4
 ROLLING = 3  # a short window so that 4 days of data overflow it
@@ -44,8 +44,8 @@ def test_aircraft_job_on_spark_through_dagster(spark, tmp_path) -> None:
     Delta table now and as of a middle epoch equal the oracle."""
     from dagster import DagsterInstance, materialize
 
-    from assets.job_assets import checkpoint_asset_key, job_assets
-    from assets.resources import DKVSettingsResource, ObjectStoreResource, spark_resource
+    from dkvstream.assets.job_assets import checkpoint_asset_key, job_assets
+    from dkvstream.assets.resources import DKVSettingsResource, ObjectStoreResource, spark_resource
 
     job = aircraft_job(days=DAYS, events_per_epoch=1_200, rolling=ROLLING)
     root = str(tmp_path / "store")

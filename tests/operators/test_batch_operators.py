@@ -1,4 +1,4 @@
-"""The vectorised operator form (operators.api.batch) gives the output of the on_event form.
+"""The vectorised operator form (dkvstream.operators.api.batch) gives the output of the on_event form.
 
 Each job runs in both forms; outputs are compared with each other and with an oracle
 (pandas for the flights and counting jobs, a replay for the timer chain).
@@ -9,17 +9,17 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from examples.flights import flights_job
-from examples.keyed_count import keyed_count_job, keyed_count_oracle
-from examples.synthetic import SyntheticSource
-from operators.api.batch import BatchContext, BatchOperator
-from operators.api.codecs import IntCodec
-from operators.api.job import Job
-from operators.api.operator import KeyedEvent, Operator, Subject
-from operators.api.state import ValueSpec
-from operators.io.sinks import ParquetSink
-from operators.runtime.driver import JobRunner
-from storage.dkv import DKVOptions
+from dkvstream.examples.flights import flights_job
+from dkvstream.examples.keyed_count import keyed_count_job, keyed_count_oracle
+from dkvstream.examples.synthetic import SyntheticSource
+from dkvstream.operators.api.batch import BatchContext, BatchOperator
+from dkvstream.operators.api.codecs import IntCodec
+from dkvstream.operators.api.job import Job
+from dkvstream.operators.api.operator import KeyedEvent, Operator, Subject
+from dkvstream.operators.api.state import ValueSpec
+from dkvstream.operators.io.sinks import ParquetSink
+from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.storage.dkv import DKVOptions
 
 COUNT_KEYS = ["key", "window_start"]
 
@@ -166,9 +166,9 @@ def test_timers_that_set_timers_agree_in_both_forms(tmp_path) -> None:
 
 
 def test_batch_emit_checks_lengths_and_outputs(tmp_path) -> None:
-    from operators.runtime.timers import TimerService
-    from storage.dkv import DKV
-    from storage.objectstore.local import LocalObjectStore
+    from dkvstream.operators.runtime.timers import TimerService
+    from dkvstream.storage.dkv import DKV
+    from dkvstream.storage.objectstore.local import LocalObjectStore
 
     db = DKV.open(LocalObjectStore(tmp_path), "s", None)
     ctx = BatchContext(db, TimerService(db, range(4)), TimerChain.outputs)

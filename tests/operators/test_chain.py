@@ -4,17 +4,17 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from examples.synthetic import (
+from dkvstream.examples.synthetic import (
     GROUP_SUM_SCHEMA,
     GroupWindowSum,
     KeyWindowCount,
     SyntheticSource,
     group_of,
 )
-from operators.api.job import Job
-from operators.api.validation import InvalidJobError
-from operators.io.sinks import ParquetSink
-from operators.runtime.driver import JobRunner
+from dkvstream.operators.api.job import Job
+from dkvstream.operators.api.validation import InvalidJobError
+from dkvstream.operators.io.sinks import ParquetSink
+from dkvstream.operators.runtime.driver import JobRunner
 
 
 def _job(parallelism: int) -> Job:

@@ -1,6 +1,6 @@
 """A newcomer's mistakes on the command line: one line on stderr saying what to do, exit
 2 for a mistake on the command line, 1 for an environment that cannot work (no Java, no
-S3 credentials), never a traceback (``storage.cli``). Each runs the tool as a user
+S3 credentials), never a traceback (``dkvstream.storage.cli``). Each runs the tool as a user
 would, in a subprocess."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from operators.tools import run_job
+from dkvstream.operators.tools import run_job
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = "tests.operators.small_keyed_count:job"
@@ -41,7 +41,7 @@ def _one_line_error(done: subprocess.CompletedProcess, status: int, *says: str) 
 def test_run_job_refuses_a_store_that_does_not_exist(tmp_path) -> None:
     """A misspelled ``--store`` must not start the job again from the beginning."""
     missing = tmp_path / "stroe"
-    done = _tool("operators.tools.run_job", "--job", JOB, "--store", str(missing), "--in-process")
+    done = _tool("dkvstream.operators.tools.run_job", "--job", JOB, "--store", str(missing), "--in-process")
     _one_line_error(done, 2, f"no store at {missing}: no such directory", "--create-store")
     assert done.stdout == "" and not missing.exists()
 
@@ -56,11 +56,11 @@ def test_create_store_starts_a_job_and_a_rerun_continues_it(tmp_path, capsys) ->
 
 
 @pytest.mark.parametrize(("job", "says"), [
-    ("examples.keyed_count:keyed_count_job", "takes arguments ['events', 'keys']"),
+    ("dkvstream.examples.keyed_count:keyed_count_job", "takes arguments ['events', 'keys']"),
     ("tests.operators.small_keyed_count:jbo", "has no attribute 'jbo'"),
 ])
 def test_run_job_names_a_job_it_cannot_load(tmp_path, job, says) -> None:
-    done = _tool("operators.tools.run_job", "--job", job, "--store", str(tmp_path), "--in-process")
+    done = _tool("dkvstream.operators.tools.run_job", "--job", job, "--store", str(tmp_path), "--in-process")
     _one_line_error(done, 2, says)
 
 
@@ -69,7 +69,8 @@ def test_run_job_names_a_job_it_cannot_load(tmp_path, job, says) -> None:
     ({"JAVA_HOME": "/nonexistent/jdk"}, "JAVA_HOME=/nonexistent/jdk has no bin/java"),
 ])
 def test_run_job_on_spark_without_java_says_how_to_install_it(tmp_path, env, says) -> None:
-    done = _tool("operators.tools.run_job", "--job", JOB, "--store", str(tmp_path), "--max-epochs", "1", env=env)
+    done = _tool("dkvstream.operators.tools.run_job", "--job", JOB, "--store", str(tmp_path), "--max-epochs", "1",
+                 env=env)
     _one_line_error(done, 1, "error: JavaNotFoundError: Spark cannot start", says, "bash platform/install-java.sh",
                     "openjdk-17-jre-headless")
 
@@ -79,7 +80,7 @@ NO_CREDENTIALS = {"AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_CONFIG_FIL
                   "AWS_EC2_METADATA_DISABLED": "true", "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
 
 
-@pytest.mark.parametrize("tool", ["operators.tools.run_job", "operators.tools.state_reader"])
+@pytest.mark.parametrize("tool", ["dkvstream.operators.tools.run_job", "dkvstream.operators.tools.state_reader"])
 def test_missing_s3_credentials_say_which_variables_to_set(tool) -> None:
     argv = ["--in-process"] if tool.endswith("run_job") else ["--list"]
     done = _tool(tool, "--job", JOB, "--store", "s3://bucket/prefix", *argv, env=NO_CREDENTIALS, unset="AWS_")

@@ -1,4 +1,4 @@
-"""The commit fence's parts (``operators.runtime.checkpoints``, module docstring "The
+"""The commit fence's parts (``dkvstream.operators.runtime.checkpoints``, module docstring "The
 fence"): retention raises the floor before it deletes a checkpoint; a commit into a
 retired gap is withdrawn and refused; a commit of a new epoch is recorded; the markers
 do not grow with the job's age. In process, on the small keyed counting job."""
@@ -9,15 +9,15 @@ import dataclasses
 
 import pytest
 
-from operators import paths
-from operators.errors import JobFencedError
-from operators.runtime.checkpoints import (
+from dkvstream.operators import paths
+from dkvstream.operators.errors import JobFencedError
+from dkvstream.operators.runtime.checkpoints import (
     commit_checkpoint,
     list_epochs,
     read_checkpoint,
     read_commit_log,
 )
-from storage import faults
+from dkvstream.storage import faults
 from tests.operators import small_keyed_count as small
 
 

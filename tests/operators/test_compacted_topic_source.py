@@ -10,14 +10,14 @@ import time
 import pandas as pd
 import pyarrow as pa
 
-from operators.api.job import Job
-from operators.api.operator import KeyedEvent, Operator, Subject
-from operators.io.sinks import ParquetSink
-from operators.io.sources import INGEST_TIME_COLUMN, OFFSET_COLUMN
-from operators.io.topics import TopicSource
-from operators.runtime.driver import JobRunner
-from storage.log import COMPACT, Log, TopicConfig
-from storage.objectstore import open_object_store
+from dkvstream.operators.api.job import Job
+from dkvstream.operators.api.operator import KeyedEvent, Operator, Subject
+from dkvstream.operators.io.sinks import ParquetSink
+from dkvstream.operators.io.sources import INGEST_TIME_COLUMN, OFFSET_COLUMN
+from dkvstream.operators.io.topics import TopicSource
+from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.storage.log import COMPACT, Log, TopicConfig
+from dkvstream.storage.objectstore import open_object_store
 
 SCHEMA = pa.schema([("amount", pa.int64())])
 OUT = pa.schema([("key", pa.string()), ("ts", pa.int64()), ("amount", pa.int64())])

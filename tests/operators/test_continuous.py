@@ -17,9 +17,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from operators.runtime.checkpoints import latest_checkpoint
-from operators.runtime.driver import JobRunner
-from operators.runtime.live import NO_INPUT_POLL_MS, ProcessingTimeTrigger, StopRequest
+from dkvstream.operators.runtime.checkpoints import latest_checkpoint
+from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.operators.runtime.live import NO_INPUT_POLL_MS, ProcessingTimeTrigger, StopRequest
 from tests.operators import live_sources
 from tests.operators import small_keyed_count as small
 from tests.operators.live_sources import EVENTS, reveal
@@ -191,7 +191,7 @@ def test_run_job_continuous_stops_cleanly_on_sigterm(tmp_path) -> None:
     env = {**os.environ, live_sources.VISIBLE_FILE_ENV: str(visible),
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "operators.tools.run_job", "--job", "tests.operators.live_sources:live_job",
+        [sys.executable, "-m", "dkvstream.operators.tools.run_job", "--job", "tests.operators.live_sources:live_job",
          "--store", root, "--create-store", "--in-process", "--continuous", "--events-per-epoch", "300", "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
     lines = []

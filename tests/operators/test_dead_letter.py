@@ -13,21 +13,21 @@ import pyarrow as pa
 import pytest
 from pyspark import cloudpickle
 
-from examples.synthetic import (
+from dkvstream.examples.synthetic import (
     WINDOW_COUNT_SCHEMA,
     KeyWindowCount,
     SyntheticSource,
     group_of,
     window_count_oracle,
 )
-from operators.api.job import Job
-from operators.api.operator import KeyedEvent, Operator, Subject
-from operators.errors import TooManyDeadLettersError
-from operators.io.dead_letter import REASONS, BadInputError, DeadLetter
-from operators.io.sinks import ParquetSink
-from operators.io.sources import ERROR_COLUMN, RAW_VALUE_COLUMN, Source
-from operators.runtime.checkpoints import latest_checkpoint
-from operators.runtime.driver import JobRunner
+from dkvstream.operators.api.job import Job
+from dkvstream.operators.api.operator import KeyedEvent, Operator, Subject
+from dkvstream.operators.errors import TooManyDeadLettersError
+from dkvstream.operators.io.dead_letter import REASONS, BadInputError, DeadLetter
+from dkvstream.operators.io.sinks import ParquetSink
+from dkvstream.operators.io.sources import ERROR_COLUMN, RAW_VALUE_COLUMN, Source
+from dkvstream.operators.runtime.checkpoints import latest_checkpoint
+from dkvstream.operators.runtime.driver import JobRunner
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Spark workers cannot import tests
 
@@ -136,7 +136,7 @@ def test_bad_rows_go_to_dead_letter_with_reason(use_spark, request, tmp_path) ->
     assert summed == want and sum(res.dead_letter["total"] for res in results) == len(BAD)
     ckpt = latest_checkpoint(runner.store, job.prefix)
     assert ckpt.metrics["dead_letter"] == results[-1].dead_letter
-    from assets.checkpoints import checkpoint_metadata, level_stats
+    from dkvstream.assets.checkpoints import checkpoint_metadata, level_stats
 
     for res in results:  # the Dagster materialization metadata of each checkpoint
         md = checkpoint_metadata(res, level_stats(runner.store, ckpt))
@@ -196,7 +196,7 @@ def test_future_bound_is_relative_to_the_wall_clock() -> None:
 
     import numpy as np
 
-    from operators.io.dead_letter import screen
+    from dkvstream.operators.io.dead_letter import screen
 
     now = int(time.time() * 1000)
     t = pa.table({"key": [b"a", b"b", b"c"], "timestamp": [now, now + 3_600_000, now + 3 * 86_400_000],
@@ -211,9 +211,9 @@ def test_future_bound_is_relative_to_the_wall_clock() -> None:
 def test_topic_values_that_do_not_decode_go_to_dead_letter(tmp_path) -> None:
     """TopicSource: a value that is not JSON, not an object, or has a field of the wrong
     type, and a record without key, are dead letters; the rest is processed."""
-    from operators.io.topics import TopicSource
-    from storage.log import Log, TopicConfig
-    from storage.objectstore import open_object_store
+    from dkvstream.operators.io.topics import TopicSource
+    from dkvstream.storage.log import Log, TopicConfig
+    from dkvstream.storage.objectstore import open_object_store
 
     root = str(tmp_path / "store")
     log = Log(open_object_store(root))
@@ -302,9 +302,9 @@ def test_values_of_the_wrong_type_stop_the_job_by_default(tmp_path) -> None:
     """Float values for a column declared int64 (a producer and a job that disagree):
     every record but a few is a dead letter; with the default ``DeadLetter`` the first
     epoch fails, naming the field, instead of the job running on what is left."""
-    from operators.io.topics import TopicSource
-    from storage.log import Log, TopicConfig
-    from storage.objectstore import open_object_store
+    from dkvstream.operators.io.topics import TopicSource
+    from dkvstream.storage.log import Log, TopicConfig
+    from dkvstream.storage.objectstore import open_object_store
 
     root = str(tmp_path / "store")
     log = Log(open_object_store(root))

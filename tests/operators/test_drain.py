@@ -21,9 +21,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from examples.keyed_count import WINDOW_MS, keyed_count_oracle
-from operators.api.operator import WATERMARK_MAX
-from operators.runtime.driver import JobRunner
+from dkvstream.examples.keyed_count import WINDOW_MS, keyed_count_oracle
+from dkvstream.operators.api.operator import WATERMARK_MAX
+from dkvstream.operators.runtime.driver import JobRunner
 from tests.operators import live_sources
 from tests.operators.live_sources import EVENTS, reveal
 
@@ -82,7 +82,7 @@ def test_restart_of_a_drained_job_runs_no_epoch_and_says_so(tmp_path, caplog) ->
 
     reveal(visible, ALL)
     again = JobRunner(live_sources.job(visible), None, str(tmp_path))
-    with caplog.at_level(logging.WARNING, "operators.runtime.driver"):
+    with caplog.at_level(logging.WARNING, "dkvstream.operators.runtime.driver"):
         assert again.run() == []
         assert list(again.epochs(continuous=True)) == []
     assert "growing_count was drained at epoch 1" in caplog.text
@@ -102,7 +102,7 @@ def test_drain_asked_during_an_epoch_leaves_the_rest_unread(tmp_path, caplog) ->
             runner.stop(drain=True)
 
     runner = JobRunner(live_sources.job(visible), None, str(tmp_path), failpoint=drain_in_epoch_2)
-    with caplog.at_level(logging.WARNING, "operators.runtime.driver"):
+    with caplog.at_level(logging.WARNING, "dkvstream.operators.runtime.driver"):
         results = list(runner.epochs(continuous=True))
     assert [(r.epoch, r.drained) for r in results] == [(1, False), (2, False), (3, True)]
     read = results[1].source_offsets
@@ -145,7 +145,7 @@ def test_run_job_drain_on_stop(tmp_path) -> None:
     env = {**os.environ, live_sources.VISIBLE_FILE_ENV: str(visible),
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "operators.tools.run_job", "--job", "tests.operators.live_sources:live_job",
+        [sys.executable, "-m", "dkvstream.operators.tools.run_job", "--job", "tests.operators.live_sources:live_job",
          "--store", root, "--create-store", "--in-process", "--continuous", "--drain-on-stop",
          "--events-per-epoch", "3000", "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
@@ -179,10 +179,10 @@ def test_run_job_drain_on_stop(tmp_path) -> None:
 
 
 def test_drain_on_stop_needs_continuous(capsys) -> None:
-    from operators.tools import run_job
+    from dkvstream.operators.tools import run_job
 
     with pytest.raises(SystemExit) as exited:
-        run_job.main(["--job", "examples.keyed_count:keyed_count_job", "--in-process", "--drain-on-stop"])
+        run_job.main(["--job", "dkvstream.examples.keyed_count:keyed_count_job", "--in-process", "--drain-on-stop"])
     assert exited.value.code == 2
     assert "--drain-on-stop needs --continuous" in capsys.readouterr().err
 
@@ -222,7 +222,7 @@ def test_an_end_offset_below_the_committed_one_reads_nothing_and_warns(tmp_path,
     assert runner.run()[-1].source_offsets == {"p0": 1_500, "p1": 1_500}
     job.source.shrunk = True
     reveal(visible, ALL)
-    with caplog.at_level(logging.WARNING, "operators.runtime.driver"):
+    with caplog.at_level(logging.WARNING, "dkvstream.operators.runtime.driver"):
         first = runner.run()
         assert runner.run() == []  # nothing new in p0 now: no epoch, no second warning
     assert [r.source_offsets for r in first] == [{"p0": EVENTS, "p1": 1_500}]

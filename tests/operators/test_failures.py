@@ -6,10 +6,10 @@ import sys
 import pytest
 from pyspark import cloudpickle
 
-from examples.flights import RouteDailyDelays, flights_job
-from operators.paths import checkpoint_key
-from operators.runtime.driver import JobFailedError, JobRunner
-from storage.errors import CorruptionError
+from dkvstream.examples.flights import RouteDailyDelays, flights_job
+from dkvstream.operators.paths import checkpoint_key
+from dkvstream.operators.runtime.driver import JobFailedError, JobRunner
+from dkvstream.storage.errors import CorruptionError
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Spark workers cannot import tests
 

@@ -1,4 +1,4 @@
-"""The file source (``operators.io.files.FileSource``): files landing in waves in a
+"""The file source (``dkvstream.operators.io.files.FileSource``): files landing in waves in a
 directory (or an S3 prefix on SeaweedFS) while an in-process job processes them; the
 output equals a pandas oracle over every row of every file, a restart re-reads nothing,
 malformed rows and files go to the dead-letter table naming the file, hidden files wait
@@ -21,15 +21,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from examples.keyed_count import WINDOW_MS, KeyedWindowCount
-from operators.api.job import Job
-from operators.errors import RecoveryRefusedError, SourceFileChangedError
-from operators.io.files import FileSource
-from operators.io.sinks import ParquetSink
-from operators.paths import checkpoint_key, job_prefix, source_prefix
-from operators.runtime.driver import JobRunner
-from storage.errors import CorruptionError
-from storage.objectstore import open_object_store
+from dkvstream.examples.keyed_count import WINDOW_MS, KeyedWindowCount
+from dkvstream.operators.api.job import Job
+from dkvstream.operators.errors import RecoveryRefusedError, SourceFileChangedError
+from dkvstream.operators.io.files import FileSource
+from dkvstream.operators.io.sinks import ParquetSink
+from dkvstream.operators.paths import checkpoint_key, job_prefix, source_prefix
+from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.storage.errors import CorruptionError
+from dkvstream.storage.objectstore import open_object_store
 
 SCHEMA = pa.schema([("amount", pa.int64())])
 BASE_MS = 1_700_000_000_000  # 2023-11-14, in the past of the wall clock
@@ -450,7 +450,7 @@ def test_a_load_racing_a_compaction_and_a_stale_writer_reloads(tmp_path) -> None
     """While a reader loads the log, a writer compacts over the batches it listed and a
     stale writer puts its own batch 2 (other files, other order) where the deleted one
     was. The reader must not take that batch: it sees the compaction and reloads."""
-    from storage.objectstore.local import LocalObjectStore
+    from dkvstream.storage.objectstore.local import LocalObjectStore
 
     class HookedStore(LocalObjectStore):
         hook = None
@@ -655,7 +655,7 @@ def test_union_records_and_checks_each_file_source(tmp_path) -> None:
     state under the child's name and checks each on restore: the child whose newest log
     object was lost (its files moved away) refuses, naming its log; state None (an old
     checkpoint) checks nothing."""
-    from operators.io.union import UnionSource
+    from dkvstream.operators.io.union import UnionSource
 
     store = open_object_store(str(tmp_path / "store"))
     inboxes = {n: tmp_path / n for n in ("a", "b")}

@@ -1,11 +1,11 @@
 """The flights job end to end on local Spark, against the spec's pandas oracle."""
 from __future__ import annotations
 
-from examples.flights import flights_job
-from examples.flights_data import FLIGHT_COUNT
-from operators.api.operator import WATERMARK_MAX
-from operators.runtime.checkpoints import list_epochs
-from operators.runtime.driver import JobRunner
+from dkvstream.examples.flights import flights_job
+from dkvstream.examples.flights_data import FLIGHT_COUNT
+from dkvstream.operators.api.operator import WATERMARK_MAX
+from dkvstream.operators.runtime.checkpoints import list_epochs
+from dkvstream.operators.runtime.driver import JobRunner
 
 
 def test_flights_job_on_spark_equals_oracle(spark, tmp_path, check_flights_output) -> None:

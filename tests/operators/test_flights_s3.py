@@ -12,11 +12,11 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from examples.flights import flights_job
-from examples.flights_oracle import KEY_COLUMNS
-from operators.runtime.checkpoints import list_epochs, read_checkpoint
-from operators.runtime.driver import JobFailedError, JobRunner
-from storage.objectstore.s3 import S3RequestError
+from dkvstream.examples.flights import flights_job
+from dkvstream.examples.flights_oracle import KEY_COLUMNS
+from dkvstream.operators.runtime.checkpoints import list_epochs, read_checkpoint
+from dkvstream.operators.runtime.driver import JobFailedError, JobRunner
+from dkvstream.storage.objectstore.s3 import S3RequestError
 
 EPOCH_EVENTS = 120_000  # 3 epochs over the full data set
 

@@ -6,10 +6,10 @@ of the job, and request counts (never durations).
 """
 from __future__ import annotations
 
-from operators.runtime.checkpoints import latest_checkpoint, list_epochs, read_checkpoint
-from operators.runtime.cleanup import cleanup_job
-from storage.dkv.gc import files_named_by
-from storage.objectstore.local import LocalObjectStore
+from dkvstream.operators.runtime.checkpoints import latest_checkpoint, list_epochs, read_checkpoint
+from dkvstream.operators.runtime.cleanup import cleanup_job
+from dkvstream.storage.dkv.gc import files_named_by
+from dkvstream.storage.objectstore.local import LocalObjectStore
 from tests.operators import small_keyed_count as small
 
 KINDS = ("GET", "PUT", "LIST", "DELETE", "HEAD", "COPY")

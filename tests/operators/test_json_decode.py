@@ -8,7 +8,7 @@ import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from operators.io.topics import (
+from dkvstream.operators.io.topics import (
     _decode_json_arrow,
     decode_json_values,
     decode_json_values_per_record,

@@ -1,4 +1,4 @@
-"""The Kafka source and sink (``operators.io.kafka``) against a real Kafka-compatible
+"""The Kafka source and sink (``dkvstream.operators.io.kafka``) against a real Kafka-compatible
 broker: Tansu (the ``kafka_broker`` fixture), started on a free loopback port.
 
 Oracles: the offsets the broker acknowledged to the producer (delivery reports), the
@@ -18,13 +18,13 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from examples.keyed_count import OUTPUT_SCHEMA, keyed_count_job
-from examples.synthetic import SyntheticSource
-from operators.errors import KafkaIOError
-from operators.io.kafka import KafkaSink, KafkaSource, deduplicate
-from operators.paths import staging_prefix
-from operators.runtime.driver import JobRunner
-from storage.objectstore import open_object_store
+from dkvstream.examples.keyed_count import OUTPUT_SCHEMA, keyed_count_job
+from dkvstream.examples.synthetic import SyntheticSource
+from dkvstream.operators.errors import KafkaIOError
+from dkvstream.operators.io.kafka import KafkaSink, KafkaSource, deduplicate
+from dkvstream.operators.paths import staging_prefix
+from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.storage.objectstore import open_object_store
 
 AMOUNT = pa.schema([pa.field("amount", pa.int64())])
 HOUR_MS = 3_600_000
@@ -425,10 +425,10 @@ def test_broker_command_line_start_status_stop(tmp_path) -> None:
     import subprocess
     import sys
 
-    from storage.local_server import pid_alive
+    from dkvstream.storage.local_server import pid_alive
 
     def cli(action):
-        return subprocess.run([sys.executable, "-m", "operators.io.kafka_broker", action,
+        return subprocess.run([sys.executable, "-m", "dkvstream.operators.io.kafka_broker", action,
                                "--dir", str(tmp_path)], check=False, capture_output=True, text=True,
                               timeout=60)
 

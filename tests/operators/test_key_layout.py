@@ -12,14 +12,14 @@ import logging
 
 import pytest
 
-from operators import paths
-from operators.api.validation import InvalidJobError
-from operators.runtime.checkpoints import latest_checkpoint, list_epochs, read_checkpoint
-from operators.runtime.cleanup import cleanup_job
-from operators.runtime.driver import JobRunner
-from operators.runtime.remote_compaction import compact_job
-from operators.tools.state_reader import checkpoint_entries
-from storage.dkv.gc import files_named_by
+from dkvstream.operators import paths
+from dkvstream.operators.api.validation import InvalidJobError
+from dkvstream.operators.runtime.checkpoints import latest_checkpoint, list_epochs, read_checkpoint
+from dkvstream.operators.runtime.cleanup import cleanup_job
+from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.operators.runtime.remote_compaction import compact_job
+from dkvstream.operators.tools.state_reader import checkpoint_entries
+from dkvstream.storage.dkv.gc import files_named_by
 from tests.operators import small_keyed_count as small
 
 

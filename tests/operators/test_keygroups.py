@@ -6,7 +6,7 @@ import xxhash
 from hypothesis import given
 from hypothesis import strategies as st
 
-from operators.api.keygroups import (
+from dkvstream.operators.api.keygroups import (
     key_group_of,
     key_group_ranges,
     key_groups_of,
@@ -53,7 +53,7 @@ def test_key_groups_of_repeated_keys_through_the_dictionary(distinct, picks, k) 
 
 
 def test_key_groups_of_a_column_hashes_distinct_keys_once_only_when_they_repeat(monkeypatch) -> None:
-    import operators.api.keygroups as kg
+    import dkvstream.operators.api.keygroups as kg
 
     hashed = []
     real = kg.key_groups_of

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from examples.flights import flights_job
-from operators.runtime.checkpoints import latest_checkpoint
-from operators.runtime.driver import JobFailedError, JobFencedError, JobRunner
-from storage.errors import ObjectNotFoundError
+from dkvstream.examples.flights import flights_job
+from dkvstream.operators.runtime.checkpoints import latest_checkpoint
+from dkvstream.operators.runtime.driver import JobFailedError, JobFencedError, JobRunner
+from dkvstream.storage.errors import ObjectNotFoundError
 
 
 def _runner(root: str) -> JobRunner:

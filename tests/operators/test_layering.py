@@ -1,10 +1,10 @@
 """The packages' layering, read from the imports of every module (``ast``, so imports
 inside functions and under ``TYPE_CHECKING`` count too):
 
-* ``operators.api`` (what a job is written against) imports nothing from
-  ``operators.runtime`` or ``operators.spark``, nor pyspark;
-* ``operators.runtime`` reaches Spark only through its exchange: it imports no pyspark,
-  and from ``operators.spark`` only ``SparkExchange`` (``operators.spark.stage``).
+* ``dkvstream.operators.api`` (what a job is written against) imports nothing from
+  ``dkvstream.operators.runtime`` or ``dkvstream.operators.spark``, nor pyspark;
+* ``dkvstream.operators.runtime`` reaches Spark only through its exchange: it imports no pyspark,
+  and from ``dkvstream.operators.spark`` only ``SparkExchange`` (``dkvstream.operators.spark.stage``).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNTIME_TO_SPARK = {("operators.spark.stage", "SparkExchange")}
+RUNTIME_TO_SPARK = {("dkvstream.operators.spark.stage", "SparkExchange")}
 
 
 def imports(path: Path) -> list[tuple[int, str, str | None]]:
@@ -47,25 +47,28 @@ def modules(package: str) -> list[Path]:
     return found
 
 
-@pytest.mark.parametrize("path", modules("operators.api"), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", modules("dkvstream.operators.api"), ids=lambda p: p.name)
 def test_api_imports_neither_runtime_nor_spark(path: Path) -> None:
-    bad = offending(path, ("operators.runtime", "operators.spark", "pyspark"))
-    assert not bad, "operators.api must not depend on the runtime or Spark:\n" + "\n".join(bad)
+    bad = offending(path, ("dkvstream.operators.runtime", "dkvstream.operators.spark", "pyspark"))
+    assert not bad, "dkvstream.operators.api must not depend on the runtime or Spark:\n" + "\n".join(bad)
 
 
-@pytest.mark.parametrize("path", modules("operators.runtime"), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", modules("dkvstream.operators.runtime"), ids=lambda p: p.name)
 def test_runtime_reaches_spark_only_through_its_exchange(path: Path) -> None:
-    bad = offending(path, ("operators.spark", "pyspark"), RUNTIME_TO_SPARK)
-    assert not bad, ("operators.runtime reaches Spark only through operators.spark.stage.SparkExchange:\n"
+    bad = offending(path, ("dkvstream.operators.spark", "pyspark"), RUNTIME_TO_SPARK)
+    assert not bad, ("dkvstream.operators.runtime reaches Spark only through "
+                     "dkvstream.operators.spark.stage.SparkExchange:\n"
                      + "\n".join(bad))
 
 
 def test_the_rules_see_a_forbidden_import(tmp_path: Path) -> None:
     """The parser finds imports at any depth, both forms."""
     module = tmp_path / "m.py"
-    module.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from operators.runtime import timers\n"
+    module.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                      "    from dkvstream.operators.runtime import timers\n"
                       "def f():\n    import pyspark.sql\n")
-    bad = offending(module, ("operators.runtime", "pyspark"))
-    assert [b.split(": ", 1)[1] for b in bad] == ["from operators.runtime import timers", "import pyspark.sql"]
-    assert offending(module, ("operators.runtime.timers",)) == bad[:1]  # from package import module
-    assert offending(module, ("pyspark",), {("operators.runtime", "timers")}) == bad[1:]
+    bad = offending(module, ("dkvstream.operators.runtime", "pyspark"))
+    assert [b.split(": ", 1)[1] for b in bad] == ["from dkvstream.operators.runtime import timers",
+                                                  "import pyspark.sql"]
+    assert offending(module, ("dkvstream.operators.runtime.timers",)) == bad[:1]  # from package import module
+    assert offending(module, ("pyspark",), {("dkvstream.operators.runtime", "timers")}) == bad[1:]

@@ -13,13 +13,13 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from examples.keyed_count import keyed_count_job, keyed_count_oracle
-from examples.synthetic import SyntheticSource
-from operators.api.operator import WATERMARK_MAX, WATERMARK_MIN
-from operators.io.sources import TIMESTAMP_COLUMN
-from operators.runtime.checkpoints import JobCheckpoint, read_checkpoint
-from operators.runtime.driver import JobRunner
-from operators.runtime.live import (
+from dkvstream.examples.keyed_count import keyed_count_job, keyed_count_oracle
+from dkvstream.examples.synthetic import SyntheticSource
+from dkvstream.operators.api.operator import WATERMARK_MAX, WATERMARK_MIN
+from dkvstream.operators.io.sources import TIMESTAMP_COLUMN
+from dkvstream.operators.runtime.checkpoints import JobCheckpoint, read_checkpoint
+from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.operators.runtime.live import (
     EventTimeInputs,
     EventTimeSteps,
     alignment_cuts,
@@ -29,7 +29,7 @@ from operators.runtime.live import (
     paused_partitions,
     plan_epoch,
 )
-from operators.runtime.splits import Split, SplitSummary
+from dkvstream.operators.runtime.splits import Split, SplitSummary
 from tests.operators import live_sources
 from tests.operators.live_sources import STEP_MS, reveal
 
@@ -125,7 +125,7 @@ def test_a_partition_without_events_is_idle_a_timeout_after_the_first_epoch_that
     longer than the idle timeout while the job read, so it is idle (as a partition pausing
     that long), the watermark follows p0, and exactly the events of p1 in windows that
     closed by then are late."""
-    from examples.keyed_count import WINDOW_MS
+    from dkvstream.examples.keyed_count import WINDOW_MS
 
     runner, before, third = _late_start_run(tmp_path, second_producer_after_s=11)
     assert before == _ts("p0", 1_499) - BOUND_MS
@@ -323,7 +323,7 @@ def test_alignment_cuts_each_slice_before_its_first_event_past_the_limit() -> No
 def test_event_time_steps_cut_before_the_first_event_past_the_limit(ts, limit) -> None:
     """A split's ``EventTimeSteps`` cut it at or before its first event past the limit
     (never after), and exactly there when it spans at most ``MAX_ALIGNMENT_STEPS`` ms."""
-    from operators.runtime.live import MAX_ALIGNMENT_STEPS
+    from dkvstream.operators.runtime.live import MAX_ALIGNMENT_STEPS
 
     ts = np.array(ts, np.int64)
     offsets = np.arange(100, 100 + len(ts), dtype=np.int64)

@@ -1,4 +1,4 @@
-"""Per-epoch live metrics (``operators.runtime.live.epoch_metrics``): in the checkpoint
+"""Per-epoch live metrics (``dkvstream.operators.runtime.live.epoch_metrics``): in the checkpoint
 (measured at the commit) and in ``EpochResult.live`` (after the publish), against a hand
 computation with a fake wall clock that only the test moves."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from operators.runtime.checkpoints import read_checkpoint
-from operators.runtime.driver import JobRunner
+from dkvstream.operators.runtime.checkpoints import read_checkpoint
+from dkvstream.operators.runtime.driver import JobRunner
 from tests.operators import live_sources
 from tests.operators.live_sources import STEP_MS, reveal
 
@@ -125,7 +125,7 @@ def test_latency_from_ingest_sketches_matches_the_events(tasks, big) -> None:
     """Latency percentiles from the tasks' ``IngestSketch``es: exact (nearest rank over
     all events) when every task had at most ``INGEST_SAMPLE`` events; with more, within
     the spread of one sample step of the exact value; max always exact."""
-    from operators.runtime.live import INGEST_SAMPLE, IngestSketch, latency_ms
+    from dkvstream.operators.runtime.live import INGEST_SAMPLE, IngestSketch, latency_ms
 
     rng = np.random.default_rng(len(tasks) * 7 + big)
     tasks = [np.array(t, np.int64) for t in tasks]
@@ -150,7 +150,7 @@ def test_arrivals_over_plans_add_up_to_what_the_source_grew(growth, start, joins
     """``live.arrived`` between consecutive plans sums to the growth of the end offsets
     from the first plan to the last, a partition that appears later counting from where
     it is first read (oracle: the final ends minus the starts)."""
-    from operators.runtime.live import EpochPlan, arrived
+    from dkvstream.operators.runtime.live import EpochPlan, arrived
 
     parts = ["p0", "p1", "p2"][:3 - joins]
     late = ["p0", "p1", "p2"][3 - joins:]  # appear at the second plan

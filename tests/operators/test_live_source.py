@@ -9,13 +9,13 @@ import json
 
 import pyarrow as pa
 
-from examples.keyed_count import KeyedWindowCount
-from operators.api.job import Job
-from operators.io.sinks import ParquetSink
-from operators.io.topics import TopicSource
-from operators.runtime.driver import JobRunner
-from storage.log import Log, TopicConfig
-from storage.objectstore import open_object_store
+from dkvstream.examples.keyed_count import KeyedWindowCount
+from dkvstream.operators.api.job import Job
+from dkvstream.operators.io.sinks import ParquetSink
+from dkvstream.operators.io.topics import TopicSource
+from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.storage.log import Log, TopicConfig
+from dkvstream.storage.objectstore import open_object_store
 
 BOUND_MS = 500
 SCHEMA = pa.schema([("amount", pa.int64())])

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from operators import paths
-from operators.errors import RecoveryRefusedError
-from operators.runtime.checkpoints import read_commit_log
+from dkvstream.operators import paths
+from dkvstream.operators.errors import RecoveryRefusedError
+from dkvstream.operators.runtime.checkpoints import read_commit_log
 from tests.operators import small_keyed_count as small
 
 

@@ -1,5 +1,5 @@
 """Sources whose offsets have gaps (Kafka transaction markers, compacted topics) name
-each row's offset in an ``_offset`` column (``operators.io.sources.check_slice``).
+each row's offset in an ``_offset`` column (``dkvstream.operators.io.sources.check_slice``).
 
 Oracles: the keyed-count pandas computation over the rows that exist; the checkpoint's
 offsets; for refusals, the error naming source, partition and offsets.
@@ -10,10 +10,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from examples.keyed_count import keyed_count_job, keyed_count_oracle
-from examples.synthetic import SyntheticSource
-from operators.io.sources import INGEST_TIME_COLUMN, OFFSET_COLUMN, check_slice
-from operators.runtime.driver import JobRunner
+from dkvstream.examples.keyed_count import keyed_count_job, keyed_count_oracle
+from dkvstream.examples.synthetic import SyntheticSource
+from dkvstream.operators.io.sources import INGEST_TIME_COLUMN, OFFSET_COLUMN, check_slice
+from dkvstream.operators.runtime.driver import JobRunner
 
 
 class GappySource(SyntheticSource):

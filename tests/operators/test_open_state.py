@@ -1,4 +1,4 @@
-"""The DKV instances a Spark worker keeps open between epochs (``operators.runtime.open_state``):
+"""The DKV instances a Spark worker keeps open between epochs (``dkvstream.operators.runtime.open_state``):
 a kept or caught-up instance holds exactly what ``DKV.open`` of the same manifest holds
 (oracle: a dict of every write, and a fresh open), anything else is reopened."""
 from __future__ import annotations
@@ -8,9 +8,9 @@ from functools import partial
 
 import pytest
 
-from operators.runtime.open_state import OpenState
-from storage.dkv import DKV, DKVOptions
-from storage.objectstore.local import LocalObjectStore
+from dkvstream.operators.runtime.open_state import OpenState
+from dkvstream.storage.dkv import DKV, DKVOptions
+from dkvstream.storage.objectstore.local import LocalObjectStore
 from tests.storage.random_writes import random_writes
 
 PREFIX = "jobs/j/state/op/kg-0000-0127"
@@ -96,11 +96,11 @@ def test_job_with_two_workers_caching_state(batch, tmp_path, monkeypatch) -> Non
     its own cache: every checkpoint's state and the output equal a run without caches
     (itself checked against the pandas oracle by tests/operators/test_flights_job.py).
     The ``on_event`` case (~50 s) is slow."""
-    import operators.runtime.exchange as runtime
-    from examples.flights import flights_job
-    from operators.runtime.driver import JobRunner
-    from operators.runtime.task import run_task
-    from operators.tools.state_reader import checkpoint_entries
+    import dkvstream.operators.runtime.exchange as runtime
+    from dkvstream.examples.flights import flights_job
+    from dkvstream.operators.runtime.driver import JobRunner
+    from dkvstream.operators.runtime.task import run_task
+    from dkvstream.operators.tools.state_reader import checkpoint_entries
 
     workers, rng = [OpenState(), OpenState()], random.Random(11)
 
@@ -137,10 +137,10 @@ def test_in_process_runner_keeps_ranges_open(tmp_path, monkeypatch) -> None:
     """An in-process runner reuses each range's DKV from the second epoch on, as Spark
     workers do; a new runner (a restart) opens from the store. The output equals the
     pandas oracle."""
-    import operators.runtime.exchange as runtime
-    from examples.keyed_count import keyed_count_job, keyed_count_oracle
-    from operators.runtime.driver import JobRunner
-    from operators.runtime.task import run_task
+    import dkvstream.operators.runtime.exchange as runtime
+    from dkvstream.examples.keyed_count import keyed_count_job, keyed_count_oracle
+    from dkvstream.operators.runtime.driver import JobRunner
+    from dkvstream.operators.runtime.task import run_task
 
     reused: list[tuple[int, bool]] = []
 
@@ -168,8 +168,8 @@ def test_in_process_runner_keeps_one_instance_per_range_and_closes_them(tmp_path
     """Over 8 ranges the in-process runner keeps at most 8 DKV instances (one per range
     and operator), their timer services hold no set-dedup keys between epochs, and
     ``close()`` (here: leaving the ``with`` block) closes every kept instance."""
-    from examples.keyed_count import keyed_count_job
-    from operators.runtime.driver import JobRunner
+    from dkvstream.examples.keyed_count import keyed_count_job
+    from dkvstream.operators.runtime.driver import JobRunner
 
     job = keyed_count_job(4_000, 200, events_per_epoch=1_000, parallelism=8, step_ms=1_000)
     assert len(job.operators) == 1
@@ -187,7 +187,7 @@ def test_in_process_runner_keeps_one_instance_per_range_and_closes_them(tmp_path
 def test_take_closes_the_instance_when_catching_up_fails(tmp_path) -> None:
     """A catch-up that cannot read the wanted manifest raises and closes the instance
     (it has left the cache, so nothing else would)."""
-    from storage.errors import ObjectNotFoundError
+    from dkvstream.storage.errors import ObjectNotFoundError
 
     store, _, _, cache, db, _ = _kept_after_epoch_1(tmp_path, seed=9, writes=50)
     with pytest.raises(ObjectNotFoundError):
@@ -198,8 +198,8 @@ def test_take_closes_the_instance_when_catching_up_fails(tmp_path) -> None:
 def test_keep_hands_back_the_same_timer_service_without_its_epoch_dedup(tmp_path) -> None:
     """A hit returns the timer service kept with the instance (so its lower bound saves the
     next scan), already emptied of the epoch's set-dedup keys; a catch-up returns None."""
-    from operators.api.keygroups import KeyGroupRange
-    from operators.runtime.timers import TimerService
+    from dkvstream.operators.api.keygroups import KeyGroupRange
+    from dkvstream.operators.runtime.timers import TimerService
 
     store, rng, model, cache, db, m1 = _kept_after_epoch_1(tmp_path, seed=10, writes=50)
     assert cache.take(store.root_uri, PREFIX, m1, None) == (db, None)

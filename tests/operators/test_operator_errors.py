@@ -24,32 +24,32 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyspark import cloudpickle
 
-from examples.flights import OUTPUT_SCHEMA as FLIGHTS_SCHEMA
-from examples.flights import RouteDailyDelays, RouteDailyDelaysBatch
-from examples.flights_oracle import assert_equals_oracle
-from examples.synthetic import (
+from dkvstream.examples.flights import OUTPUT_SCHEMA as FLIGHTS_SCHEMA
+from dkvstream.examples.flights import RouteDailyDelays, RouteDailyDelaysBatch
+from dkvstream.examples.flights_oracle import assert_equals_oracle
+from dkvstream.examples.synthetic import (
     GROUP_SUM_SCHEMA,
     GroupWindowSum,
     KeyWindowCount,
     SyntheticSource,
     group_of,
 )
-from operators.api.batch import BatchContext, BatchOperator
-from operators.api.codecs import IntCodec, RecordCodec
-from operators.api.job import Job
-from operators.api.operator import KeyedEvent, Operator, Subject
-from operators.api.state import MapSpec
-from operators.errors import JobFailedError, OperatorError
-from operators.io.sinks import ParquetSink
-from operators.io.sources import Source
-from operators.runtime import exchange as runtime
-from operators.runtime.checkpoints import latest_checkpoint
-from operators.runtime.driver import JobRunner
-from operators.runtime.operator_errors import WriteBuffer, isolate
-from operators.runtime.task import _emitted_table
-from storage.dkv import DKV
-from storage.errors import CorruptionError
-from storage.objectstore import open_object_store
+from dkvstream.operators.api.batch import BatchContext, BatchOperator
+from dkvstream.operators.api.codecs import IntCodec, RecordCodec
+from dkvstream.operators.api.job import Job
+from dkvstream.operators.api.operator import KeyedEvent, Operator, Subject
+from dkvstream.operators.api.state import MapSpec
+from dkvstream.operators.errors import JobFailedError, OperatorError
+from dkvstream.operators.io.sinks import ParquetSink
+from dkvstream.operators.io.sources import Source
+from dkvstream.operators.runtime import exchange as runtime
+from dkvstream.operators.runtime.checkpoints import latest_checkpoint
+from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.operators.runtime.operator_errors import WriteBuffer, isolate
+from dkvstream.operators.runtime.task import _emitted_table
+from dkvstream.storage.dkv import DKV
+from dkvstream.storage.errors import CorruptionError
+from dkvstream.storage.objectstore import open_object_store
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Spark workers cannot import tests
 

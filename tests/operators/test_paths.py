@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from operators.paths import range_label_of, staging_prefix
+from dkvstream.operators.paths import range_label_of, staging_prefix
 
 
 def test_range_label_round_trips() -> None:

@@ -1,4 +1,4 @@
-"""Progress of a run (``operators.runtime.progress``) and ``run_job``'s output: the readable
+"""Progress of a run (``dkvstream.operators.runtime.progress``) and ``run_job``'s output: the readable
 line per epoch against the ``EpochResult``'s offsets and watermark, the progress numbers
 against a hand computation and against ``live.plan_epoch`` itself, and ``--json``'s lines
 as scripts parse them."""
@@ -9,10 +9,10 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from operators.runtime import live
-from operators.runtime.driver import EpochResult
-from operators.runtime.progress import ProgressTracker, epoch_line, epochs_left, format_duration
-from operators.tools import run_job
+from dkvstream.operators.runtime import live
+from dkvstream.operators.runtime.driver import EpochResult
+from dkvstream.operators.runtime.progress import ProgressTracker, epoch_line, epochs_left, format_duration
+from dkvstream.operators.tools import run_job
 
 SMALL_JOB = "tests.operators.small_keyed_count:job"  # 2 x 3,000 events, 750 an epoch
 

@@ -9,13 +9,13 @@ from collections import Counter
 
 import pytest
 
-from examples.flights import flights_job
-from operators.runtime.checkpoints import latest_checkpoint, list_epochs, read_checkpoint
-from operators.runtime.driver import JobRunner
-from operators.runtime.remote_compaction import compact_job
-from operators.tools.state_reader import checkpoint_entries
-from storage.dkv import DKVOptions
-from storage.dkv.gc import files_named_by
+from dkvstream.examples.flights import flights_job
+from dkvstream.operators.runtime.checkpoints import latest_checkpoint, list_epochs, read_checkpoint
+from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.operators.runtime.remote_compaction import compact_job
+from dkvstream.operators.tools.state_reader import checkpoint_entries
+from dkvstream.storage.dkv import DKVOptions
+from dkvstream.storage.dkv.gc import files_named_by
 
 EPOCH_EVENTS = 40_000  # 9 epochs
 

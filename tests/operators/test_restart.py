@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from examples.flights import flights_job
-from operators.runtime.driver import JobRunner
-from operators.tools.state_reader import checkpoint_entries
+from dkvstream.examples.flights import flights_job
+from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.operators.tools.state_reader import checkpoint_entries
 
 EPOCH_EVENTS = 50_000  # 8 epochs over the full data set
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from assets.checkpoints import checkpoint_check_result
-from assets.resources import ObjectStoreResource
-from operators.runtime.checkpoints import read_checkpoint
+from dkvstream.assets.checkpoints import checkpoint_check_result
+from dkvstream.assets.resources import ObjectStoreResource
+from dkvstream.operators.runtime.checkpoints import read_checkpoint
 from tests.operators import small_keyed_count as small
 
 RETAIN = 3
@@ -38,7 +38,7 @@ def test_damaged_older_manifest_does_not_fail_later_epochs(tmp_path, caplog) -> 
     store, prefix = runner.store, runner.job.prefix
     manifest = _damage_epoch_2_manifest(runner)
 
-    with caplog.at_level(logging.WARNING, logger="operators.runtime.cleanup"):
+    with caplog.at_level(logging.WARNING, logger="dkvstream.operators.runtime.cleanup"):
         [fourth] = runner.run(max_epochs=1)  # retention keeps 2, 3, 4: reads the damaged manifest
     assert fourth.epoch == 4 and runner.latest().epoch == 4
     [damage] = runner.last_cleanup.damaged

@@ -4,8 +4,8 @@ Oracle: the checkpoints in the store and the pandas answer of the keyed counting
 
 from __future__ import annotations
 
-from operators.runtime.checkpoints import list_epochs
-from operators.runtime.driver import EpochResult
+from dkvstream.operators.runtime.checkpoints import list_epochs
+from dkvstream.operators.runtime.driver import EpochResult
 from tests.operators import small_keyed_count as small
 
 

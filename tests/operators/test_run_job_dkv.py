@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from operators.tools import run_job
-from storage.dkv import DKVOptions
+from dkvstream.operators.tools import run_job
+from dkvstream.storage.dkv import DKVOptions
 
 
 def test_dkv_options_reach_the_runner(tmp_path, monkeypatch, capsys) -> None:

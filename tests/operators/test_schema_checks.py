@@ -1,10 +1,10 @@
 """Schemas are enforced where data enters and leaves an operator.
 
-* Emitted rows against the operator's ``outputs`` schema (``operators.runtime.task`` for
+* Emitted rows against the operator's ``outputs`` schema (``dkvstream.operators.runtime.task`` for
   ``Subject.emit``, ``BatchContext.emit`` for the vectorised form): an unknown field, or a
   non-nullable field missing or null, fails the epoch naming operator, output and field.
 * Source slices against ``key`` binary, ``timestamp`` int64 ms and ``Source.value_schema``
-  (``operators.io.sources.check_slice``): lossless widenings are applied, anything else
+  (``dkvstream.operators.io.sources.check_slice``): lossless widenings are applied, anything else
   fails the epoch naming source, partition, offsets and column.
 
 Oracles: the rows a pandas computation of the job gives; for refusals, the error and an
@@ -20,15 +20,15 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from examples.synthetic import SyntheticSource
-from operators.api.batch import BatchContext, BatchOperator
-from operators.api.job import Job
-from operators.api.operator import KeyedEvent, Operator, Subject
-from operators.errors import JobFailedError
-from operators.io import sources
-from operators.io.sinks import ParquetSink
-from operators.io.sources import ERROR_COLUMN, RAW_VALUE_COLUMN
-from operators.runtime.driver import JobRunner
+from dkvstream.examples.synthetic import SyntheticSource
+from dkvstream.operators.api.batch import BatchContext, BatchOperator
+from dkvstream.operators.api.job import Job
+from dkvstream.operators.api.operator import KeyedEvent, Operator, Subject
+from dkvstream.operators.errors import JobFailedError
+from dkvstream.operators.io import sources
+from dkvstream.operators.io.sinks import ParquetSink
+from dkvstream.operators.io.sources import ERROR_COLUMN, RAW_VALUE_COLUMN
+from dkvstream.operators.runtime.driver import JobRunner
 
 DAY_MS = 86_400_000
 STEP_MS = 3_600_000  # an hour between events: several days per key

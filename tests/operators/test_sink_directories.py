@@ -1,6 +1,6 @@
 """Every sink that is a directory of files reads by its directory with pyarrow, DuckDB and
 Spark, as docs/sources-and-sinks.md shows: a ``ParquetSink`` table, the dead-letter table
-(``operators.io.dead_letter.DeadLetterSink``) and a Delta ``TableSink``.
+(``dkvstream.operators.io.dead_letter.DeadLetterSink``) and a Delta ``TableSink``.
 
 Oracles: the pandas window counts of the good input rows, the injected bad rows with
 the epoch whose committed offsets first cover them, and the Delta table's dict model.
@@ -17,10 +17,10 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from operators.io.dead_letter import DEAD_LETTER_SCHEMA, DeadLetterSink, stage
-from operators.io.sinks import ParquetSink
-from operators.runtime.driver import JobRunner
-from storage.objectstore import open_object_store
+from dkvstream.operators.io.dead_letter import DEAD_LETTER_SCHEMA, DeadLetterSink, stage
+from dkvstream.operators.io.sinks import ParquetSink
+from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.storage.objectstore import open_object_store
 from tests.operators.test_dead_letter import BAD, BadInputSource, _job, _oracle
 from tests.operators.test_table_sink import as_model, model_after, random_changes, run_drained
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from operators.spark.session import DAEMON_ENV, OBJECT_STORE_ENV, spark_conf
+from dkvstream.operators.spark.session import DAEMON_ENV, OBJECT_STORE_ENV, spark_conf
 
 S3_ENV = {"AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9000", "AWS_REGION": "eu-west-1",
           "AWS_ACCESS_KEY_ID": "key", "AWS_SECRET_ACCESS_KEY": "secret"}

@@ -1,4 +1,4 @@
-"""``operators.spark.daemon``: Spark's Python daemon imports the task modules before it
+"""``dkvstream.operators.spark.daemon``: Spark's Python daemon imports the task modules before it
 forks workers, only while it is single-threaded, and otherwise falls back to pyspark's
 plain daemon.
 
@@ -21,8 +21,8 @@ import pyspark.worker
 import pytest
 from pyspark import cloudpickle
 
-from operators.spark.daemon import without_shipped_zips
-from operators.spark.session import DAEMON_ENV
+from dkvstream.operators.spark.daemon import without_shipped_zips
+from dkvstream.operators.spark.session import DAEMON_ENV
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Spark workers cannot import tests
 
@@ -47,7 +47,7 @@ def test_spark_workers_fork_from_a_single_threaded_daemon_that_imported_arrow(sp
     facts = spark.sparkContext.parallelize([0, 1], 2).mapPartitions(_parent_facts).collect()
     assert len(facts) == 2
     for daemon in facts:
-        assert "-m operators.spark.daemon" in daemon["cmdline"], daemon
+        assert "-m dkvstream.operators.spark.daemon" in daemon["cmdline"], daemon
         assert daemon["threads"] == 1, daemon
         assert daemon["arrow_loaded"], daemon
         assert daemon["worker_frozen_objects"] > 10_000, daemon  # the libraries' objects
@@ -55,7 +55,7 @@ def test_spark_workers_fork_from_a_single_threaded_daemon_that_imported_arrow(sp
 
 
 def _start_daemon(env: dict[str, str]) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "operators.spark.daemon", "pyspark.worker"],
+    proc = subprocess.Popen([sys.executable, "-m", "dkvstream.operators.spark.daemon", "pyspark.worker"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     port = struct.unpack("!i", proc.stdout.read(4))[0]  # the daemon is listening
     assert 0 < port < 65536
@@ -82,7 +82,7 @@ def test_daemon_preloads_when_its_environment_keeps_imports_thread_free() -> Non
         facts = _process_facts(proc.pid)
     finally:
         err = _stop(proc)
-    assert "-m operators.spark.daemon" in facts["cmdline"], (facts, err)
+    assert "-m dkvstream.operators.spark.daemon" in facts["cmdline"], (facts, err)
     assert facts["threads"] == 1 and facts["arrow_loaded"], (facts, err)
 
 

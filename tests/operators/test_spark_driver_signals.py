@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from operators.runtime.driver import JobRunner
-from storage.local_server import pid_alive
+from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.storage.local_server import pid_alive
 from tests.operators import live_sources
 from tests.operators.live_sources import EVENTS, reveal
 
@@ -38,7 +38,7 @@ EXIT_DEADLINE_S = 120.0
 SIGNAL_DURING_START_UP = """
 import os, signal, sys
 import pyspark.core.context, pyspark.java_gateway
-from operators.tools import run_job
+from dkvstream.operators.tools import run_job
 
 launch = pyspark.java_gateway.launch_gateway
 
@@ -124,7 +124,7 @@ def test_run_job_on_spark_stops_at_a_checkpoint_on_a_group_sigterm(tmp_path) -> 
     reveal(visible, ALL)
     root = str(tmp_path / "store")
     lines, spark_processes = [], []
-    with _driver(["-m", "operators.tools.run_job", *_run_job_args(root)], _env(visible)) as proc:
+    with _driver(["-m", "dkvstream.operators.tools.run_job", *_run_job_args(root)], _env(visible)) as proc:
         for line in proc.stdout:
             lines.append(json.loads(line))
             if lines[-1]["event"] == "committed":
@@ -176,7 +176,7 @@ def test_spark_jvm_does_not_outlive_a_driver_killed_with_sigkill(tmp_path) -> No
     """The JVM is in a session of its own, out of reach of the driver's group: a
     driver killed with SIGKILL (no cleanup runs) still takes the JVM and Spark's Python
     workers with it (the JVM exits when its stdin, the pipe from the driver, closes)."""
-    driver = ("from operators.spark.session import get_spark\n"
+    driver = ("from dkvstream.operators.spark.session import get_spark\n"
               "spark = get_spark({'spark.master': 'local[1]'})\n"
               "assert spark.sparkContext.parallelize(range(4), 1).map(lambda x: x + 1).sum() == 10\n"
               "print('up', flush=True)\n"

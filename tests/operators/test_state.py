@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from operators.api.codecs import (
+from dkvstream.operators.api.codecs import (
     BytesCodec,
     FloatCodec,
     IntCodec,
@@ -15,10 +15,10 @@ from operators.api.codecs import (
     RecordCodec,
     StrCodec,
 )
-from operators.api.state import ListSpec, MapSpec, ValueSpec, decode_state_key, subject_prefix
-from operators.runtime.timers import TimerService, decode_timer_key, timer_key
-from storage.dkv import DKV
-from storage.objectstore.local import LocalObjectStore
+from dkvstream.operators.api.state import ListSpec, MapSpec, ValueSpec, decode_state_key, subject_prefix
+from dkvstream.operators.runtime.timers import TimerService, decode_timer_key, timer_key
+from dkvstream.storage.dkv import DKV
+from dkvstream.storage.objectstore.local import LocalObjectStore
 
 
 class FakeSubject:
@@ -311,7 +311,7 @@ def test_record_rows_equal_dict_records(rows, absent) -> None:
 def test_bulk_map_rows_equal_dict_accessors(db) -> None:
     """``get_rows_at``/``set_rows_at`` read and write what ``get_at``/``set_at`` do with
     the equivalent dicts; a codec without a rows form is a TypeError."""
-    from operators.api.batch import BulkMapState
+    from dkvstream.operators.api.batch import BulkMapState
     spec = MapSpec(IntCodec(), RecordCodec({"count": pa.int64(), "amount": pa.int64()}), id="w")
     state = BulkMapState(db, spec)
     at = state.dkv_keys([b"a", b"b", b"c"], [0, 1, 1], [10, 20, 30])
@@ -366,7 +366,7 @@ def test_wrong_type_in_a_state_call_names_operator_state_and_codec(db, call, rol
     naming the operator, the state id, the codec, the expected type and the value, and
     writes nothing (an int out of 64-bit range and an int given to ``BytesCodec`` used to
     be stored silently as other values)."""
-    from operators.errors import StateTypeError
+    from dkvstream.operators.errors import StateTypeError
     subj = FakeSubject(db, b"k", 3)
     Totals.by_id.state_for(subj).set(1, 2.0)
     before = list(db.scan_prefix(b""))
@@ -383,8 +383,8 @@ def test_wrong_type_in_a_state_call_names_operator_state_and_codec(db, call, rol
 def test_wrong_type_in_a_bulk_state_call_names_the_first_bad_value(db) -> None:
     """The vectorised form's bulk calls name the first value the codec rejects, and
     write nothing of the batch."""
-    from operators.api.batch import BulkListState, BulkMapState, BulkValueState
-    from operators.errors import StateTypeError
+    from dkvstream.operators.api.batch import BulkListState, BulkMapState, BulkValueState
+    from dkvstream.operators.errors import StateTypeError
     cases = [
         (lambda: BulkMapState(db, Totals.by_id).set([b"a", b"b"], [0, 0], [1, "2"], [1.0, 2.0]), "'2'", "map key"),
         (lambda: BulkMapState(db, Totals.by_id).set([b"a", b"b"], [0, 0], [1, 2], [1.0, None]), "None", "value"),

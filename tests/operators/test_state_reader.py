@@ -5,10 +5,10 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from examples.flights import FlightsSource, flights_job
-from examples.flights_data import DAY_MS
-from operators.runtime.driver import JobRunner
-from operators.tools.state_reader import list_timers, main, read_state, to_spark
+from dkvstream.examples.flights import FlightsSource, flights_job
+from dkvstream.examples.flights_data import DAY_MS
+from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.operators.tools.state_reader import list_timers, main, read_state, to_spark
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +67,6 @@ def test_to_spark_and_cli(two_epochs, spark, capsys) -> None:
     job, runner, _ = two_epochs
     table = read_state(runner.store, job, "windows")
     assert to_spark(spark, table).count() == table.num_rows
-    main(["--store", runner.store.root_uri, "--job", "examples.flights:flights_job", "--timers"])
+    main(["--store", runner.store.root_uri, "--job", "dkvstream.examples.flights:flights_job", "--timers"])
     out = capsys.readouterr().out
     assert f"{list_timers(runner.store, job).num_rows:,} rows" in out

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from operators.tools.state_reader import list_timers, main, read_state
-from storage.dkv.manifest import load_manifest
+from dkvstream.operators.tools.state_reader import list_timers, main, read_state
+from dkvstream.storage.dkv.manifest import load_manifest
 from tests.operators import small_keyed_count as small
 
 JOB = "tests.operators.small_keyed_count:job"

@@ -17,9 +17,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from operators.errors import InsertConflictError
-from operators.io.table_sink import DELETE, INSERT, OP_COLUMN, UPSERT, TableSink, compact_table
-from storage.objectstore import open_object_store
+from dkvstream.operators.errors import InsertConflictError
+from dkvstream.operators.io.table_sink import DELETE, INSERT, OP_COLUMN, UPSERT, TableSink, compact_table
+from dkvstream.storage.objectstore import open_object_store
 
 PREFIX = "jobs/keys"
 VALUE = ("value", pa.int64())
@@ -153,7 +153,7 @@ def test_insert_of_an_existing_string_key_conflicts(kind: str, tmp_path) -> None
 def test_key_filters_over_compacted_and_merged_files(tmp_path) -> None:
     """A table holding both a compacted file (OPTIMIZE writes plain string columns) and a
     MERGE's file (string_view): filters on the key are exact over both."""
-    from operators.io.table_reader import _has_view_types
+    from dkvstream.operators.io.table_reader import _has_view_types
 
     sink = TableSink("t", KINDS["string"]["schema"], ["k"], hash_buckets=1)
     store = open_object_store(str(tmp_path))

@@ -14,11 +14,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from operators.api.job import Job
-from operators.api.operator import KeyedEvent, Operator, Subject
-from operators.io.sources import Source
-from operators.io.table_sink import BUCKET_COLUMN, DELETE, INSERT, OP_COLUMN, UPSERT, TableSink
-from operators.runtime.driver import JobFailedError, JobRunner
+from dkvstream.operators.api.job import Job
+from dkvstream.operators.api.operator import KeyedEvent, Operator, Subject
+from dkvstream.operators.io.sources import Source
+from dkvstream.operators.io.table_sink import BUCKET_COLUMN, DELETE, INSERT, OP_COLUMN, UPSERT, TableSink
+from dkvstream.operators.runtime.driver import JobFailedError, JobRunner
 
 TABLE_SCHEMA = pa.schema([("id", pa.int64()), ("day", pa.int64()), ("value", pa.float64()),
                           ("note", pa.string())])
@@ -230,7 +230,7 @@ class CompactingSink(TableSink):
 
     def _merge(self, dt, uri, net, app, epoch):
         if epoch == 4 and not self.raced:
-            from operators.io.table_sink import compact_table
+            from dkvstream.operators.io.table_sink import compact_table
 
             CompactingSink.raced += 1
             compact_table(uri, 32 << 20)
@@ -312,8 +312,8 @@ def test_restart_fallback_with_a_table_sink(tmp_path) -> None:
     truncated: the restart falls back to epoch 2 and the table, now and as of every
     epoch, equals the model. Once the table holds epoch 6, a truncated epoch-6
     checkpoint is refused: the table already shows it."""
-    from operators.paths import checkpoint_key
-    from operators.runtime.recovery import RecoveryRefusedError
+    from dkvstream.operators.paths import checkpoint_key
+    from dkvstream.operators.runtime.recovery import RecoveryRefusedError
 
     rows = random_changes(240, keys=30, seed=5)
     job, sink = make_job(rows)

@@ -5,15 +5,15 @@ import inspect
 
 import pytest
 
-import operators.errors
-import storage.errors
-import storage.log.errors
-from operators.errors import BadInputError, DkvstreamError, OperatorError, StateTypeError
-from operators.spark.task_errors import carry_errors, encode, error_class, task_error
-from storage.errors import ManifestConflictError
-from storage.objectstore.s3 import S3CredentialsError, S3RequestError
+import dkvstream.operators.errors
+import dkvstream.storage.errors
+import dkvstream.storage.log.errors
+from dkvstream.operators.errors import BadInputError, DkvstreamError, OperatorError, StateTypeError
+from dkvstream.operators.spark.task_errors import carry_errors, encode, error_class, task_error
+from dkvstream.storage.errors import ManifestConflictError
+from dkvstream.storage.objectstore.s3 import S3CredentialsError, S3RequestError
 
-MODULES = (operators.errors, storage.errors, storage.log.errors)
+MODULES = (dkvstream.operators.errors, dkvstream.storage.errors, dkvstream.storage.log.errors)
 
 
 def _classes(module) -> list[type]:
@@ -26,14 +26,14 @@ def test_every_project_error_derives_from_the_one_root_and_keeps_its_builtin_bas
     assert len(classes) > 20
     assert all(issubclass(c, DkvstreamError) for c in classes), [c for c in classes
                                                                   if not issubclass(c, DkvstreamError)]
-    assert operators.errors.DkvstreamError is storage.errors.DkvstreamError
+    assert dkvstream.operators.errors.DkvstreamError is dkvstream.storage.errors.DkvstreamError
     # Callers that only know the standard library still catch them.
-    assert issubclass(operators.errors.InvalidJobError, ValueError)
+    assert issubclass(dkvstream.operators.errors.InvalidJobError, ValueError)
     assert issubclass(BadInputError, ValueError)
-    assert issubclass(operators.errors.JobFailedError, RuntimeError)
-    assert issubclass(operators.errors.SnapshotVacuumedError, LookupError)
+    assert issubclass(dkvstream.operators.errors.JobFailedError, RuntimeError)
+    assert issubclass(dkvstream.operators.errors.SnapshotVacuumedError, LookupError)
     assert issubclass(StateTypeError, TypeError)
-    assert issubclass(storage.errors.ObjectNotFoundError, FileNotFoundError)
+    assert issubclass(dkvstream.storage.errors.ObjectNotFoundError, FileNotFoundError)
 
 
 def test_retryable_is_true_for_transient_io_and_lost_races_only() -> None:
@@ -63,10 +63,11 @@ def test_an_instance_retryable_crosses_too() -> None:
 
 
 def test_only_the_projects_error_classes_are_rebuilt() -> None:
-    assert error_class("operators.errors:BadInputError") is BadInputError
-    assert error_class("storage.log.errors:UnknownTopicError") is storage.log.errors.UnknownTopicError
-    for name in ("builtins:ValueError", "os:system", "subprocess:Popen", "operators.errors:Job",
-                 "operators.errors", "operators.no_such_module:X"):
+    assert error_class("dkvstream.operators.errors:BadInputError") is BadInputError
+    unknown_topic = dkvstream.storage.log.errors.UnknownTopicError
+    assert error_class("dkvstream.storage.log.errors:UnknownTopicError") is unknown_topic
+    for name in ("builtins:ValueError", "os:system", "subprocess:Popen", "dkvstream.operators.errors:Job",
+                 "dkvstream.operators.errors", "operators.no_such_module:X"):
         assert error_class(name) is None, name
     line = '{"type": "builtins:ValueError", "args": ["x"], "retryable": false}'
     assert task_error(RuntimeError(f"dkvstream-task-error/1 {line}")) is None

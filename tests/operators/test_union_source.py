@@ -7,8 +7,8 @@ import pickle
 import pyarrow as pa
 import pytest
 
-from operators.io.sources import OFFSET_COLUMN, check_slice
-from operators.io.union import UnionSource
+from dkvstream.operators.io.sources import OFFSET_COLUMN, check_slice
+from dkvstream.operators.io.union import UnionSource
 from tests.operators.table_sources import TableSource
 
 

@@ -8,14 +8,14 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from examples.synthetic import WINDOW_COUNT_SCHEMA, KeyWindowCount, SyntheticSource
-from operators.api.codecs import IntCodec, JsonCodec
-from operators.api.job import Job
-from operators.api.state import ListSpec, MapSpec, ValueSpec
-from operators.api.validation import InvalidJobError
-from operators.io.dead_letter import DeadLetter
-from operators.io.sinks import ParquetSink
-from operators.runtime.driver import JobRunner
+from dkvstream.examples.synthetic import WINDOW_COUNT_SCHEMA, KeyWindowCount, SyntheticSource
+from dkvstream.operators.api.codecs import IntCodec, JsonCodec
+from dkvstream.operators.api.job import Job
+from dkvstream.operators.api.state import ListSpec, MapSpec, ValueSpec
+from dkvstream.operators.api.validation import InvalidJobError
+from dkvstream.operators.io.dead_letter import DeadLetter
+from dkvstream.operators.io.sinks import ParquetSink
+from dkvstream.operators.runtime.driver import JobRunner
 
 
 def _kwargs(**over) -> dict:
@@ -83,7 +83,7 @@ BAD = {
     "operator class, not instance": ({"operators": [KeyWindowCount]},
                                      r"operator KeyWindowCount is a class, not an instance; write KeyWindowCount\(\)"),
     "duck-typed operator": ({"operators": [LooksLikeABatchOperator()]},
-                            r"is not an Operator; subclass operators.Operator .* or operators.BatchOperator"),
+                            r"is not an Operator; subclass dkvstream.Operator .* or dkvstream.BatchOperator"),
     "duplicate operator names": ({"operators": [KeyWindowCount(), KeyWindowCount()]},
                                  r"operator names must be unique.*\['key_window_count'\] appear more than once"),
     "intermediate operator with two outputs": ({"operators": [TwoOutputs(), KeyWindowCount()]},

@@ -3,7 +3,7 @@
 Usage: ``python crash_driver.py '<json config>'`` with keys
 
 * ``store``: object-store URI of the job;
-* ``trace``: file to which every fault point passed is appended (``storage.faults``);
+* ``trace``: file to which every fault point passed is appended (``dkvstream.storage.faults``);
 * ``fault``: ``[point, hit]`` -- SIGKILL this process at the hit-th pass of point;
 * ``barrier``: ``[point, ready_file, go_file]`` -- at the first pass of point, create
   ready_file and wait until go_file exists (two drivers meet before their commit);
@@ -28,9 +28,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from examples.keyed_count import KeyedWindowCountBatch  # noqa: E402
-from operators.runtime.driver import JobFencedError  # noqa: E402
-from storage import faults  # noqa: E402
+from dkvstream.examples.keyed_count import KeyedWindowCountBatch  # noqa: E402
+from dkvstream.operators.runtime.driver import JobFencedError  # noqa: E402
+from dkvstream.storage import faults  # noqa: E402
 from tests.reliability import harness  # noqa: E402
 
 
@@ -44,7 +44,7 @@ class FailsOnFirstAttempt(KeyedWindowCountBatch):
     def on_batch(self, ctx, events):
         from pyspark import TaskContext
 
-        from storage import faults as worker_faults
+        from dkvstream.storage import faults as worker_faults
 
         tc = TaskContext.get()
         if tc is not None and tc.attemptNumber() == 0:
@@ -77,7 +77,7 @@ def main() -> int:
         faults.arm(point, 1, _barrier(ready, go))
     spark = None
     if cfg.get("spark"):
-        from operators.spark.session import get_spark
+        from dkvstream.operators.spark.session import get_spark
 
         spark = get_spark({"spark.master": cfg["spark"], **cfg.get("spark_conf", {})})
     runner = harness.runner(cfg["store"], spark, **cfg.get("job", {}))

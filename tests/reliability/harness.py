@@ -1,10 +1,10 @@
 """Shared parts of the reliability tests: the small job, its driver subprocess, the
 fault-free reference run and the checks made after every crash.
 
-The job is the keyed counting job (``examples.keyed_count``) over 2 x 6,000
+The job is the keyed counting job (``dkvstream.examples.keyed_count``) over 2 x 6,000
 synthetic events in 8 epochs, with DKV sized so that every epoch flushes memtables and
 compacts level 0 inline, and with retention of 2 checkpoints, so a run passes every fault
-point of ``storage.faults`` (flush, compaction, manifest, commit, publish, cleanup, GC).
+point of ``dkvstream.storage.faults`` (flush, compaction, manifest, commit, publish, cleanup, GC).
 One run takes about a second in-process.
 """
 from __future__ import annotations
@@ -23,15 +23,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from examples.keyed_count import keyed_count_job, keyed_count_oracle
-from operators.api.job import Job
-from operators.runtime.checkpoints import list_epochs, read_checkpoint
-from operators.runtime.driver import JobRunner
-from operators.tools.state_reader import checkpoint_entries
-from storage import faults
-from storage.dkv import DKVOptions
-from storage.dkv.verify import verify_manifest
-from storage.objectstore import ObjectStore
+from dkvstream.examples.keyed_count import keyed_count_job, keyed_count_oracle
+from dkvstream.operators.api.job import Job
+from dkvstream.operators.runtime.checkpoints import list_epochs, read_checkpoint
+from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.operators.tools.state_reader import checkpoint_entries
+from dkvstream.storage import faults
+from dkvstream.storage.dkv import DKVOptions
+from dkvstream.storage.dkv.verify import verify_manifest
+from dkvstream.storage.objectstore import ObjectStore
 from tests.ci_env import in_ci
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,7 +117,7 @@ def assert_frames_equal(got: pd.DataFrame, want: pd.DataFrame, what: str) -> Non
 
 def assert_named_files_exist(store: ObjectStore, job_prefix: str) -> int:
     """Every file a retained checkpoint names exists and verifies: each range's DKV
-    manifest and its tables and WAL objects (``storage.dkv.verify``), each staged output.
+    manifest and its tables and WAL objects (``dkvstream.storage.dkv.verify``), each staged output.
 
     Returns:
         Retained checkpoints checked.

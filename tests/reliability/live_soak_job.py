@@ -1,6 +1,6 @@
 """The live soak's job: per key, the running count and sum of ``amount``, emitted for
 every event, on a ``KafkaSource`` (run by ``test_live_soak.py`` as
-``python -m operators.tools.run_job --job tests.reliability.live_soak_job:job``).
+``python -m dkvstream.operators.tools.run_job --job tests.reliability.live_soak_job:job``).
 
 Records: key ``k<nnnn>`` (the record key), value ``{"seq": s, "amount": a}`` where
 ``seq`` numbers the producer's records from 0 and ``amount = amount_of(seq)``; the event
@@ -20,12 +20,12 @@ import os
 import numpy as np
 import pyarrow as pa
 
-from operators.api.batch import BatchContext, BatchOperator
-from operators.api.codecs import RecordCodec
-from operators.api.job import Job
-from operators.api.state import ValueSpec
-from operators.io.kafka import KafkaSource
-from operators.io.sinks import ParquetSink
+from dkvstream.operators.api.batch import BatchContext, BatchOperator
+from dkvstream.operators.api.codecs import RecordCodec
+from dkvstream.operators.api.job import Job
+from dkvstream.operators.api.state import ValueSpec
+from dkvstream.operators.io.kafka import KafkaSource
+from dkvstream.operators.io.sinks import ParquetSink
 
 VALUE_SCHEMA = pa.schema([pa.field("seq", pa.int64()), pa.field("amount", pa.int64())])
 OUTPUT_SCHEMA = pa.schema([pa.field("key", pa.string()), pa.field("seq", pa.int64()),

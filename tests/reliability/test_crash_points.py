@@ -2,7 +2,7 @@
 
 Each run starts ``crash_driver.py`` (the keyed counting job, in-process tasks, inline
 flush and compaction, retention of 2 checkpoints) and kills it with SIGKILL either at a
-random pass of a named fault point (``storage.faults``: inside a task, between an
+random pass of a named fault point (``dkvstream.storage.faults``: inside a task, between an
 SSTable or compaction output and its install, before a DKV manifest, after the tasks and
 before the commit, after the commit, between sink publishes, during cleanup and GC) or
 at a random time (points nobody named; a kill that would come after the job's end is
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from storage import faults
+from dkvstream.storage import faults
 from tests.reliability import harness
 
 # Points that exist only in the driver process when tasks run on Spark.

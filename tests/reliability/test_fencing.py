@@ -4,7 +4,7 @@ with ``JobFencedError`` naming the job, the epoch and the checkpoint object; it 
 nothing. Real processes, on a local directory and on the S3 server (SeaweedFS).
 
 A driver that falls behind by the retention count finds the checkpoint it commits
-deleted; the fence (``operators.runtime.checkpoints``) still refuses its commit, and
+deleted; the fence (``dkvstream.operators.runtime.checkpoints``) still refuses its commit, and
 its cleanup never runs. Tested in process with exact interleavings, below."""
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from operators.errors import JobFencedError
-from operators.runtime.checkpoints import list_epochs
-from operators.runtime.recovery import check_checkpoint
+from dkvstream.operators.errors import JobFencedError
+from dkvstream.operators.runtime.checkpoints import list_epochs
+from dkvstream.operators.runtime.recovery import check_checkpoint
 from tests.operators import small_keyed_count as small
 from tests.reliability import harness
 

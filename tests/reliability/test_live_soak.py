@@ -8,7 +8,7 @@ Tansu broker (``tansu broker --storage-engine s3://``, its log kept on the Seawe
 server, so a restarted broker still has every record it acknowledged). Each record has
 a unique sequence number (``tests/reliability/live_soak_job.py``). The job (per key,
 the running count and sum, one output row per event) runs as a driver subprocess,
-``python -m operators.tools.run_job --in-process --continuous`` (tasks in the driver,
+``python -m dkvstream.operators.tools.run_job --in-process --continuous`` (tasks in the driver,
 no Spark: the point is the driver and the broker, and it keeps CI cheap), state and
 output on a local directory store, 3 checkpoints retained.
 
@@ -78,11 +78,11 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from operators.io.kafka import KafkaSource
-from operators.io.kafka_broker import TansuBroker
-from operators.runtime.checkpoints import read_checkpoint
-from operators.runtime.driver import JobRunner
-from storage.objectstore import ObjectNotFoundError, open_object_store
+from dkvstream.operators.io.kafka import KafkaSource
+from dkvstream.operators.io.kafka_broker import TansuBroker
+from dkvstream.operators.runtime.checkpoints import read_checkpoint
+from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.storage.objectstore import ObjectNotFoundError, open_object_store
 from tests.reliability import harness
 from tests.reliability.live_soak_job import amount_of, live_soak_job
 
@@ -326,7 +326,8 @@ def test_live_soak_driver_and_broker_kills(s3_server, tmp_path) -> None:
         k = len(drivers)
         err = tmp_path / f"driver-{k}.stderr"
         proc = subprocess.Popen(
-            [str(harness.PYTHON), "-m", "operators.tools.run_job", "--job", "tests.reliability.live_soak_job:job",
+            [str(harness.PYTHON), "-m", "dkvstream.operators.tools.run_job",
+             "--job", "tests.reliability.live_soak_job:job",
              "--store", store_uri, "--create-store", "--in-process", "--continuous", "--json",
              "--retain-checkpoints", str(RETAIN),
              *(arg for name, value in DKV.items() for arg in ("--dkv", f"{name}={value}"))],

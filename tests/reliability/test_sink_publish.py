@@ -17,11 +17,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from operators import IntCodec, Job, JobRunner, Operator, ParquetSink, Source, ValueSpec
-from operators.errors import RecoveryRefusedError
-from operators.io.dead_letter import DEAD_LETTER_OUTPUT
-from operators.runtime.checkpoints import read_checkpoint
-from storage.objectstore import local as local_store
+from dkvstream.operators import IntCodec, Job, JobRunner, Operator, ParquetSink, Source, ValueSpec
+from dkvstream.operators.errors import RecoveryRefusedError
+from dkvstream.operators.io.dead_letter import DEAD_LETTER_OUTPUT
+from dkvstream.operators.runtime.checkpoints import read_checkpoint
+from dkvstream.storage.objectstore import local as local_store
 
 EVENTS = pa.table({"key": [b"a", b"b", b"a", b"c", b"a", b"b"], "amount": [5, 7, 2, 9, 8, 1],
                    "timestamp": [1_000, 2_000, 3_000, 4_000, 5_000, 6_000]})

@@ -42,15 +42,15 @@ from dataclasses import dataclass, field
 import pytest
 from dagster import AssetMaterialization, DagsterInstance, build_sensor_context
 
-from assets.checkpoints import checkpoint_asset_key, checkpoint_metadata, level_stats
-from assets.jobs import cleanup_job_def, compaction
-from assets.resources import DKVSettingsResource, ObjectStoreResource
-from assets.sensors import make_cleanup_sensor, make_compaction_sensor
-from examples.keyed_count import keyed_count_job, keyed_count_oracle
-from examples.synthetic import SyntheticSource
-from operators.runtime.cleanup import cleanup_job
-from operators.runtime.driver import JobRunner
-from storage.objectstore.s3 import S3RequestError
+from dkvstream.assets.checkpoints import checkpoint_asset_key, checkpoint_metadata, level_stats
+from dkvstream.assets.jobs import cleanup_job_def, compaction
+from dkvstream.assets.resources import DKVSettingsResource, ObjectStoreResource
+from dkvstream.assets.sensors import make_cleanup_sensor, make_compaction_sensor
+from dkvstream.examples.keyed_count import keyed_count_job, keyed_count_oracle
+from dkvstream.examples.synthetic import SyntheticSource
+from dkvstream.operators.runtime.cleanup import cleanup_job
+from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.storage.objectstore.s3 import S3RequestError
 from tests.reliability import harness
 
 RETAIN = 3

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import pytest
 
-from operators.runtime import exchange as runtime
-from operators.runtime.cleanup import cleanup_job
+from dkvstream.operators.runtime import exchange as runtime
+from dkvstream.operators.runtime.cleanup import cleanup_job
 from tests.reliability import harness
 
 

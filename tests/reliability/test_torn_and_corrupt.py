@@ -16,24 +16,24 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from examples.synthetic import (
+from dkvstream.examples.synthetic import (
     WINDOW_COUNT_SCHEMA,
     KeyWindowCount,
     SyntheticSource,
     window_count_oracle,
 )
-from operators.api.job import Job
-from operators.io.sinks import ParquetSink
-from operators.paths import checkpoint_key
-from operators.runtime.checkpoints import list_epochs, read_checkpoint
-from operators.runtime.driver import JobFailedError, JobRunner
-from operators.runtime.recovery import RecoveryRefusedError, check_checkpoint
-from storage.dkv import DKV, DKVOptions
-from storage.dkv.manifest import load_manifest
-from storage.dkv.sstable import FOOTER_SIZE
-from storage.errors import CorruptionError, ObjectNotFoundError
-from storage.objectstore import local as local_store
-from storage.objectstore.local import LocalObjectStore
+from dkvstream.operators.api.job import Job
+from dkvstream.operators.io.sinks import ParquetSink
+from dkvstream.operators.paths import checkpoint_key
+from dkvstream.operators.runtime.checkpoints import list_epochs, read_checkpoint
+from dkvstream.operators.runtime.driver import JobFailedError, JobRunner
+from dkvstream.operators.runtime.recovery import RecoveryRefusedError, check_checkpoint
+from dkvstream.storage.dkv import DKV, DKVOptions
+from dkvstream.storage.dkv.manifest import load_manifest
+from dkvstream.storage.dkv.sstable import FOOTER_SIZE
+from dkvstream.storage.errors import CorruptionError, ObjectNotFoundError
+from dkvstream.storage.objectstore import local as local_store
+from dkvstream.storage.objectstore.local import LocalObjectStore
 from tests.storage.test_corruption import OPTS
 from tests.storage.test_corruption import make_db as _db_with_wal
 from tests.storage.test_corruption import read_everything as _read_all
@@ -276,7 +276,7 @@ def test_restart_falls_back_when_bad_epoch_output_is_not_visible(what: str, tmp_
     runner = JobRunner(job, None, root, dkv_options=SMALL, verify_restart="full")
     name = _damage(runner.store, job, 2, what)
 
-    with caplog.at_level(logging.WARNING, logger="operators.runtime.recovery"):
+    with caplog.at_level(logging.WARNING, logger="dkvstream.operators.runtime.recovery"):
         results = runner.run()
     warning = " ".join(r.getMessage() for r in caplog.records)
     assert "checkpoint epoch 2 is unusable" in warning and name in warning and "fell back to epoch 1" in warning
@@ -287,7 +287,7 @@ def test_restart_falls_back_when_bad_epoch_output_is_not_visible(what: str, tmp_
     assert any(name in b for b in recovery["bad_objects"])
     assert recovery["quarantined"] and all(runner.store.exists(k) for k in recovery["quarantined"])
     assert "recovery" not in read_checkpoint(runner.store, job.prefix, 3).metrics  # recorded once
-    from assets.checkpoints import checkpoint_metadata, level_stats  # and shown in Dagster
+    from dkvstream.assets.checkpoints import checkpoint_metadata, level_stats  # and shown in Dagster
 
     md = checkpoint_metadata(results[0], level_stats(runner.store, read_checkpoint(runner.store, job.prefix, 2)))
     assert md["fell_back_from_epoch"].value == 2 and md["recovery"].value == recovery

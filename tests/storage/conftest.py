@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from storage.objectstore import ObjectStore
-from storage.objectstore.local import LocalObjectStore
+from dkvstream.storage.objectstore import ObjectStore
+from dkvstream.storage.objectstore.local import LocalObjectStore
 
 
 def _local(tmp_path: Path) -> ObjectStore:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from storage.dkv import DKV
+from dkvstream.storage.dkv import DKV
 
 
 def random_writes(

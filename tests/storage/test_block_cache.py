@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 
-from storage.dkv.block_cache import BlockCache
+from dkvstream.storage.dkv.block_cache import BlockCache
 
 
 def test_lru_eviction_by_bytes() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from storage.dkv.bloom import POLICY_NAME, build_bloom, may_contain, num_probes
+from dkvstream.storage.dkv.bloom import POLICY_NAME, build_bloom, may_contain, num_probes
 
 
 def test_no_false_negatives() -> None:

@@ -1,13 +1,13 @@
-"""The rule every command-line tool shares (``storage.cli.run_command``): a usage
+"""The rule every command-line tool shares (``dkvstream.storage.cli.run_command``): a usage
 mistake exits 2, a ``DkvstreamError`` or ``OSError`` exits 1, each with one line on
 stderr; anything else is a bug and keeps its traceback."""
 from __future__ import annotations
 
 import pytest
 
-from storage.cli import FAILED, USAGE, UsageError, run_command
-from storage.errors import CorruptionError
-from storage.log.errors import UnknownTopicError
+from dkvstream.storage.cli import FAILED, USAGE, UsageError, run_command
+from dkvstream.storage.errors import CorruptionError
+from dkvstream.storage.log.errors import UnknownTopicError
 
 
 def _raising(error: BaseException):

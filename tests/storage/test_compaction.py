@@ -11,8 +11,8 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from storage.dkv import DKV, DKVOptions, compaction
-from storage.dkv.compaction import (
+from dkvstream.storage.dkv import DKV, DKVOptions, compaction
+from dkvstream.storage.dkv.compaction import (
     CompactionResult,
     level_target_bytes,
     plan_compaction,
@@ -21,9 +21,9 @@ from storage.dkv.compaction import (
     run_compaction_streaming,
     size_amplification,
 )
-from storage.dkv.levels import LevelList
-from storage.dkv.sstable import TableInfo
-from storage.objectstore.local import LocalObjectStore
+from dkvstream.storage.dkv.levels import LevelList
+from dkvstream.storage.dkv.sstable import TableInfo
+from dkvstream.storage.objectstore.local import LocalObjectStore
 from tests.storage.random_writes import random_writes
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from storage.dkv import DKV, DKVOptions
-from storage.dkv.sstable import FOOTER_SIZE, SSTableBuilder, SSTableReader
-from storage.errors import CorruptionError
-from storage.objectstore.local import LocalObjectStore
+from dkvstream.storage.dkv import DKV, DKVOptions
+from dkvstream.storage.dkv.sstable import FOOTER_SIZE, SSTableBuilder, SSTableReader
+from dkvstream.storage.errors import CorruptionError
+from dkvstream.storage.objectstore.local import LocalObjectStore
 
 OPTS = DKVOptions(memtable_bytes=1 << 20, block_bytes=200, l0_compaction_trigger=10)
 ENTRIES = [(b"k%04d" % i, i + 1, None if i % 5 == 0 else b"value-%d" % i) for i in range(300)]

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from storage.dkv import DKV, DKVOptions
-from storage.dkv.db import prefix_successor
-from storage.dkv.manifest import load_manifest
-from storage.errors import ClosedError, ManifestConflictError, ObjectNotFoundError
-from storage.objectstore import open_object_store
-from storage.objectstore.local import LocalObjectStore
+from dkvstream.storage.dkv import DKV, DKVOptions
+from dkvstream.storage.dkv.db import prefix_successor
+from dkvstream.storage.dkv.manifest import load_manifest
+from dkvstream.storage.errors import ClosedError, ManifestConflictError, ObjectNotFoundError
+from dkvstream.storage.objectstore import open_object_store
+from dkvstream.storage.objectstore.local import LocalObjectStore
 
 PREFIX = "jobs/flights/state/route_daily_delays/kg-0000-0127"
 
@@ -239,7 +239,7 @@ def test_flush_and_compaction_restore_the_garbage_collector(tmp_path, monkeypatc
     after, also when the build fails; a collector the caller disabled stays disabled."""
     import gc
 
-    from storage.dkv import db as db_module
+    from dkvstream.storage.dkv import db as db_module
 
     seen = []
     real = db_module.TableStore.write_table_columns
@@ -348,7 +348,7 @@ def test_advance_to_refuses_writes_since_the_checkpoint(store: LocalObjectStore)
 
 def test_advance_to_refuses_sealed_memtables(store: LocalObjectStore, monkeypatch) -> None:
     """A flush failed after the checkpoint and left a sealed memtable: refused."""
-    from storage.dkv import db as db_module
+    from dkvstream.storage.dkv import db as db_module
 
     a, m1, model = _at_checkpoint(store)
     m2 = _another_epoch(store, m1, dict(model), "e2-b")
@@ -385,7 +385,7 @@ def test_gc_pause_overlapping_in_two_threads_keeps_the_collector_off_until_the_l
     import gc
     import threading
 
-    from storage.dkv.gc_pause import gc_paused
+    from dkvstream.storage.dkv.gc_pause import gc_paused
 
     a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
     seen_in_b_after_a_left = []

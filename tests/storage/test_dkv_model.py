@@ -17,8 +17,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from storage.dkv import DKV, DKVOptions
-from storage.objectstore.local import LocalObjectStore
+from dkvstream.storage.dkv import DKV, DKVOptions
+from dkvstream.storage.objectstore.local import LocalObjectStore
 
 # Small alphabet so prefixes collide and keys get overwritten and deleted often.
 keys = st.binary(min_size=0, max_size=4).map(lambda b: bytes(c % 3 + 0x61 for c in b))

@@ -22,12 +22,12 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from storage.dkv import DKV, DKVOptions
-from storage.dkv.gc import collect_garbage, files_named_by
-from storage.dkv.manifest import load_manifest
-from storage.dkv.paths import parse_result_key
-from storage.dkv.remote_compaction import compact_checkpoint, load_result
-from storage.objectstore.local import LocalObjectStore
+from dkvstream.storage.dkv import DKV, DKVOptions
+from dkvstream.storage.dkv.gc import collect_garbage, files_named_by
+from dkvstream.storage.dkv.manifest import load_manifest
+from dkvstream.storage.dkv.paths import parse_result_key
+from dkvstream.storage.dkv.remote_compaction import compact_checkpoint, load_result
+from dkvstream.storage.objectstore.local import LocalObjectStore
 
 NKEYS = 120
 OPTIONS = DKVOptions(

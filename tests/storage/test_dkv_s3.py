@@ -6,10 +6,10 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from storage.dkv import DKV, DKVOptions
-from storage.dkv.gc import collect_garbage
-from storage.objectstore import ObjectStore, open_object_store
-from storage.objectstore.local import LocalObjectStore
+from dkvstream.storage.dkv import DKV, DKVOptions
+from dkvstream.storage.dkv.gc import collect_garbage
+from dkvstream.storage.objectstore import ObjectStore, open_object_store
+from dkvstream.storage.objectstore.local import LocalObjectStore
 from tests.storage.random_writes import random_writes
 
 PREFIX = "jobs/j/state/op/kg-0000-0255"

@@ -14,10 +14,10 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage.dkv import DKV, DKVOptions
-from storage.dkv.gc import files_named_by
-from storage.dkv.manifest import dropped_files, load_manifest
-from storage.objectstore.local import LocalObjectStore
+from dkvstream.storage.dkv import DKV, DKVOptions
+from dkvstream.storage.dkv.gc import files_named_by
+from dkvstream.storage.dkv.manifest import dropped_files, load_manifest
+from dkvstream.storage.objectstore.local import LocalObjectStore
 from tests.storage.random_writes import random_writes
 
 OPTS = DKVOptions(

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from storage.dkv import DKV, DKVOptions
-from storage.dkv.dump import main
-from storage.dkv.manifest import load_manifest
-from storage.dkv.sstable import SSTableBuilder
-from storage.objectstore.local import LocalObjectStore
+from dkvstream.storage.dkv import DKV, DKVOptions
+from dkvstream.storage.dkv.dump import main
+from dkvstream.storage.dkv.manifest import load_manifest
+from dkvstream.storage.dkv.sstable import SSTableBuilder
+from dkvstream.storage.objectstore.local import LocalObjectStore
 
 
 def run(*argv: str) -> str:

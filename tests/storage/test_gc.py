@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from storage.dkv import DKV, DKVOptions
-from storage.dkv.gc import collect_garbage, files_named_by
-from storage.dkv.remote_compaction import compact_checkpoint
-from storage.objectstore.local import LocalObjectStore
+from dkvstream.storage.dkv import DKV, DKVOptions
+from dkvstream.storage.dkv.gc import collect_garbage, files_named_by
+from dkvstream.storage.dkv.remote_compaction import compact_checkpoint
+from dkvstream.storage.objectstore.local import LocalObjectStore
 
 OPTS = DKVOptions(memtable_bytes=800, l0_compaction_trigger=2, max_inline_compaction_bytes=0)
 P = "op/r0"

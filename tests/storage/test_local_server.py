@@ -1,4 +1,4 @@
-"""``storage.local_server``: the launcher of the SeaweedFS server and the Kafka-compatible
+"""``dkvstream.storage.local_server``: the launcher of the SeaweedFS server and the Kafka-compatible
 broker, on small Python servers whose behaviour each test chooses."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from storage.local_server import (
+from dkvstream.storage.local_server import (
     LOOPBACK,
     LocalServer,
     LocalServerError,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from storage.dkv import invariants as inv
-from storage.dkv.levels import LevelList
-from storage.dkv.manifest import (
+from dkvstream.storage.dkv import invariants as inv
+from dkvstream.storage.dkv.levels import LevelList
+from dkvstream.storage.dkv.manifest import (
     Manifest,
     WalRef,
     decode_manifest,
@@ -19,9 +19,9 @@ from storage.dkv.manifest import (
     load_manifest,
     publish_manifest,
 )
-from storage.dkv.sstable import TableInfo
-from storage.errors import CorruptionError, ManifestConflictError
-from storage.objectstore.local import LocalObjectStore
+from dkvstream.storage.dkv.sstable import TableInfo
+from dkvstream.storage.errors import CorruptionError, ManifestConflictError
+from dkvstream.storage.objectstore.local import LocalObjectStore
 
 
 def t(key: str, lo: bytes, hi: bytes, s0: int, s1: int) -> TableInfo:

@@ -9,9 +9,9 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-import storage.dkv.memtable as memtable_module
-from storage.dkv.memtable import Memtable
-from storage.dkv.native import NATIVE
+import dkvstream.storage.dkv.memtable as memtable_module
+from dkvstream.storage.dkv.memtable import Memtable
+from dkvstream.storage.dkv.native import NATIVE
 
 # The C loop (when built) and the pure-Python reference an install without a compiler runs.
 PATHS = [pytest.param(True, id="native", marks=pytest.mark.skipif(NATIVE is None, reason="C module not built")),

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from storage.dkv import merge, native
-from storage.dkv.merge import live_only, merge_batches_live, merge_newest
+from dkvstream.storage.dkv import merge, native
+from dkvstream.storage.dkv.merge import live_only, merge_batches_live, merge_newest
 
 
 def _batches(entries: list, rng: random.Random) -> list[tuple]:
@@ -27,7 +27,7 @@ def merge_impl(request, monkeypatch):
         if merge.NATIVE is None:
             if native.DISABLED:
                 pytest.skip("DKVSTREAM_DKV_NATIVE=0: pure-Python paths forced")
-            pytest.fail("storage.dkv._native was not built (see tests/storage/test_native.py)")
+            pytest.fail("dkvstream.storage.dkv._native was not built (see tests/storage/test_native.py)")
         monkeypatch.setattr(merge, "merge_live", merge.NATIVE.merge_live)
     else:
         monkeypatch.setattr(merge, "merge_live", merge.merge_live_py)

@@ -10,17 +10,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage.dkv import native
-from storage.dkv.bloom import (
+from dkvstream.storage.dkv import native
+from dkvstream.storage.dkv.bloom import (
     build_bloom,
     build_bloom_py,
     first_candidate_py,
     key_hash,
     may_contain_hash_py,
 )
-from storage.dkv.memtable import columns_py
-from storage.dkv.merge import merge_live_py, merge_spans_live_py
-from storage.dkv.sstable import block_get_py, decode_block_py
+from dkvstream.storage.dkv.memtable import columns_py
+from dkvstream.storage.dkv.merge import merge_live_py, merge_spans_live_py
+from dkvstream.storage.dkv.sstable import block_get_py, decode_block_py
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def c():
     if native.DISABLED:
         pytest.skip("DKVSTREAM_DKV_NATIVE=0: pure-Python paths forced")
     if native.NATIVE is None:
-        pytest.fail("storage.dkv._native is not built: run platform/setup.sh (needs gcc)")
+        pytest.fail("dkvstream.storage.dkv._native is not built: run platform/setup.sh (needs gcc)")
     return native.NATIVE
 
 

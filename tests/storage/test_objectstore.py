@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage.errors import ObjectExistsError, ObjectNotFoundError
-from storage.objectstore import ForwardingObjectStore, ObjectStore, open_object_store
-from storage.objectstore.local import LocalObjectStore
-from storage.objectstore.s3 import S3CredentialsError, S3ObjectStore, S3RequestError
+from dkvstream.storage.errors import ObjectExistsError, ObjectNotFoundError
+from dkvstream.storage.objectstore import ForwardingObjectStore, ObjectStore, open_object_store
+from dkvstream.storage.objectstore.local import LocalObjectStore
+from dkvstream.storage.objectstore.s3 import S3CredentialsError, S3ObjectStore, S3RequestError
 
 MiB = 1024 * 1024
 
@@ -113,7 +113,7 @@ def test_get_range_immutable_reads_like_get_range(store: ObjectStore) -> None:
 
 
 def test_local_store_bounds_open_files(tmp_path) -> None:
-    from storage.objectstore import local
+    from dkvstream.storage.objectstore import local
 
     s = local.LocalObjectStore(tmp_path)
     for i in range(local.MAX_OPEN_FILES + 20):
@@ -301,11 +301,11 @@ def test_copy_is_a_whole_independent_object(store: ObjectStore) -> None:
 
 
 def test_delete_many_batches(store: ObjectStore, monkeypatch) -> None:
-    import storage.objectstore.local
-    import storage.objectstore.s3
-    from storage import objectstore
+    import dkvstream.storage.objectstore.local
+    import dkvstream.storage.objectstore.s3
+    from dkvstream.storage import objectstore
 
-    for module in (objectstore, storage.objectstore.local, storage.objectstore.s3):
+    for module in (objectstore, dkvstream.storage.objectstore.local, dkvstream.storage.objectstore.s3):
         monkeypatch.setattr(module, "DELETE_BATCH", 3, raising=False)
     keys = [f"d/{i}" for i in range(7)]
     for k in keys:
@@ -319,7 +319,7 @@ def test_delete_many_batches(store: ObjectStore, monkeypatch) -> None:
 
 
 def test_map_requests_keeps_order_and_raises_after_all_ran() -> None:
-    from storage.objectstore import map_requests
+    from dkvstream.storage.objectstore import map_requests
 
     ran: list[int] = []
 

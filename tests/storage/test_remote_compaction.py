@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from storage.dkv import DKV, DKVOptions
-from storage.dkv.levels import LevelList
-from storage.dkv.manifest import RemoteResult, load_manifest
-from storage.dkv.remote_compaction import can_install, compact_checkpoint, load_result
-from storage.dkv.sstable import TableInfo
-from storage.errors import CorruptionError
-from storage.objectstore.local import LocalObjectStore
+from dkvstream.storage.dkv import DKV, DKVOptions
+from dkvstream.storage.dkv.levels import LevelList
+from dkvstream.storage.dkv.manifest import RemoteResult, load_manifest
+from dkvstream.storage.dkv.remote_compaction import can_install, compact_checkpoint, load_result
+from dkvstream.storage.dkv.sstable import TableInfo
+from dkvstream.storage.errors import CorruptionError
+from dkvstream.storage.objectstore.local import LocalObjectStore
 from tests.storage.random_writes import random_writes
 
 PREFIX = "jobs/j/state/op/kg-0000-0009"

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from storage.dkv import DKV, DKVOptions
-from storage.dkv.manifest import load_manifest
-from storage.dkv.remote_compaction import compact_checkpoint
-from storage.dkv.sstable import TableInfo
-from storage.objectstore.local import LocalObjectStore
+from dkvstream.storage.dkv import DKV, DKVOptions
+from dkvstream.storage.dkv.manifest import load_manifest
+from dkvstream.storage.dkv.remote_compaction import compact_checkpoint
+from dkvstream.storage.dkv.sstable import TableInfo
+from dkvstream.storage.objectstore.local import LocalObjectStore
 from tests.storage.random_writes import random_writes
 
 OPTS = DKVOptions(

@@ -10,10 +10,10 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-import storage.dkv.sstable as sstable_module
-from storage.dkv.block_cache import BlockCache
-from storage.dkv.sstable import FOOTER_SIZE, SSTableBuilder, SSTableReader
-from storage.objectstore.local import LocalObjectStore
+import dkvstream.storage.dkv.sstable as sstable_module
+from dkvstream.storage.dkv.block_cache import BlockCache
+from dkvstream.storage.dkv.sstable import FOOTER_SIZE, SSTableBuilder, SSTableReader
+from dkvstream.storage.objectstore.local import LocalObjectStore
 
 
 def build(entries, block_bytes=256, store=None, key="t.sst"):
@@ -104,7 +104,7 @@ def test_footer_size_is_fixed(tmp_path: Path) -> None:
 def test_meta_larger_than_first_tail_read(tmp_path: Path) -> None:
     # Tiny blocks make the sparse index (meta block) exceed TAIL_READ_BYTES, so the
     # reader needs a second ranged GET for the meta block.
-    from storage.dkv.sstable import TAIL_READ_BYTES
+    from dkvstream.storage.dkv.sstable import TAIL_READ_BYTES
 
     store = LocalObjectStore(tmp_path)
     entries = [(b"key-%06d" % i, i + 1, b"v") for i in range(8000)]
@@ -122,8 +122,8 @@ def test_decode_block_rejects_malformed_blocks() -> None:
     # Blocks that pass their crc but are malformed (a writer bug) are still rejected.
     import struct
 
-    from storage.dkv.sstable import _decode_block
-    from storage.errors import CorruptionError
+    from dkvstream.storage.dkv.sstable import _decode_block
+    from dkvstream.storage.errors import CorruptionError
 
     def block(flags: bytes, vlen: int, extra: bytes = b"") -> bytes:
         return struct.pack("<IIIQ", 1, 1, vlen, 9) + flags + b"k" + b"v" * vlen + extra

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage.dkv import DKV, DKVOptions
-from storage.dkv.gc import files_named_by
-from storage.dkv.verify import verify_manifest
-from storage.objectstore.local import LocalObjectStore
+from dkvstream.storage.dkv import DKV, DKVOptions
+from dkvstream.storage.dkv.gc import files_named_by
+from dkvstream.storage.dkv.verify import verify_manifest
+from dkvstream.storage.objectstore.local import LocalObjectStore
 
 OPTS = DKVOptions(memtable_bytes=16 << 10, block_bytes=512, l0_compaction_trigger=10)
 

@@ -6,8 +6,8 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from storage.dkv.wal import MAGIC, decode_wal, encode_wal, encode_wal_batches, encoded_batches_size
-from storage.errors import CorruptionError
+from dkvstream.storage.dkv.wal import MAGIC, decode_wal, encode_wal, encode_wal_batches, encoded_batches_size
+from dkvstream.storage.errors import CorruptionError
 
 RECORDS = [(7, b"a", b"1"), (8, b"a", None), (9, b"", b""), (12, b"key\x00\xff", b"v" * 300)]
 

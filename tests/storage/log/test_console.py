@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage.log import Log
-from storage.log.console import main
-from storage.log.producer import partition_for
-from storage.objectstore.local import LocalObjectStore
+from dkvstream.storage.log import Log
+from dkvstream.storage.log.console import main
+from dkvstream.storage.log.producer import partition_for
+from dkvstream.storage.objectstore.local import LocalObjectStore
 
 LINES = [f"k{i % 7}\tv{i}" for i in range(40)] + ["k3\tNULL"]
 

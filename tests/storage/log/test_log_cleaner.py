@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage.log import COMPACT, CleanerConfig, InvalidRecordError, Log, TopicConfig
-from storage.log.offset_map import OffsetMap, hash_keys
-from storage.log.segment import SegmentWriter, read_directory
-from storage.objectstore.local import LocalObjectStore
+from dkvstream.storage.log import COMPACT, CleanerConfig, InvalidRecordError, Log, TopicConfig
+from dkvstream.storage.log.offset_map import OffsetMap, hash_keys
+from dkvstream.storage.log.segment import SegmentWriter, read_directory
+from dkvstream.storage.objectstore.local import LocalObjectStore
 
 
 class Clock:
@@ -296,7 +296,7 @@ def test_compaction_matches_model_long(tmp_path_factory) -> None:
 
 
 def test_corrupt_metadata_is_detected(tmp_path) -> None:
-    from storage.errors import CorruptionError
+    from dkvstream.storage.errors import CorruptionError
 
     log = compacted_log(tmp_path)
     (key,) = log.store.list("log/metadata/")

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from storage.log import COMPACT, Log, TopicConfig
-from storage.objectstore.local import LocalObjectStore
+from dkvstream.storage.log import COMPACT, Log, TopicConfig
+from dkvstream.storage.objectstore.local import LocalObjectStore
 
 NOW = 1_000_000  # ms; every record is older, so the whole topic is cleanable
 

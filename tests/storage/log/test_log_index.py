@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage.log import Log, TopicConfig
-from storage.log.index import OFFSET_ENTRY, OffsetIndex, TimeIndex
+from dkvstream.storage.log import Log, TopicConfig
+from dkvstream.storage.log.index import OFFSET_ENTRY, OffsetIndex, TimeIndex
 
 ts_st = st.lists(st.integers(0, 50), min_size=1, max_size=300)
 
@@ -15,12 +15,12 @@ ts_st = st.lists(st.integers(0, 50), min_size=1, max_size=300)
 @given(ts_st, st.integers(10, 400), st.integers(1, 60))
 @settings(max_examples=25, deadline=None)
 def test_fetch_and_offsets_for_times_agree_with_linear_scan(tmp_path_factory, ts, interval, flush_every) -> None:
-    from storage.objectstore.local import LocalObjectStore
+    from dkvstream.storage.objectstore.local import LocalObjectStore
 
     log = Log(LocalObjectStore(tmp_path_factory.mktemp("log")))
     log.create_topic("t", TopicConfig(partitions=1, index_interval_bytes=interval))
     prod = log.producer()
-    from storage.log.config import ProducerConfig
+    from dkvstream.storage.log.config import ProducerConfig
     prod.config = ProducerConfig(batch_bytes=64)
     for i, t in enumerate(ts):
         prod.send("t", b"k%d" % (i % 7), b"v" * (i % 13), partition=0, timestamp=t)

@@ -10,11 +10,11 @@ from crc32c import crc32c
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage.errors import ObjectExistsError, ObjectNotFoundError
-from storage.log import COMPACT, Log, TopicConfig
-from storage.log.metadata import FANOUT, SEAL_ENTRIES, SNAPSHOT_INTERVAL, LogMetadata, MetadataStore
-from storage.objectstore import ObjectStore, subtract_requests
-from storage.objectstore.local import LocalObjectStore
+from dkvstream.storage.errors import ObjectExistsError, ObjectNotFoundError
+from dkvstream.storage.log import COMPACT, Log, TopicConfig
+from dkvstream.storage.log.metadata import FANOUT, SEAL_ENTRIES, SNAPSHOT_INTERVAL, LogMetadata, MetadataStore
+from dkvstream.storage.objectstore import ObjectStore, subtract_requests
+from dkvstream.storage.objectstore.local import LocalObjectStore
 
 REQUESTS = ("GET", "PUT", "LIST", "DELETE", "HEAD")
 

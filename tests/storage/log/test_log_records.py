@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage.errors import CorruptionError
-from storage.log.records import HEADER_SIZE, Batch, Record, encode_batch
-from storage.log.segment import SegmentWriter, chunk_batches, read_directory, read_indexes
+from dkvstream.storage.errors import CorruptionError
+from dkvstream.storage.log.records import HEADER_SIZE, Batch, Record, encode_batch
+from dkvstream.storage.log.segment import SegmentWriter, chunk_batches, read_directory, read_indexes
 
 records_st = st.lists(
     st.tuples(st.one_of(st.none(), st.binary(max_size=40)), st.one_of(st.none(), st.binary(max_size=300)),

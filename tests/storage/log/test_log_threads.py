@@ -17,9 +17,9 @@ import sys
 import threading
 from pathlib import Path
 
-import storage
-from storage.log import COMPACT, Log, ProducerConfig, TopicConfig
-from storage.objectstore.local import LocalObjectStore
+from dkvstream import storage
+from dkvstream.storage.log import COMPACT, Log, ProducerConfig, TopicConfig
+from dkvstream.storage.objectstore.local import LocalObjectStore
 
 REPO = Path(storage.__file__).resolve().parents[1]
 # Big batches: the longer each (de)compression runs, the more often two threads overlap in it.

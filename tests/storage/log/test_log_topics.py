@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from storage.errors import CorruptionError
-from storage.log import (
+from dkvstream.storage.errors import CorruptionError
+from dkvstream.storage.log import (
     COMPACT,
     Log,
     OffsetOutOfRangeError,
@@ -17,7 +17,7 @@ from storage.log import (
     TopicExistsError,
     UnknownTopicError,
 )
-from storage.log.dump import main as dump_main
+from dkvstream.storage.log.dump import main as dump_main
 
 
 def produce_random(log: Log, n: int, seed: int = 1) -> dict[int, list]:
@@ -68,7 +68,7 @@ def test_produce_fetch_matches_oracle(store) -> None:
 
 
 def test_flush_bounds_and_files(tmp_path) -> None:
-    from storage.objectstore.local import LocalObjectStore
+    from dkvstream.storage.objectstore.local import LocalObjectStore
 
     log = Log(LocalObjectStore(tmp_path))
     log.create_topic("t", TopicConfig(partitions=4))
@@ -131,7 +131,7 @@ def test_idempotent_commit_is_applied_once(store) -> None:
 
 
 def test_corrupt_file_detected_on_fetch(tmp_path) -> None:
-    from storage.objectstore.local import LocalObjectStore
+    from dkvstream.storage.objectstore.local import LocalObjectStore
 
     log = Log(LocalObjectStore(tmp_path))
     log.create_topic("t")
@@ -150,7 +150,7 @@ def test_corrupt_file_detected_on_fetch(tmp_path) -> None:
 
 
 def test_garbage_collection_spares_young_and_live_files(tmp_path) -> None:
-    from storage.objectstore.local import LocalObjectStore
+    from dkvstream.storage.objectstore.local import LocalObjectStore
 
     log = Log(LocalObjectStore(tmp_path))
     log.create_topic("t")
@@ -164,7 +164,7 @@ def test_garbage_collection_spares_young_and_live_files(tmp_path) -> None:
 
 
 def test_dump_cli(tmp_path) -> None:
-    from storage.objectstore.local import LocalObjectStore
+    from dkvstream.storage.objectstore.local import LocalObjectStore
 
     log = Log(LocalObjectStore(tmp_path))
     log.create_topic("c", TopicConfig(partitions=1, cleanup_policy=COMPACT, index_interval_bytes=50))
@@ -201,7 +201,7 @@ def test_produce_consume_compact_on_s3(s3_store) -> None:
 
 
 def test_fetch_with_stale_metadata_survives_a_cleaning(tmp_path) -> None:
-    from storage.objectstore.local import LocalObjectStore
+    from dkvstream.storage.objectstore.local import LocalObjectStore
 
     log = Log(LocalObjectStore(tmp_path))
     log.create_topic("c", TopicConfig(cleanup_policy=COMPACT))

@@ -8,14 +8,14 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from operators.api.codecs import IntCodec
-from operators.api.job import Job
-from operators.api.operator import KeyedEvent, Operator, Subject
-from operators.api.state import ValueSpec
-from operators.io.topics import TopicSink, TopicSource
-from operators.runtime.driver import JobRunner
-from storage.log import COMPACT, Log, TopicConfig
-from storage.objectstore import open_object_store
+from dkvstream.operators.api.codecs import IntCodec
+from dkvstream.operators.api.job import Job
+from dkvstream.operators.api.operator import KeyedEvent, Operator, Subject
+from dkvstream.operators.api.state import ValueSpec
+from dkvstream.operators.io.topics import TopicSink, TopicSource
+from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.storage.log import COMPACT, Log, TopicConfig
+from dkvstream.storage.objectstore import open_object_store
 from tests.operators.test_restart import Crash, crash_at
 
 EVENTS = 600
@@ -165,7 +165,7 @@ class Echo(Operator):
 def test_values_the_schema_cannot_represent_are_dead_letters(tmp_path) -> None:
     """Before: true became 1.0, 6.5 and 6.0 became 6, NaN, 1e400 and -Infinity became NaN
     or infinity, 1e39 became inf as float32; all reached the operator."""
-    from operators.io.sinks import ParquetSink
+    from dkvstream.operators.io.sinks import ParquetSink
 
     root = str(tmp_path / "store")
     log = Log(open_object_store(root))
@@ -201,7 +201,7 @@ def test_values_the_schema_cannot_represent_are_dead_letters(tmp_path) -> None:
 
 
 def test_decode_json_values_strictness() -> None:
-    from operators.io.topics import decode_json_values
+    from dkvstream.operators.io.topics import decode_json_values
 
     raw = [v for v, _ in UNREPRESENTABLE.values()]
     raw += [json.dumps(_good_value(4)).encode(), b'{"amount": null}', b'{"price": 2}', b"[1]"]
@@ -239,7 +239,7 @@ class MaybeKeyed(RunningTotal):
                          ids=["key_column=None", "null-keys"])
 def test_keyless_records_into_a_compacted_topic_are_refused(tmp_path, key_column, operator) -> None:
     """Before: accepted; the log cleaner then kept one null-keyed record per partition."""
-    from operators.errors import JobFailedError
+    from dkvstream.operators.errors import JobFailedError
 
     root = str(tmp_path / "store")
     make_input(root)
@@ -273,7 +273,7 @@ def test_keyless_records_into_a_plain_topic_are_spread(tmp_path) -> None:
 def test_prepare_and_publish_refuse_keyless_records_for_a_compacted_topic(tmp_path) -> None:
     """The driver's checks before the commit and before the log append: a topic made
     compacted after the tasks ran still gets no keyless record."""
-    from storage.log.errors import InvalidRecordError
+    from dkvstream.storage.log.errors import InvalidRecordError
 
     store = open_object_store(str(tmp_path / "store"))
     log = Log(store)
