@@ -42,7 +42,8 @@ def offending(path: Path, packages: tuple[str, ...], allowed: set[tuple[str, str
 
 
 def modules(package: str) -> list[Path]:
-    found = sorted((ROOT / package.replace(".", "/")).rglob("*.py"))
+    """The modules of ``package`` (``dkvstream.<folder>...``: the checkout's ``<folder>/...``)."""
+    found = sorted((ROOT / package.removeprefix("dkvstream.").replace(".", "/")).rglob("*.py"))
     assert found, package
     return found
 
