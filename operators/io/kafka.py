@@ -49,6 +49,7 @@ import pyarrow.parquet as pq
 
 from operators import paths
 from operators.errors import KafkaIOError
+from operators.io.arrow_input import arrow_input
 from operators.io.sinks import Sink
 from operators.io.sources import (
     ERROR_COLUMN,
@@ -591,7 +592,7 @@ class KafkaSink(Sink):
 
         count = 0
         for key in staged:
-            table = pq.read_table(io.BytesIO(store.get(key)))
+            table = pq.read_table(arrow_input(store.get(key)))
             for record in self.records_of(table, epoch, range_label_of(key)):
                 while True:
                     try:

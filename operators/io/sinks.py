@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from operators import paths
+from operators.io.arrow_input import arrow_input
 from operators.paths import range_label_of
 from storage.errors import ObjectNotFoundError
 from storage.objectstore import REQUEST_THREADS, ObjectStore, map_requests
@@ -127,7 +128,7 @@ class ParquetSink(Sink):
 
     def read(self, store: ObjectStore, job_prefix: str) -> pa.Table:
         tables = [
-            pq.read_table(io.BytesIO(store.get(k)))
+            pq.read_table(arrow_input(store.get(k)))
             for k in store.list(self.table_prefix(job_prefix))
             if k.endswith(".parquet")
         ]

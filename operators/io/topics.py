@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
+from operators.io.arrow_input import arrow_input
 from operators.io.sinks import Sink
 from operators.io.sources import (
     ERROR_COLUMN,
@@ -230,7 +231,7 @@ def _decode_json_arrow(raw: list[bytes | None], schema: pa.Schema) -> tuple[dict
             return None
     try:
         joined.decode("utf-8")  # Arrow's reader does not check
-        table = pa_json.read_json(io.BytesIO(joined), parse_options=pa_json.ParseOptions(
+        table = pa_json.read_json(arrow_input(joined), parse_options=pa_json.ParseOptions(
             explicit_schema=schema, unexpected_field_behavior="ignore"))
     except (UnicodeDecodeError, pa.ArrowException):
         return None
