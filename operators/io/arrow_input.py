@@ -10,8 +10,8 @@ the last reference to such a buffer can be dropped by an Arrow worker thread. Wh
 happens while the interpreter is exiting, ``PyGILState_Ensure`` ends the worker thread
 (``pthread_exit``) inside a ``noexcept`` C++ destructor, and the process aborts after
 the script has done its work: ``terminate called without an active exception``, exit
-status 134. Every pyarrow release has this (apache/arrow issues 34314, 36389, 39862,
-open); it hits a script that reads output and exits at once, as tests do.
+status 134. pyarrow 26.0.1 does this, as did 10 to 15 in apache/arrow issues 34314,
+36389 and 39862 (open); it hits a script that reads output and exits at once, as tests do.
 
 A copy into Arrow's memory pool (one ``memcpy``, small next to the GET and the decode)
 leaves nothing of Python's in Arrow's hands: a worker releasing the last reference only

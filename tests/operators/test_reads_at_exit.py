@@ -170,7 +170,7 @@ print(ParquetSink("main").read(store, "jobs/exit").num_rows,
 """
 
 
-@pytest.mark.slow("200 Python processes that read a job's output: about 2 minutes on 2 cores")
+@pytest.mark.slow("200 Python processes that read jobs' output: 2 minutes on 2 quiet cores, 10 loaded")
 def test_a_read_only_script_exits_cleanly_200_times(tmp_path) -> None:
     """Jobs' output read with ``ParquetSink.read``, the dead-letter table,
     ``pq.read_table`` and ``TableSink.read`` by a script that exits right after
