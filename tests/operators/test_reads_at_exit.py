@@ -10,7 +10,7 @@ exception``, exit status 134, after the script printed its results
 The same holds for deltalake's Python filesystem, which table-sink reads of a local
 table replace with Arrow's own (``operators.io.table_reader.delta_dataset``). The fast
 tests check these properties on each read path; the slow one runs a read-only script
-200 times (it aborted in 2-7% of runs before).
+200 times (2-12% of the runs aborted before).
 """
 from __future__ import annotations
 
@@ -170,7 +170,7 @@ print(ParquetSink("main").read(store, "jobs/exit").num_rows,
 """
 
 
-@pytest.mark.slow("200 Python processes that read jobs' output: 2 minutes on 2 quiet cores, 10 loaded")
+@pytest.mark.slow("200 Python processes that read jobs' output: 100 s on 2 quiet cores, 10 min loaded")
 def test_a_read_only_script_exits_cleanly_200_times(tmp_path) -> None:
     """Jobs' output read with ``ParquetSink.read``, the dead-letter table,
     ``pq.read_table`` and ``TableSink.read`` by a script that exits right after
