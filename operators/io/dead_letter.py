@@ -65,6 +65,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dkvstream.operators.errors import BadInputError, TooManyDeadLettersError
+from dkvstream.operators.io.arrow_input import arrow_input
 from dkvstream.operators.io.sinks import EPOCH_COLUMN, ParquetSink
 from dkvstream.operators.io.sources import ERROR_COLUMN, KEY_COLUMN, RAW_VALUE_COLUMN, TIMESTAMP_COLUMN
 from dkvstream.operators.paths import LAYOUT_FLAT, staging_prefix
@@ -315,7 +316,7 @@ def first_rows(store: ObjectStore, staged: list[str], n: int) -> list[dict]:
     for key in staged:
         if len(rows) >= n:
             break
-        table = pq.read_table(io.BytesIO(store.get(key)), columns=columns)
+        table = pq.read_table(arrow_input(store.get(key)), columns=columns)
         rows += table.slice(0, n - len(rows)).to_pylist()
     return rows
 

@@ -86,7 +86,6 @@ DELETEs. Reads: one GET per file (the newest decoded file is kept for the next s
 from __future__ import annotations
 
 import bisect
-import io
 import json
 import time
 import zlib
@@ -102,6 +101,7 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 from dkvstream.operators.errors import RecoveryRefusedError, SourceFileChangedError
+from dkvstream.operators.io.arrow_input import arrow_input
 from dkvstream.operators.io.sources import (
     ERROR_COLUMN,
     INGEST_TIME_COLUMN,
@@ -490,7 +490,7 @@ class FileSource(Source):
         error = None
         if self.format == "parquet":
             try:
-                rows = pq.ParquetFile(io.BytesIO(data)).metadata.num_rows
+                rows = pq.ParquetFile(arrow_input(data)).metadata.num_rows
             except _DECODE_ERRORS as e:  # any footer error: the file is unreadable as Parquet
                 rows, error = 1, f"file {self.store.uri(key)}: not a readable Parquet file: {e}"
         else:
@@ -693,7 +693,7 @@ class FileSource(Source):
     def _decode_parquet(self, uri: str, data: bytes, rows: int) -> pa.Table:
         try:
             names = list(dict.fromkeys([self.key_column, self.timestamp_column, *self._value_schema.names]))
-            table = self._convert(pq.read_table(io.BytesIO(data), columns=names))
+            table = self._convert(pq.read_table(arrow_input(data), columns=names))
         except _DECODE_ERRORS as e:  # the whole file: a bad page, a missing column, a lossy cast
             return self._error_rows(rows, [f"file {uri}: {e}"] * rows, [None] * rows)
         return table
@@ -719,10 +719,10 @@ class FileSource(Source):
                 if any(line.count(b'"') % 2 for _, line in chunk):
                     raise ValueError("unbalanced quotes: a quoted field with a line break? "
                                      "(records must be one line each)")
-                t = pa_csv.read_csv(io.BytesIO(header + b"\n" + body), convert_options=pa_csv.ConvertOptions(
+                t = pa_csv.read_csv(arrow_input(header + b"\n" + body), convert_options=pa_csv.ConvertOptions(
                     column_types=types, include_columns=list(types)))
             else:
-                t = pa_json.read_json(io.BytesIO(body), parse_options=pa_json.ParseOptions(
+                t = pa_json.read_json(arrow_input(body), parse_options=pa_json.ParseOptions(
                     explicit_schema=pa.schema(list(types.items())), unexpected_field_behavior="ignore"))
             if t.num_rows != len(chunk):
                 raise ValueError(f"{t.num_rows} records parsed from {len(chunk)} lines")

@@ -54,6 +54,7 @@ import pyarrow.parquet as pq
 
 from dkvstream.operators import paths
 from dkvstream.operators.errors import KafkaIOError
+from dkvstream.operators.io.arrow_input import arrow_input
 from dkvstream.operators.io.sinks import Sink
 from dkvstream.operators.io.sources import (
     ERROR_COLUMN,
@@ -633,7 +634,7 @@ class KafkaSink(Sink):
 
         count = 0
         for key in staged:
-            table = pq.read_table(io.BytesIO(store.get(key)))
+            table = pq.read_table(arrow_input(store.get(key)))
             for record in self.records_of(table, epoch, range_label_of(key), partitions):
                 while True:
                     try:

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from dkvstream.operators import paths
 from dkvstream.operators.errors import RecoveryRefusedError
+from dkvstream.operators.io.arrow_input import arrow_input
 from dkvstream.operators.paths import range_label_of
 from dkvstream.storage.errors import ObjectNotFoundError
 from dkvstream.storage.objectstore import REQUEST_THREADS, ObjectStore, map_requests
@@ -263,7 +264,7 @@ class ParquetSink(Sink):
 
     def read_published(self, store: ObjectStore, key: str, epoch: int) -> pa.Table:
         """The rows of one published file ``key`` of epoch ``epoch`` (for ``read``)."""
-        return pq.read_table(io.BytesIO(store.get(key)))
+        return pq.read_table(arrow_input(store.get(key)))
 
     def read(self, store: ObjectStore, job_prefix: str) -> pa.Table:
         tables = [

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
+from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
+import pyarrow.fs as pa_fs
 
 from dkvstream.operators.errors import SnapshotVacuumedError
 from dkvstream.operators.io.table_layout import BUCKET_COLUMN, EPOCH_METADATA, TableLayout, storage_options
@@ -36,13 +38,29 @@ def _has_view_types(schema: pa.Schema) -> bool:
     return any(check(f.type) for f in schema for check in _VIEW_TYPES)
 
 
+def delta_dataset(dt) -> pads.FileSystemDataset:
+    """``dt.to_pyarrow_dataset()`` (``dt`` a ``deltalake.DeltaTable``), reading a table in
+    a local directory through Arrow's own ``LocalFileSystem``.
+
+    deltalake's default filesystem is a Python one (``pyarrow.fs.PyFileSystem``): every
+    byte the scan reads arrives as a Python-owned buffer, and the scan's cleanup on
+    Arrow's worker threads after ``to_table`` returns can then abort a script that exits
+    right away (``dkvstream.operators.io.arrow_input`` says how). Arrow's own filesystem hands the
+    scan Arrow-owned buffers. A table on S3 still reads through deltalake's filesystem.
+    """
+    uri = urlparse(dt.table_uri)
+    if uri.scheme != "file":
+        return dt.to_pyarrow_dataset()
+    return dt.to_pyarrow_dataset(filesystem=pa_fs.SubTreeFileSystem(unquote(uri.path), pa_fs.LocalFileSystem()))
+
+
 def read_filtered(ds: pads.FileSystemDataset, columns: list[str],
                   filter: pc.Expression | None = None) -> pa.Table:
     """``ds.to_table(columns=columns, filter=filter)`` that also works on files whose
     string or binary columns are stored as view types (see module docstring).
 
     Args:
-        ds: a Delta table's dataset (``DeltaTable.to_pyarrow_dataset()``): its fragments'
+        ds: a Delta table's dataset (``delta_dataset``): its fragments'
             partition expressions carry the partition values and the log's min/max stats.
         columns: columns to return, in this order.
         filter: a ``pyarrow.compute`` expression over the dataset's columns, or None.
@@ -170,7 +188,7 @@ class TableReader(TableLayout):
         (a DuckDB ``WHERE`` on such a column too) fails on view-typed files (module
         docstring) with pyarrow's ``NotImplemented ... (string, string_view)``: filter
         those columns through ``scan`` (or register its result)."""
-        return self.open(store, job_prefix, as_of_epoch, as_of_time).to_pyarrow_dataset()
+        return delta_dataset(self.open(store, job_prefix, as_of_epoch, as_of_time))
 
     def scan(self, store: ObjectStore, job_prefix: str, columns: list[str] | None = None,
              filter: pc.Expression | None = None, as_of_epoch: int | None = None,
@@ -233,7 +251,7 @@ class TableReader(TableLayout):
         for c in self.primary_key:
             filt = filt & pc.field(c).isin(pc.unique(keys.column(c)))
         wanted = list(dict.fromkeys([*self.primary_key, *columns]))
-        found = read_filtered(dt.to_pyarrow_dataset(), wanted, filt)
+        found = read_filtered(delta_dataset(dt), wanted, filt)
         # isin per column over-selects for composite keys: keep exact tuples only.
         if len(self.primary_key) > 1:
             exact = keys.select(self.primary_key).group_by(self.primary_key).aggregate([])
@@ -247,5 +265,5 @@ class TableReader(TableLayout):
         uri, opts = self.table_uri(store, job_prefix), storage_options(store)
         if not DeltaTable.is_deltatable(uri, storage_options=opts):
             return self.schema.empty_table()
-        return DeltaTable(uri, storage_options=opts).to_pyarrow_dataset().to_table(
+        return delta_dataset(DeltaTable(uri, storage_options=opts)).to_table(
             columns=self.schema.names)

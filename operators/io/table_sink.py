@@ -45,6 +45,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dkvstream.operators.errors import InsertConflictError, SnapshotVacuumedError
+from dkvstream.operators.io.arrow_input import arrow_input
 from dkvstream.operators.io.sinks import Sink
 from dkvstream.operators.io.table_layout import (
     BUCKET_COLUMN,
@@ -127,7 +128,7 @@ class TableSink(TableReader, Sink):
 
     # ------------------------------------------------------------ the driver side
     def _read_staged(self, store: ObjectStore, staged: list[str]) -> pa.Table:
-        tables = [pq.read_table(io.BytesIO(store.get(k))) for k in staged]
+        tables = [pq.read_table(arrow_input(store.get(k))) for k in staged]
         return pa.concat_tables(tables) if tables else self.changes_of(self.schema.empty_table())
 
     def _existing(self, uri: str, opts: dict | None, changes: pa.Table) -> set[tuple]:

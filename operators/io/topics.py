@@ -28,7 +28,6 @@ source yields one binary ``value`` column.
 """
 from __future__ import annotations
 
-import io
 import json
 import math
 import re
@@ -38,6 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
+from dkvstream.operators.io.arrow_input import arrow_input
 from dkvstream.operators.io.sinks import Sink
 from dkvstream.operators.io.sources import (
     ERROR_COLUMN,
@@ -230,7 +230,7 @@ def _decode_json_arrow(raw: list[bytes | None], schema: pa.Schema) -> tuple[dict
             return None
     try:
         joined.decode("utf-8")  # Arrow's reader does not check
-        table = pa_json.read_json(io.BytesIO(joined), parse_options=pa_json.ParseOptions(
+        table = pa_json.read_json(arrow_input(joined), parse_options=pa_json.ParseOptions(
             explicit_schema=schema, unexpected_field_behavior="ignore"))
     except (UnicodeDecodeError, pa.ArrowException):
         return None
