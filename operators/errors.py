@@ -9,7 +9,7 @@ among these. Errors of the stores underneath (``CorruptionError``,
 of them, since stored objects cause it.
 
 A task on Spark that raises one of these reaches the driver as the same type with the
-same message (``dkvstream.operators.spark.task_errors``).
+same message (``dkvstream.operators.runtime.task_errors``).
 """
 from __future__ import annotations
 

@@ -98,7 +98,7 @@ from dkvstream.operators.runtime.open_state import OpenState
 from dkvstream.operators.runtime.recovery import VERIFY_MODES, restart_checkpoint, restore_source
 from dkvstream.operators.runtime.splits import ReadContext, Split, SplitSummary, stage_input_schema
 from dkvstream.operators.runtime.task import TaskResult, TaskSpec, forwarded_schema
-from dkvstream.operators.spark.task_errors import task_error
+from dkvstream.operators.runtime.task_errors import task_error
 from dkvstream.storage.dkv import DKVOptions
 from dkvstream.storage.errors import ObjectExistsError
 from dkvstream.storage.faults import fault_point
@@ -684,7 +684,7 @@ class JobRunner:
         ``epoch`` meanwhile, a read task's ``BadInputError`` (the read stage runs with the
         first operator's when the job does not align), an ``OperatorError``, else a job
         failure whose ``retryable`` is the task error's. A task's ``DkvstreamError``
-        keeps its type across Spark (``dkvstream.operators.spark.task_errors``); the caller raises
+        keeps its type across Spark (``dkvstream.operators.runtime.task_errors``); the caller raises
         the result from it."""
         newest = self._newest_epoch_elsewhere()
         if newest is not None and newest >= epoch:
@@ -822,17 +822,9 @@ class JobRunner:
         core), so what ``fn`` reads and writes never passes through the driver."""
         if self.spark is None or not items:
             return [fn(item) for item in items]
-        from dkvstream.operators.spark.stage import map_items
+        from dkvstream.operators.spark.stage import map_in_tasks
 
-        sc = self.spark.sparkContext
-        tasks = sc.parallelize(items, min(len(items), max(1, sc.defaultParallelism)))
-        try:
-            return tasks.mapPartitions(functools.partial(map_items, fn)).collect()
-        except Exception as e:
-            cause = task_error(e)
-            if cause is not None:  # the task's own error, as in process
-                raise cause from e
-            raise
+        return map_in_tasks(self.spark, fn, items)
 
     def _apply_retention(self) -> None:
         """Step 9: keeps the newest ``retain_checkpoints`` checkpoints, frees the rest.

@@ -27,7 +27,7 @@
   counts the bytes (``bytes_received``, the checkpoint's ``driver_bytes_received``).
 
 A ``DkvstreamError`` a task raises reaches the driver with its type
-(``dkvstream.operators.spark.task_errors``; the task bodies here are wrapped in ``carry_errors``).
+(``dkvstream.operators.runtime.task_errors``; the task bodies here are wrapped in ``carry_errors``).
 
 Task retries and speculation stay safe: a task writes only under names unique to its
 attempt (``task.run_task``), and the shuffle registers one map output per partition, so
@@ -55,7 +55,7 @@ from dkvstream.operators.runtime.exchange import DeadLetterResult, Exchange, Fir
 from dkvstream.operators.runtime.open_state import OpenState
 from dkvstream.operators.runtime.splits import ReadContext, Split, SplitSummary, read_split
 from dkvstream.operators.runtime.task import TaskResult, TaskSpec
-from dkvstream.operators.spark.task_errors import carry_errors
+from dkvstream.operators.runtime.task_errors import carry_errors, task_error
 from dkvstream.storage.dkv import DKVOptions
 from dkvstream.storage.objectstore import ObjectStore
 
@@ -164,6 +164,24 @@ def map_items(fn: Callable, items: Iterable) -> Iterator:
     """A task applying ``fn`` to each of its items (``JobRunner._map_in_tasks``)."""
     for item in items:
         yield fn(item)
+
+
+def map_in_tasks(spark, fn: Callable, items: list) -> list:
+    """``[fn(item) for item in items]`` in Spark tasks, one per item and at most one per
+    core (``JobRunner._map_in_tasks``: publishing without passing bytes through the driver).
+
+    Raises:
+        DkvstreamError: a task's own error, rebuilt with its type (``task_errors``).
+    """
+    sc = spark.sparkContext
+    tasks = sc.parallelize(items, min(len(items), max(1, sc.defaultParallelism)))
+    try:
+        return tasks.mapPartitions(functools.partial(map_items, fn)).collect()
+    except Exception as e:
+        cause = task_error(e)
+        if cause is not None:  # the task's own error, as in process
+            raise cause from e
+        raise
 
 
 # Per Spark Python worker process (workers are reused, spark.python.worker.reuse): the

@@ -9,7 +9,7 @@ import dkvstream.operators.errors
 import dkvstream.storage.errors
 import dkvstream.storage.log.errors
 from dkvstream.operators.errors import BadInputError, DkvstreamError, OperatorError, StateTypeError
-from dkvstream.operators.spark.task_errors import carry_errors, encode, error_class, task_error
+from dkvstream.operators.runtime.task_errors import carry_errors, encode, error_class, task_error
 from dkvstream.storage.errors import ManifestConflictError
 from dkvstream.storage.objectstore.s3 import S3CredentialsError, S3RequestError
 
