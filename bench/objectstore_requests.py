@@ -27,7 +27,7 @@ still orders of magnitude below the key count).
 
 By default a SeaweedFS S3 server is started on loopback (``dkvstream.storage.objectstore.seaweedfs``)
 and the job runs on ``s3://``; ``--local`` uses a temporary directory instead (the
-counts are the same: tests/storage/test_dkv_s3.py checks that).
+counts are the same: tests/storage/dkv/test_dkv_s3.py checks that).
 """
 from __future__ import annotations
 

@@ -125,7 +125,7 @@ def s3_server(tmp_path_factory):
 def kafka_broker(tmp_path_factory):
     """A real Kafka-compatible broker (Tansu, ``dkvstream.operators.io.kafka_broker.TansuBroker``:
     ``.bootstrap``, ``.pid``) on a free loopback port for the whole run, in-memory
-    storage; tests create their own topics (``tests/operators/test_kafka.py``). At teardown the
+    storage; tests create their own topics (``tests/operators/io/test_kafka.py``). At teardown the
     broker is stopped and its process must be gone."""
     from dkvstream.operators.io.kafka_broker import TansuBroker
     from dkvstream.storage.local_server import pid_alive

@@ -3,7 +3,7 @@
 ``setup.py`` builds ``dkvstream.storage.dkv._native`` when a C compiler is present (it is optional:
 the install never fails for want of one). Callers pick the compiled function when
 ``NATIVE`` is not None and the pure-Python reference otherwise; both give identical
-results, which ``tests/storage/test_native.py`` checks on random and corrupted inputs.
+results, which ``tests/storage/dkv/test_native.py`` checks on random and corrupted inputs.
 ``DKVSTREAM_DKV_NATIVE=0`` in the environment forces the pure-Python paths (to compare
 or to rule the C code out); it is read once, at import.
 """

@@ -2,7 +2,7 @@
 epoch, how many records went to the dead-letter table and why; ``run_job`` prints them in
 each epoch's line, and an epoch over ``DeadLetter.max_ratio`` ends it with the error.
 
-Oracle: ``tests.operators.test_dead_letter.BAD``, the rows the source breaks."""
+Oracle: ``tests.operators.io.test_dead_letter.BAD``, the rows the source breaks."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,7 +15,7 @@ from dkvstream.assets.resources import DKVSettingsResource, ObjectStoreResource
 from dkvstream.operators.io.dead_letter import REASONS, DeadLetter
 from dkvstream.operators.tools import run_job
 from tests.assets.live_job import NoSpark
-from tests.operators.test_dead_letter import BAD, _job
+from tests.operators.io.test_dead_letter import BAD, _job
 
 EVENTS_PER_EPOCH = 200  # two epochs: offsets [0, 100) then [100, 200) of each partition
 

@@ -19,7 +19,7 @@ from dkvstream.operators.runtime.checkpoints import list_epochs
 from dkvstream.operators.runtime.cleanup import cleanup_job
 from dkvstream.operators.runtime.driver import JobRunner
 from tests.assets.small_job import NAME, SMALL_DKV, small_job
-from tests.operators.test_file_source import (
+from tests.operators.io.test_file_source import (
     ROWS_PER_FILE,
     _encode,
     _job,

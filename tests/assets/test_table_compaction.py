@@ -13,7 +13,7 @@ from dkvstream.assets.sensors import make_table_compaction_sensor
 from dkvstream.operators.io.table_sink import SnapshotVacuumedError, small_files
 from dkvstream.operators.runtime.driver import JobRunner
 from tests.assets.test_sensors import Ticker, reset
-from tests.operators.test_table_sink import (
+from tests.operators.io.test_table_sink import (
     as_model,
     make_job,
     model_after,

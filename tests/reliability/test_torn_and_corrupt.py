@@ -3,7 +3,7 @@ the file and the offset (or block); a torn write is never visible; a restart fal
 to the previous checkpoint only where that is correct, says so, and the output still
 equals the oracle exactly.
 
-Extends tests/storage/test_corruption.py (every byte region of an SSTable, WAL and
+Extends tests/storage/dkv/test_corruption.py (every byte region of an SSTable, WAL and
 manifest raises an error naming the file) with the offsets and blocks the errors name,
 single-bit flips, truncation at every kind of cut, missing files, and the job level.
 """
@@ -34,10 +34,10 @@ from dkvstream.storage.dkv.sstable import FOOTER_SIZE
 from dkvstream.storage.errors import CorruptionError, ObjectNotFoundError
 from dkvstream.storage.objectstore import local as local_store
 from dkvstream.storage.objectstore.local import LocalObjectStore
-from tests.storage.test_corruption import OPTS
-from tests.storage.test_corruption import make_db as _db_with_wal
-from tests.storage.test_corruption import read_everything as _read_all
-from tests.storage.test_corruption import small_table as _table
+from tests.storage.dkv.test_corruption import OPTS
+from tests.storage.dkv.test_corruption import make_db as _db_with_wal
+from tests.storage.dkv.test_corruption import read_everything as _read_all
+from tests.storage.dkv.test_corruption import small_table as _table
 
 
 def _path(store: LocalObjectStore, key: str) -> Path:

@@ -16,8 +16,8 @@ def _local(tmp_path: Path) -> ObjectStore:
 
 
 # The storage tests run on a local directory; the object-store contract suite
-# (test_objectstore.py) overrides `store` to run on S3 too, and DKV, the log and the
-# flights job have their own S3 tests (test_dkv_s3.py, log/, operators/test_flights_s3.py).
+# (objectstore/test_objectstore.py) overrides `store` to run on S3 too, and DKV, the log and the
+# flights job have their own S3 tests (dkv/test_dkv_s3.py, log/, ../operators/runtime/test_flights_s3.py).
 STORE_FACTORIES: dict[str, Callable[[Path], ObjectStore]] = {"local": _local}
 
 

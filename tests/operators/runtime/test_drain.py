@@ -27,7 +27,7 @@ from dkvstream.operators.runtime.driver import JobRunner
 from tests.operators import live_sources
 from tests.operators.live_sources import EVENTS, reveal
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 ALL = {"p0": EVENTS, "p1": EVENTS}
 
 

@@ -37,9 +37,9 @@ from dkvstream.operators.io.arrow_input import arrow_input
 from dkvstream.operators.io.files import FileSource
 from dkvstream.operators.io.sinks import ParquetSink
 from dkvstream.operators.runtime.driver import JobRunner
-from tests.operators.test_table_sink import as_model, model_after, random_changes, run_drained
+from tests.operators.io.test_table_sink import as_model, model_after, random_changes, run_drained
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # 40 rows five minutes apart: the first hourly windows close, the last stays open.
 ROWS = pd.DataFrame({"user": [f"u{i % 5}" for i in range(40)],
                      "ts": [1_700_000_000_000 + i * 300_000 for i in range(40)],
@@ -161,7 +161,7 @@ import pyarrow.parquet as pq
 from dkvstream.operators.io.sinks import ParquetSink
 from dkvstream.operators.runtime.dead_letter import DeadLetter
 from dkvstream.storage.objectstore import open_object_store
-from tests.operators.test_table_sink import make_job
+from tests.operators.io.test_table_sink import make_job
 store = open_object_store({root!r})
 print(ParquetSink("main").read(store, "jobs/exit").num_rows,
       DeadLetter().sink.read(store, "jobs/exit").num_rows,

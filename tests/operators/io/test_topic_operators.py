@@ -16,7 +16,7 @@ from dkvstream.operators.io.topics import TopicSink, TopicSource
 from dkvstream.operators.runtime.driver import JobRunner
 from dkvstream.storage.log import COMPACT, Log, TopicConfig
 from dkvstream.storage.objectstore import open_object_store
-from tests.operators.test_restart import Crash, crash_at
+from tests.operators.runtime.test_restart import Crash, crash_at
 
 EVENTS = 600
 

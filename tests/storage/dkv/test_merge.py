@@ -27,7 +27,7 @@ def merge_impl(request, monkeypatch):
         if merge.NATIVE is None:
             if native.DISABLED:
                 pytest.skip("DKVSTREAM_DKV_NATIVE=0: pure-Python paths forced")
-            pytest.fail("dkvstream.storage.dkv._native was not built (see tests/storage/test_native.py)")
+            pytest.fail("dkvstream.storage.dkv._native was not built (see tests/storage/dkv/test_native.py)")
         monkeypatch.setattr(merge, "merge_live", merge.NATIVE.merge_live)
     else:
         monkeypatch.setattr(merge, "merge_live", merge.merge_live_py)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EPOCHS = 3
 SMALL = 30_000  # events per epoch; the large run reads ten times as many
 

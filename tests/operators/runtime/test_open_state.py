@@ -94,7 +94,7 @@ def test_job_with_two_workers_caching_state(batch, tmp_path, monkeypatch) -> Non
     """The flights job for 6 epochs, split 2 -> 3 ranges after 3, its tasks run by two
     simulated workers picked at random (as Spark's reused Python workers are), each with
     its own cache: every checkpoint's state and the output equal a run without caches
-    (itself checked against the pandas oracle by tests/operators/test_flights_job.py).
+    (itself checked against the pandas oracle by tests/operators/runtime/test_flights_job.py).
     The ``on_event`` case (~50 s) is slow."""
     import dkvstream.operators.runtime.exchange as runtime
     from dkvstream.examples.flights import flights_job

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from dkvstream.operators.tools.new_project import main
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_created_project_passes_its_test(tmp_path, capsys) -> None:

@@ -26,7 +26,7 @@ from dkvstream.storage.local_server import pid_alive
 from tests.operators import live_sources
 from tests.operators.live_sources import EVENTS, reveal
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 ALL = {"p0": EVENTS, "p1": EVENTS}
 # Generous: a process told to exit is given this long before the test fails (this is a
 # bound on a hang, not a speed requirement).

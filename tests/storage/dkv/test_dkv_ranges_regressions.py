@@ -3,7 +3,7 @@ sequences, run deterministically in the normal suite)."""
 
 from __future__ import annotations
 
-from tests.storage.test_dkv_ranges_model import RangesMachine
+from tests.storage.dkv.test_dkv_ranges_model import RangesMachine
 
 
 def replay(steps: list[tuple[str, dict]]) -> None:

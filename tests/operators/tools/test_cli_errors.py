@@ -14,7 +14,7 @@ import pytest
 
 from dkvstream.operators.tools import run_job
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 JOB = "tests.operators.small_keyed_count:job"
 
 

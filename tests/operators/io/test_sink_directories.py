@@ -21,8 +21,8 @@ from dkvstream.operators.io.dead_letter import DEAD_LETTER_SCHEMA, DeadLetterSin
 from dkvstream.operators.io.sinks import ParquetSink
 from dkvstream.operators.runtime.driver import JobRunner
 from dkvstream.storage.objectstore import open_object_store
-from tests.operators.test_dead_letter import BAD, BadInputSource, _job, _oracle
-from tests.operators.test_table_sink import as_model, model_after, random_changes, run_drained
+from tests.operators.io.test_dead_letter import BAD, BadInputSource, _job, _oracle
+from tests.operators.io.test_table_sink import as_model, model_after, random_changes, run_drained
 
 
 def by_pyarrow(directory: str) -> pd.DataFrame:

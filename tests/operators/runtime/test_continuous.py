@@ -24,7 +24,7 @@ from tests.operators import live_sources
 from tests.operators import small_keyed_count as small
 from tests.operators.live_sources import EVENTS, reveal
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _all_visible(n: int = EVENTS) -> dict[str, int]:
