@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from dkvstream.operators.api.columns import RANGE_COLUMN
 from dkvstream.operators.api.operator import Operator
 from dkvstream.operators.io import dead_letter
 from dkvstream.operators.io.sinks import Sink
@@ -39,7 +40,6 @@ from dkvstream.operators.runtime import live
 from dkvstream.operators.runtime.live import EventTimeInputs
 from dkvstream.operators.runtime.open_state import OpenState
 from dkvstream.operators.runtime.splits import (
-    RANGE_COLUMN,
     ReadContext,
     Split,
     SplitSummary,

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from dkvstream.examples.keyed_count import keyed_count_job, keyed_count_oracle
 from dkvstream.examples.synthetic import SyntheticSource
+from dkvstream.operators.api.columns import TIMESTAMP_COLUMN
 from dkvstream.operators.api.operator import WATERMARK_MAX, WATERMARK_MIN
-from dkvstream.operators.io.sources import TIMESTAMP_COLUMN
 from dkvstream.operators.runtime.checkpoints import JobCheckpoint, read_checkpoint
 from dkvstream.operators.runtime.driver import JobRunner
 from dkvstream.operators.runtime.live import (
