@@ -17,7 +17,7 @@ The source object travels to the tasks pickled, with the split: it must pickle s
 What a read task returns goes two ways: the events and dead letters through the
 exchange (Spark's shuffle, as Arrow IPC batches, to the range's operator task and to
 the dead-letter task), and a ``SplitSummary`` (counts, max event time, the event-time
-steps watermark alignment needs: ``live.EventTimeSteps``) to the driver. The summary's
+steps watermark alignment needs: ``event_time.EventTimeSteps``) to the driver. The summary's
 size depends on the number of splits, never on the number of events.
 """
 from __future__ import annotations
@@ -43,7 +43,7 @@ from dkvstream.operators.api.operator import WATERMARK_MIN
 from dkvstream.operators.io import dead_letter
 from dkvstream.operators.io.dead_letter import DeadLetter
 from dkvstream.operators.io.sources import Source, check_slice
-from dkvstream.operators.runtime.live import EventTimeSteps
+from dkvstream.operators.runtime.event_time import EventTimeSteps
 
 
 @dataclass(frozen=True)

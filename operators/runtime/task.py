@@ -78,7 +78,7 @@ class TaskSpec:
         input_partitions: source partition names by the events' ``_part`` index (the
             first operator), or None: the events have no source position.
         offset_limits: watermark alignment's cuts for the first operator,
-            ``{_part index: first offset not read}`` (``live.alignment_cuts``): events at
+            ``{_part index: first offset not read}`` (``event_time.alignment_cuts``): events at
             or past it are dropped (the next epoch reads them again); None: no cut.
         layout: the job's key layout (``dkvstream.operators.paths``): where the range's DKV files
             and staged output go.
@@ -123,7 +123,7 @@ class TaskResult:
     sink took a checksum (``Sink.stage``; ``ObjectChecksum.to_json``).
 
     ``event_time``: the first operator's range 0, when it computed the epoch's event time
-    itself (``dkvstream.operators.runtime.exchange``): the ``live.EpochEventTime``; else None.
+    itself (``dkvstream.operators.runtime.exchange``): the ``event_time.EpochEventTime``; else None.
 
     ``dropped`` / ``unkept``: what the range's new DKV manifest stopped naming and what
     the task wrote that it does not name (``{object key: bytes}``,
@@ -138,7 +138,7 @@ class TaskResult:
     metrics: dict = field(default_factory=dict)
     forwarded: pa.Table | None = None  # main output events for the next operator
     dead_letter_key: str | None = None
-    event_time: object | None = None  # live.EpochEventTime, computed by range 0 (exchange.run_range)
+    event_time: object | None = None  # event_time.EpochEventTime, computed by range 0 (exchange.run_range)
     dropped: dict[str, int] | None = None  # retention hook (dkvstream.operators.runtime.cleanup)
     unkept: dict[str, int] | None = None  # retention hook
     staged_checksums: dict[str, list[int]] = field(default_factory=dict)
