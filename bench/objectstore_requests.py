@@ -44,11 +44,12 @@ import pyarrow as pa
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dkvstream.operators.api.codecs import IntCodec  # noqa: E402
+from dkvstream.operators.api.columns import KEY_COLUMN, TIMESTAMP_COLUMN  # noqa: E402
 from dkvstream.operators.api.job import Job  # noqa: E402
 from dkvstream.operators.api.operator import KeyedEvent, Operator, Subject  # noqa: E402
 from dkvstream.operators.api.state import ValueSpec  # noqa: E402
 from dkvstream.operators.io.sinks import ParquetSink  # noqa: E402
-from dkvstream.operators.io.sources import KEY_COLUMN, TIMESTAMP_COLUMN, Source  # noqa: E402
+from dkvstream.operators.io.sources import Source  # noqa: E402
 from dkvstream.operators.runtime.checkpoints import latest_checkpoint  # noqa: E402
 from dkvstream.operators.runtime.driver import JobRunner  # noqa: E402
 from dkvstream.operators.runtime.remote_compaction import compact_job  # noqa: E402

@@ -39,11 +39,12 @@ import pyarrow.compute as pc
 
 from dkvstream.examples.flights_data import DAY_MS, ORIGINS, replay_partitions
 from dkvstream.operators.api.codecs import FloatCodec, IntCodec, JsonCodec, RecordCodec
+from dkvstream.operators.api.columns import KEY_COLUMN, TIMESTAMP_COLUMN
 from dkvstream.operators.api.job import Job
 from dkvstream.operators.api.operator import KeyedEvent, Operator, Subject
 from dkvstream.operators.api.state import ListSpec, MapSpec, ValueSpec
 from dkvstream.operators.io.sinks import ParquetSink
-from dkvstream.operators.io.sources import KEY_COLUMN, TIMESTAMP_COLUMN, Source
+from dkvstream.operators.io.sources import Source
 from dkvstream.operators.io.table_sink import TableSink
 
 ROLLING = 20

@@ -36,11 +36,12 @@ from dkvstream.examples.flights import HOUR_MS, FlightsSource
 from dkvstream.examples.flights_data import DAY_MS, ORIGINS, SHIFT_MS
 from dkvstream.operators.api.batch import BatchContext, BatchOperator
 from dkvstream.operators.api.codecs import RecordCodec
+from dkvstream.operators.api.columns import KEY_COLUMN, TIMESTAMP_COLUMN
 from dkvstream.operators.api.job import Job
 from dkvstream.operators.api.operator import KeyedEvent, Operator, Subject
 from dkvstream.operators.api.state import ValueSpec
 from dkvstream.operators.io.sinks import ParquetSink
-from dkvstream.operators.io.sources import KEY_COLUMN, TIMESTAMP_COLUMN, Source
+from dkvstream.operators.io.sources import Source
 from dkvstream.operators.io.union import INPUT_COLUMN, UnionSource
 
 # The weather columns carried to the output (of weather.csv's 15): temperature (F),

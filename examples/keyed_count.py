@@ -16,11 +16,11 @@ import pyarrow.compute as pc
 from dkvstream.examples.synthetic import SyntheticSource
 from dkvstream.operators.api.batch import BatchContext, BatchOperator
 from dkvstream.operators.api.codecs import IntCodec, RecordCodec
+from dkvstream.operators.api.columns import KEY_COLUMN, TIMESTAMP_COLUMN
 from dkvstream.operators.api.job import Job
 from dkvstream.operators.api.operator import KeyedEvent, Operator, Subject
 from dkvstream.operators.api.state import MapSpec
 from dkvstream.operators.io.sinks import ParquetSink
-from dkvstream.operators.io.sources import KEY_COLUMN, TIMESTAMP_COLUMN
 
 WINDOW_MS = 3_600_000
 

@@ -15,9 +15,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dkvstream.operators.api.codecs import IntCodec
+from dkvstream.operators.api.columns import KEY_COLUMN, TIMESTAMP_COLUMN
 from dkvstream.operators.api.operator import KeyedEvent, Operator, Subject
 from dkvstream.operators.api.state import MapSpec
-from dkvstream.operators.io.sources import KEY_COLUMN, TIMESTAMP_COLUMN, Source
+from dkvstream.operators.io.sources import Source
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -30,7 +30,8 @@ import pyarrow.parquet as pq
 # dkvstream job carries with each event (examples/flights.py EVENT_COLUMNS).
 from dkvstream.examples.flights import EVENT_COLUMNS
 from dkvstream.examples.flights_data import DAY_MS, ORIGINS, replay_partitions
-from dkvstream.operators.io.sources import KEY_COLUMN, TIMESTAMP_COLUMN, Source
+from dkvstream.operators.api.columns import KEY_COLUMN, TIMESTAMP_COLUMN
+from dkvstream.operators.io.sources import Source
 
 ROUTE_COLUMN = "route"
 EVENT_TIME_COLUMN = "event_time"

@@ -46,12 +46,6 @@ V = TypeVar("V")
 
 _U32 = struct.Struct(">I")
 
-# Columns of the tables a batch operator receives.
-KEY = "key"
-TIMESTAMP = "timestamp"
-KEY_GROUP = "key_group"
-
-
 class BulkTimers(Protocol):
     """The timers a ``BatchContext`` registers through: the task's timer service
     (``dkvstream.operators.runtime.timers.TimerService``). Rows of the three sequences are aligned;

@@ -8,7 +8,7 @@ for bad records). A row is bad, with exactly one reason (checked in this order):
 reason                   the row
 =======================  ==============================================================
 ``unparseable_value``    the source could not decode it: its ``_error`` column (see
-                         ``dkvstream.operators.io.sources.ERROR_COLUMN``) is set, e.g. a topic value
+                         ``dkvstream.operators.api.columns.ERROR_COLUMN``) is set, e.g. a topic value
                          that is not JSON or does not fit ``value_schema`` without loss
                          (the error names the field: ``field 'price': JSON true is not a
                          number``; ``dkvstream.operators.io.topics.decode_json_values``)
@@ -64,10 +64,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from dkvstream.operators.api.columns import ERROR_COLUMN, KEY_COLUMN, RAW_VALUE_COLUMN, TIMESTAMP_COLUMN
 from dkvstream.operators.errors import BadInputError, TooManyDeadLettersError
 from dkvstream.operators.io.arrow_input import arrow_input
 from dkvstream.operators.io.sinks import EPOCH_COLUMN, ParquetSink
-from dkvstream.operators.io.sources import ERROR_COLUMN, KEY_COLUMN, RAW_VALUE_COLUMN, TIMESTAMP_COLUMN
 from dkvstream.operators.paths import LAYOUT_FLAT, staging_prefix
 from dkvstream.storage.objectstore import ObjectStore
 from dkvstream.storage.objectstore.checksum import ObjectChecksum

@@ -100,16 +100,16 @@ import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
-from dkvstream.operators.errors import RecoveryRefusedError, SourceFileChangedError
-from dkvstream.operators.io.arrow_input import arrow_input
-from dkvstream.operators.io.sources import (
+from dkvstream.operators.api.columns import (
     ERROR_COLUMN,
     INGEST_TIME_COLUMN,
     KEY_COLUMN,
     RAW_VALUE_COLUMN,
     TIMESTAMP_COLUMN,
-    Source,
 )
+from dkvstream.operators.errors import RecoveryRefusedError, SourceFileChangedError
+from dkvstream.operators.io.arrow_input import arrow_input
+from dkvstream.operators.io.sources import Source
 from dkvstream.operators.paths import source_prefix
 from dkvstream.storage.errors import CorruptionError, ObjectExistsError, ObjectNotFoundError
 from dkvstream.storage.objectstore import ObjectStore, open_object_store

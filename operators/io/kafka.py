@@ -53,18 +53,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dkvstream.operators import paths
-from dkvstream.operators.errors import KafkaIOError
-from dkvstream.operators.io.arrow_input import arrow_input
-from dkvstream.operators.io.sinks import Sink
-from dkvstream.operators.io.sources import (
+from dkvstream.operators.api.columns import (
     ERROR_COLUMN,
     INGEST_TIME_COLUMN,
     KEY_COLUMN,
     OFFSET_COLUMN,
     RAW_VALUE_COLUMN,
     TIMESTAMP_COLUMN,
-    Source,
 )
+from dkvstream.operators.errors import KafkaIOError
+from dkvstream.operators.io.arrow_input import arrow_input
+from dkvstream.operators.io.sinks import Sink
+from dkvstream.operators.io.sources import Source
 from dkvstream.operators.io.topics import VALUE_COLUMN, columns_of_rows, decode_json_values
 from dkvstream.operators.paths import range_label_of
 from dkvstream.storage.objectstore import ObjectStore

@@ -11,21 +11,14 @@ from abc import ABC, abstractmethod
 
 import pyarrow as pa
 
-KEY_COLUMN = "key"
-TIMESTAMP_COLUMN = "timestamp"
-# Optional columns of ``Source.read`` for rows the source could not decode: the error
-# message (null for a good row) and the raw bytes. Such rows go to the job's dead-letter
-# table (``dkvstream.operators.io.dead_letter``); the columns never reach an operator.
-ERROR_COLUMN = "_error"
-RAW_VALUE_COLUMN = "_raw_value"
-# Optional column of ``Source.read`` for a source whose offsets have gaps (a Kafka topic:
-# transaction markers, compaction; a compacted log topic): each row's offset, int64,
-# strictly increasing within ``[start, end)``. Without it row i is offset ``start + i``.
-OFFSET_COLUMN = "_offset"
-# Optional column of ``Source.read``: when the event became readable (a Kafka record's
-# broker timestamp, a file's modification time), int64 ms since the Unix epoch. The
-# runtime measures end-to-end latency from it; it never reaches an operator.
-INGEST_TIME_COLUMN = "_ingest_time"
+from dkvstream.operators.api.columns import (
+    ERROR_COLUMN,
+    INGEST_TIME_COLUMN,
+    KEY_COLUMN,
+    OFFSET_COLUMN,
+    RAW_VALUE_COLUMN,
+    TIMESTAMP_COLUMN,
+)
 
 
 class Source(ABC):
@@ -38,7 +31,8 @@ class Source(ABC):
     another type fails the epoch unless it widens losslessly. A row the source cannot
     decode should not raise: set its ``_error`` column (and ``_raw_value``), and the
     runtime sends it to the dead-letter table, as it does rows with a null or empty key or
-    a timestamp before the Unix epoch or too far in the future.
+    a timestamp before the Unix epoch or too far in the future. The columns' names and
+    types: ``dkvstream.operators.api.columns``.
 
     Where each part runs: the driver calls ``attach``, ``partitions``, ``start_offset``,
     ``end_offsets``, ``bounded``, ``value_schema``, ``snapshot_state``, ``restore_state``

@@ -37,17 +37,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
-from dkvstream.operators.io.arrow_input import arrow_input
-from dkvstream.operators.io.sinks import Sink
-from dkvstream.operators.io.sources import (
+from dkvstream.operators.api.columns import (
     ERROR_COLUMN,
     INGEST_TIME_COLUMN,
     KEY_COLUMN,
     OFFSET_COLUMN,
     RAW_VALUE_COLUMN,
     TIMESTAMP_COLUMN,
-    Source,
 )
+from dkvstream.operators.io.arrow_input import arrow_input
+from dkvstream.operators.io.sinks import Sink
+from dkvstream.operators.io.sources import Source
 from dkvstream.storage.log import Log, TopicConfig
 from dkvstream.storage.log.consumer import fetch, with_fresh_metadata
 from dkvstream.storage.log.errors import InvalidRecordError

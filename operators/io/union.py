@@ -28,16 +28,15 @@ import functools
 
 import pyarrow as pa
 
-from dkvstream.operators.io.sources import (
+from dkvstream.operators.api.columns import (
     ERROR_COLUMN,
     INGEST_TIME_COLUMN,
     KEY_COLUMN,
     OFFSET_COLUMN,
     RAW_VALUE_COLUMN,
     TIMESTAMP_COLUMN,
-    Source,
-    check_slice,
 )
+from dkvstream.operators.io.sources import Source, check_slice
 
 INPUT_COLUMN = "input"
 

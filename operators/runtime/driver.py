@@ -3,7 +3,7 @@
 The design is in docs/design.md, "Epochs and checkpoints". Per epoch
 (``JobRunner._run_epoch``, one method per step):
 
-1. Plan (``dkvstream.operators.runtime.live.plan_epoch``): for each source partition, new ones
+1. Plan (``dkvstream.operators.runtime.event_time.plan_epoch``): for each source partition, new ones
    from ``Source.start_offset``, the offset range ``[committed, end)`` (an equal share
    of ``events_per_epoch`` per unfinished partition; none for a partition more than
    ``max_watermark_drift_ms`` ahead in event time: watermark alignment). A live source
@@ -17,13 +17,13 @@ The design is in docs/design.md, "Epochs and checkpoints". Per epoch
    planned slice reads it, screens bad rows out to the dead-letter rows and sends its
    events, by key-group range of the first operator, through the epoch's exchange
    (Spark's shuffle, ``dkvstream.operators.spark.stage``); the driver never receives an event. The
-   epoch's event time (``live.epoch_event_time``) comes from the read tasks' split
+   epoch's event time (``event_time.epoch_event_time``) comes from the read tasks' split
    summaries: the watermark it reaches (bounded out-of-orderness: min over the
    partitions of the max event time seen, minus the bound; a bounded source's fully read
    partitions do not count, and once all are read it is +infinity; a live source's
    caught-up partitions do count, as they may still receive older events, unless idle
    for ``idle_timeout_ms``), and with watermark alignment where each slice ends, before
-   its first event too far ahead of the slowest partition (``live.alignment_cuts``: the
+   its first event too far ahead of the slowest partition (``event_time.alignment_cuts``: the
    offsets committed end there). With alignment the driver computes it before any
    operator runs; without, the first operator's tasks do, and its range 0 reports it.
 3. Run stages: one Spark stage per operator, one task per key-group range over the
@@ -86,6 +86,14 @@ from dkvstream.operators.runtime.control import (
     consume_flush_requests,
     pending_flush_requests,
     release_lease,
+)
+from dkvstream.operators.runtime.event_time import (
+    EpochEventTime,
+    EpochPlan,
+    EventTimeInputs,
+    epoch_event_time,
+    partition_activity,
+    plan_epoch,
 )
 from dkvstream.operators.runtime.exchange import (
     DeadLetterResult,
@@ -291,8 +299,8 @@ class JobRunner:
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
 
-    def _plan(self, ckpt: JobCheckpoint) -> live.EpochPlan:
-        """Step 1 (``live.plan_epoch``): the partitions of the source now, new ones
+    def _plan(self, ckpt: JobCheckpoint) -> EpochPlan:
+        """Step 1 (``event_time.plan_epoch``): the partitions of the source now, new ones
         from their ``start_offset``, with idleness and watermark alignment."""
         source, now_ms = self.job.source, self._now_ms()
         parts = list(ckpt.source_offsets)
@@ -301,7 +309,7 @@ class JobRunner:
                      for p in parts}
         ends = source.end_offsets()
         self._warn_ends_behind(committed, ends)
-        return live.plan_epoch(
+        return plan_epoch(
             committed, ends, self._partition_max_ts(ckpt, parts), ckpt.partition_active_at_ms, now_ms=now_ms,
             events_per_epoch=self.job.events_per_epoch, bounded=source.bounded,
             idle_timeout_ms=self.job.idle_timeout_ms, max_drift_ms=self.job.max_watermark_drift_ms)
@@ -310,7 +318,7 @@ class JobRunner:
         """Logs a warning, once per partition until it recovers, when the source reports
         an end offset below the committed one. Offsets never go backwards: such a
         partition reads nothing until its end passes the committed offset again
-        (``live.plan_epoch`` clamps the end). Causes: a topic deleted and created again
+        (``event_time.plan_epoch`` clamps the end). Causes: a topic deleted and created again
         under the same name starts over at 0 (the job must then be reset); a broker may
         answer an end below what was read while a transaction is open (Tansu's
         ListOffsets under ``read_committed``, docs/kafka.md)."""
@@ -389,7 +397,7 @@ class JobRunner:
                 if not self.job.source.bounded and not plan.has_input:
                     if not continuous:
                         break
-                    if live.epoch_event_time(self._event_time_inputs(ckpt, plan), []).watermark <= ckpt.watermark:
+                    if epoch_event_time(self._event_time_inputs(ckpt, plan), []).watermark <= ckpt.watermark:
                         trigger.nothing_new()
                         continue
                     # No input, but a partition went idle and the watermark advances: an
@@ -403,7 +411,7 @@ class JobRunner:
         finally:
             self._close_source()
 
-    def _run_leased(self, ckpt: JobCheckpoint, plan: live.EpochPlan,
+    def _run_leased(self, ckpt: JobCheckpoint, plan: EpochPlan,
                     drain: bool = False) -> tuple[EpochResult, JobCheckpoint]:
         """``_run_epoch`` under the epoch's lease, serving the pending flush requests."""
         # Requests seen now are served by this epoch; the lease keeps a concurrent
@@ -424,7 +432,7 @@ class JobRunner:
         consume_flush_requests(self.store, flushes)
         return result, ckpt
 
-    def _drain_plan(self, ckpt: JobCheckpoint) -> live.EpochPlan:
+    def _drain_plan(self, ckpt: JobCheckpoint) -> EpochPlan:
         """The drain epoch's plan: nothing read (each partition's range is empty at its
         committed offset); the ends are asked for, so its lag metric tells what the
         drained job leaves unread."""
@@ -518,17 +526,17 @@ class JobRunner:
             raise JobFailedError(f"job {self.job.name}: epoch {epoch} failed reading source "
                                  f"{self.job.source.name}: {_root_message(e)}") from e
 
-    def _event_time_inputs(self, ckpt: JobCheckpoint, plan: live.EpochPlan,
-                           drain: bool = False) -> live.EventTimeInputs:
+    def _event_time_inputs(self, ckpt: JobCheckpoint, plan: EpochPlan,
+                           drain: bool = False) -> EventTimeInputs:
         """What decides the epoch's event time besides its split summaries
-        (``live.epoch_event_time``: the watermark, alignment's cuts, finished)."""
-        return live.EventTimeInputs(
+        (``event_time.epoch_event_time``: the watermark, alignment's cuts, finished)."""
+        return EventTimeInputs(
             previous_watermark=ckpt.watermark,
             partition_max_ts=self._partition_max_ts(ckpt, list(plan.offsets)), plan=plan,
             bounded=self.job.source.bounded, out_of_orderness_ms=self.job.max_out_of_orderness_ms,
             max_drift_ms=self.job.max_watermark_drift_ms, drain=drain)
 
-    def _run_epoch(self, ckpt: JobCheckpoint, plan: live.EpochPlan, flush: bool = False,
+    def _run_epoch(self, ckpt: JobCheckpoint, plan: EpochPlan, flush: bool = False,
                    drain: bool = False) -> tuple[EpochResult, JobCheckpoint]:
         """Runs, commits, publishes and retains epoch ``ckpt.epoch + 1`` (module docstring);
         ``drain``: the drain epoch (``stop``), whose ``plan`` reads nothing, at watermark
@@ -540,7 +548,7 @@ class JobRunner:
         # With watermark alignment the driver needs the summaries before any operator
         # runs (the cuts); otherwise the first operator's tasks compute the same event
         # time from them and range 0 reports it (``dkvstream.operators.runtime.exchange``).
-        event_time = None if summaries is None else live.epoch_event_time(inputs, summaries)
+        event_time = None if summaries is None else epoch_event_time(inputs, summaries)
         results = self._run_stages(ckpt, epoch, flush, event_time, inputs)
         if event_time is None:
             event_time = results[self.job.operators[0].name][0].event_time
@@ -579,7 +587,7 @@ class JobRunner:
                 op: {res.range_label: res.dropped for res in rs} for op, rs in results.items()}, ckpt.layout),
             unkept=encode_objects(self.job.prefix, {  # retention hook
                 op: {res.range_label: res.unkept for res in rs} for op, rs in results.items()}, ckpt.layout),
-            partition_active_at_ms=live.partition_activity(ckpt.partition_active_at_ms, plan),
+            partition_active_at_ms=partition_activity(ckpt.partition_active_at_ms, plan),
             source_state=self.job.source.snapshot_state(offsets),
         )
         key = self._commit(new)
@@ -605,8 +613,8 @@ class JobRunner:
             live=published_live, drained=drain,
         ), new
 
-    def _run_stages(self, ckpt: JobCheckpoint, epoch: int, flush: bool, event_time: live.EpochEventTime | None,
-                    inputs: live.EventTimeInputs) -> dict[str, list[TaskResult]]:
+    def _run_stages(self, ckpt: JobCheckpoint, epoch: int, flush: bool, event_time: EpochEventTime | None,
+                    inputs: EventTimeInputs) -> dict[str, list[TaskResult]]:
         """Step 3: one stage per operator over the epoch's exchange (``_read_events``),
         each fed the previous one's ``main`` output; the first one's range 0 stages the
         dead letters too. ``event_time``: the epoch's, with the watermark and alignment's

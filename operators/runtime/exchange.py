@@ -5,7 +5,7 @@ One epoch moves its events like this (docs/design.md, "Epochs and checkpoints"):
 1. **Read stage**: one read task per ``splits.Split`` (``splits.read_split``) emits its
    good events per key-group range of the first operator, its dead-letter rows (to
    range 0) and a ``SplitSummary``.
-2. **Event time** (``live.epoch_event_time``, one pure function of the summaries): when
+2. **Event time** (``event_time.epoch_event_time``, one pure function of the summaries): when
    the job aligns watermarks, the summaries (with their event-time steps) go to the
    driver (``Exchange.read``), which computes the watermark and the cuts before any
    operator task runs: a Spark job of its own. Otherwise every range of the first
@@ -30,16 +30,15 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from dkvstream.operators.api.columns import RANGE_COLUMN
 from dkvstream.operators.api.operator import Operator
 from dkvstream.operators.io import dead_letter
 from dkvstream.operators.io.sinks import Sink
 from dkvstream.operators.io.sources import Source
 from dkvstream.operators.paths import LAYOUT_FLAT
-from dkvstream.operators.runtime import live
-from dkvstream.operators.runtime.live import EventTimeInputs
+from dkvstream.operators.runtime.event_time import EventTimeInputs, epoch_event_time
 from dkvstream.operators.runtime.open_state import OpenState
 from dkvstream.operators.runtime.splits import (
-    RANGE_COLUMN,
     ReadContext,
     Split,
     SplitSummary,
@@ -118,7 +117,7 @@ def run_range(operator: Operator, spec: TaskSpec, tables: list[pa.Table], input_
     """
     event_time = None
     if first is not None and first.event_time is not None:
-        event_time = live.epoch_event_time(first.event_time, sorted(summaries, key=summary_order))
+        event_time = epoch_event_time(first.event_time, sorted(summaries, key=summary_order))
         spec = dataclasses.replace(spec, watermark_after=event_time.watermark)
     events = pa.concat_tables(tables) if tables else input_schema.empty_table()
     before = store.stats.snapshot()

@@ -64,11 +64,11 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
+from dkvstream.operators.api.columns import KEY_COLUMN, OFFSET_COLUMN, TIMESTAMP_COLUMN
 from dkvstream.operators.api.operator import Operator
 from dkvstream.operators.api.state import StateStore
 from dkvstream.operators.errors import OperatorError
 from dkvstream.operators.io.dead_letter import DEAD_LETTER_SCHEMA, OPERATOR_ERROR, value_json
-from dkvstream.operators.io.sources import KEY_COLUMN, OFFSET_COLUMN, TIMESTAMP_COLUMN
 from dkvstream.storage.dkv.db import prefix_successor
 from dkvstream.storage.errors import StorageError
 

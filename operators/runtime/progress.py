@@ -5,7 +5,7 @@ and the time left. For a live source: lag per partition (Kafka's consumer lag) a
 rates. ``dkvstream.operators.tools.run_job`` prints ``epoch_line`` for each committed epoch, and
 the Dagster asset that runs a job logs it (``dkvstream.assets.job_assets``).
 
-The total is an estimate (hence "~"): ``epochs_left`` replays ``live.plan_epoch``'s
+The total is an estimate (hence "~"): ``epochs_left`` replays ``event_time.plan_epoch``'s
 equal shares over what each partition has left, which is exact unless watermark
 alignment pauses a partition (its epochs then read less): the estimate is then at
 least what is left over the offsets the run's epochs read on average (from its second
@@ -25,7 +25,7 @@ MAX_PARTITIONS_SHOWN = 6
 
 
 def epochs_left(remaining: dict[str, int], events_per_epoch: int) -> int:
-    """Epochs ``live.plan_epoch`` needs to read ``remaining`` offsets per partition:
+    """Epochs ``event_time.plan_epoch`` needs to read ``remaining`` offsets per partition:
     each epoch gives every partition with input an equal share, ``ceil(events_per_epoch
     / partitions with input)``; one with less reads what it has.
 

@@ -17,7 +17,7 @@ The source object travels to the tasks pickled, with the split: it must pickle s
 What a read task returns goes two ways: the events and dead letters through the
 exchange (Spark's shuffle, as Arrow IPC batches, to the range's operator task and to
 the dead-letter task), and a ``SplitSummary`` (counts, max event time, the event-time
-steps watermark alignment needs: ``live.EventTimeSteps``) to the driver. The summary's
+steps watermark alignment needs: ``event_time.EventTimeSteps``) to the driver. The summary's
 size depends on the number of splits, never on the number of events.
 """
 from __future__ import annotations
@@ -29,27 +29,21 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dkvstream.operators.api.columns import (
+    INGEST_TIME_COLUMN,
+    KEY_COLUMN,
+    KG_COLUMN,
+    OFFSET_COLUMN,
+    PART_COLUMN,
+    RANGE_COLUMN,
+    TIMESTAMP_COLUMN,
+)
 from dkvstream.operators.api.keygroups import key_groups_of_column, range_indexes_of
 from dkvstream.operators.api.operator import WATERMARK_MIN
 from dkvstream.operators.io import dead_letter
 from dkvstream.operators.io.dead_letter import DeadLetter
-from dkvstream.operators.io.sources import (
-    INGEST_TIME_COLUMN,
-    KEY_COLUMN,
-    OFFSET_COLUMN,
-    TIMESTAMP_COLUMN,
-    Source,
-    check_slice,
-)
-from dkvstream.operators.runtime.live import EventTimeSteps
-
-# Columns the runtime adds to events (and the source offset, ``OFFSET_COLUMN``, and
-# ingest time, ``INGEST_TIME_COLUMN``); everything else besides key/timestamp is value.
-PART_COLUMN = "_part"
-KEY_GROUP_COLUMN = "_kg"
-RANGE_COLUMN = "_range"
-INTERNAL_COLUMNS = (KEY_COLUMN, TIMESTAMP_COLUMN, PART_COLUMN, OFFSET_COLUMN, INGEST_TIME_COLUMN,
-                    KEY_GROUP_COLUMN, RANGE_COLUMN)
+from dkvstream.operators.io.sources import Source, check_slice
+from dkvstream.operators.runtime.event_time import EventTimeSteps
 
 
 @dataclass(frozen=True)
@@ -126,7 +120,7 @@ def stage_input_schema(value_schema: pa.Schema) -> pa.Schema:
     none), ``_kg`` and ``_range``."""
     return pa.schema([pa.field(KEY_COLUMN, pa.binary()), pa.field(TIMESTAMP_COLUMN, pa.int64()),
                       *value_schema, pa.field(PART_COLUMN, pa.int32()), pa.field(OFFSET_COLUMN, pa.int64()),
-                      pa.field(INGEST_TIME_COLUMN, pa.int64()), pa.field(KEY_GROUP_COLUMN, pa.int32()),
+                      pa.field(INGEST_TIME_COLUMN, pa.int64()), pa.field(KG_COLUMN, pa.int32()),
                       pa.field(RANGE_COLUMN, pa.int32())])
 
 
@@ -170,7 +164,7 @@ def read_split(source: Source, split: Split, ctx: ReadContext) -> ReadOutput:
     t = t.append_column(PART_COLUMN, pa.array(np.full(n, split.part_index, np.int32)))
     t = t.append_column(OFFSET_COLUMN, pa.array(offsets))
     t = t.append_column(INGEST_TIME_COLUMN, ingest)
-    t = t.append_column(KEY_GROUP_COLUMN, pa.array(kgs, pa.int32()))
+    t = t.append_column(KG_COLUMN, pa.array(kgs, pa.int32()))
     t = t.append_column(RANGE_COLUMN, pa.array(ranges, pa.int32()))
     ts = t.column(TIMESTAMP_COLUMN).to_numpy() if n else np.zeros(0, np.int64)
     summary = SplitSummary(split=split, rows=n, dead=dead.num_rows,

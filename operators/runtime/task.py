@@ -21,24 +21,28 @@ import pyarrow.compute as pc
 from dkvstream.operators import paths
 from dkvstream.operators.api import batch as batch_api
 from dkvstream.operators.api.batch import BatchContext, BatchOperator
+from dkvstream.operators.api.columns import (
+    INGEST_TIME_COLUMN,
+    INTERNAL_COLUMNS,
+    KEY_COLUMN,
+    KEY_GROUP_COLUMN,
+    KG_COLUMN,
+    OFFSET_COLUMN,
+    PART_COLUMN,
+    RANGE_COLUMN,
+    TIMESTAMP_COLUMN,
+)
 from dkvstream.operators.api.keygroups import KeyGroupRange, key_groups_of, range_indexes_of
 from dkvstream.operators.api.operator import MAIN_OUTPUT, KeyedEvent, Operator, Subject
 from dkvstream.operators.api.state import subject_prefix
 from dkvstream.operators.errors import OperatorError
 from dkvstream.operators.io import dead_letter
 from dkvstream.operators.io.sinks import Sink
-from dkvstream.operators.io.sources import INGEST_TIME_COLUMN, KEY_COLUMN, OFFSET_COLUMN, TIMESTAMP_COLUMN
 from dkvstream.operators.paths import staging_prefix
 from dkvstream.operators.runtime import operator_errors
 from dkvstream.operators.runtime.live import ingest_sketches
 from dkvstream.operators.runtime.open_state import OpenState
-from dkvstream.operators.runtime.splits import (
-    INTERNAL_COLUMNS,
-    KEY_GROUP_COLUMN,
-    PART_COLUMN,
-    RANGE_COLUMN,
-    apply_cuts,
-)
+from dkvstream.operators.runtime.splits import apply_cuts
 from dkvstream.operators.runtime.timers import TimerService
 from dkvstream.storage.dkv import DKV, DKVOptions
 from dkvstream.storage.faults import fault_point
@@ -74,7 +78,7 @@ class TaskSpec:
         input_partitions: source partition names by the events' ``_part`` index (the
             first operator), or None: the events have no source position.
         offset_limits: watermark alignment's cuts for the first operator,
-            ``{_part index: first offset not read}`` (``live.alignment_cuts``): events at
+            ``{_part index: first offset not read}`` (``event_time.alignment_cuts``): events at
             or past it are dropped (the next epoch reads them again); None: no cut.
         layout: the job's key layout (``dkvstream.operators.paths``): where the range's DKV files
             and staged output go.
@@ -119,7 +123,7 @@ class TaskResult:
     sink took a checksum (``Sink.stage``; ``ObjectChecksum.to_json``).
 
     ``event_time``: the first operator's range 0, when it computed the epoch's event time
-    itself (``dkvstream.operators.runtime.exchange``): the ``live.EpochEventTime``; else None.
+    itself (``dkvstream.operators.runtime.exchange``): the ``event_time.EpochEventTime``; else None.
 
     ``dropped`` / ``unkept``: what the range's new DKV manifest stopped naming and what
     the task wrote that it does not name (``{object key: bytes}``,
@@ -134,7 +138,7 @@ class TaskResult:
     metrics: dict = field(default_factory=dict)
     forwarded: pa.Table | None = None  # main output events for the next operator
     dead_letter_key: str | None = None
-    event_time: object | None = None  # live.EpochEventTime, computed by range 0 (exchange.run_range)
+    event_time: object | None = None  # event_time.EpochEventTime, computed by range 0 (exchange.run_range)
     dropped: dict[str, int] | None = None  # retention hook (dkvstream.operators.runtime.cleanup)
     unkept: dict[str, int] | None = None  # retention hook
     staged_checksums: dict[str, list[int]] = field(default_factory=dict)
@@ -359,7 +363,7 @@ def _run_events(operator: Operator, spec: TaskSpec, events: pa.Table, subject: _
     value_columns = [c for c in events.column_names if c not in INTERNAL_COLUMNS]
     keys = events.column(KEY_COLUMN).to_pylist()
     stamps = events.column(TIMESTAMP_COLUMN).to_pylist()
-    groups = events.column(KEY_GROUP_COLUMN).to_pylist()
+    groups = events.column(KG_COLUMN).to_pylist()
     values = events.select(value_columns).to_pylist()
 
     on_event = operator.on_event
@@ -450,7 +454,7 @@ def _run_events_guarded(operator: Operator, spec: TaskSpec, events: pa.Table, su
     value_columns = [c for c in events.column_names if c not in INTERNAL_COLUMNS]
     keys = events.column(KEY_COLUMN).to_pylist()
     stamps = events.column(TIMESTAMP_COLUMN).to_pylist()
-    groups = events.column(KEY_GROUP_COLUMN).to_pylist()
+    groups = events.column(KG_COLUMN).to_pylist()
     values = events.select(value_columns).to_pylist()
     emitted_rows = subject._emitted
 
@@ -550,25 +554,25 @@ def _batch_input(spec: TaskSpec, events: pa.Table) -> tuple[pa.Table, list[str],
     """
     krange = spec.key_group_range
     events = events.filter(pc.is_valid(events.column(KEY_COLUMN)))  # drop heartbeat rows
-    kgs = events.column(KEY_GROUP_COLUMN)
+    kgs = events.column(KG_COLUMN)
     if events.num_rows and (pc.min(kgs).as_py() < krange.start or pc.max(kgs).as_py() >= krange.end):
         bad = events.filter(pc.invert(pc.and_(pc.greater_equal(kgs, krange.start), pc.less(kgs, krange.end))))
-        raise ValueError(f"key {bad.column(KEY_COLUMN)[0].as_py()!r} (key group {bad.column(KEY_GROUP_COLUMN)[0]})"
+        raise ValueError(f"key {bad.column(KEY_COLUMN)[0].as_py()!r} (key group {bad.column(KG_COLUMN)[0]})"
                          f" routed to task of {krange.label}")
     events = events.sort_by([(KEY_COLUMN, "ascending"), (TIMESTAMP_COLUMN, "ascending"),
                              (PART_COLUMN, "ascending"), (OFFSET_COLUMN, "ascending")])
     value_columns = [c for c in events.column_names if c not in INTERNAL_COLUMNS]
-    batch = pa.table({batch_api.KEY: events.column(KEY_COLUMN), batch_api.TIMESTAMP: events.column(TIMESTAMP_COLUMN),
-                      batch_api.KEY_GROUP: events.column(KEY_GROUP_COLUMN),
+    batch = pa.table({KEY_COLUMN: events.column(KEY_COLUMN), TIMESTAMP_COLUMN: events.column(TIMESTAMP_COLUMN),
+                      KEY_GROUP_COLUMN: events.column(KG_COLUMN),
                       **{c: events.column(c) for c in value_columns}})
     return events, value_columns, batch
 
 
 def _timer_table(stamps: list, kgs: list, keys: list) -> pa.Table:
     return pa.table({
-        batch_api.KEY: pa.array(keys, pa.binary()),
-        batch_api.KEY_GROUP: pa.array(kgs, pa.int32()),
-        batch_api.TIMESTAMP: pa.array(stamps, pa.int64()),
+        KEY_COLUMN: pa.array(keys, pa.binary()),
+        KEY_GROUP_COLUMN: pa.array(kgs, pa.int32()),
+        TIMESTAMP_COLUMN: pa.array(stamps, pa.int64()),
     })
 
 
@@ -653,7 +657,7 @@ def _run_batch_guarded(operator: BatchOperator, spec: TaskSpec, events: pa.Table
 
     ctx.watermark = spec.watermark_before
     if batch.num_rows:
-        keys = batch.column(batch_api.KEY)
+        keys = batch.column(KEY_COLUMN)
         # The batch is sorted by key: a key's rows are one run. Run number of every row.
         starts = np.concatenate([[True], pc.not_equal(keys.slice(1), keys.slice(0, len(keys) - 1))
                                  .to_numpy(zero_copy_only=False)]) if len(keys) > 1 else np.array([True])
@@ -693,7 +697,7 @@ def forwarded_schema(main_output: pa.Schema) -> pa.Schema:
     order), ``_kg`` and ``_range``."""
     return pa.schema([*main_output, pa.field(KEY_COLUMN, pa.binary()), pa.field(TIMESTAMP_COLUMN, pa.int64()),
                       pa.field(PART_COLUMN, pa.int32()), pa.field(OFFSET_COLUMN, pa.int64()),
-                      pa.field(KEY_GROUP_COLUMN, pa.int32()), pa.field(RANGE_COLUMN, pa.int32())])
+                      pa.field(KG_COLUMN, pa.int32()), pa.field(RANGE_COLUMN, pa.int32())])
 
 
 def _forward_table(values: pa.Table, keys: list, stamps: list, spec: TaskSpec) -> pa.Table:
@@ -704,7 +708,7 @@ def _forward_table(values: pa.Table, keys: list, stamps: list, spec: TaskSpec) -
     table = table.append_column(TIMESTAMP_COLUMN, pa.array(stamps, pa.int64()))
     table = table.append_column(PART_COLUMN, pa.array([spec.range_index] * len(keys), pa.int32()))
     table = table.append_column(OFFSET_COLUMN, pa.array(range(len(keys)), pa.int64()))
-    table = table.append_column(KEY_GROUP_COLUMN, pa.array(kgs, pa.int32()))
+    table = table.append_column(KG_COLUMN, pa.array(kgs, pa.int32()))
     return table.append_column(
         RANGE_COLUMN, pa.array(range_indexes_of(kgs, spec.next_key_groups, spec.next_parallelism), pa.int32())
     )

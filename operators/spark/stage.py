@@ -10,7 +10,7 @@
   partitioner is the exchange: shuffle partition r holds range r's batches.
 * **Event time.** Without watermark alignment each read task sends its summary to every
   range, ``(r, (SUMMARY, pickle))``, and each operator task computes the epoch's
-  watermark from them (``live.epoch_event_time``): the read stage and the first
+  watermark from them (``event_time.epoch_event_time``): the read stage and the first
   operator's stage are one Spark job. With alignment the summaries (which then carry
   event-time steps, up to ~32 KB each) go to one extra shuffle partition, ``META = P``;
   the driver runs a job on it alone (``SparkContext.runJob``), which runs the read stage

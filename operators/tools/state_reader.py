@@ -41,6 +41,7 @@ from typing import TextIO
 import pyarrow as pa
 
 from dkvstream.operators import paths
+from dkvstream.operators.api.columns import KEY_GROUP_COLUMN
 from dkvstream.operators.api.job import Job
 from dkvstream.operators.api.state import (
     SCHEMA_STATE,
@@ -161,14 +162,14 @@ def read_state(store: ObjectStore, job: Job, state_id: str, operator: str | None
     spec = specs[state_id]
     is_map, is_list = isinstance(spec, MapSpec), isinstance(spec, ListSpec)
     value_codec = spec.value_codec if is_map else spec.codec
-    cols: dict[str, list] = {"key_group": [], "subject_key": [], "state_id": [], "map_key": [], "value": []}
+    cols: dict[str, list] = {KEY_GROUP_COLUMN: [], "subject_key": [], "state_id": [], "map_key": [], "value": []}
     for _, _, k, v in checkpoint_entries(store, job.prefix, epoch, op.name):
         if k[2] != SCHEMA_STATE:
             continue
         kg, subject_key, sid, map_key = decode_state_key(k)
         if sid != state_id or not _in_range(subject_key, key_range):
             continue
-        cols["key_group"].append(kg)
+        cols[KEY_GROUP_COLUMN].append(kg)
         cols["subject_key"].append(subject_key)
         cols["state_id"].append(sid)
         if is_map:
@@ -176,7 +177,7 @@ def read_state(store: ObjectStore, job: Job, state_id: str, operator: str | None
         cols["value"].append([value_codec.arrow_value(e) for e in list_payload(v)] if is_list
                              else value_codec.arrow_value(v))
     value_type = pa.list_(value_codec.arrow_type) if is_list else value_codec.arrow_type
-    fields = [pa.field("key_group", pa.int32()), pa.field("subject_key", pa.binary()),
+    fields = [pa.field(KEY_GROUP_COLUMN, pa.int32()), pa.field("subject_key", pa.binary()),
               pa.field("state_id", pa.string())]
     if is_map:
         fields.append(pa.field("map_key", spec.key_codec.arrow_type))
@@ -196,7 +197,7 @@ def list_timers(store: ObjectStore, job: Job, operator: str | None = None, epoch
         Columns ``operator``, ``key_group`` (int32), ``timestamp`` (timestamp[ms, UTC])
         and ``subject_key`` (binary).
     """
-    rows: dict[str, list] = {"operator": [], "key_group": [], "timestamp": [], "subject_key": []}
+    rows: dict[str, list] = {"operator": [], KEY_GROUP_COLUMN: [], "timestamp": [], "subject_key": []}
     op_name = None if operator is None else _operator(job, operator).name
     for op, _, k, _ in checkpoint_entries(store, job.prefix, epoch, op_name):
         if k[2] != SCHEMA_TIMER:
@@ -207,7 +208,7 @@ def list_timers(store: ObjectStore, job: Job, operator: str | None = None, epoch
         for col, val in zip(rows, (op, kg, ts, subject_key)):
             rows[col].append(val)
     return pa.table(rows, schema=pa.schema([
-        pa.field("operator", pa.string()), pa.field("key_group", pa.int32()),
+        pa.field("operator", pa.string()), pa.field(KEY_GROUP_COLUMN, pa.int32()),
         pa.field("timestamp", pa.timestamp("ms", tz="UTC")), pa.field("subject_key", pa.binary())]))
 
 

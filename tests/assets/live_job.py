@@ -6,9 +6,9 @@ import pyarrow as pa
 from dagster_pyspark import PySparkResource
 
 from dkvstream.examples.synthetic import WINDOW_COUNT_SCHEMA, KeyWindowCount, SyntheticSource
+from dkvstream.operators.api.columns import INGEST_TIME_COLUMN
 from dkvstream.operators.api.job import Job
 from dkvstream.operators.io.sinks import ParquetSink
-from dkvstream.operators.io.sources import INGEST_TIME_COLUMN
 
 NAME = "live_small"
 PREFIX = f"jobs/{NAME}"

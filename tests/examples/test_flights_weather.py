@@ -28,10 +28,10 @@ from dkvstream.examples.flights_weather_oracle import (
     flights_weather_oracle,
     hourly_weather_delays,
 )
+from dkvstream.operators.api.columns import OFFSET_COLUMN
 from dkvstream.operators.api.job import Job
 from dkvstream.operators.api.operator import WATERMARK_MAX
 from dkvstream.operators.io.sinks import ParquetSink
-from dkvstream.operators.io.sources import OFFSET_COLUMN
 from dkvstream.operators.io.union import UnionSource
 from dkvstream.operators.runtime.driver import JobRunner
 from dkvstream.operators.tools.state_reader import checkpoint_entries

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dkvstream.operators.io.sources import OFFSET_COLUMN, Source
+from dkvstream.operators.api.columns import OFFSET_COLUMN
+from dkvstream.operators.io.sources import Source
 
 
 class TableSource(Source):

@@ -4,7 +4,10 @@ inside functions and under ``TYPE_CHECKING`` count too):
 * ``dkvstream.operators.api`` (what a job is written against) imports nothing from
   ``dkvstream.operators.runtime`` or ``dkvstream.operators.spark``, nor pyspark;
 * ``dkvstream.operators.runtime`` reaches Spark only through its exchange: it imports no pyspark,
-  and from ``dkvstream.operators.spark`` only ``SparkExchange`` (``dkvstream.operators.spark.stage``).
+  and from ``dkvstream.operators.spark`` only ``SparkExchange`` (``dkvstream.operators.spark.stage``);
+* event time (``dkvstream.operators.runtime.event_time``), which bounded and live jobs share,
+  imports nothing of the live loop (``dkvstream.operators.runtime.live``), and neither do the
+  read and exchange stages every job runs.
 """
 from __future__ import annotations
 
@@ -62,6 +65,13 @@ def test_runtime_reaches_spark_only_through_its_exchange(path: Path) -> None:
     assert not bad, ("dkvstream.operators.runtime reaches Spark only through "
                      "dkvstream.operators.spark.stage.SparkExchange:\n"
                      + "\n".join(bad))
+
+
+@pytest.mark.parametrize("name", ["event_time", "splits", "exchange"])
+def test_event_time_stands_apart_from_the_live_loop(name: str) -> None:
+    bad = offending(ROOT / "operators" / "runtime" / f"{name}.py", ("dkvstream.operators.runtime.live",))
+    assert not bad, ("event time and the stages every job runs must not depend on the live loop "
+                     "(dkvstream.operators.runtime.live):\n" + "\n".join(bad))
 
 
 def test_the_rules_see_a_forbidden_import(tmp_path: Path) -> None:

@@ -10,10 +10,10 @@ import time
 import pandas as pd
 import pyarrow as pa
 
+from dkvstream.operators.api.columns import INGEST_TIME_COLUMN, OFFSET_COLUMN
 from dkvstream.operators.api.job import Job
 from dkvstream.operators.api.operator import KeyedEvent, Operator, Subject
 from dkvstream.operators.io.sinks import ParquetSink
-from dkvstream.operators.io.sources import INGEST_TIME_COLUMN, OFFSET_COLUMN
 from dkvstream.operators.io.topics import TopicSource
 from dkvstream.operators.runtime.driver import JobRunner
 from dkvstream.storage.log import COMPACT, Log, TopicConfig

@@ -20,12 +20,13 @@ from dkvstream.examples.synthetic import (
     group_of,
     window_count_oracle,
 )
+from dkvstream.operators.api.columns import ERROR_COLUMN, RAW_VALUE_COLUMN
 from dkvstream.operators.api.job import Job
 from dkvstream.operators.api.operator import KeyedEvent, Operator, Subject
 from dkvstream.operators.errors import TooManyDeadLettersError
 from dkvstream.operators.io.dead_letter import REASONS, BadInputError, DeadLetter
 from dkvstream.operators.io.sinks import ParquetSink
-from dkvstream.operators.io.sources import ERROR_COLUMN, RAW_VALUE_COLUMN, Source
+from dkvstream.operators.io.sources import Source
 from dkvstream.operators.runtime.checkpoints import latest_checkpoint
 from dkvstream.operators.runtime.driver import JobRunner
 

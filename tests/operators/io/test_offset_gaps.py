@@ -12,7 +12,8 @@ import pytest
 
 from dkvstream.examples.keyed_count import keyed_count_job, keyed_count_oracle
 from dkvstream.examples.synthetic import SyntheticSource
-from dkvstream.operators.io.sources import INGEST_TIME_COLUMN, OFFSET_COLUMN, check_slice
+from dkvstream.operators.api.columns import INGEST_TIME_COLUMN, OFFSET_COLUMN
+from dkvstream.operators.io.sources import check_slice
 from dkvstream.operators.runtime.driver import JobRunner
 
 

@@ -7,7 +7,8 @@ import pickle
 import pyarrow as pa
 import pytest
 
-from dkvstream.operators.io.sources import OFFSET_COLUMN, check_slice
+from dkvstream.operators.api.columns import OFFSET_COLUMN
+from dkvstream.operators.io.sources import check_slice
 from dkvstream.operators.io.union import UnionSource
 from tests.operators.table_sources import TableSource
 

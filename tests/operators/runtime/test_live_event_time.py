@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 
 from dkvstream.examples.keyed_count import keyed_count_job, keyed_count_oracle
 from dkvstream.examples.synthetic import SyntheticSource
+from dkvstream.operators.api.columns import TIMESTAMP_COLUMN
 from dkvstream.operators.api.operator import WATERMARK_MAX, WATERMARK_MIN
-from dkvstream.operators.io.sources import TIMESTAMP_COLUMN
 from dkvstream.operators.runtime.checkpoints import JobCheckpoint, read_checkpoint
 from dkvstream.operators.runtime.driver import JobRunner
-from dkvstream.operators.runtime.live import (
+from dkvstream.operators.runtime.event_time import (
     EventTimeInputs,
     EventTimeSteps,
     alignment_cuts,
@@ -323,7 +323,7 @@ def test_alignment_cuts_each_slice_before_its_first_event_past_the_limit() -> No
 def test_event_time_steps_cut_before_the_first_event_past_the_limit(ts, limit) -> None:
     """A split's ``EventTimeSteps`` cut it at or before its first event past the limit
     (never after), and exactly there when it spans at most ``MAX_ALIGNMENT_STEPS`` ms."""
-    from dkvstream.operators.runtime.live import MAX_ALIGNMENT_STEPS
+    from dkvstream.operators.runtime.event_time import MAX_ALIGNMENT_STEPS
 
     ts = np.array(ts, np.int64)
     offsets = np.arange(100, 100 + len(ts), dtype=np.int64)

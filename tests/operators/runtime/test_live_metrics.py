@@ -150,7 +150,8 @@ def test_arrivals_over_plans_add_up_to_what_the_source_grew(growth, start, joins
     """``live.arrived`` between consecutive plans sums to the growth of the end offsets
     from the first plan to the last, a partition that appears later counting from where
     it is first read (oracle: the final ends minus the starts)."""
-    from dkvstream.operators.runtime.live import EpochPlan, arrived
+    from dkvstream.operators.runtime.event_time import EpochPlan
+    from dkvstream.operators.runtime.live import arrived
 
     parts = ["p0", "p1", "p2"][:3 - joins]
     late = ["p0", "p1", "p2"][3 - joins:]  # appear at the second plan

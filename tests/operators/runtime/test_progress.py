@@ -1,6 +1,6 @@
 """Progress of a run (``dkvstream.operators.runtime.progress``) and ``run_job``'s output: the readable
 line per epoch against the ``EpochResult``'s offsets and watermark, the progress numbers
-against a hand computation and against ``live.plan_epoch`` itself, and ``--json``'s lines
+against a hand computation and against ``event_time.plan_epoch`` itself, and ``--json``'s lines
 as scripts parse them."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dkvstream.operators.runtime import live
 from dkvstream.operators.runtime.driver import EpochResult
+from dkvstream.operators.runtime.event_time import plan_epoch
 from dkvstream.operators.runtime.progress import ProgressTracker, epoch_line, epochs_left, format_duration
 from dkvstream.operators.tools import run_job
 
@@ -45,12 +45,12 @@ def test_epochs_left_by_hand() -> None:
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(0, 2_000), min_size=1, max_size=6), st.integers(1, 700))
 def test_epochs_left_is_what_plan_epoch_takes(left, events_per_epoch) -> None:
-    """The oracle: plan epochs with ``live.plan_epoch`` until nothing is left."""
+    """The oracle: plan epochs with ``event_time.plan_epoch`` until nothing is left."""
     parts = [f"p{i}" for i in range(len(left))]
     committed, ends = dict.fromkeys(parts, 0), dict(zip(parts, left))
     epochs = 0
     while any(committed[p] < ends[p] for p in parts):
-        plan = live.plan_epoch(committed, ends, dict.fromkeys(parts, 0), {}, now_ms=0,
+        plan = plan_epoch(committed, ends, dict.fromkeys(parts, 0), {}, now_ms=0,
                                events_per_epoch=events_per_epoch, bounded=True)
         committed = {p: end for p, (_, end) in plan.offsets.items()}
         epochs += 1

@@ -22,12 +22,12 @@ import pytest
 
 from dkvstream.examples.synthetic import SyntheticSource
 from dkvstream.operators.api.batch import BatchContext, BatchOperator
+from dkvstream.operators.api.columns import ERROR_COLUMN, RAW_VALUE_COLUMN
 from dkvstream.operators.api.job import Job
 from dkvstream.operators.api.operator import KeyedEvent, Operator, Subject
 from dkvstream.operators.errors import JobFailedError
 from dkvstream.operators.io import sources
 from dkvstream.operators.io.sinks import ParquetSink
-from dkvstream.operators.io.sources import ERROR_COLUMN, RAW_VALUE_COLUMN
 from dkvstream.operators.runtime.driver import JobRunner
 
 DAY_MS = 86_400_000
