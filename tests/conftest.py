@@ -72,6 +72,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=f"{why}: select it with -m slow"))
 
 
+@pytest.fixture(autouse=True)
+def _faults_disarmed():
+    """No fault point armed, callback or trace outlives the test that set it
+    (``dkvstream.storage.faults``: the registry is per process)."""
+    yield
+    from dkvstream.storage import faults
+
+    faults.disarm_all()
+
+
 @pytest.fixture(scope="session")
 def spark():
     """A local[2] SparkSession shared by the whole run (starting one takes 10-20 s)."""

@@ -114,11 +114,6 @@ from dkvstream.storage.objectstore import ObjectStore, open_object_store, subtra
 
 log = logging.getLogger(__name__)
 
-# Fault injection for crash tests: called with (point, epoch); points are
-# "after_tasks" (tasks done, nothing committed), "after_commit" (committed, not
-# published) and "before_cleanup" (published, retention not applied). Raising there
-# simulates a driver crash at that step; blocking there pauses the driver.
-Failpoint = Callable[[str, int], None]
 
 
 @dataclass
@@ -186,7 +181,6 @@ class JobRunner:
             pickled (its configuration, e.g. an S3 endpoint and credentials), so they use
             the same store as the driver whatever their environment.
         dkv_options: DKV tuning passed to every task.
-        failpoint: fault injection for tests (see ``Failpoint``).
         retain_checkpoints: keep this many newest checkpoints and, after each epoch,
             delete older ones and the files only they named (``dkvstream.operators.runtime.cleanup``);
             None keeps everything. Incremental: a few requests per epoch whatever the
@@ -212,7 +206,7 @@ class JobRunner:
     """
 
     def __init__(self, job: Job, spark, store: ObjectStore | str = ".dkvstream",
-                 dkv_options: DKVOptions | None = None, failpoint: Failpoint | None = None,
+                 dkv_options: DKVOptions | None = None,
                  retain_checkpoints: int | None = 10, full_sweep_every: int | None = 100,
                  verify_restart: str = "names",
                  clock: Callable[[], float] = time.time) -> None:
@@ -226,7 +220,6 @@ class JobRunner:
         # In-process tasks keep their ranges' DKV open between epochs, as Spark workers do:
         # one per range and operator of this job at most (``close`` closes them).
         self._open_state = OpenState(capacity=sum(job.parallelism_of(op.name) for op in job.operators))
-        self.failpoint = failpoint or (lambda point, epoch: None)
         if retain_checkpoints is not None and retain_checkpoints < 1:
             raise ValueError(f"retain_checkpoints must be >= 1 or None, got {retain_checkpoints}")
         self.retain_checkpoints = retain_checkpoints
@@ -419,7 +412,7 @@ class JobRunner:
         flushes = pending_flush_requests(self.store, self.job.prefix)
         lease = acquire_lease(self.store, self.job.prefix, ckpt.epoch + 1)
         try:
-            fault_point("epoch_planned")
+            fault_point("epoch_planned", epoch=ckpt.epoch + 1)
             result, ckpt = self._run_epoch(ckpt, plan, flush=bool(flushes), drain=drain)
         except BaseException:
             # The epoch's own error is the one to report: with the store down,
@@ -427,7 +420,7 @@ class JobRunner:
             with contextlib.suppress(Exception):
                 release_lease(self.store, self.job.prefix, lease)
             raise
-        fault_point("after_cleanup")
+        fault_point("after_cleanup", epoch=result.epoch)
         release_lease(self.store, self.job.prefix, lease)
         consume_flush_requests(self.store, flushes)
         return result, ckpt
@@ -556,8 +549,7 @@ class JobRunner:
         plan = event_time.plan
         received = self._exchange.bytes_received
         self._exchange = None  # the epoch's events are no longer needed
-        self.failpoint("after_tasks", epoch)
-        fault_point("after_tasks")
+        fault_point("after_tasks", epoch=epoch)
         outputs, checksums = _staged_outputs(results[self.job.operators[-1].name])
         outputs.update(self._stage_dead_letters())
         checksums.update(self._dead_letter_checksums(results))
@@ -594,12 +586,10 @@ class JobRunner:
         if self._retention is not None:  # retention hook
             self._retention.committed(new)
         self._previous_plan_ms, self._previous_plan_ends = plan.planned_at_ms, plan.ends
-        self.failpoint("after_commit", epoch)
-        fault_point("after_commit")
+        fault_point("after_commit", epoch=epoch)
         published = self._publish(new)
         published_live = live_metrics(now_ms=self._now_ms())  # after the publish
-        self.failpoint("before_cleanup", epoch)
-        fault_point("before_cleanup")
+        fault_point("before_cleanup", epoch=epoch)
         self._apply_retention()
         seconds = time.perf_counter() - started
         log.info("job %s: committed epoch %d (%d events, %d dead letters, watermark %d, %.1f s)",
@@ -810,7 +800,7 @@ class JobRunner:
         for name, staged in ckpt.outputs.items():
             published += self.job.output_sink(name).publish_in_tasks(self.store, self.job.prefix, ckpt.epoch,
                                                                      staged, self._map_in_tasks)
-            fault_point("publish_file")
+            fault_point("publish_file", epoch=ckpt.epoch)
         return published
 
     def _republish(self, ckpt: JobCheckpoint) -> list[str]:

@@ -355,9 +355,11 @@ def _run_events(operator: Operator, spec: TaskSpec, events: pa.Table, subject: _
                 timers: TimerService, dead: operator_errors.DeadLetterRows | None = None
                 ) -> tuple[int, int, Emitted]:
     """The ``on_event`` form: one call per event in event-time order, then per due timer.
-    With ``dead``, each call is guarded (``_run_events_guarded``)."""
-    if dead is not None:
-        return _run_events_guarded(operator, spec, events, subject, timers, dead)
+
+    What happens when a handler raises is the policy's: without ``dead``, ``_RaiseEventErrors``
+    (the plain path, which calls the handlers themselves); with ``dead``, ``_DeadLetterEvents``
+    (``subject`` and ``timers`` then act on a ``WriteBuffer``).
+    """
     krange = spec.key_group_range
     events = _sorted_events(events)
     value_columns = [c for c in events.column_names if c not in INTERNAL_COLUMNS]
@@ -365,10 +367,11 @@ def _run_events(operator: Operator, spec: TaskSpec, events: pa.Table, subject: _
     stamps = events.column(TIMESTAMP_COLUMN).to_pylist()
     groups = events.column(KG_COLUMN).to_pylist()
     values = events.select(value_columns).to_pylist()
+    policy = (_RaiseEventErrors(operator, spec, events, values) if dead is None
+              else _DeadLetterEvents(operator, subject, timers, dead))
 
-    on_event = operator.on_event
+    on_event = policy.handler(operator.on_event)
     point_at = subject._point_at
-    fail = spec.on_operator_error == "fail"
     subject.watermark = spec.watermark_before
     for key, ts, kg, value in zip(keys, stamps, groups, values):
         if kg not in krange:
@@ -378,30 +381,119 @@ def _run_events(operator: Operator, spec: TaskSpec, events: pa.Table, subject: _
         try:  # free until it raises (Python 3.11's zero-cost exceptions)
             on_event(subject, KeyedEvent(key, ts, value))
         except Exception as e:
-            if not fail or not operator_errors.attributable(e):
-                raise  # "dead_letter": run_task reruns the epoch guarded
-            # The row it raised on: its value dict is that very object (found only on failure).
-            row = next(i for i, v in enumerate(values) if v is value)
-            raise _event_error(operator, spec, "on_event", e, events, row) from e
+            policy.event_raised(e, value)
+    policy.events_done(events, value_columns, values)
 
+    on_timer = policy.handler(operator.on_timer_expired)
     timers_fired = 0
     subject.watermark = spec.watermark_after
     for ts, kg, key in timers.due(spec.watermark_after):
         point_at(key, kg)
         subject.timestamp = ts
         try:
-            operator.on_timer_expired(subject, ts)
+            on_timer(subject, ts)
         except Exception as e:
-            if not fail or not operator_errors.attributable(e):
-                raise
-            raise operator_errors.timer_error(operator, "on_timer_expired", e, key=key, timestamp=ts) from e
+            policy.timer_raised(e, key, ts)
         timers_fired += 1
+    policy.timers_done()
     emitted = {
         name: (_emitted_table(operator, name, [r[2] for r in rows]),
                [r[0] for r in rows], [r[1] for r in rows])
         for name, rows in subject._emitted.items()
     }
     return len(keys), timers_fired, emitted
+
+
+class _RaiseEventErrors:
+    """The ``on_event`` form's plain policy: a handler's exception ends the run. Under
+    ``on_operator_error="fail"`` it is named (an ``OperatorError`` whose ``__cause__`` it
+    is); under ``"dead_letter"`` it propagates as is, and ``run_task`` reruns the epoch
+    with ``_DeadLetterEvents``. The handlers are called unwrapped: no cost per event."""
+
+    def __init__(self, operator: Operator, spec: TaskSpec, events: pa.Table, values: list[dict]) -> None:
+        self._operator, self._spec, self._events, self._values = operator, spec, events, values
+        self._name = spec.on_operator_error == "fail"
+
+    @staticmethod
+    def handler(fn):
+        return fn
+
+    def event_raised(self, e: Exception, value: dict) -> None:
+        if not self._name or not operator_errors.attributable(e):
+            raise e
+        # The row it raised on: its value dict is that very object (found only on failure).
+        row = next(i for i, v in enumerate(self._values) if v is value)
+        raise _event_error(self._operator, self._spec, "on_event", e, self._events, row) from e
+
+    def timer_raised(self, e: Exception, key: bytes, timestamp: int) -> None:
+        if not self._name or not operator_errors.attributable(e):
+            raise e
+        raise operator_errors.timer_error(self._operator, "on_timer_expired", e, key=key, timestamp=timestamp) from e
+
+    def events_done(self, events: pa.Table, value_columns: list[str], values: list[dict]) -> None:
+        pass
+
+    def timers_done(self) -> None:
+        pass
+
+
+class _DeadLetterEvents:
+    """The ``on_event`` form's ``"dead_letter"`` policy: each call's writes, timers and
+    emitted rows are kept only if it returns; the events and timers it raises on go to
+    ``dead``. The subject and timers act on a ``WriteBuffer``
+    (``dkvstream.operators.runtime.operator_errors``); an error that is not the event's
+    (``operator_errors.attributable``) still ends the run."""
+
+    def __init__(self, operator: Operator, subject: _TaskSubject, timers: TimerService,
+                 dead: operator_errors.DeadLetterRows) -> None:
+        self._operator, self._subject, self._timers, self._dead = operator, subject, timers, dead
+        self._buffer: operator_errors.WriteBuffer = subject._db  # type: ignore[assignment]
+        self._failed: list[tuple[dict, BaseException]] = []
+        self._bad_timers: list[tuple[bytes, int, BaseException]] = []
+
+    def handler(self, fn):
+        """``fn`` guarded: what a call did is undone if it raises."""
+        operator, buffer, timers, emitted_rows = self._operator, self._buffer, self._timers, self._subject._emitted
+
+        def guarded(subject: _TaskSubject, arg) -> None:
+            buffer.commit()  # a due timer's own deletion: it is consumed whatever its handler does
+            marks = {name: len(rows) for name, rows in emitted_rows.items()}
+            try:
+                fn(subject, arg)
+                # Rows of the wrong type fail this call, not the whole output at the end.
+                for name, rows in emitted_rows.items():
+                    if len(rows) > marks[name]:
+                        _emitted_table(operator, name, [r[2] for r in rows[marks[name]:]])
+            except Exception as e:
+                if operator_errors.attributable(e, buffer):
+                    for name, rows in emitted_rows.items():
+                        del rows[marks[name]:]
+                    timers.undo(buffer.discard(), buffer.stored)
+                raise
+            buffer.commit()
+
+        return guarded
+
+    def event_raised(self, e: Exception, value: dict) -> None:
+        if not operator_errors.attributable(e, self._buffer):
+            raise e
+        self._failed.append((value, e))
+
+    def timer_raised(self, e: Exception, key: bytes, timestamp: int) -> None:
+        if not operator_errors.attributable(e, self._buffer):
+            raise e
+        self._bad_timers.append((key, timestamp, e))
+
+    def events_done(self, events: pa.Table, value_columns: list[str], values: list[dict]) -> None:
+        # Rows by the identity of their value dicts (all alive in ``values``): one pass.
+        row_of = {id(v): i for i, v in enumerate(values)} if self._failed else {}
+        failed = {row_of[id(value)]: e for value, e in self._failed}
+        self._dead.events(events, value_columns, failed, "on_event", PART_COLUMN)
+
+    def timers_done(self) -> None:
+        self._buffer.commit()
+        bad = self._bad_timers
+        self._dead.timers([t[0] for t in bad], [t[1] for t in bad], [t[2] for t in bad], "on_timer_expired")
 
 
 def _event_error(operator: Operator, spec: TaskSpec, handler: str, e: BaseException, events: pa.Table,
@@ -420,13 +512,13 @@ def _batch_error(operator: BatchOperator, spec: TaskSpec, events: pa.Table, stor
                  dkv_options: DKVOptions | None, error: BaseException) -> OperatorError:
     """The ``OperatorError`` of a vectorised handler that raised ``error`` under
     ``on_operator_error="fail"``: the range is reopened at the previous checkpoint and run
-    as under ``"dead_letter"`` (``_run_batch_guarded``), and the first event or timer set
+    as under ``"dead_letter"`` (``_IsolatingBatchCalls``), and the first event or timer set
     aside is named. Nothing of that run is kept."""
     db = _open_range(spec, store, state_prefix, dkv_options)
     dead = operator_errors.DeadLetterRows(operator, spec.epoch, spec.input_name, spec.input_partitions)
     buffer = operator_errors.WriteBuffer(db)
     try:
-        _run_batch_guarded(operator, spec, events, buffer, TimerService(buffer, spec.key_group_range), dead)
+        _run_batch(operator, spec, events, buffer, TimerService(buffer, spec.key_group_range), dead)
         found, why = dead.first(), "a rerun raised on none"
     except Exception as e:  # noqa: BLE001 - the search's own failure is reported with the original error
         found, why = None, f"{type(e).__name__}: {' '.join(str(e).split())}"
@@ -441,73 +533,6 @@ def _batch_error(operator: BatchOperator, spec: TaskSpec, events: pa.Table, stor
         return operator_errors.timer_error(operator, handler, e, key=row["key"], timestamp=row["timestamp"])
     return operator_errors.event_error(operator, handler, e, key=row["key"], timestamp=row["timestamp"],
                                        source=spec.input_name, partition=row["partition"], offset=row["offset"])
-
-
-def _run_events_guarded(operator: Operator, spec: TaskSpec, events: pa.Table, subject: _TaskSubject,
-                        timers: TimerService, dead: operator_errors.DeadLetterRows) -> tuple[int, int, Emitted]:
-    """``_run_events`` with each call's writes, timers and emitted rows kept only if it
-    returns; the events and timers it raises on go to ``dead``. ``subject`` acts on a
-    ``WriteBuffer`` (``dkvstream.operators.runtime.operator_errors``), as does ``timers``."""
-    krange = spec.key_group_range
-    buffer: operator_errors.WriteBuffer = subject._db  # type: ignore[assignment]
-    events = _sorted_events(events)
-    value_columns = [c for c in events.column_names if c not in INTERNAL_COLUMNS]
-    keys = events.column(KEY_COLUMN).to_pylist()
-    stamps = events.column(TIMESTAMP_COLUMN).to_pylist()
-    groups = events.column(KG_COLUMN).to_pylist()
-    values = events.select(value_columns).to_pylist()
-    emitted_rows = subject._emitted
-
-    def guarded(handler, *args) -> BaseException | None:
-        marks = {name: len(rows) for name, rows in emitted_rows.items()}
-        try:
-            handler(subject, *args)
-            # Rows of the wrong type fail this call, not the whole output at the end.
-            for name, rows in emitted_rows.items():
-                if len(rows) > marks[name]:
-                    _emitted_table(operator, name, [r[2] for r in rows[marks[name]:]])
-        except Exception as e:
-            if not operator_errors.attributable(e, buffer):
-                raise
-            for name, rows in emitted_rows.items():
-                del rows[marks[name]:]
-            timers.undo(buffer.discard(), buffer.stored)
-            return e
-        buffer.commit()
-        return None
-
-    failed: dict[int, BaseException] = {}
-    subject.watermark = spec.watermark_before
-    for i, (key, ts, kg, value) in enumerate(zip(keys, stamps, groups, values)):
-        if kg not in krange:
-            raise ValueError(f"key {key!r} (key group {kg}) routed to task of {krange.label}")
-        subject._point_at(key, kg)
-        subject.timestamp = ts
-        err = guarded(operator.on_event, KeyedEvent(key, ts, value))
-        if err is not None:
-            failed[i] = err
-    dead.events(events, value_columns, failed, "on_event", PART_COLUMN)
-
-    timers_fired = 0
-    subject.watermark = spec.watermark_after
-    bad_timers: list[tuple[bytes, int, BaseException]] = []
-    for ts, kg, key in timers.due(spec.watermark_after):
-        buffer.commit()  # the timer's own deletion: it is consumed whatever its handler does
-        subject._point_at(key, kg)
-        subject.timestamp = ts
-        err = guarded(operator.on_timer_expired, ts)
-        if err is not None:
-            bad_timers.append((key, ts, err))
-        timers_fired += 1
-    buffer.commit()
-    dead.timers([t[0] for t in bad_timers], [t[1] for t in bad_timers], [t[2] for t in bad_timers],
-                "on_timer_expired")
-    emitted = {
-        name: (_emitted_table(operator, name, [r[2] for r in rows]),
-               [r[0] for r in rows], [r[1] for r in rows])
-        for name, rows in emitted_rows.items()
-    }
-    return len(keys), timers_fired, emitted
 
 
 def _emitted_table(operator: Operator, output: str, rows: list[dict]) -> pa.Table:
@@ -589,39 +614,62 @@ def _run_batch(operator: BatchOperator, spec: TaskSpec, events: pa.Table, db: DK
                timers: TimerService, dead: operator_errors.DeadLetterRows | None = None
                ) -> tuple[int, int, Emitted]:
     """The vectorised form: ``on_batch`` once with the range's events sorted by (key,
-    time), then ``on_timers`` with due timers until none is due. With ``dead``, the
-    calls are guarded (``_run_batch_guarded``)."""
-    if dead is not None:
-        return _run_batch_guarded(operator, spec, events, db, timers, dead)
-    events, _, batch = _batch_input(spec, events)
+    time), then ``on_timers`` with due timers until none is due.
+
+    How the handlers are called is the policy's: without ``dead``, ``_DirectBatchCalls``
+    (an exception propagates; ``run_task`` names its row); with ``dead``,
+    ``_IsolatingBatchCalls`` (``db`` is then a ``WriteBuffer`` over the range's DKV at the
+    previous checkpoint, and ``timers`` writes through it).
+    """
+    events, value_columns, batch = _batch_input(spec, events)
     ctx = BatchContext(db, timers, operator.outputs, operator.name)
+    calls = _DirectBatchCalls(operator, ctx) if dead is None else _IsolatingBatchCalls(operator, ctx, db, timers, dead)
     ctx.watermark = spec.watermark_before
     if batch.num_rows:
-        operator.on_batch(ctx, batch)
+        calls.on_batch(batch, events, value_columns)
     ctx.watermark = spec.watermark_after
     timers_fired = 0
     while True:
         # Timers the handler sets show up next round.
         stamps, due_kgs, due_keys = timers.pop_due_columns(spec.watermark_after)
+        calls.timers_consumed()
         if not stamps:
             break
         timers_fired += len(stamps)
-        operator.on_timers(ctx, _timer_table(stamps, due_kgs, due_keys))
+        calls.on_timers(stamps, due_kgs, due_keys)
     return batch.num_rows, timers_fired, _batch_emitted(operator, ctx)
 
 
-def _run_batch_guarded(operator: BatchOperator, spec: TaskSpec, events: pa.Table,
-                       buffer: operator_errors.WriteBuffer, timers: TimerService,
-                       dead: operator_errors.DeadLetterRows) -> tuple[int, int, Emitted]:
-    """``_run_batch`` that finds the rows ``on_batch`` and ``on_timers`` raise on, sends
-    them to ``dead`` and runs the handler on the other rows (the search:
-    ``operator_errors.isolate``). ``buffer`` is a ``WriteBuffer`` over the range's DKV
-    at the previous checkpoint; ``timers`` writes through it."""
-    events, value_columns, batch = _batch_input(spec, events)
-    ctx = BatchContext(buffer, timers, operator.outputs, operator.name)
+class _DirectBatchCalls:
+    """The vectorised form's plain policy: each handler is called once, on all its rows."""
 
-    def call(handler, table: pa.Table, keep: bool) -> BaseException | None:
+    def __init__(self, operator: BatchOperator, ctx: BatchContext) -> None:
+        self._operator, self._ctx = operator, ctx
+
+    def on_batch(self, batch: pa.Table, events: pa.Table, value_columns: list[str]) -> None:
+        self._operator.on_batch(self._ctx, batch)
+
+    def timers_consumed(self) -> None:
+        pass
+
+    def on_timers(self, stamps: list, due_kgs: list, due_keys: list) -> None:
+        self._operator.on_timers(self._ctx, _timer_table(stamps, due_kgs, due_keys))
+
+
+class _IsolatingBatchCalls:
+    """The vectorised form's ``"dead_letter"`` policy: finds the rows ``on_batch`` and
+    ``on_timers`` raise on (the search: ``operator_errors.isolate``), sends them to
+    ``dead`` and runs the handler on the other rows. What a call did is kept only if it
+    returned on the rows kept; an error that is not the rows' (``operator_errors.attributable``)
+    ends the run."""
+
+    def __init__(self, operator: BatchOperator, ctx: BatchContext, buffer: operator_errors.WriteBuffer,
+                 timers: TimerService, dead: operator_errors.DeadLetterRows) -> None:
+        self._operator, self._ctx, self._buffer, self._timers, self._dead = operator, ctx, buffer, timers, dead
+
+    def _call(self, handler, table: pa.Table, keep: bool) -> BaseException | None:
         """``handler(ctx, table)``; what it did is kept only if ``keep`` and it returned."""
+        ctx, buffer = self._ctx, self._buffer
         marks = {name: len(parts) for name, parts in ctx.emitted.items()}
         try:
             handler(ctx, table)
@@ -637,26 +685,25 @@ def _run_batch_guarded(operator: BatchOperator, spec: TaskSpec, events: pa.Table
         else:
             for name, parts in ctx.emitted.items():
                 del parts[marks[name]:]
-            timers.undo(buffer.discard(), buffer.stored)
+            self._timers.undo(buffer.discard(), buffer.stored)
         return err
 
-    def run_isolating(handler, table: pa.Table, groups_of, what: str) -> dict[int, BaseException]:
+    def _run_isolating(self, handler, table: pa.Table, groups_of, what: str) -> dict[int, BaseException]:
         """Runs ``handler`` on the rows of ``table`` it does not raise on (kept); returns
         the others, ``{row: exception}``."""
         bad: dict[int, BaseException] = {}
         rows = np.arange(table.num_rows)
-        err = call(handler, table, keep=True)
+        err = self._call(handler, table, keep=True)
         while err is not None:
             found = operator_errors.isolate(
-                groups_of(rows), lambda idx: call(handler, table.take(pa.array(idx)), keep=False), err,
-                f"operator {operator.name} {what}")
+                groups_of(rows), lambda idx: self._call(handler, table.take(pa.array(idx)), keep=False), err,
+                f"operator {self._operator.name} {what}")
             bad.update(found)
             rows = np.setdiff1d(rows, np.fromiter(found, np.int64, len(found)))
-            err = call(handler, table.take(pa.array(rows)), keep=True) if len(rows) else None
+            err = self._call(handler, table.take(pa.array(rows)), keep=True) if len(rows) else None
         return bad
 
-    ctx.watermark = spec.watermark_before
-    if batch.num_rows:
+    def on_batch(self, batch: pa.Table, events: pa.Table, value_columns: list[str]) -> None:
         keys = batch.column(KEY_COLUMN)
         # The batch is sorted by key: a key's rows are one run. Run number of every row.
         starts = np.concatenate([[True], pc.not_equal(keys.slice(1), keys.slice(0, len(keys) - 1))
@@ -667,28 +714,24 @@ def _run_batch_guarded(operator: BatchOperator, spec: TaskSpec, events: pa.Table
             cuts = np.flatnonzero(np.diff(run_of[rows])) + 1
             return np.split(rows, cuts)
 
-        bad = run_isolating(operator.on_batch, batch, key_runs, "on_batch")
-        dead.events(events, value_columns, bad, "on_batch", PART_COLUMN)
-    ctx.watermark = spec.watermark_after
-    timers_fired = 0
-    while True:
-        stamps, due_kgs, due_keys = timers.pop_due_columns(spec.watermark_after)
-        buffer.commit()  # the due timers are consumed whatever their handler does
-        if not stamps:
-            break
-        timers_fired += len(stamps)
+        bad = self._run_isolating(self._operator.on_batch, batch, key_runs, "on_batch")
+        self._dead.events(events, value_columns, bad, "on_batch", PART_COLUMN)
 
-        def timer_keys(rows: np.ndarray, due_keys=due_keys, due_kgs=due_kgs) -> list[np.ndarray]:
+    def timers_consumed(self) -> None:
+        self._buffer.commit()  # the due timers are consumed whatever their handler does
+
+    def on_timers(self, stamps: list, due_kgs: list, due_keys: list) -> None:
+        def timer_keys(rows: np.ndarray) -> list[np.ndarray]:
             by_key: dict[tuple[int, bytes], list[int]] = {}
             for r in rows.tolist():
                 by_key.setdefault((due_kgs[r], due_keys[r]), []).append(r)
             return [np.asarray(v) for v in by_key.values()]
 
-        bad = run_isolating(operator.on_timers, _timer_table(stamps, due_kgs, due_keys), timer_keys, "on_timers")
+        bad = self._run_isolating(self._operator.on_timers, _timer_table(stamps, due_kgs, due_keys), timer_keys,
+                                  "on_timers")
         order = sorted(bad)
-        dead.timers([due_keys[i] for i in order], [stamps[i] for i in order], [bad[i] for i in order],
-                    "on_timers")
-    return batch.num_rows, timers_fired, _batch_emitted(operator, ctx)
+        self._dead.timers([due_keys[i] for i in order], [stamps[i] for i in order], [bad[i] for i in order],
+                          "on_timers")
 
 
 def forwarded_schema(main_output: pa.Schema) -> pa.Schema:

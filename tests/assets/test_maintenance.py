@@ -17,6 +17,7 @@ from dkvstream.operators.runtime.checkpoints import latest_checkpoint, list_epoc
 from dkvstream.operators.runtime.cleanup import cleanup_job
 from dkvstream.operators.runtime.control import acquire_lease, pending_flush_requests
 from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.storage import faults
 from dkvstream.storage.dkv.compaction import plan_compaction
 from dkvstream.storage.dkv.gc import files_named_by
 from dkvstream.storage.dkv.manifest import load_manifest
@@ -40,9 +41,8 @@ def _output(runner: JobRunner):
     return table.sort_by([(c, "ascending") for c in table.column_names])
 
 
-def _runner(root: Path, dkv: DKVSettingsResource = SMALL_DKV, failpoint=None) -> JobRunner:
-    return JobRunner(small_job(), None, str(root), dkv_options=dkv.options(), retain_checkpoints=None,
-                     failpoint=failpoint)
+def _runner(root: Path, dkv: DKVSettingsResource = SMALL_DKV) -> JobRunner:
+    return JobRunner(small_job(), None, str(root), dkv_options=dkv.options(), retain_checkpoints=None)
 
 
 def _resources(root: Path, dkv: DKVSettingsResource = SMALL_DKV) -> dict:
@@ -130,10 +130,10 @@ def test_cleanup_during_an_epoch_in_flight(tmp_path, concurrent) -> None:
     reports = []
 
     def cleanup_mid_epoch(point: str, epoch: int) -> None:
-        if point == "after_tasks" and epoch == 3:
-            reports.append(cleanup_job(runner.store, PREFIX, 1, concurrent=concurrent))
+        reports.append(cleanup_job(runner.store, PREFIX, 1, concurrent=concurrent))
 
-    _runner(tmp_path, failpoint=cleanup_mid_epoch).run(max_epochs=1)
+    faults.arm("after_tasks", action=cleanup_mid_epoch, epoch=3)
+    _runner(tmp_path).run(max_epochs=1)
     [report] = reports
     newest = latest_checkpoint(runner.store, PREFIX)
     verified = verify_checkpoint(runner.store, PREFIX, newest)

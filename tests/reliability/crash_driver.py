@@ -50,7 +50,7 @@ class FailsOnFirstAttempt(KeyedWindowCountBatch):
         if tc is not None and tc.attemptNumber() == 0:
             Path(self.log_dir, f"stage{tc.stageId()}-part{tc.partitionId()}").touch()
             if tc.partitionId() % 2 == 0:
-                def fail(point: str) -> None:
+                def fail(point: str, epoch: int | None) -> None:
                     raise RuntimeError(f"injected failure of attempt 0 at {point}")
                 worker_faults.arm("task_after_checkpoint", 1, fail)  # one shot, this task
             else:
@@ -59,7 +59,7 @@ class FailsOnFirstAttempt(KeyedWindowCountBatch):
 
 
 def _barrier(ready: str, go: str):
-    def wait(point: str) -> None:
+    def wait(point: str, epoch: int | None) -> None:
         Path(ready).touch()
         while not os.path.exists(go):
             time.sleep(0.01)

@@ -17,6 +17,7 @@ import pytest
 from dkvstream.operators.errors import JobFencedError
 from dkvstream.operators.runtime.checkpoints import list_epochs
 from dkvstream.operators.runtime.recovery import check_checkpoint
+from dkvstream.storage import faults
 from tests.operators import small_keyed_count as small
 from tests.reliability import harness
 
@@ -89,7 +90,7 @@ def test_unsynchronised_drivers_never_both_commit(reference, tmp_path) -> None:
 # ----------------------------------------------------------------------------------------
 # Two drivers in one process, interleaved step by step (no sleeps): each runs in its own
 # thread, but only one runs at a time. A driver stops at the (point, epoch) the schedule
-# names in its failpoint and waits there until the schedule resumes it; in between, the
+# names at a fault point and waits there until the schedule resumes it; in between, the
 # other one runs. Retention 1 and 2: the lagging driver falls behind by at least the
 # retention count, so the checkpoint it is about to commit was deleted (the gap the
 # put-if-absent fence alone does not close).
@@ -115,7 +116,9 @@ class _Driver:
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def _failpoint(self, point: str, epoch: int) -> None:
+    def _at_point(self, point: str, epoch: int | None) -> None:
+        if threading.current_thread() is not self._thread:
+            return  # the other driver's
         if point == "after_commit":
             self.commits.append((epoch, self.name))
         if (point, epoch) in self.stops:
@@ -129,9 +132,10 @@ class _Driver:
     def _main(self) -> None:
         try:
             for attempt in range(self.restarts + 1):
-                runner = small.runner(self.root, retain=self.retain, failpoint=self._failpoint)
+                runner = small.runner(self.root, retain=self.retain)
                 try:
-                    runner.run()
+                    with faults.callback(self._at_point):
+                        runner.run()
                     return
                 except JobFencedError as e:
                     self.fenced.append(str(e))

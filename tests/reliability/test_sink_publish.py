@@ -22,6 +22,7 @@ from dkvstream.operators.errors import RecoveryRefusedError
 from dkvstream.operators.io.dead_letter import DEAD_LETTER_OUTPUT
 from dkvstream.operators.runtime.checkpoints import read_checkpoint
 from dkvstream.storage.objectstore import local as local_store
+from tests.crashes import Crash, crash_at
 
 EVENTS = pa.table({"key": [b"a", b"b", b"a", b"c", b"a", b"b"], "amount": [5, 7, 2, 9, 8, 1],
                    "timestamp": [1_000, 2_000, 3_000, 4_000, 5_000, 6_000]})
@@ -85,13 +86,6 @@ def _pyarrow_rows(root: Path) -> list[tuple]:
 
 def _files(root: Path) -> list[str]:
     return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
-
-
-def _crash_after_commit(epoch: int):
-    def failpoint(point: str, e: int) -> None:
-        if point == "after_commit" and e == epoch:
-            raise RuntimeError(f"crash after committing epoch {e}")
-    return failpoint
 
 
 def test_readme_job_run_three_times_publishes_each_row_once(tmp_path: Path) -> None:
@@ -211,8 +205,8 @@ def test_damaged_staged_file_of_an_unpublished_epoch_is_recomputed(mode: str, tm
     the file, and computes epoch 3 again; readers see each row once."""
     root = tmp_path / "store"
     job = _job()
-    with pytest.raises(RuntimeError, match="crash after committing epoch 3"):
-        JobRunner(job, None, str(root), failpoint=_crash_after_commit(3)).run()
+    with crash_at("after_commit", 3), pytest.raises(Crash):
+        JobRunner(job, None, str(root)).run()
     runner = JobRunner(job, None, str(root), verify_restart=mode)
     staged = _staged_key(runner, 3)
     runner.store.put(staged, _damaged(runner.store.get(staged), "bit flip"))
@@ -231,8 +225,8 @@ def test_damaged_staged_file_of_a_partly_published_epoch_is_refused(tmp_path: Pa
     says, the restart recomputes it and readers see each row once."""
     root = tmp_path / "store"
     job = _job(TWO_FILES)
-    with pytest.raises(RuntimeError, match="crash after committing epoch 2"):
-        JobRunner(job, None, str(root), failpoint=_crash_after_commit(2)).run()
+    with crash_at("after_commit", 2), pytest.raises(Crash):
+        JobRunner(job, None, str(root)).run()
     runner = JobRunner(job, None, str(root))
     sink = job.sinks["main"]
     first, second = read_checkpoint(runner.store, job.prefix, 2).outputs["main"]
@@ -257,8 +251,8 @@ def test_republish_refuses_a_damaged_staged_file_it_would_copy(tmp_path: Path) -
     copies a staged file that no longer matches its checksum."""
     root = tmp_path / "store"
     job = _job()
-    with pytest.raises(RuntimeError, match="crash"):
-        JobRunner(job, None, str(root), failpoint=_crash_after_commit(1)).run()
+    with crash_at("after_commit", 1), pytest.raises(Crash):
+        JobRunner(job, None, str(root)).run()
     runner = JobRunner(job, None, str(root))
     ckpt = read_checkpoint(runner.store, job.prefix, 1)
     staged = ckpt.outputs["main"][0]

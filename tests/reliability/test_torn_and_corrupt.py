@@ -34,6 +34,7 @@ from dkvstream.storage.dkv.sstable import FOOTER_SIZE
 from dkvstream.storage.errors import CorruptionError, ObjectNotFoundError
 from dkvstream.storage.objectstore import local as local_store
 from dkvstream.storage.objectstore.local import LocalObjectStore
+from tests.crashes import Crash, crash_at
 from tests.storage.dkv.test_corruption import OPTS
 from tests.storage.dkv.test_corruption import make_db as _db_with_wal
 from tests.storage.dkv.test_corruption import read_everything as _read_all
@@ -225,13 +226,6 @@ def _output(runner: JobRunner) -> pd.DataFrame:
     return _sorted(runner.job.sinks["main"].read(runner.store, runner.job.prefix).to_pandas())
 
 
-def _crash_after_commit(epoch: int):
-    def failpoint(point: str, e: int) -> None:
-        if point == "after_commit" and e == epoch:
-            raise RuntimeError(f"crash after committing epoch {e}")
-    return failpoint
-
-
 def _damage(store: LocalObjectStore, job: Job, epoch: int, what: str) -> str:
     """Damages one object only checkpoint ``epoch`` names; returns its file name."""
     ckpt = read_checkpoint(store, job.prefix, epoch)
@@ -271,8 +265,8 @@ def test_restart_falls_back_when_bad_epoch_output_is_not_visible(what: str, tmp_
     output equals the oracle exactly."""
     root = str(tmp_path / "store")
     job = _job()
-    with pytest.raises(RuntimeError, match="crash after committing epoch 2"):
-        JobRunner(job, None, root, dkv_options=SMALL, failpoint=_crash_after_commit(2)).run()
+    with crash_at("after_commit", 2), pytest.raises(Crash):
+        JobRunner(job, None, root, dkv_options=SMALL).run()
     runner = JobRunner(job, None, root, dkv_options=SMALL, verify_restart="full")
     name = _damage(runner.store, job, 2, what)
 
@@ -300,8 +294,8 @@ def test_data_block_flip_without_full_verification_fails_the_epoch_naming_it(tmp
     verify_restart="full", or the ``verified`` asset check, to fall back instead)."""
     root = str(tmp_path / "store")
     job = _job()
-    with pytest.raises(RuntimeError, match="crash"):
-        JobRunner(job, None, root, dkv_options=SMALL, failpoint=_crash_after_commit(2)).run()
+    with crash_at("after_commit", 2), pytest.raises(Crash):
+        JobRunner(job, None, root, dkv_options=SMALL).run()
     runner = JobRunner(job, None, root, dkv_options=SMALL)
     name = _damage(runner.store, job, 2, "SSTable data block bit flip")
     with pytest.raises(JobFailedError, match=rf"{re.escape(name)}: .*offset \d+"):

@@ -29,6 +29,7 @@ from dkvstream.operators.io.sinks import ParquetSink
 from dkvstream.operators.io.sources import Source
 from dkvstream.operators.runtime.checkpoints import latest_checkpoint
 from dkvstream.operators.runtime.driver import JobRunner
+from tests.crashes import Crash, crash_at
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Spark workers cannot import tests
 
@@ -151,17 +152,9 @@ def test_dead_letter_rows_are_exactly_once_across_a_crash(tmp_path) -> None:
     letters of that epoch once (idempotent), and a crash before the commit leaves none."""
     root = str(tmp_path / "store")
 
-    def crash_after_commit(point: str, epoch: int) -> None:
-        if point == "after_commit" and epoch == 2:
-            raise RuntimeError("crash")
-
-    def crash_after_tasks(point: str, epoch: int) -> None:
-        if point == "after_tasks" and epoch == 3:
-            raise RuntimeError("crash")
-
-    for fp in (crash_after_commit, crash_after_tasks):
-        with pytest.raises(RuntimeError, match="crash"):
-            JobRunner(_job(events_per_epoch=120), None, root, failpoint=fp).run()
+    for point, epoch in (("after_commit", 2), ("after_tasks", 3)):
+        with crash_at(point, epoch), pytest.raises(Crash):
+            JobRunner(_job(events_per_epoch=120), None, root).run()
     job = _job(events_per_epoch=120)
     runner = JobRunner(job, None, root)
     runner.run()

@@ -30,6 +30,7 @@ from dkvstream.operators.paths import checkpoint_key, job_prefix, source_prefix
 from dkvstream.operators.runtime.driver import JobRunner
 from dkvstream.storage.errors import CorruptionError
 from dkvstream.storage.objectstore import open_object_store
+from tests.crashes import Crash, crash_at
 
 SCHEMA = pa.schema([("amount", pa.int64())])
 BASE_MS = 1_700_000_000_000  # 2023-11-14, in the past of the wall clock
@@ -146,12 +147,8 @@ def test_a_crashed_epoch_is_replayed_from_the_log(tmp_path) -> None:
     for i in range(3):
         _write(inbox, f"f{i}.csv", _encode(df.iloc[i * ROWS_PER_FILE:(i + 1) * ROWS_PER_FILE], "csv"), 1e9 + i)
 
-    def crash(point, epoch):
-        if point == "after_tasks" and epoch == 2:
-            raise RuntimeError("driver killed")
-
-    with pytest.raises(Exception, match="driver killed"):
-        JobRunner(_job(_source(str(inbox), "csv"), events_per_epoch=100), None, root, failpoint=crash).run()
+    with crash_at("after_tasks", 2), pytest.raises(Crash):
+        JobRunner(_job(_source(str(inbox), "csv"), events_per_epoch=100), None, root).run()
     runner = JobRunner(_job(_source(str(inbox), "csv"), events_per_epoch=100), None, root)
     results = runner.run()
     assert [r.epoch for r in results] == [2, 3]  # 270 rows, 100 per epoch

@@ -6,6 +6,7 @@ values produced, and the keyed-count pandas computation over the produced events
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import pickle
@@ -25,6 +26,7 @@ from dkvstream.operators.io.kafka import KafkaSink, KafkaSource, deduplicate
 from dkvstream.operators.paths import staging_prefix
 from dkvstream.operators.runtime.driver import JobRunner
 from dkvstream.storage.objectstore import open_object_store
+from tests.crashes import Crash, crash_at
 
 AMOUNT = pa.schema([pa.field("amount", pa.int64())])
 HOUR_MS = 3_600_000
@@ -328,7 +330,7 @@ class CrashAfterProduce(KafkaSink):
         if epoch == self.crash_epoch and not getattr(self, "crashed", False):
             self.crashed = True
             self.produce(store, epoch, staged)
-            raise RuntimeError("driver crash between produce and marker")
+            raise Crash("driver crash between produce and marker")
         return super().publish_in_tasks(store, job_prefix, epoch, staged, map_in_tasks)
 
 
@@ -359,14 +361,11 @@ def test_sink_exactly_once_after_a_crash(kafka_broker, tmp_path, crash, key_colu
     store = str(tmp_path / "store")
     sink_type = CrashAfterProduce if crash == "after_produce" else KafkaSink
 
-    def failpoint(point, epoch):
-        if crash == "after_commit" and point == "after_commit" and epoch == 2:
-            raise RuntimeError("driver crash between commit and publish")
-
     job = kafka_job(kafka_broker, topic, "kafka_sink", sink_type(
         kafka_broker.bootstrap, out, OUTPUT_SCHEMA, key_column=key_column))
-    with pytest.raises(RuntimeError, match="driver crash"):
-        JobRunner(job, None, store, failpoint=failpoint).run()
+    with crash_at("after_commit", 2) if crash == "after_commit" else contextlib.nullcontext(), \
+            pytest.raises(Crash):
+        JobRunner(job, None, store).run()
     job = kafka_job(kafka_broker, topic, "kafka_sink", KafkaSink(
         kafka_broker.bootstrap, out, OUTPUT_SCHEMA, key_column=key_column))
     runner = JobRunner(job, None, store)

@@ -19,6 +19,7 @@ from dkvstream.operators.api.operator import KeyedEvent, Operator, Subject
 from dkvstream.operators.io.sources import Source
 from dkvstream.operators.io.table_sink import BUCKET_COLUMN, DELETE, INSERT, OP_COLUMN, UPSERT, TableSink
 from dkvstream.operators.runtime.driver import JobFailedError, JobRunner
+from tests.crashes import Crash, crash_at
 
 TABLE_SCHEMA = pa.schema([("id", pa.int64()), ("day", pa.int64()), ("value", pa.float64()),
                           ("note", pa.string())])
@@ -170,18 +171,11 @@ def test_point_lookup_and_scan_with_pyarrow_and_duckdb(tmp_path) -> None:
     assert got == sorted((k, v[1]) for k, v in mid.items() if v[1] > 50)
 
 
-def crash_at(point: str, epoch: int):
-    def failpoint(p: str, e: int) -> None:
-        if p == point and e == epoch:
-            raise RuntimeError(f"injected crash at {point} of epoch {epoch}")
-    return failpoint
-
-
 def test_crash_between_commit_and_publish_then_redone_publish(tmp_path) -> None:
     rows = random_changes(240, keys=30, seed=11)
     job, sink = make_job(rows)
-    with pytest.raises(RuntimeError, match="injected crash"):
-        JobRunner(job, None, str(tmp_path), failpoint=crash_at("after_commit", 3), retain_checkpoints=2).run()
+    with crash_at("after_commit", 3), pytest.raises(Crash):
+        JobRunner(job, None, str(tmp_path), retain_checkpoints=2).run()
     runner = JobRunner(job, None, str(tmp_path), retain_checkpoints=2)  # retention collects staged files
     assert runner.latest().epoch == 3
     assert sink.open(runner.store, job.prefix).transaction_version(sink.app_id(job.prefix)) == 2
@@ -259,8 +253,8 @@ def test_table_on_s3_equals_model_with_time_travel(s3_server) -> None:
     root = f"s3://{s3_server.bucket}/tests/table-sink-{uuid.uuid4().hex[:8]}"
     rows = random_changes(160, keys=30, seed=17)
     job, sink = make_job(rows)
-    with pytest.raises(RuntimeError, match="injected crash"):
-        JobRunner(job, None, root, failpoint=crash_at("after_commit", 2)).run()
+    with crash_at("after_commit", 2), pytest.raises(Crash):
+        JobRunner(job, None, root).run()
     runner = JobRunner(job, None, root)
     runner.run()
     store, prefix = runner.store, job.prefix
@@ -317,8 +311,8 @@ def test_restart_fallback_with_a_table_sink(tmp_path) -> None:
 
     rows = random_changes(240, keys=30, seed=5)
     job, sink = make_job(rows)
-    with pytest.raises(RuntimeError, match="injected crash"):
-        JobRunner(job, None, str(tmp_path), failpoint=crash_at("after_commit", 3)).run()
+    with crash_at("after_commit", 3), pytest.raises(Crash):
+        JobRunner(job, None, str(tmp_path)).run()
     runner = JobRunner(job, None, str(tmp_path))
     store, prefix = runner.store, job.prefix
     key = checkpoint_key(prefix, 3)

@@ -16,7 +16,7 @@ from dkvstream.operators.io.topics import TopicSink, TopicSource
 from dkvstream.operators.runtime.driver import JobRunner
 from dkvstream.storage.log import COMPACT, Log, TopicConfig
 from dkvstream.storage.objectstore import open_object_store
-from tests.operators.runtime.test_restart import Crash, crash_at
+from tests.crashes import Crash, crash_at
 
 EVENTS = 600
 
@@ -81,8 +81,8 @@ def output(root: str) -> pd.DataFrame:
 def test_topic_to_topic_exactly_once_across_a_crash(tmp_path, point, epoch) -> None:
     root = str(tmp_path / "store")
     expected = oracle(make_input(root))
-    with pytest.raises(Crash):
-        JobRunner(make_job(root), None, root, failpoint=crash_at(point, epoch)).run()
+    with crash_at(point, epoch), pytest.raises(Crash):
+        JobRunner(make_job(root), None, root).run()
     visible = len(output(root))
     # an unpublished epoch is invisible: only the epochs before the crashed one are out
     assert visible == (epoch - 1) * 120
@@ -104,8 +104,9 @@ def test_topic_to_topic_on_spark(spark, tmp_path) -> None:
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     root = str(tmp_path / "store")
     expected = oracle(make_input(root))
-    with pytest.raises(Crash):  # two epochs of 300 events, a crash before publishing the first
-        JobRunner(make_job(root, 300), spark, root, failpoint=crash_at("after_commit", 1)).run()
+    # Two epochs of 300 events, a crash before publishing the first.
+    with crash_at("after_commit", 1), pytest.raises(Crash):
+        JobRunner(make_job(root, 300), spark, root).run()
     assert len(output(root)) == 0
     JobRunner(make_job(root, 300), spark, root).run()
     pd.testing.assert_frame_equal(output(root), expected, check_dtype=False)

@@ -38,7 +38,7 @@ def test_floor_is_raised_before_a_checkpoint_is_deleted(tmp_path) -> None:
     runner.run(max_epochs=1)
     seen = []
 
-    def check_floor(point: str) -> None:  # one expired checkpoint (epoch 1) was just deleted
+    def check_floor(point: str, epoch: int | None) -> None:  # one expired checkpoint (epoch 1) was just deleted
         seen.append(read_commit_log(runner.store, runner.job.prefix).retired_through)
 
     faults.arm("cleanup_checkpoint", 1, check_floor)

@@ -20,6 +20,7 @@ import pytest
 from dkvstream.operators.runtime.checkpoints import latest_checkpoint
 from dkvstream.operators.runtime.driver import JobRunner
 from dkvstream.operators.runtime.live import NO_INPUT_POLL_MS, ProcessingTimeTrigger, StopRequest
+from dkvstream.storage import faults
 from tests.operators import live_sources
 from tests.operators import small_keyed_count as small
 from tests.operators.live_sources import EVENTS, reveal
@@ -158,11 +159,8 @@ def test_stop_during_an_epoch_lets_it_commit_and_ends_the_run(tmp_path) -> None:
     reveal(visible, _all_visible())
     root = str(tmp_path)
 
-    def stop_in_epoch_2(point: str, epoch: int) -> None:
-        if point == "after_tasks" and epoch == 2:
-            runner.stop()
-
-    runner = JobRunner(live_sources.job(visible), None, root, failpoint=stop_in_epoch_2)
+    runner = JobRunner(live_sources.job(visible), None, root)
+    faults.arm("after_tasks", action=lambda point, epoch: runner.stop(), epoch=2)
     results = list(runner.epochs(continuous=True))
     assert [r.epoch for r in results] == [1, 2]
     assert latest_checkpoint(runner.store, runner.job.prefix).source_offsets == results[-1].source_offsets

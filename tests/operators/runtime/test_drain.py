@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from dkvstream.examples.keyed_count import WINDOW_MS, keyed_count_oracle
 from dkvstream.operators.api.operator import WATERMARK_MAX
 from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.storage import faults
 from tests.operators import live_sources
 from tests.operators.live_sources import EVENTS, reveal
 
@@ -97,11 +98,8 @@ def test_drain_asked_during_an_epoch_leaves_the_rest_unread(tmp_path, caplog) ->
     visible = tmp_path / "visible.json"
     reveal(visible, ALL)
 
-    def drain_in_epoch_2(point: str, epoch: int) -> None:
-        if point == "after_tasks" and epoch == 2:
-            runner.stop(drain=True)
-
-    runner = JobRunner(live_sources.job(visible), None, str(tmp_path), failpoint=drain_in_epoch_2)
+    runner = JobRunner(live_sources.job(visible), None, str(tmp_path))
+    faults.arm("after_tasks", action=lambda point, epoch: runner.stop(drain=True), epoch=2)
     with caplog.at_level(logging.WARNING, "dkvstream.operators.runtime.driver"):
         results = list(runner.epochs(continuous=True))
     assert [(r.epoch, r.drained) for r in results] == [(1, False), (2, False), (3, True)]
@@ -272,13 +270,10 @@ def test_drain_anywhere_emits_every_window_of_what_was_read(visible, events_per_
     with tempfile.TemporaryDirectory() as root:
         reveal(Path(root, "visible.json"), offsets)
 
-        def drain_during(point: str, epoch: int) -> None:
-            if point == "after_tasks" and epoch == drain_at:
-                runner.stop(drain=True)
-
         job = live_sources.job(Path(root, "visible.json"), events_per_epoch=events_per_epoch,
                                trigger_interval_ms=0)
-        runner = JobRunner(job, None, root, failpoint=drain_during)
+        runner = JobRunner(job, None, root)
+        faults.arm("after_tasks", action=lambda point, epoch: runner.stop(drain=True), epoch=drain_at)
         if drain_at == 0 or not any(visible):
             runner.stop(drain=True)  # (no input: the run would wait for some)
         results = []
@@ -287,6 +282,7 @@ def test_drain_anywhere_emits_every_window_of_what_was_read(visible, events_per_
             if result.source_offsets == offsets and not result.drained:
                 runner.stop(drain=True)  # caught up before epoch drain_at
         runner.close()
+        faults.disarm("after_tasks")  # not reached if the run caught up first
         assert [r.drained for r in results] == [False] * (len(results) - 1) + [True]
         read = results[-1].source_offsets
         assert results[-1].events == 0 and all(read[p] <= offsets[p] for p in read)

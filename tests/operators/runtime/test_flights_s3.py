@@ -16,6 +16,7 @@ from dkvstream.examples.flights import flights_job
 from dkvstream.examples.flights_oracle import KEY_COLUMNS
 from dkvstream.operators.runtime.checkpoints import list_epochs, read_checkpoint
 from dkvstream.operators.runtime.driver import JobFailedError, JobRunner
+from dkvstream.storage import faults
 from dkvstream.storage.objectstore.s3 import S3RequestError
 
 EPOCH_EVENTS = 120_000  # 3 epochs over the full data set
@@ -127,14 +128,12 @@ def test_commit_fails_clearly_when_server_stops_then_resumes_exactly_once(
     job = flights_job(events_per_epoch=EPOCH_EVENTS)
     root = _s3_root(s3_server)
 
-    def stop_server_after_tasks(point: str, epoch: int) -> None:
-        if (point, epoch) == ("after_tasks", 2):  # tasks wrote state and output; nothing committed
-            s3_server.stop()
-
     try:
         with pytest.raises(S3RequestError, match=rf"{root}/jobs/flights/\S+ failed after 2 attempts: "
                                                  r"Could not connect"):
-            JobRunner(job, None, root, failpoint=stop_server_after_tasks).run()
+            # After epoch 2's tasks wrote state and output; nothing committed.
+            faults.arm("after_tasks", action=lambda point, epoch: s3_server.stop(), epoch=2)
+            JobRunner(job, None, root).run()
         with pytest.raises(S3RequestError, match=rf"{root}/jobs/flights/"):
             JobRunner(job, None, root).run()  # still down: fails at once, clearly
     finally:

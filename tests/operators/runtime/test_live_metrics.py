@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from dkvstream.operators.runtime.checkpoints import read_checkpoint
 from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.storage import faults
 from tests.operators import live_sources
 from tests.operators.live_sources import STEP_MS, reveal
 
@@ -61,30 +62,31 @@ def test_live_metrics_against_a_hand_computation(tmp_path) -> None:
     visible = tmp_path / "visible.json"
     reveal(visible, {"p0": 300, "p1": 350})
     job = live_sources.job(visible, events_per_epoch=400, source_args={"ingest_time": _ingest})
-    runner = JobRunner(job, None, str(tmp_path / "s"), clock=lambda: now[0], failpoint=advance)
-    epochs = runner.epochs()
-    ends = {"p0": 300, "p1": 350}
+    runner = JobRunner(job, None, str(tmp_path / "s"), clock=lambda: now[0])
+    with faults.callback(advance):
+        epochs = runner.epochs()
+        ends = {"p0": 300, "p1": 350}
 
-    first = next(epochs)  # planned at T0: p0 and p1 [0, 200)
-    plan1 = T0_MS
-    read1 = {"p0": range(200), "p1": range(200)}
-    ckpt1 = read_checkpoint(runner.store, job.prefix, 1)
-    assert ckpt1.metrics["live"] == _expected(read1, ends, plan1 + COMMIT_AFTER_MS, plan1, None,
-                                              first.watermark)
-    assert first.live == _expected(read1, ends, plan1 + COMMIT_AFTER_MS + PUBLISH_AFTER_MS, plan1, None,
-                                   first.watermark)
+        first = next(epochs)  # planned at T0: p0 and p1 [0, 200)
+        plan1 = T0_MS
+        read1 = {"p0": range(200), "p1": range(200)}
+        ckpt1 = read_checkpoint(runner.store, job.prefix, 1)
+        assert ckpt1.metrics["live"] == _expected(read1, ends, plan1 + COMMIT_AFTER_MS, plan1, None,
+                                                  first.watermark)
+        assert first.live == _expected(read1, ends, plan1 + COMMIT_AFTER_MS + PUBLISH_AFTER_MS, plan1, None,
+                                       first.watermark)
 
-    now[0] += NEXT_PLAN_AFTER_MS / 1000
-    new_ends = {"p0": 330, "p1": 400}  # 30 + 50 events arrive before the next plan
-    reveal(visible, new_ends)
-    second = next(epochs)  # p0 [200, 330), p1 [200, 400)
-    plan2 = plan1 + COMMIT_AFTER_MS + PUBLISH_AFTER_MS + NEXT_PLAN_AFTER_MS
-    read2 = {"p0": range(200, 330), "p1": range(200, 400)}
-    ckpt2 = read_checkpoint(runner.store, job.prefix, 2)
-    assert ckpt2.metrics["live"] == _expected(read2, new_ends, plan2 + COMMIT_AFTER_MS, plan2, plan1,
-                                              second.watermark, previous_ends=ends)
-    assert second.live["input_rate"] == 80 / 2.75 and second.live["read_rate"] == 330 / 2.75
-    assert second.live["lag_events"] == {"p0": 0, "p1": 0}
+        now[0] += NEXT_PLAN_AFTER_MS / 1000
+        new_ends = {"p0": 330, "p1": 400}  # 30 + 50 events arrive before the next plan
+        reveal(visible, new_ends)
+        second = next(epochs)  # p0 [200, 330), p1 [200, 400)
+        plan2 = plan1 + COMMIT_AFTER_MS + PUBLISH_AFTER_MS + NEXT_PLAN_AFTER_MS
+        read2 = {"p0": range(200, 330), "p1": range(200, 400)}
+        ckpt2 = read_checkpoint(runner.store, job.prefix, 2)
+        assert ckpt2.metrics["live"] == _expected(read2, new_ends, plan2 + COMMIT_AFTER_MS, plan2, plan1,
+                                                  second.watermark, previous_ends=ends)
+        assert second.live["input_rate"] == 80 / 2.75 and second.live["read_rate"] == 330 / 2.75
+        assert second.live["lag_events"] == {"p0": 0, "p1": 0}
 
 
 def _ingest_is_event_time(partition: str, offsets) -> list[int]:

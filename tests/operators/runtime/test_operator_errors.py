@@ -50,6 +50,7 @@ from dkvstream.operators.runtime.task import _emitted_table
 from dkvstream.storage.dkv import DKV
 from dkvstream.storage.errors import CorruptionError
 from dkvstream.storage.objectstore import open_object_store
+from tests.crashes import Crash, crash_at
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Spark workers cannot import tests
 
@@ -337,17 +338,9 @@ def test_dead_letters_are_exactly_once_across_crashes(tmp_path) -> None:
     of epoch 3 (staged, not committed): each dead letter is published once."""
     root = str(tmp_path / "store")
 
-    def crash_after_commit(point: str, epoch: int) -> None:
-        if point == "after_commit" and epoch == 2:
-            raise RuntimeError("crash")
-
-    def crash_after_tasks(point: str, epoch: int) -> None:
-        if point == "after_tasks" and epoch >= 2:
-            raise RuntimeError("crash")
-
-    for fp in (crash_after_commit, crash_after_tasks):
-        with pytest.raises(RuntimeError, match="crash"):
-            JobRunner(_job(False, "dead_letter"), None, root, failpoint=fp).run()
+    for point, epoch in (("after_commit", 2), ("after_tasks", 3)):
+        with crash_at(point, epoch), pytest.raises(Crash):
+            JobRunner(_job(False, "dead_letter"), None, root).run()
     runner = JobRunner(_job(False, "dead_letter"), None, root)
     runner.run()
     _check_dead_letters(runner, batch=False)

@@ -11,19 +11,9 @@ import pytest
 from dkvstream.examples.flights import flights_job
 from dkvstream.operators.runtime.driver import JobRunner
 from dkvstream.operators.tools.state_reader import checkpoint_entries
+from tests.crashes import Crash, crash_at
 
 EPOCH_EVENTS = 50_000  # 8 epochs over the full data set
-
-
-class Crash(Exception):
-    """The simulated driver crash."""
-
-
-def crash_at(point: str, epoch: int):
-    def failpoint(p: str, e: int) -> None:
-        if p == point and e == epoch:
-            raise Crash(f"{p} of epoch {e}")
-    return failpoint
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +41,8 @@ def test_crash_then_restart_is_exactly_once(point, epoch, tmp_path, clean_run, c
         JobRunner(job, None, root).run(max_epochs=epoch)
         committed = epoch
     else:
-        with pytest.raises(Crash):
-            JobRunner(job, None, root, failpoint=crash_at(point, epoch)).run()
+        with crash_at(point, epoch), pytest.raises(Crash):
+            JobRunner(job, None, root).run()
         committed = epoch if point == "after_commit" else epoch - 1
     restarted = JobRunner(job, None, root)
     latest = restarted.latest()
@@ -69,8 +59,8 @@ def test_crash_then_restart_is_exactly_once(point, epoch, tmp_path, clean_run, c
 def test_restart_on_spark_after_tasks_before_commit(spark, tmp_path, clean_run, check_flights_output) -> None:
     job, _, clean_state = clean_run
     root = str(tmp_path / "store")
-    with pytest.raises(Crash):
-        JobRunner(job, spark, root, failpoint=crash_at("after_tasks", 4)).run()
+    with crash_at("after_tasks", 4), pytest.raises(Crash):
+        JobRunner(job, spark, root).run()
     runner = JobRunner(job, spark, root)
     assert runner.latest().epoch == 3
     assert _state(runner, 3) == clean_state[3], "state written by Spark tasks differs from in-process state"
