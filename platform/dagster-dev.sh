@@ -11,7 +11,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 bash platform/setup.sh
-export DAGSTER_HOME="$root"
+export DAGSTER_HOME="${DAGSTER_HOME:-$root}"  # the repository's dagster.yaml unless DAGSTER_HOME names another instance
 export SPARK_CONF_DIR="$root/platform/conf" PYSPARK_PYTHON="$root/.venv/bin/python"
 export DKVSTREAM_DKV_MEMTABLE_BYTES="${DKVSTREAM_DKV_MEMTABLE_BYTES:-262144}"
 export DKVSTREAM_DKV_RETAIN_CHECKPOINTS="${DKVSTREAM_DKV_RETAIN_CHECKPOINTS:-3}"

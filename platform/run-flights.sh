@@ -22,7 +22,8 @@ if [ "${1:-}" = "--fresh" ]; then
     *) rm -rf "$store/jobs/flights" ;;
   esac
 fi
-export DAGSTER_HOME="$root" SPARK_CONF_DIR="$root/platform/conf"
+# The repository is the Dagster instance (its dagster.yaml) unless DAGSTER_HOME names another.
+export DAGSTER_HOME="${DAGSTER_HOME:-$root}" SPARK_CONF_DIR="$root/platform/conf"
 export PYSPARK_PYTHON="$root/.venv/bin/python"
 # No Dagster daemon here, so no sensors: the job compacts inline and applies checkpoint
 # retention itself (under `dagster dev` the sensors' runs do both).
