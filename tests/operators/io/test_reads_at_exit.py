@@ -159,7 +159,7 @@ def test_table_sink_reads_scan_local_tables_with_arrows_filesystem(tmp_path, mon
 READ_AND_EXIT = """
 import pyarrow.parquet as pq
 from dkvstream.operators.io.sinks import ParquetSink
-from dkvstream.operators.runtime.dead_letter import DeadLetter
+from dkvstream.operators.io.dead_letter import DeadLetter
 from dkvstream.storage.objectstore import open_object_store
 from tests.operators.io.test_table_sink import make_job
 store = open_object_store({root!r})
