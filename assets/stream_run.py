@@ -18,8 +18,9 @@ bytecode: it either commits whole or is never started.
   trigger returns without starting one, and ``run_epochs`` returns normally once every
   committed epoch was reported.
 * a second signal does not wait (as ``dkvstream.operators.tools.run_job --continuous`` and Spark's
-  and Flink's command lines): it raises ``DagsterExecutionInterruptedError`` on the
-  step's thread and the epoch in flight is abandoned to the process's exit, which is a
+  and Flink's command lines): the step's thread raises ``DagsterExecutionInterruptedError``
+  at its next check (never from inside a report's write to the Dagster instance) and
+  the epoch in flight is abandoned to the process's exit, which is a
   driver crash, safe as below. For an epoch that hangs (a stuck Spark task).
 
 This is Flink's stop-with-savepoint rather than its cancel: the run ends at a
@@ -109,7 +110,7 @@ def run_epochs(runner: JobRunner, *, max_epochs: int | None, continuous: bool,
         Whatever the epochs raised (``JobFailedError``, ``JobFencedError``, ...), after
         every epoch committed before it was reported; whatever ``on_epoch`` raised,
         after stopping the runner and waiting for the epoch in flight;
-        ``DagsterExecutionInterruptedError`` at a second signal, at once. The signal
+        ``DagsterExecutionInterruptedError`` at a second signal (within ``SIGNAL_CHECK_S``). The signal
         handlers are only installed when called on the main thread (elsewhere Python
         cannot install them, and Dagster does not interrupt such a step either).
     """
@@ -133,7 +134,7 @@ def run_epochs(runner: JobRunner, *, max_epochs: int | None, continuous: bool,
     with _stop_on_termination(runner, outcome.stop_signals):
         worker.start()
         try:
-            while not isinstance(item := _next(results), _Done):
+            while not isinstance(item := _next(results, outcome.stop_signals), _Done):
                 outcome.epochs += 1
                 on_epoch(*item)
             worker.join()
@@ -153,24 +154,43 @@ def run_epochs(runner: JobRunner, *, max_epochs: int | None, continuous: bool,
     return outcome
 
 
-def _next(results: queue.SimpleQueue):
+def _next(results: queue.SimpleQueue, stop_signals: list[str]):
     """The next item, waking at least every ``SIGNAL_CHECK_S``: Python runs a signal
     handler on the main thread only, and a lock wait there is cut short only when the
     kernel delivers the signal to that very thread (it may pick another), so the wait is
-    cut into slices after each of which a pending handler runs."""
+    cut into slices after each of which a pending handler runs.
+
+    Raises:
+        DagsterExecutionInterruptedError: a second termination signal has arrived.
+    """
     while True:
+        _raise_if_abandoned(stop_signals)
         try:
             return results.get(timeout=SIGNAL_CHECK_S)
         except queue.Empty:
             pass
 
 
+def _raise_if_abandoned(stop_signals: list[str]) -> None:
+    """Raises ``DagsterExecutionInterruptedError`` once a second signal has arrived.
+
+    Raised here, between reports, rather than in the signal handler: a handler's
+    exception lands wherever the thread is, and inside ``on_epoch``'s write to the
+    Dagster instance it would leave that SQLite connection's transaction (and its
+    database lock) open, so the run's own CANCELED event could not be written."""
+    if len(stop_signals) > 1:
+        raise DagsterExecutionInterruptedError(
+            f"{' then '.join(stop_signals)}: the epoch in flight is abandoned; the next run restarts from "
+            f"the newest checkpoint")
+
+
 @contextmanager
 def _stop_on_termination(runner: JobRunner, received: list[str]) -> Iterator[None]:
     """SIGINT and SIGTERM call ``runner.stop()`` (and append the signal's name to
-    ``received``) instead of raising, until the block ends; a second one raises
-    ``DagsterExecutionInterruptedError``. The previous handlers (Dagster's) are restored
-    at the end. A no-op off the main thread."""
+    ``received``) instead of raising, until the block ends; after a second one,
+    ``_next`` raises ``DagsterExecutionInterruptedError`` (within ``SIGNAL_CHECK_S``, or
+    once the report in progress has been written). The previous handlers (Dagster's) are
+    restored at the end. A no-op off the main thread."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -178,10 +198,6 @@ def _stop_on_termination(runner: JobRunner, received: list[str]) -> Iterator[Non
     def handler(signum: int, _frame) -> None:
         received.append(signal.Signals(signum).name)
         runner.stop()
-        if len(received) > 1:
-            raise DagsterExecutionInterruptedError(
-                f"{' then '.join(received)}: the epoch in flight is abandoned; the next run restarts from "
-                f"the newest checkpoint")
 
     previous = {s: signal.getsignal(s) for s in TERMINATION_SIGNALS}
     try:
