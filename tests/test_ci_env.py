@@ -1,9 +1,10 @@
-"""``CI`` is parsed, not merely tested for being non-empty: ``CI=false`` is not CI."""
+"""``CI`` is parsed, not merely tested for being non-empty: ``CI=false`` is not CI; the
+long runs' scale is checked."""
 from __future__ import annotations
 
 import pytest
 
-from tests.ci_env import in_ci
+from tests.ci_env import in_ci, long_run_scale, scaled
 from tests.reliability import harness
 
 
@@ -32,3 +33,15 @@ def test_hypothesis_profile_follows_ci() -> None:
     from hypothesis import settings
 
     assert settings.default.derandomize == in_ci()
+
+
+@pytest.mark.parametrize(("value", "full", "expected"), [(None, 200, 200), ("0.5", 200, 100), ("0.001", 200, 1)])
+def test_scaled_takes_the_long_run_scale(value, full, expected) -> None:
+    environ = {} if value is None else {"DKVSTREAM_LONG_RUN_SCALE": value}
+    assert scaled(full, environ) == expected
+
+
+@pytest.mark.parametrize("value", ["0", "2", "half", ""])
+def test_a_long_run_scale_outside_0_1_says_what_to_give(value) -> None:
+    with pytest.raises(ValueError, match=r"give a number in \(0, 1\]"):
+        long_run_scale({"DKVSTREAM_LONG_RUN_SCALE": value})

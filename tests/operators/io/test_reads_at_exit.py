@@ -37,6 +37,7 @@ from dkvstream.operators.io.arrow_input import arrow_input
 from dkvstream.operators.io.files import FileSource
 from dkvstream.operators.io.sinks import ParquetSink
 from dkvstream.operators.runtime.driver import JobRunner
+from tests.ci_env import scaled
 from tests.operators.io.test_table_sink import as_model, model_after, random_changes, run_drained
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -174,8 +175,8 @@ print(ParquetSink("main").read(store, "jobs/exit").num_rows,
 def test_a_read_only_script_exits_cleanly_200_times(tmp_path) -> None:
     """Jobs' output read with ``ParquetSink.read``, the dead-letter table,
     ``pq.read_table`` and ``TableSink.read`` by a script that exits right after
-    printing: 200 runs (two at a time), every one exits 0 and prints the row counts
-    (none aborts with status 134)."""
+    printing: 200 runs at full size (two at a time; ``tests.ci_env.long_run_scale``),
+    every one exits 0 and prints the row counts (none aborts with status 134)."""
     runner, oracle = _run_file_job(tmp_path, "parquet")
     root = str(tmp_path / "store")
     rows = random_changes(120, 20, seed=3)
@@ -190,7 +191,7 @@ def test_a_read_only_script_exits_cleanly_200_times(tmp_path) -> None:
         return p.returncode, p.stdout, p.stderr
 
     with ThreadPoolExecutor(2) as pool:
-        runs = list(pool.map(run, range(200)))
+        runs = list(pool.map(run, range(scaled(200))))
     failed = [(rc, err[-300:]) for rc, _, err in runs if rc != 0]
-    assert failed == [], f"{len(failed)} of 200 runs failed: {failed[:3]}"
+    assert failed == [], f"{len(failed)} of {len(runs)} runs failed: {failed[:3]}"
     assert {out for _, out, _ in runs} == {f"{len(oracle)} 1 {len(oracle)} {len(model_after(rows))}\n"}

@@ -19,6 +19,7 @@ from hypothesis.stateful import (
 
 from dkvstream.storage.dkv import DKV, DKVOptions
 from dkvstream.storage.objectstore.local import LocalObjectStore
+from tests.ci_env import scaled
 
 # Small alphabet so prefixes collide and keys get overwritten and deleted often.
 keys = st.binary(min_size=0, max_size=4).map(lambda b: bytes(c % 3 + 0x61 for c in b))
@@ -187,7 +188,8 @@ TestDKVModelWalHeavy = WalHeavyMachine.TestCase
 
 @pytest.mark.slow
 def test_dkv_model_long_run() -> None:
-    """Many more examples of the small-sizes machine (~2.5 minutes); opt in with -m slow."""
+    """Many more examples of the small-sizes machine (~2.5 minutes at full size,
+    ``tests.ci_env.long_run_scale``); opt in with -m slow."""
     run_state_machine_as_test(
-        DKVMachine, settings=settings(max_examples=1500, stateful_step_count=100, deadline=None)
+        DKVMachine, settings=settings(max_examples=scaled(1500), stateful_step_count=100, deadline=None)
     )

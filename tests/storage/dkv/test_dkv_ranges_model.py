@@ -28,6 +28,7 @@ from dkvstream.storage.dkv.manifest import load_manifest
 from dkvstream.storage.dkv.paths import parse_result_key
 from dkvstream.storage.dkv.remote_compaction import compact_checkpoint, load_result
 from dkvstream.storage.objectstore.local import LocalObjectStore
+from tests.ci_env import scaled
 
 NKEYS = 120
 OPTIONS = DKVOptions(
@@ -243,7 +244,8 @@ TestRangesModel = RangesMachine.TestCase
 
 @pytest.mark.slow
 def test_ranges_model_long_run() -> None:
-    """Many more examples (several minutes); opt in with -m slow."""
+    """Many more examples (several minutes at full size, ``tests.ci_env.long_run_scale``);
+    opt in with -m slow."""
     run_state_machine_as_test(
-        RangesMachine, settings=settings(max_examples=500, stateful_step_count=80, deadline=None)
+        RangesMachine, settings=settings(max_examples=scaled(500), stateful_step_count=80, deadline=None)
     )
