@@ -332,13 +332,19 @@ def alignment_cuts(summaries: list, partition_max_ts: dict[str, int], holders: l
 
 def watermark(previous: int, partition_max_ts: dict[str, int], inputs: list[str], bound_ms: int) -> int:
     """Bounded out-of-orderness: min over ``inputs`` of their max event time, minus
-    ``bound_ms``, never below ``previous`` (Flink's ``forBoundedOutOfOrderness`` with the
-    min over input partitions). No inputs (all idle), or one without an event time yet:
-    ``previous``."""
+    ``bound_ms``, minus 1 ms, never below ``previous`` (Flink's
+    ``forBoundedOutOfOrderness`` with the min over input partitions). No inputs (all
+    idle), or one without an event time yet: ``previous``.
+
+    Why the 1 ms: an event with ``timestamp <= watermark`` is late (timers up to the
+    watermark have fired), and an event ``bound_ms`` behind its partition's max is within
+    the bound: with ``bound_ms`` 0, the next event of a partition in event-time order
+    with the same timestamp as its max (a tie) would otherwise be late.
+    """
     low = min((partition_max_ts[p] for p in inputs), default=WATERMARK_MIN)
     if low == WATERMARK_MIN:
         return previous
-    return max(previous, low - bound_ms)
+    return max(previous, low - bound_ms - 1)
 
 
 @dataclass(frozen=True)
@@ -393,7 +399,7 @@ def epoch_event_time(inputs: EventTimeInputs, summaries: list) -> EpochEventTime
     Steps: max event time read per partition; alignment's cuts (``alignment_cuts``, with
     ``max_drift_ms``), which lower a cut partition's max to what it kept and end its
     offsets at the cut; then the watermark: min over the input partitions of their max
-    event time, minus the bound, never below the previous one (``watermark``). Input
+    event time, minus the bound and 1 ms, never below the previous one (``watermark``). Input
     partitions: a bounded source's partitions not read to the end (none left: finished,
     +infinity); a live source's partitions, caught up or not (they may still receive
     older events), except idle ones (Flink's ``withIdleness``: all idle, the watermark

@@ -10,6 +10,7 @@ import crc32c
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -65,13 +66,13 @@ def test_idle_partition_stops_holding_back_the_watermark_until_it_receives_event
         return result
 
     first = epoch(after_s=0, p0=300, p1=300)
-    assert first.watermark == _ts("p0", 299) - BOUND_MS
+    assert first.watermark == _ts("p0", 299) - BOUND_MS - 1
     # p1 gets nothing new: caught up for 5 s, not idle yet, it holds the watermark.
     second = epoch(after_s=5, p0=600, p1=300)
-    assert second.watermark == _ts("p1", 299) - BOUND_MS
+    assert second.watermark == _ts("p1", 299) - BOUND_MS - 1
     # 15 s without events on p1: idle; the watermark follows p0 alone.
     third = epoch(after_s=10, p0=700, p1=300)
-    assert third.watermark == _ts("p0", 699) - BOUND_MS
+    assert third.watermark == _ts("p0", 699) - BOUND_MS - 1
     # p1 receives events (older than the watermark: late, as in Flink) and is active
     # again: the watermark waits for it although p0 reads on.
     fourth = epoch(after_s=1, p0=800, p1=400)
@@ -116,8 +117,8 @@ def test_quiet_time_counts_from_when_the_end_offsets_came_back(tmp_path) -> None
     clock.now += 8
     reveal(visible, {"p0": 700, "p1": 301})
     [second] = runner.run(max_epochs=1)  # 10 s after the plan, 8 s after p1's last record
-    assert first.watermark == _ts("p0", 299) - BOUND_MS
-    assert second.watermark == _ts("p1", 300) - BOUND_MS  # p1 holds it back
+    assert first.watermark == _ts("p0", 299) - BOUND_MS - 1
+    assert second.watermark == _ts("p1", 300) - BOUND_MS - 1  # p1 holds it back
     clock.now += 1
     reveal(visible, {"p0": 800, "p1": 400})  # p1 resumes 9 s after its last record
     [third] = runner.run(max_epochs=1)
@@ -159,7 +160,7 @@ def test_a_partition_is_not_idle_before_its_first_event_while_no_partition_had_o
     the watermark until its first event, and none of its events is late."""
     runner, before, third = _late_start_run(tmp_path, second_producer_after_s=5)
     assert before == WATERMARK_MIN  # p1 has no event yet and is not idle: it holds it
-    assert third.watermark == _ts("p0", 1_499) - BOUND_MS
+    assert third.watermark == _ts("p0", 1_499) - BOUND_MS - 1
     assert runner.job.sinks["late"].read(runner.store, runner.job.prefix).num_rows == 0
     pd.testing.assert_frame_equal(live_sources.output(runner),
                                   live_sources.oracle(runner.job.source, third.watermark), check_dtype=False)
@@ -173,7 +174,7 @@ def test_a_partition_without_events_is_idle_a_timeout_after_the_first_epoch_that
     from dkvstream.examples.keyed_count import WINDOW_MS
 
     runner, before, third = _late_start_run(tmp_path, second_producer_after_s=11)
-    assert before == _ts("p0", 1_499) - BOUND_MS
+    assert before == _ts("p0", 1_499) - BOUND_MS - 1
     ts = np.array([_ts("p1", o) for o in range(1_500)])
     want = ts[ts // WINDOW_MS * WINDOW_MS + WINDOW_MS <= before]
     late = runner.job.sinks["late"].read(runner.store, runner.job.prefix)
@@ -251,10 +252,29 @@ def test_no_event_of_an_in_order_partition_is_late_unless_it_went_quiet_for_the_
             continue  # the driver commits no epoch
         for i, p in enumerate(parts):
             start, stop = result.plan.offsets[p]
-            assert (times[i][start:stop] >= wm).all(), (p, now, wm)
+            assert (times[i][start:stop] > wm).all(), (p, now, wm)
         committed = {p: stop for p, (_, stop) in result.plan.offsets.items()}
         part_max, wm = result.partition_max_ts, result.watermark
         active_at = partition_activity(active_at, result.plan)
+
+
+@pytest.mark.parametrize("bound_ms", [0, 1_000])
+def test_an_event_within_the_bound_of_its_partitions_newest_is_not_late(bound_ms) -> None:
+    """A partition in event-time order may repeat its newest timestamp (a tie), and an
+    event exactly ``bound_ms`` behind it is within the bound: epochs reading them one
+    at a time find neither at or below the watermark (``timestamp <= watermark`` is
+    late), as Flink's bounded out-of-orderness (max - bound - 1 ms)."""
+    ts = np.array([5_000, 5_000 + bound_ms, 5_000 + bound_ms, 5_000])
+    committed, part_max, wm = {"p": 0}, {"p": WATERMARK_MIN}, WATERMARK_MIN
+    for offset, t in enumerate(ts):
+        assert t > wm
+        plan = plan_epoch(committed, {"p": len(ts)}, part_max, {}, now_ms=0, events_per_epoch=1, bounded=False)
+        assert plan.offsets == {"p": (offset, offset + 1)}
+        summary = SplitSummary(Split("p", 0, offset, offset + 1), 1, 0, int(t),
+                               EventTimeSteps.of(np.array([offset]), ts[offset:offset + 1]))
+        result = epoch_event_time(EventTimeInputs(wm, part_max, plan, False, bound_ms, None), [summary])
+        committed, part_max, wm = {"p": offset + 1}, result.partition_max_ts, result.watermark
+    assert wm == 5_000 - 1
 
 
 def test_continuous_run_advances_the_watermark_of_idle_partitions_without_input(tmp_path) -> None:
@@ -274,8 +294,8 @@ def test_continuous_run_advances_the_watermark_of_idle_partitions_without_input(
         else:
             runner.stop()
     assert [(r.epoch, r.events) for r in results] == [(1, 1_000), (2, 600), (3, 0)]
-    assert results[1].watermark == _ts("p1", 299) - BOUND_MS
-    assert results[2].watermark == _ts("p0", 1_299) - BOUND_MS
+    assert results[1].watermark == _ts("p1", 299) - BOUND_MS - 1
+    assert results[2].watermark == _ts("p0", 1_299) - BOUND_MS - 1
     got = live_sources.output(runner)
     pd.testing.assert_frame_equal(got, live_sources.oracle(runner.job.source, results[2].watermark),
                                   check_dtype=False)
@@ -432,7 +452,7 @@ def test_new_partitions_are_read_from_their_start_offset(tmp_path) -> None:
     assert second.watermark == first.watermark
     reveal(visible, {"p0": 1_300, "p1": 1_300})
     [third] = runner.run()
-    assert third.watermark == _ts("p0", 1_299) - BOUND_MS
+    assert third.watermark == _ts("p0", 1_299) - BOUND_MS - 1
     got = live_sources.output(runner)
     events = pa.concat_tables([job.source.data.full_partition(p).slice(100, 1_200) for p in ("p0", "p1")])
     want = keyed_count_oracle(_Table(events))
