@@ -93,11 +93,13 @@ def partition_ends(records: int, scale: int = 1) -> dict[int, int]:
 
 def complete_window_cutoff_ms(records: int, scale: int = 1) -> int:
     """The complete-window rule's cutoff (module docstring), ms since the epoch: windows
-    ending at or before it are compared."""
+    ending at or before it are compared. It is 1 ms below the spec's watermark: with
+    Flink's rule (dkvstream's), the watermark is max event time - 1 h - 1 ms, so a window
+    ending exactly at max - 1 h closes only at the next record."""
     table, partition = replay_order(scale)
     ms = table.column("event_time_ms").to_numpy()[:records]
     part = partition[:records]
-    return int(min(ms[part == p].max() for p in np.unique(part))) - WATERMARK_DELAY_MS
+    return int(min(ms[part == p].max() for p in np.unique(part))) - WATERMARK_DELAY_MS - 1
 
 
 def complete_windows(frame: pd.DataFrame, cutoff_ms: int) -> pd.DataFrame:

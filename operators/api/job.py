@@ -37,7 +37,9 @@ class Job:
             epoch and recorded in its checkpoints; a restart keeps the recorded layout.
         events_per_epoch: events read per micro-batch epoch, over all partitions.
         max_out_of_orderness_ms: watermark bound: watermark = min over unfinished
-            source partitions of the max event time seen, minus this (>= 0).
+            source partitions of the max event time seen, minus this (>= 0), minus
+            1 ms (Flink's ``forBoundedOutOfOrderness``): an event this far behind its
+            partition's newest, or tied with it, is not late.
         dead_letter: where malformed events go and the future-timestamp bound
             (``dkvstream.operators.io.dead_letter.DeadLetter``).
         trigger_interval_ms: a continuous run (``JobRunner.epochs(continuous=True)``)

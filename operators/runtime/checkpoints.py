@@ -10,7 +10,8 @@ checkpoint exists. Layout::
         "source_offsets": {partition: int},         # next offset to read
         "partition_max_ts": {partition: int (ms)},  # watermark inputs
         "partition_active_at_ms": {partition: int},  # wall clock (ms) the partition's
-            # quiet time counts from: partition idleness (dkvstream.operators.runtime.event_time.
+            # quiet time counts from (when the end offsets of the last epoch that read
+            # it came back): partition idleness (dkvstream.operators.runtime.event_time.
             # partition_activity, idle_partitions); a partition missing has not
             # started it (no epoch read events since it appeared), nor has any in
             # checkpoints written before idleness existed (read as {})

@@ -301,11 +301,15 @@ class JobRunner:
         committed = {p: ckpt.source_offsets[p] if p in ckpt.source_offsets else source.start_offset(p)
                      for p in parts}
         ends = source.end_offsets()
+        # Idleness is judged at now_ms (every caught-up partition was quiet until at least
+        # then); activity counts from ends_at_ms (every event read was in by then).
+        ends_at_ms = self._now_ms()
         self._warn_ends_behind(committed, ends)
         return plan_epoch(
             committed, ends, self._partition_max_ts(ckpt, parts), ckpt.partition_active_at_ms, now_ms=now_ms,
             events_per_epoch=self.job.events_per_epoch, bounded=source.bounded,
-            idle_timeout_ms=self.job.idle_timeout_ms, max_drift_ms=self.job.max_watermark_drift_ms)
+            idle_timeout_ms=self.job.idle_timeout_ms, max_drift_ms=self.job.max_watermark_drift_ms,
+            ends_at_ms=ends_at_ms)
 
     def _warn_ends_behind(self, committed: dict[str, int], ends: dict[str, int]) -> None:
         """Logs a warning, once per partition until it recovers, when the source reports

@@ -17,6 +17,7 @@ idle.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +37,12 @@ class EpochPlan:
             the watermark.
         paused: partitions with input that read nothing this epoch because their event
             time is too far ahead (watermark alignment, ``paused_partitions``).
-        planned_at_ms: wall clock when planned, ms since the Unix epoch.
+        planned_at_ms: wall clock when planned, before the end offsets were asked
+            for, ms since the Unix epoch: each partition read up to its end was quiet
+            from its ``partition_activity`` time until at least then.
+        ends_at_ms: wall clock when ``ends`` were known (the source's answer came
+            back), ms since the Unix epoch: every event the plan reads had entered the
+            source by then. None: at ``planned_at_ms``.
     """
 
     offsets: dict[str, tuple[int, int]]
@@ -44,6 +50,7 @@ class EpochPlan:
     idle: frozenset[str]
     paused: frozenset[str]
     planned_at_ms: int
+    ends_at_ms: int | None = None
 
     @property
     def has_input(self) -> bool:
@@ -68,7 +75,8 @@ def idle_partitions(committed: dict[str, int], ends: dict[str, int], active_at_m
         ends: end offset per partition.
         active_at_ms: wall clock (ms) from which each partition's quiet time counts
             (``partition_activity``; the checkpoint's ``partition_active_at_ms``).
-        now_ms: wall clock now, ms.
+        now_ms: wall clock, ms, no later than the moment ``ends`` were asked for (a
+            partition read to its end got nothing from ``active_at_ms`` until then).
         idle_timeout_ms: ``Job.idle_timeout_ms``; None: no partition is ever idle.
 
     Returns:
@@ -84,18 +92,28 @@ def partition_activity(active_at_ms: dict[str, int], plan: EpochPlan) -> dict[st
     """Where each partition's quiet time counts from after an epoch (the checkpoint's
     ``partition_active_at_ms``, read by ``idle_partitions``).
 
-    * A partition the epoch read from: the epoch's plan (its newest events arrived
-      before it).
+    * A partition the epoch read from: when the plan's end offsets were known
+      (``EpochPlan.ends_at_ms``). Its last record read entered the source by then;
+      the driver cannot tell when exactly, so quiet time counts from the latest moment
+      it may have (the plan's clock, read before the end offsets were asked for,
+      could be seconds earlier on a slow broker, and a partition would then go idle
+      before it was quiet for the timeout).
     * Otherwise, a partition with a time keeps it.
-    * A partition without one gets the epoch's plan if the epoch read events from
-      any partition, else stays without: quiet time starts once the source delivers
-      events somewhere. A partition whose first event comes later than
-      ``idle_timeout_ms`` after that is idle by then, as one that pauses that long.
+    * A partition without one (it never had a record read) gets the same time if the
+      epoch read events from any partition, else stays without: its quiet time starts
+      at its assignment (the first plan that lists it) or at the source's first
+      delivered events, whichever is later. A partition whose first event comes
+      later than ``idle_timeout_ms`` after that is idle by then, as one that pauses
+      that long, and those of its events older than the watermark the others drove
+      meanwhile are late.
 
-    Why not from when the driver first saw the partition: a job started before its
-    source's producers would then find every partition idle once they start, and the
-    events of a producer starting a moment after the first one would be older than the
-    watermark the first one drove: late, on a topic in event-time order.
+    Why not from its assignment alone (as Flink's ``withIdleness``): a job started
+    before its source's producers would then find every partition idle once they
+    start, and the events of a producer starting a moment after the first one would be
+    older than the watermark the first one drove: late, on a topic in event-time order.
+    Why not never (a partition idle only after a first record): a partition that never
+    receives one (a key-partitioned topic whose keys miss it) would hold back the
+    watermark for ever, and no window would close.
 
     Args:
         active_at_ms: the previous checkpoint's times, ms (partitions without one are
@@ -106,10 +124,11 @@ def partition_activity(active_at_ms: dict[str, int], plan: EpochPlan) -> dict[st
         ``{partition: wall clock ms}`` for the plan's partitions that have one.
     """
     read = {p for p, (start, end) in plan.offsets.items() if end > start}
+    at = plan.planned_at_ms if plan.ends_at_ms is None else plan.ends_at_ms
     out = {}
     for p in plan.offsets:
         if p in read or (p not in active_at_ms and read):
-            out[p] = plan.planned_at_ms
+            out[p] = at
         elif p in active_at_ms:
             out[p] = active_at_ms[p]
     return out
@@ -143,7 +162,8 @@ def paused_partitions(open_partitions: list[str], candidates: list[str], partiti
 
 def plan_epoch(committed: dict[str, int], ends: dict[str, int], partition_max_ts: dict[str, int],
                active_at_ms: dict[str, int], *, now_ms: int, events_per_epoch: int, bounded: bool,
-               idle_timeout_ms: int | None = None, max_drift_ms: int | None = None) -> EpochPlan:
+               idle_timeout_ms: int | None = None, max_drift_ms: int | None = None,
+               ends_at_ms: int | None = None) -> EpochPlan:
     """The offsets the next epoch reads: ``events_per_epoch`` split equally over the
     partitions that have input and are not paused by watermark alignment (one with less
     than its share reads what it has). A paused partition's share goes to the others;
@@ -158,10 +178,12 @@ def plan_epoch(committed: dict[str, int], ends: dict[str, int], partition_max_ts
         partition_max_ts, active_at_ms: per partition, as in the checkpoint
             (``partition_max_ts``: ``WATERMARK_MIN`` for a new one; ``active_at_ms``:
             missing for one whose quiet time has not started, ``partition_activity``).
-        now_ms: wall clock, ms.
+        now_ms: wall clock before ``ends`` were asked for, ms (idleness is judged at it).
         events_per_epoch, idle_timeout_ms, max_drift_ms: the ``Job`` fields.
         bounded: ``Source.bounded`` (a bounded source's partitions read to the end
             hold back nothing).
+        ends_at_ms: wall clock when ``ends`` were known, ms (``EpochPlan.ends_at_ms``;
+            None: ``now_ms``).
 
     Returns:
         The ``EpochPlan``.
@@ -175,7 +197,8 @@ def plan_epoch(committed: dict[str, int], ends: dict[str, int], partition_max_ts
     share = -(-events_per_epoch // max(1, len(reading)))
     offsets = {p: (committed[p], min(ends[p], committed[p] + share) if p in reading else committed[p])
                for p in committed}
-    return EpochPlan(offsets=offsets, ends=ends, idle=idle, paused=paused, planned_at_ms=now_ms)
+    return EpochPlan(offsets=offsets, ends=ends, idle=idle, paused=paused, planned_at_ms=now_ms,
+                     ends_at_ms=ends_at_ms)
 
 
 def watermark_holders(committed: dict[str, int], ends: dict[str, int], idle: frozenset[str],
@@ -309,13 +332,19 @@ def alignment_cuts(summaries: list, partition_max_ts: dict[str, int], holders: l
 
 def watermark(previous: int, partition_max_ts: dict[str, int], inputs: list[str], bound_ms: int) -> int:
     """Bounded out-of-orderness: min over ``inputs`` of their max event time, minus
-    ``bound_ms``, never below ``previous`` (Flink's ``forBoundedOutOfOrderness`` with the
-    min over input partitions). No inputs (all idle), or one without an event time yet:
-    ``previous``."""
+    ``bound_ms``, minus 1 ms, never below ``previous`` (Flink's
+    ``forBoundedOutOfOrderness`` with the min over input partitions). No inputs (all
+    idle), or one without an event time yet: ``previous``.
+
+    Why the 1 ms: an event with ``timestamp <= watermark`` is late (timers up to the
+    watermark have fired), and an event ``bound_ms`` behind its partition's max is within
+    the bound: with ``bound_ms`` 0, the next event of a partition in event-time order
+    with the same timestamp as its max (a tie) would otherwise be late.
+    """
     low = min((partition_max_ts[p] for p in inputs), default=WATERMARK_MIN)
     if low == WATERMARK_MIN:
         return previous
-    return max(previous, low - bound_ms)
+    return max(previous, low - bound_ms - 1)
 
 
 @dataclass(frozen=True)
@@ -370,7 +399,7 @@ def epoch_event_time(inputs: EventTimeInputs, summaries: list) -> EpochEventTime
     Steps: max event time read per partition; alignment's cuts (``alignment_cuts``, with
     ``max_drift_ms``), which lower a cut partition's max to what it kept and end its
     offsets at the cut; then the watermark: min over the input partitions of their max
-    event time, minus the bound, never below the previous one (``watermark``). Input
+    event time, minus the bound and 1 ms, never below the previous one (``watermark``). Input
     partitions: a bounded source's partitions not read to the end (none left: finished,
     +infinity); a live source's partitions, caught up or not (they may still receive
     older events), except idle ones (Flink's ``withIdleness``: all idle, the watermark
@@ -394,8 +423,8 @@ def epoch_event_time(inputs: EventTimeInputs, summaries: list) -> EpochEventTime
             else:
                 max_ts[p] = kept_max
         if cuts:
-            plan = EpochPlan(offsets={p: (start, cuts.get(p, end)) for p, (start, end) in plan.offsets.items()},
-                             ends=plan.ends, idle=plan.idle, paused=plan.paused, planned_at_ms=plan.planned_at_ms)
+            plan = dataclasses.replace(
+                plan, offsets={p: (start, cuts.get(p, end)) for p, (start, end) in plan.offsets.items()})
     part_max = {p: max(inputs.partition_max_ts.get(p, WATERMARK_MIN), max_ts.get(p, WATERMARK_MIN))
                 for p in plan.offsets}
     if inputs.drain:

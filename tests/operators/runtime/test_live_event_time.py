@@ -10,7 +10,8 @@ import crc32c
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-from hypothesis import given, settings
+import pytest
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from dkvstream.examples.keyed_count import keyed_count_job, keyed_count_oracle
@@ -65,13 +66,13 @@ def test_idle_partition_stops_holding_back_the_watermark_until_it_receives_event
         return result
 
     first = epoch(after_s=0, p0=300, p1=300)
-    assert first.watermark == _ts("p0", 299) - BOUND_MS
+    assert first.watermark == _ts("p0", 299) - BOUND_MS - 1
     # p1 gets nothing new: caught up for 5 s, not idle yet, it holds the watermark.
     second = epoch(after_s=5, p0=600, p1=300)
-    assert second.watermark == _ts("p1", 299) - BOUND_MS
+    assert second.watermark == _ts("p1", 299) - BOUND_MS - 1
     # 15 s without events on p1: idle; the watermark follows p0 alone.
     third = epoch(after_s=10, p0=700, p1=300)
-    assert third.watermark == _ts("p0", 699) - BOUND_MS
+    assert third.watermark == _ts("p0", 699) - BOUND_MS - 1
     # p1 receives events (older than the watermark: late, as in Flink) and is active
     # again: the watermark waits for it although p0 reads on.
     fourth = epoch(after_s=1, p0=800, p1=400)
@@ -80,6 +81,51 @@ def test_idle_partition_stops_holding_back_the_watermark_until_it_receives_event
     ckpt = read_checkpoint(JobRunner(live_sources.job(visible), None, str(tmp_path / "s")).store,
                            "jobs/growing_count", 5)
     assert ckpt.partition_active_at_ms == {"p0": int(clock.now * 1000), "p1": int((clock.now - 1) * 1000)}
+
+
+class _SlowEnds(live_sources.GrowingSource):
+    """A ``GrowingSource`` whose end-offset query, while ``slow`` holds
+    ``(seconds, visible)``, takes that long on the test's clock and sees ``visible``
+    (records that entered the log while the broker answered)."""
+
+    def __init__(self, visible_file, clock: FakeClock) -> None:
+        super().__init__(visible_file)
+        self.clock, self.slow = clock, None
+
+    def end_offsets(self) -> dict[str, int]:
+        if self.slow is not None:
+            seconds, visible = self.slow
+            self.slow = None
+            self.clock.now += seconds
+            reveal(self.visible_file, visible)
+        return super().end_offsets()
+
+
+def test_quiet_time_counts_from_when_the_end_offsets_came_back(tmp_path) -> None:
+    """The driver asks for the end offsets after reading its clock; a record that enters
+    the log while the broker answers (2 s here) is read by that epoch. p1 then pauses
+    9 s, less than the idle timeout: it never becomes idle, so the watermark waits for it
+    and none of its events is late (counting from the plan's clock, p1 would be idle
+    at 10 s and its next events late)."""
+    visible, clock = tmp_path / "visible.json", FakeClock()
+    reveal(visible, {"p0": 300, "p1": 300})
+    job = live_sources.job(visible, idle_timeout_ms=IDLE_MS, events_per_epoch=4_000)
+    job.source = _SlowEnds(visible, clock)
+    runner = JobRunner(job, None, str(tmp_path / "s"), clock=clock)
+    job.source.slow = (2, {"p0": 300, "p1": 301})
+    [first] = runner.run(max_epochs=1)  # planned at 0 s, p1's record 301 in at 2 s
+    clock.now += 8
+    reveal(visible, {"p0": 700, "p1": 301})
+    [second] = runner.run(max_epochs=1)  # 10 s after the plan, 8 s after p1's last record
+    assert first.watermark == _ts("p0", 299) - BOUND_MS - 1
+    assert second.watermark == _ts("p1", 300) - BOUND_MS - 1  # p1 holds it back
+    clock.now += 1
+    reveal(visible, {"p0": 800, "p1": 400})  # p1 resumes 9 s after its last record
+    [third] = runner.run(max_epochs=1)
+    assert third.events == 199
+    assert runner.job.sinks["late"].read(runner.store, runner.job.prefix).num_rows == 0
+    pd.testing.assert_frame_equal(live_sources.output(runner),
+                                  live_sources.oracle(runner.job.source, third.watermark), check_dtype=False)
 
 
 def _late_start_run(tmp_path, second_producer_after_s: float):
@@ -114,7 +160,7 @@ def test_a_partition_is_not_idle_before_its_first_event_while_no_partition_had_o
     the watermark until its first event, and none of its events is late."""
     runner, before, third = _late_start_run(tmp_path, second_producer_after_s=5)
     assert before == WATERMARK_MIN  # p1 has no event yet and is not idle: it holds it
-    assert third.watermark == _ts("p0", 1_499) - BOUND_MS
+    assert third.watermark == _ts("p0", 1_499) - BOUND_MS - 1
     assert runner.job.sinks["late"].read(runner.store, runner.job.prefix).num_rows == 0
     pd.testing.assert_frame_equal(live_sources.output(runner),
                                   live_sources.oracle(runner.job.source, third.watermark), check_dtype=False)
@@ -128,7 +174,7 @@ def test_a_partition_without_events_is_idle_a_timeout_after_the_first_epoch_that
     from dkvstream.examples.keyed_count import WINDOW_MS
 
     runner, before, third = _late_start_run(tmp_path, second_producer_after_s=11)
-    assert before == _ts("p0", 1_499) - BOUND_MS
+    assert before == _ts("p0", 1_499) - BOUND_MS - 1
     ts = np.array([_ts("p1", o) for o in range(1_500)])
     want = ts[ts // WINDOW_MS * WINDOW_MS + WINDOW_MS <= before]
     late = runner.job.sinks["late"].read(runner.store, runner.job.prefix)
@@ -138,10 +184,12 @@ def test_a_partition_without_events_is_idle_a_timeout_after_the_first_epoch_that
 
 @st.composite
 def _in_order_feeds(draw):
-    """Partitions in event-time order whose producers start within the idle timeout of
-    the first one and then never pause that long: ``(arrivals, event times)`` per
-    partition (wall clock ms from the job's start; event time ms), and the times the
-    driver plans (a trigger interval)."""
+    """Partitions in event-time order (ties allowed) whose producers start within the
+    idle timeout of the first one and then never pause that long: ``(arrivals, event
+    times)`` per partition (wall clock ms from the job's start, when each record enters
+    the log; event time ms), and the driver's plans ``(now, ends_seen)``: the wall clock
+    it plans at and the later moment its end-offset query saw the log (a broker slow to
+    answer). Epochs may last far longer than the idle timeout (an overloaded job)."""
     n = draw(st.integers(2, 3))
     feed_start = draw(st.integers(0, 4 * IDLE_MS))  # the job may start long before any producer
     arrivals, times = [], []
@@ -150,31 +198,48 @@ def _in_order_feeds(draw):
         gaps = draw(st.lists(st.integers(0, IDLE_MS - 1), min_size=1, max_size=10))
         arrivals.append(np.cumsum([start, *gaps[1:]]))
         times.append(np.cumsum(draw(st.lists(st.integers(0, 50_000), min_size=len(gaps), max_size=len(gaps)))))
-    interval = draw(st.integers(500, 3_000))
     end = max(int(a[-1]) for a in arrivals) + 2 * IDLE_MS
-    return arrivals, times, list(range(interval, end, interval))
+    plans, now = [], 0
+    while now < end:
+        now += draw(st.integers(500, 3 * IDLE_MS))  # the trigger, or an epoch that took this long
+        seen = now + draw(st.sampled_from([0, 0, 1, 100, 2_000]))  # the end-offset query's answer
+        plans.append((now, seen))
+        now = seen
+    return arrivals, times, plans
 
 
-@settings(max_examples=200, deadline=None)
+# p1's first record enters the log while the driver's end-offset query is under way
+# (planned at 1 s, answered at 2 s), its next one 9.999 s later: never quiet for the
+# timeout, but quiet time counted from the plan's clock would make it idle at 11 s and
+# the record at 11.499 s late.
+_SLOW_ENDS = ([np.arange(0, 30_000, 1_000), np.array([1_500, 11_499])],
+              [np.arange(1, 31) * 60_000, np.array([1, 2])],
+              [(1_000, 2_000), *((t, t) for t in range(3_000, 30_001, 1_000))])
+
+
+@settings(max_examples=300, deadline=None)
 @given(feeds=_in_order_feeds(), events_per_epoch=st.integers(1, 8), bound_ms=st.integers(0, 5_000),
        drift_ms=st.one_of(st.none(), st.integers(0, 100_000)))
+@example(feeds=_SLOW_ENDS, events_per_epoch=8, bound_ms=0, drift_ms=None)
 def test_no_event_of_an_in_order_partition_is_late_unless_it_went_quiet_for_the_idle_timeout(
         feeds, events_per_epoch, bound_ms, drift_ms) -> None:
     """The driver's event-time steps (``plan_epoch``, ``epoch_event_time``,
     ``partition_activity``) on a live source whose partitions are each in event-time
     order and none is quiet for the idle timeout once the source delivers events
-    (producers starting at different moments, long after the job, with or without
-    watermark alignment): no event read is below the watermark it meets."""
+    (producers starting at different moments, long after the job; a backlog read in
+    small epochs; epochs longer than the timeout; end offsets seen after the plan's
+    clock; with or without watermark alignment): no event read is at or below the
+    watermark it meets (the operator API's lateness)."""
     arrivals, times, plans = feeds
     parts = [f"p{i}" for i in range(len(arrivals))]
     committed = dict.fromkeys(parts, 0)
     part_max = dict.fromkeys(parts, WATERMARK_MIN)
     active_at: dict[str, int] = {}
     wm = WATERMARK_MIN
-    for now in plans:
-        ends = {p: int(np.searchsorted(arrivals[i], now, side="right")) for i, p in enumerate(parts)}
+    for now, seen in plans:
+        ends = {p: int(np.searchsorted(arrivals[i], seen, side="right")) for i, p in enumerate(parts)}
         plan = plan_epoch(committed, ends, part_max, active_at, now_ms=now, events_per_epoch=events_per_epoch,
-                          bounded=False, idle_timeout_ms=IDLE_MS, max_drift_ms=drift_ms)
+                          bounded=False, idle_timeout_ms=IDLE_MS, max_drift_ms=drift_ms, ends_at_ms=seen)
         summaries = []
         for i, p in enumerate(parts):
             start, stop = plan.offsets[p]
@@ -187,10 +252,29 @@ def test_no_event_of_an_in_order_partition_is_late_unless_it_went_quiet_for_the_
             continue  # the driver commits no epoch
         for i, p in enumerate(parts):
             start, stop = result.plan.offsets[p]
-            assert (times[i][start:stop] >= wm).all(), (p, now, wm)
+            assert (times[i][start:stop] > wm).all(), (p, now, wm)
         committed = {p: stop for p, (_, stop) in result.plan.offsets.items()}
         part_max, wm = result.partition_max_ts, result.watermark
         active_at = partition_activity(active_at, result.plan)
+
+
+@pytest.mark.parametrize("bound_ms", [0, 1_000])
+def test_an_event_within_the_bound_of_its_partitions_newest_is_not_late(bound_ms) -> None:
+    """A partition in event-time order may repeat its newest timestamp (a tie), and an
+    event exactly ``bound_ms`` behind it is within the bound: epochs reading them one
+    at a time find neither at or below the watermark (``timestamp <= watermark`` is
+    late), as Flink's bounded out-of-orderness (max - bound - 1 ms)."""
+    ts = np.array([5_000, 5_000 + bound_ms, 5_000 + bound_ms, 5_000])
+    committed, part_max, wm = {"p": 0}, {"p": WATERMARK_MIN}, WATERMARK_MIN
+    for offset, t in enumerate(ts):
+        assert t > wm
+        plan = plan_epoch(committed, {"p": len(ts)}, part_max, {}, now_ms=0, events_per_epoch=1, bounded=False)
+        assert plan.offsets == {"p": (offset, offset + 1)}
+        summary = SplitSummary(Split("p", 0, offset, offset + 1), 1, 0, int(t),
+                               EventTimeSteps.of(np.array([offset]), ts[offset:offset + 1]))
+        result = epoch_event_time(EventTimeInputs(wm, part_max, plan, False, bound_ms, None), [summary])
+        committed, part_max, wm = {"p": offset + 1}, result.partition_max_ts, result.watermark
+    assert wm == 5_000 - 1
 
 
 def test_continuous_run_advances_the_watermark_of_idle_partitions_without_input(tmp_path) -> None:
@@ -210,8 +294,8 @@ def test_continuous_run_advances_the_watermark_of_idle_partitions_without_input(
         else:
             runner.stop()
     assert [(r.epoch, r.events) for r in results] == [(1, 1_000), (2, 600), (3, 0)]
-    assert results[1].watermark == _ts("p1", 299) - BOUND_MS
-    assert results[2].watermark == _ts("p0", 1_299) - BOUND_MS
+    assert results[1].watermark == _ts("p1", 299) - BOUND_MS - 1
+    assert results[2].watermark == _ts("p0", 1_299) - BOUND_MS - 1
     got = live_sources.output(runner)
     pd.testing.assert_frame_equal(got, live_sources.oracle(runner.job.source, results[2].watermark),
                                   check_dtype=False)
@@ -368,7 +452,7 @@ def test_new_partitions_are_read_from_their_start_offset(tmp_path) -> None:
     assert second.watermark == first.watermark
     reveal(visible, {"p0": 1_300, "p1": 1_300})
     [third] = runner.run()
-    assert third.watermark == _ts("p0", 1_299) - BOUND_MS
+    assert third.watermark == _ts("p0", 1_299) - BOUND_MS - 1
     got = live_sources.output(runner)
     events = pa.concat_tables([job.source.data.full_partition(p).slice(100, 1_200) for p in ("p0", "p1")])
     want = keyed_count_oracle(_Table(events))

@@ -59,13 +59,13 @@ def test_catching_up_epoch_of_a_live_source_commits(tmp_path) -> None:
     _append(root, {0: [(f"k{i % 3}", 1_000 * i) for i in range(10)]})
     results = JobRunner(_job(root), None, root).run()
     assert [(r.epoch, r.events, r.watermark, r.finished) for r in results] == [
-        (1, 10, 9_000 - BOUND_MS, False)
+        (1, 10, 9_000 - BOUND_MS - 1, False)
     ]
     # Caught up: a rerun has nothing to do and fails nothing.
     assert JobRunner(_job(root), None, root).run() == []
     _append(root, {0: [("k0", 12_000)]})
     [again] = JobRunner(_job(root), None, root).run()
-    assert (again.epoch, again.events, again.watermark) == (2, 1, 12_000 - BOUND_MS)
+    assert (again.epoch, again.events, again.watermark) == (2, 1, 12_000 - BOUND_MS - 1)
 
 
 def test_caught_up_partition_still_holds_the_watermark(tmp_path) -> None:
@@ -83,10 +83,10 @@ def test_caught_up_partition_still_holds_the_watermark(tmp_path) -> None:
     results = JobRunner(_job(root), None, root).run()
     # Epoch 1: 50 per partition (0 reads its 4); epoch 2: 100 of partition 1; epoch 3: the rest.
     assert [(r.events, r.watermark) for r in results] == [
-        (54, 3_000 - BOUND_MS),
-        (100, 3_000 - BOUND_MS),
-        (51, 3_000 - BOUND_MS),
+        (54, 3_000 - BOUND_MS - 1),
+        (100, 3_000 - BOUND_MS - 1),
+        (51, 3_000 - BOUND_MS - 1),
     ]
     _append(root, {0: [("a", 30_000)]})
     [again] = JobRunner(_job(root), None, root).run()
-    assert again.watermark == 20_000 - BOUND_MS  # now partition 1's max is the lower one
+    assert again.watermark == 20_000 - BOUND_MS - 1  # now partition 1's max is the lower one
