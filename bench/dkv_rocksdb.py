@@ -83,10 +83,11 @@ Clocks: every phase is timed twice, by the child's CPU time (``time.process_time
 ``CLOCK_PROCESS_CPUTIME_ID``, the sum over all its threads, so RocksDB's background
 flushes and compactions count; time blocked in ``fsync`` or reads does not) and by wall
 time (``time.perf_counter``: RocksDB's background threads may run on the second core,
-DKV works in the caller; ``fsync`` counts). The table prints both ratios; ops/s and the target verdicts use
-``--clock`` (default ``cpu``, which a shared, loaded machine disturbs far less). The load
-average before and after the runs is printed. ``--plot PATH`` writes both ratios per
-phase as a PNG.
+DKV works in the caller; ``fsync`` counts). The table prints both ratios (medians over
+the runs; with ``--repeat`` above 1 also each run's ratio); ops/s and the target verdicts
+use ``--clock`` (default ``cpu``, which a shared, loaded machine disturbs far less). The
+load average before and after the runs is printed. ``--plot PATH`` writes both ratios
+per phase as a PNG.
 
 ``--profile PHASE`` runs only the DKV child, with cProfile enabled around that phase, and
 prints the top functions by own time and by cumulative time.
@@ -444,7 +445,7 @@ def _child(engine_name: str, n_keys: int, profile_phase: str | None) -> dict:
             if name == profile_phase:
                 import cProfile
 
-                profiler = cProfile.Profile(time.process_time)  # CPU time, as --clock cpu
+                profiler = cProfile.Profile()
                 profiler.enable()
             t = _clock()
             res = fn()
@@ -619,7 +620,9 @@ def main() -> None:
         return statistics.median(r["times"][phase][which] for r in runs[eng])
 
     def rate(eng: str, phase: str, which: int) -> float:
-        return runs[eng][0]["times"][phase][0] / secs(eng, phase, which)
+        # Median of each run's ops / s: a flush's key count may differ between runs.
+        return statistics.median(r["times"][phase][0] / r["times"][phase][which]
+                                 for r in runs[eng])
 
     print()
     counts = runs["dkv"][0]["times"]
