@@ -128,8 +128,8 @@ class PointReader:
                 if e is not None:
                     return e[1]
                 i = _first_candidate(l0, i + 1, key, h)
-        # ``LevelList.sorted_run_candidate`` inlined: this loop runs once per level per
-        # get, and its method calls cost as much as the block lookup itself.
+        # ``LevelList.sorted_run_candidate`` inlined over the precomputed probes: this
+        # runs for every sorted-run level on every get that reaches the tables.
         for max_keys, run in runs:
             j = _bisect_left(max_keys, key)
             if j == len(run):
