@@ -17,20 +17,25 @@ random and 50 of a fixed filler (about half compressible, like typical operator 
 
 Phases, in order, on one open DB per engine:
 
-1. ``put``: N puts in random key order;
-2. ``get present (pre-flush)``: gets with the last memtable still in memory (DKV: the
-   latest memtable plus the L0 tables flushed when it filled; RocksDB: its memtables and
-   whatever it flushed in the background);
+1. ``put``: N puts in random key order; for RocksDB the phase ends once no background
+   flush or compaction runs or is pending (the memtables that filled during the puts are
+   written inside the phase's clocks, as DKV writes them inside ``put``);
+2. ``get present (pre-flush)``: gets with the last memtable still in memory (both: the
+   latest memtable plus the L0 tables flushed when the earlier ones filled);
 3. ``flush``: DKV ``flush()``; RocksDB ``flush(wait=True)`` then waiting until no
    background flush or compaction runs (DKV compacts synchronously inside ``flush``);
-   reported as keys/s over N;
+   reported as keys/s over the keys in the memtable(s) the flush writes, each engine's
+   own count: the engines account memtable bytes differently, so their last memtables
+   differ (at 1,000,000 keys DKV's holds about 254,000 keys, RocksDB's about 78,000;
+   printed after the phase);
 4. ``get present``: 200,000 random gets of present keys, from tables;
 5. ``get absent``: 200,000 gets of absent keys (present prefixes, so they fall inside the
    tables' key ranges and exercise the Bloom filters);
 6. ``scan prefix``: 1,000 prefix scans of ~100 keys each (scans/s);
 7. ``compact all``: DKV ``compact_all()`` if the DB has it, else ``flush()`` +
    ``checkpoint()`` (flagged in the output: a checkpoint compacts only if L0 reached its
-   trigger); RocksDB ``compact_range(None, None)``; keys/s over N;
+   trigger); RocksDB ``compact_range(None, None)`` (synchronous), then waiting for any
+   background work as after the flush; keys/s over N;
 8. ``get present (compacted)``: the get phase again on the compacted tree.
 
 Correctness is checked before any number is printed: after the flush a sample of gets
@@ -39,18 +44,33 @@ exactly the expected pairs; every timed phase's results are then verified (all v
 all absent, every scan's count), and the parent checks that both engines returned the
 same digest of sampled results.
 
-Comparable settings (see ``_open_rocksdb``): DKV's defaults (``DKVOptions()``) and for
-RocksDB a 64 MiB write buffer (DKV ``memtable_bytes``), 4 KiB blocks, a full Bloom filter
-of 10 bits/key, zstd (RocksDB's default level maps to zstd level 3, as DKV's
-``zstd_level``), the same total cache bytes for both (``--cache-mib``, default 320 MiB,
-DKV's default budgets): RocksDB's block cache gets all of it, DKV splits it as its
-defaults do, a fifth to ``block_cache_bytes`` (decompressed blocks) and four fifths to
-``table_cache_bytes`` (whole compressed tables), L0 trigger 4, 8 MiB target files, raw
-mode (bytes in, bytes out; no pickling),
-and the WAL disabled: DKV buffers WAL records in memory until ``checkpoint``, so neither
-engine writes a log per put. Differences that remain: RocksDB flushes and compacts on up
-to 2 background threads (so part of its put cost runs on the second core), DKV does both
-synchronously in the caller; DKV fsyncs each table it writes, RocksDB does not by default.
+Like-for-like settings (see ``dkv_options`` and ``_open_rocksdb``): DKV's defaults
+(``DKVOptions()``) but for the cache, and for RocksDB a 64 MiB write buffer (DKV
+``memtable_bytes``), 4 KiB blocks, a full Bloom filter of 10 bits/key, zstd (RocksDB's
+default level maps to zstd level 3, as DKV's ``zstd_level``), L0 trigger 4, 8 MiB target
+files, raw mode (bytes in, bytes out; no pickling), and:
+
+* Durability: the WAL off in both (``disable_wal``; DKV buffers WAL records in memory
+  until ``checkpoint``, which the benchmark never calls), so neither writes a log per
+  put; every table either engine writes (flush or compaction) is ``fsync``-ed once, when
+  complete, before it is used: DKV's ``LocalObjectStore.put`` fsyncs its temp file before
+  the rename, RocksDB syncs each SST file it finishes, with ``use_fsync`` on so it calls
+  ``fsync`` rather than ``fdatasync``; no incremental syncs (``bytes_per_sync`` 0, its
+  default). RocksDB also appends its MANIFEST and fsyncs it and the directory per flush
+  and compaction; DKV writes no manifest until a checkpoint.
+* Cache: the same kind and size, ``--cache-mib`` (default 320 MiB) of decompressed data
+  blocks in an LRU each: RocksDB's block cache (an ``LRUCache``); DKV's
+  ``block_cache_bytes``, with its cache of whole compressed tables off
+  (``table_cache_bytes=0``; rocksdict exposes no compressed secondary cache to give
+  RocksDB the same split), so both read a missed block from the file with one ``pread``
+  and decompress it. Index and Bloom filter blocks stay with each open table's reader,
+  outside the cache, in both (RocksDB's ``cache_index_and_filter_blocks`` default off).
+* Background work: RocksDB flushes and compacts on up to 2 background threads, DKV
+  synchronously in the caller. Every phase that makes RocksDB write tables (put, flush,
+  compact all) ends, inside its clocks, only once none runs or is pending, so each
+  engine's flushes and compactions are charged to the phase that caused them; the CPU
+  clock counts all the process's threads.
+
 Both end the flush phase with 3 L0 tables at 1,000,000 keys (printed as the tree shape).
 With ``--quick`` everything fits one memtable, so the compaction has one table to rewrite
 (RocksDB moves it down without rewriting): read that row only at full size.
@@ -59,13 +79,15 @@ Memory: each child reports its peak RSS (``ru_maxrss``), the RSS once the worklo
 (identical for both engines, ~260 MiB at 1,000,000 keys) and the difference, which is what
 the engine itself added at its peak (memtables, caches, readers, allocator slack).
 
-Clocks: every phase is timed twice, by the child's CPU time (``time.process_time``: all
-its threads, so RocksDB's background flushes and compactions count) and by wall time
-(``time.perf_counter``: RocksDB's background threads may run on the second core, DKV
-works in the caller). The table prints both ratios; ops/s and the target verdicts use
-``--clock`` (default ``cpu``, which a shared, loaded machine disturbs far less). The load
-average before and after the runs is printed. ``--plot PATH`` writes both ratios per
-phase as a PNG.
+Clocks: every phase is timed twice, by the child's CPU time (``time.process_time``:
+``CLOCK_PROCESS_CPUTIME_ID``, the sum over all its threads, so RocksDB's background
+flushes and compactions count; time blocked in ``fsync`` or reads does not) and by wall
+time (``time.perf_counter``: RocksDB's background threads may run on the second core,
+DKV works in the caller; ``fsync`` counts). The table prints both ratios (medians over
+the runs; with ``--repeat`` above 1 also each run's ratio); ops/s and the target verdicts
+use ``--clock`` (default ``cpu``, which a shared, loaded machine disturbs far less). The
+load average before and after the runs is printed. ``--plot PATH`` writes both ratios
+per phase as a PNG.
 
 ``--profile PHASE`` runs only the DKV child, with cProfile enabled around that phase, and
 prints the top functions by own time and by cumulative time.
@@ -105,28 +127,30 @@ CHECK_SCANS = 20
 PHASES = [
     # (name, unit, target ratio DKV / RocksDB or None)
     ("put", "puts/s", 0.5),
-    ("get present (pre-flush)", "gets/s", 0.5),
-    ("flush", "keys/s", None),
-    ("get present", "gets/s", 0.5),
-    ("get absent", "gets/s", 0.5),
+    ("get present (pre-flush)", "gets/s", 0.8),
+    ("flush", "keys/s", 0.5),
+    ("get present", "gets/s", 0.8),
+    ("get absent", "gets/s", 0.8),
     ("scan prefix", "scans/s", 1.0),
-    ("compact all", "keys/s", None),
-    ("get present (compacted)", "gets/s", 0.5),
+    ("compact all", "keys/s", 0.5),
+    ("get present (compacted)", "gets/s", 0.8),
 ]
 PHASE_NAMES = [p[0] for p in PHASES]
-DEFAULT_CACHE_BYTES = 320 << 20  # DKVOptions' defaults: 64 MiB block cache + 256 MiB table cache
+DEFAULT_CACHE_BYTES = 320 << 20  # DKVOptions' default budgets together (64 + 256 MiB)
 
 
 def _cache_bytes() -> int:
-    """Each engine's total cache bytes (the parent passes ``--cache-mib`` in the environment)."""
+    """Each engine's cache of decompressed blocks, bytes (the parent passes ``--cache-mib``
+    in the environment)."""
     return int(os.environ.get("DKV_BENCH_CACHE_BYTES", DEFAULT_CACHE_BYTES))
 
 
-def cache_split(total: int) -> tuple[int, int]:
-    """DKV's ``(block_cache_bytes, table_cache_bytes)`` for ``total`` cache bytes: a fifth
-    and four fifths, the proportions of ``DKVOptions``' defaults (64 and 256 MiB)."""
-    block = total // 5
-    return block, total - block
+def dkv_options(cache_bytes: int):
+    """DKV's defaults with RocksDB's kind of cache: ``cache_bytes`` of decompressed blocks
+    (``block_cache_bytes``) and no cache of whole compressed tables."""
+    from dkvstream.storage.dkv import DKVOptions
+
+    return DKVOptions(block_cache_bytes=cache_bytes, table_cache_bytes=0)
 
 
 # -- workload -----------------------------------------------------------------------------
@@ -198,11 +222,10 @@ class DKVEngine(_Engine):
     name = "DKV"
 
     def __init__(self, root: str) -> None:
-        from dkvstream.storage.dkv import DKV, DKVOptions
+        from dkvstream.storage.dkv import DKV
         from dkvstream.storage.objectstore.local import LocalObjectStore
 
-        block, table = cache_split(_cache_bytes())
-        self.options = DKVOptions(block_cache_bytes=block, table_cache_bytes=table)
+        self.options = dkv_options(_cache_bytes())
         self.db = DKV.open(LocalObjectStore(root), "bench", None, self.options)
         self.notes: list[str] = []
         self._ckpt = 0
@@ -213,6 +236,12 @@ class DKVEngine(_Engine):
 
     def flush(self) -> None:
         self.db.flush()
+
+    def wait_background(self) -> None:
+        """Nothing: DKV flushes and compacts in the caller."""
+
+    def memtable_entries(self) -> int:
+        return self.db.stats()["memtable_entries"]
 
     def compact_all(self) -> None:
         db = self.db
@@ -253,7 +282,13 @@ class RocksDBEngine(_Engine):
             out.append(list(items(from_key=p, read_opt=ro)))
         return out
 
-    def _wait_background(self) -> None:
+    def memtable_entries(self) -> int:
+        prop = self.db.property_int_value
+        return (prop("rocksdb.num-entries-active-mem-table")
+                + prop("rocksdb.num-entries-imm-mem-tables"))
+
+    def wait_background(self) -> None:
+        """Returns once no flush or compaction runs or is pending."""
         prop = self.db.property_int_value
         while (prop("rocksdb.num-running-flushes") or prop("rocksdb.num-running-compactions")
                or prop("rocksdb.compaction-pending") or prop("rocksdb.mem-table-flush-pending")):
@@ -261,10 +296,11 @@ class RocksDBEngine(_Engine):
 
     def flush(self) -> None:
         self.db.flush(True)
-        self._wait_background()
+        self.wait_background()
 
     def compact_all(self) -> None:
         self.db.compact_range(None, None)
+        self.wait_background()
 
     def shape(self) -> str:
         prop = self.db.property_int_value
@@ -283,10 +319,14 @@ def _open_rocksdb(r, root: str):
     opts.set_level_zero_file_num_compaction_trigger(4)  # DKV l0_compaction_trigger
     opts.set_target_file_size_base(8 << 20)  # DKV target_file_bytes
     opts.set_max_background_jobs(2)
+    # DKV fsyncs every table it writes (LocalObjectStore.put), once, when complete;
+    # RocksDB syncs every SST file it finishes, with fdatasync unless use_fsync.
+    opts.set_use_fsync(True)
+    opts.set_bytes_per_sync(0)  # no incremental syncs while a file is written (default)
     table = r.BlockBasedOptions()
     table.set_block_size(4096)  # DKV block_bytes
     table.set_bloom_filter(10, False)  # full filter, 10 bits/key
-    # DKV's block cache + table cache (cache_split): the same total bytes.
+    # Decompressed blocks, LRU: the same kind and bytes as DKV's block cache (dkv_options).
     table.set_block_cache(r.Cache(_cache_bytes()))
     opts.set_block_based_table_factory(table)
     db = r.Rdict(root, opts)
@@ -422,8 +462,14 @@ def _child(engine_name: str, n_keys: int, profile_phase: str | None) -> dict:
             return res
 
         keys, values = w.keys, w.values
-        phase("put", n_keys, lambda: _chunked(
-            "put", lambda lo, hi: eng.put_all(keys[lo:hi], values[lo:hi]), n_keys))
+
+        def put_phase() -> None:
+            # Timed whole by ``phase`` (not the chunks' sum): RocksDB's background flushes
+            # of the memtables that filled count wherever they ran, until the wait ends.
+            _chunked("put", lambda lo, hi: eng.put_all(keys[lo:hi], values[lo:hi]), n_keys)
+            eng.wait_background()
+
+        phase("put", n_keys, put_phase)
 
         def gets(label: str, probe: list[bytes]):
             return _chunked(label, lambda lo, hi: eng.get_all(probe[lo:hi]), len(probe))
@@ -436,7 +482,9 @@ def _child(engine_name: str, n_keys: int, profile_phase: str | None) -> dict:
                     lambda: gets("get present (pre-flush)", w.present))
         verify_present("get present (pre-flush)", got)
 
-        phase("flush", n_keys, eng.flush)
+        unflushed = eng.memtable_entries()
+        print(f"{tag} flush writes {unflushed:,} keys", flush=True)
+        phase("flush", unflushed, eng.flush)
         shape_flushed = eng.shape()
         print(f"{tag} after flush: {shape_flushed}", flush=True)
 
@@ -532,8 +580,8 @@ def main() -> None:
                         help="the clock of ops/s and target verdicts: process CPU time "
                              "(default) or wall time; both ratios are printed")
     parser.add_argument("--cache-mib", type=int, default=DEFAULT_CACHE_BYTES >> 20,
-                        help="total cache of each engine, MiB (RocksDB block cache = DKV block "
-                             "cache + table cache)")
+                        help="cache of decompressed blocks of each engine, MiB (RocksDB block "
+                             "cache, DKV block_cache_bytes; DKV's table cache off)")
     parser.add_argument("--pure-python", action="store_true",
                         help="also run DKV without its C module; adds a DKV/DKV-py column")
     parser.add_argument("--profile", metavar="PHASE", choices=PHASE_NAMES,
@@ -572,17 +620,19 @@ def main() -> None:
         return statistics.median(r["times"][phase][which] for r in runs[eng])
 
     def rate(eng: str, phase: str, which: int) -> float:
-        return runs[eng][0]["times"][phase][0] / secs(eng, phase, which)
+        # Median of each run's ops / s: a flush's key count may differ between runs.
+        return statistics.median(r["times"][phase][0] / r["times"][phase][which]
+                                 for r in runs[eng])
 
-    block, table = cache_split(cache_bytes)
     print()
     counts = runs["dkv"][0]["times"]
     print(f"{n_keys:,} keys (16 B keys, 100 B values), {counts['get present'][0]:,} gets, "
           f"{counts['scan prefix'][0]:,} prefix scans; "
           f"{'median of ' + str(args.repeat) + ' runs' if args.repeat > 1 else '1 run'}; "
           "each engine in its own process; results verified, both engines agree")
-    print(f"cache: {_mib(cache_bytes)} each (RocksDB block cache; DKV block cache {_mib(block)} "
-          f"+ table cache {_mib(table)}); ops/s and targets on {args.clock} time; "
+    print(f"cache: {_mib(cache_bytes)} of decompressed blocks each (RocksDB block cache, DKV "
+          f"block cache; DKV table cache off); WAL off, every table fsynced once in both; "
+          f"ops/s and targets on {args.clock} time; "
           f"CPU = time.process_time (all threads), wall = time.perf_counter; "
           f"load average (1 / 5 / 15 min) {load_before} before, {load_after} after; "
           f"{os.cpu_count()} cores, shared")
@@ -617,6 +667,13 @@ def main() -> None:
               f"{secs('dkv', name, 1):10.2f} {secs('dkv', name, 2):10.2f} "
               f"{secs('rocksdb', name, 1):10.2f} {secs('rocksdb', name, 2):10.2f}  "
               f"{verdict:22}{py}")
+    if args.repeat > 1:
+        print(f"\nratio per run on {args.clock} time (run i: DKV run i / RocksDB run i)")
+        for name, _unit, _target in PHASES:
+            per_run = [d["times"][name][0] / d["times"][name][clock]
+                       / (r["times"][name][0] / r["times"][name][clock])
+                       for d, r in zip(runs["dkv"], runs["rocksdb"])]
+            print(f"{name:26} " + "  ".join(f"{x:6.3f}" for x in per_run))
     print()
     for eng, rs in runs.items():
         peak = max(r["peak_rss"] for r in rs)

@@ -92,6 +92,14 @@ class LevelList:
             return run[j]
         return None
 
+    def sorted_run_probes(self) -> list[tuple[list[bytes], tuple[TableInfo, ...]]]:
+        """``(max keys, tables)`` of each non-empty sorted-run level (L1 and below), top
+        down: what ``sorted_run_candidate`` bisects, for a caller probing every level per
+        key (``read.PointReader``). The candidate for ``key`` in a level is
+        ``tables[j]`` with ``j = bisect_left(max_keys, key)``, if ``j < len(tables)`` and
+        ``tables[j].min_key <= key``."""
+        return [(self._max_keys[i], lvl) for i, lvl in enumerate(self.levels) if i and lvl]
+
     def sorted_run_overlapping(self, i: int, start: bytes, end: bytes | None) -> tuple[TableInfo, ...]:
         """Returns the tables of sorted-run level ``i`` that may hold keys in
         ``[start, end)`` (``end`` None: no bound), in key order (two bisections)."""

@@ -21,6 +21,7 @@ work"). Single-threaded, like the owning ``DKV``.
 
 from __future__ import annotations
 
+from bisect import bisect_left as _bisect_left
 from collections.abc import Iterator, Sequence
 
 from dkvstream.storage.dkv.bloom import first_candidate as _first_candidate
@@ -89,11 +90,12 @@ class PointReader:
     def __init__(self, tables: TableStore) -> None:
         self._tables = tables
         self._levels: LevelList | None = None  # the LevelList self._plan describes
-        self._plan: tuple[list, dict] = ([], {})
+        self._plan: tuple[list, list, dict] = ([], [], {})
 
-    def _plan_for(self, levels: LevelList) -> tuple[list, dict]:
+    def _plan_for(self, levels: LevelList) -> tuple[list, list, dict]:
         """Per-LevelList probe data: L0 filter rows ``(min, max, bits, m, k, table)``,
-        newest first (``bloom.first_candidate``'s layout), and a lazily filled
+        newest first (``bloom.first_candidate``'s layout); the non-empty sorted runs as
+        ``LevelList.sorted_run_probes`` gives them; and a lazily filled
         ``table key -> (bits, m, k)`` map for sorted runs."""
         if self._levels is not levels:
             reader = self._tables.reader
@@ -101,7 +103,7 @@ class PointReader:
             for t in levels.l0:
                 bits, m, k = bloom_row(reader(t))
                 l0.append((t.min_key, t.max_key, bits, m, k, t))
-            self._plan = (l0, {})
+            self._plan = (l0, levels.sorted_run_probes(), {})
             self._levels = levels
         return self._plan
 
@@ -116,7 +118,7 @@ class PointReader:
             e = mt.get(key)
             if e is not None:
                 return e[1]
-        l0, run_filters = self._plan if self._levels is levels else self._plan_for(levels)
+        l0, runs, run_filters = self._plan if self._levels is levels else self._plan_for(levels)
         tables = self._tables
         h = _key_hash(key)  # once per get, not per table probed
         if l0:
@@ -126,15 +128,22 @@ class PointReader:
                 if e is not None:
                     return e[1]
                 i = _first_candidate(l0, i + 1, key, h)
-        for lvl in range(1, len(levels.levels)):
-            t = levels.sorted_run_candidate(lvl, key)
-            if t is None:
+        # ``LevelList.sorted_run_candidate`` inlined over the precomputed probes: this
+        # runs for every sorted-run level on every get that reaches the tables.
+        for max_keys, run in runs:
+            j = _bisect_left(max_keys, key)
+            if j == len(run):
+                continue
+            t = run[j]
+            if t.min_key > key:
                 continue
             f = run_filters.get(t.key)
             if f is None:
                 f = run_filters[t.key] = bloom_row(tables.reader(t))
             if _may_contain_hash(*f, h):
-                e = tables.reader(t).get_unfiltered(key)
+                # The cached reader without a method call (as ``_short_scan_spans``).
+                r = tables._readers.get(t.key) or tables.reader(t)
+                e = r.get_unfiltered(key)
                 if e is not None:
                     return e[1]
         return None

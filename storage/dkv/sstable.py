@@ -186,7 +186,22 @@ class SSTableBuilder:
         self._max_seq = max(self._max_seq, max(seqs))
         self._keys += keys
         self._last_key = keys[-1]
-        if NATIVE is not None and not self._block_entries:
+        if NATIVE is not None and self._block_entries:
+            # A block left open by the previous call (a compaction adds a run in slices):
+            # its rows up to the one filling it take the Python path, so that the whole
+            # blocks after it are cut in C rather than all of this call's rows in Python.
+            room = self._block_bytes - self._block_raw
+            j = 0
+            while j < n and room > 0:
+                v = values[j]
+                room -= _ENTRY_FIXED + len(keys[j]) + (0 if v is None else len(v))
+                j += 1
+            self._add_rows(keys[:j], seqs[:j], values[:j])
+            keys, seqs, values = keys[j:], seqs[j:], values[j:]
+            n -= j
+            if not n:
+                return
+        if NATIVE is not None:
             # Whole blocks are cut and encoded in C; the rows of the last, open block
             # take the Python path below.
             keys, values = list(keys), list(values)

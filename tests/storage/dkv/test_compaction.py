@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import random
 from dataclasses import replace
 from functools import partial
@@ -103,6 +104,31 @@ def test_plan_full_targets_last_level_or_l1() -> None:
     deep = LevelList(((t("n", b"a", b"b"),), (), (), (t("z", b"a", b"z"),)))
     p = plan_full(deep)
     assert p.output_level == 3 and p.drop_tombstones and p.input_levels == (0, 3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    runs=st.lists(st.lists(st.binary(min_size=1, max_size=3), max_size=8), min_size=1, max_size=4),
+    probes=st.lists(st.binary(max_size=4), min_size=1, max_size=20),
+)
+def test_sorted_run_probes_pick_the_same_table_as_sorted_run_candidate(
+    runs: list[list[bytes]], probes: list[bytes]
+) -> None:
+    # Each level: disjoint tables from its sorted bounds, pairing neighbours (empty levels
+    # included); the probes' candidate must be sorted_run_candidate's, level by level.
+    levels: list[tuple[TableInfo, ...]] = [()]
+    for li, bounds in enumerate(runs):
+        b = sorted(set(bounds))
+        levels.append(tuple(t(f"{li}-{j}", b[j], b[j + 1]) for j in range(0, len(b) - 1, 2)))
+    ll = LevelList(tuple(levels))
+    probe_runs = ll.sorted_run_probes()
+    non_empty = [i for i in range(1, len(levels)) if levels[i]]
+    assert [run for _, run in probe_runs] == [levels[i] for i in non_empty]
+    for key in probes:
+        for (max_keys, run), i in zip(probe_runs, non_empty):
+            j = bisect.bisect_left(max_keys, key)
+            got = run[j] if j < len(run) and run[j].min_key <= key else None
+            assert got == ll.sorted_run_candidate(i, key), (i, key)
 
 
 def test_planner_below_trigger_does_nothing() -> None:
