@@ -129,7 +129,7 @@ def concat_rows_py(n: int, parts: Sequence[Any]) -> list[bytes]:
             columns.append([part] * n)
             continue
         data, second = part
-        raw = bytes(memoryview(data).cast("B"))
+        raw = data if isinstance(data, bytes) else memoryview(data).tobytes()
         if isinstance(second, int):
             if second < 0 or len(raw) < n * second:
                 raise ValueError(f"part of {len(raw)} bytes does not hold {n} rows of {second}")
