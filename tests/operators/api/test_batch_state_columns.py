@@ -123,3 +123,21 @@ def test_column_errors_name_the_problem(tmp_path) -> None:
         state.set_columns_at(at, {"count": [1, 2], "amount": [3, 4]})
     with pytest.raises(TypeError, match="columns form"):
         BulkMapState(db, MapSpec(IntCodec(), StrCodec(), id="s")).get_columns_at(at)
+
+
+@settings(max_examples=100, deadline=None)
+@given(rows=st.lists(st.tuples(subject_st, st.integers(0, 300), st.text(max_size=5) | st.integers(-2**63, 2**63 - 1)),
+                     max_size=10))
+def test_dkv_keys_from_columns_equal_the_list_form_for_any_map_key_codec(rows) -> None:
+    """Map keys of a codec without a fixed width (``StrCodec``: ``Codec.encode_column``'s
+    data and offsets) and of ``IntCodec`` (numpy, Arrow or a list) give the DKV keys the
+    list form gives."""
+    keys, kgs = pa.array([r[0] for r in rows], pa.binary()), [r[1] for r in rows]
+    strs = [r[2] if isinstance(r[2], str) else str(r[2]) for r in rows]
+    ints = [r[2] if isinstance(r[2], int) else len(r[2]) for r in rows]
+    for codec, map_keys, columns in ((StrCodec(), strs, [pa.array(strs, pa.string()), strs]),
+                                     (IntCodec(), ints, [pa.array(ints, pa.int64()), np.array(ints, np.int64), ints])):
+        state = BulkMapState(None, MapSpec(codec, INTS, id="m"))
+        expected = state.dkv_keys([r[0] for r in rows], kgs, map_keys)
+        for column in columns:
+            assert state.dkv_keys(keys, kgs, column) == expected
