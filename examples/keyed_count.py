@@ -88,35 +88,28 @@ class KeyedWindowCountBatch(BatchOperator):
                            "start": start, "amount": events.column("amount")}) \
             .group_by(["key", "kg", "start"], use_threads=False) \
             .aggregate([("amount", "count"), ("amount", "sum")])
-        keys = groups.column("key").to_pylist()
-        kgs = groups.column("kg").to_pylist()
-        starts = groups.column("start").to_pylist()
+        keys, kgs, starts = groups.column("key"), groups.column("kg"), groups.column("start")
         state = ctx.state(self.windows)
         at = state.dkv_keys(keys, kgs, starts)  # built once for the read and the write
-        olds = state.get_rows_at(at)  # (count, amount) tuples: AGG's field order
-        merged = [(n, s) if old is None else (old[0] + n, old[1] + s)
-                  for old, n, s in zip(olds, groups.column("amount_count").to_pylist(),
-                                       groups.column("amount_sum").to_pylist())]
-        state.set_rows_at(at, merged)
-        new = [i for i, old in enumerate(olds) if old is None]  # new windows get their timer
-        w = self.window_ms
-        ctx.set_timers([keys[i] for i in new], [kgs[i] for i in new], [starts[i] + w for i in new])
+        old = state.get_columns_at(at)  # struct column (count, amount), null for a new window
+        state.set_columns_at(at, {
+            "count": pc.add(pc.fill_null(old.field("count"), 0), groups.column("amount_count")),
+            "amount": pc.add(pc.fill_null(old.field("amount"), 0), groups.column("amount_sum"))})
+        new = old.is_null()  # new windows get their timer
+        ctx.set_timers(keys.filter(new).to_pylist(), kgs.filter(new).to_pylist(),
+                       pc.add(starts.filter(new), self.window_ms).to_pylist())
 
     def on_timers(self, ctx: BatchContext, timers: pa.Table) -> None:
-        keys = timers.column("key").to_pylist()
-        kgs = timers.column("key_group").to_pylist()
-        stamps = timers.column("timestamp").to_pylist()
-        w = self.window_ms
-        starts = [t - w for t in stamps]
+        keys, kgs, stamps = timers.column("key"), timers.column("key_group"), timers.column("timestamp")
+        starts = pc.subtract(stamps, self.window_ms)
         state = ctx.state(self.windows)
         at = state.dkv_keys(keys, kgs, starts)
-        aggs = state.get_rows_at(at)  # (count, amount) tuples
-        hit = [i for i, a in enumerate(aggs) if a is not None]
-        ctx.emit({"key": pc.cast(pa.array([keys[i] for i in hit], pa.binary()), pa.string()),
-                  "window_start": [starts[i] for i in hit],
-                  "count": [aggs[i][0] for i in hit], "amount": [aggs[i][1] for i in hit]},
-                 keys=[keys[i] for i in hit], timestamps=[stamps[i] for i in hit])
-        state.delete_at([at[i] for i in hit])
+        aggs = state.get_columns_at(at)  # struct column (count, amount), null where none
+        hit = aggs.is_valid()
+        ctx.emit({"key": keys.filter(hit).cast(pa.string()), "window_start": starts.filter(hit),
+                  "count": aggs.field("count").filter(hit), "amount": aggs.field("amount").filter(hit)},
+                 keys=keys.filter(hit).to_pylist(), timestamps=stamps.filter(hit).to_pylist())
+        state.delete_at([at[i] for i in np.flatnonzero(hit.to_numpy(zero_copy_only=False))])
 
 
 def keyed_count_job(events: int, keys: int, *, batch: bool = True, zipf: float | None = None,

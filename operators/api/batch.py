@@ -37,6 +37,7 @@ from dkvstream.operators.api.state import (
     ValueSpec,
     bad_state_value,
     list_payload,
+    state_key_column,
     state_keys,
     subject_prefix,
 )
@@ -217,8 +218,20 @@ def _encode_many(spec: Any, role: str, codec: Any, values: Sequence) -> list[byt
         raise bad_state_value(spec, role, codec, values, e) from e
 
 
-def _prefixes(keys: Sequence[bytes], key_groups: Sequence[int], id_bytes: bytes) -> list[bytes]:
+def _prefixes(keys: Sequence[bytes] | pa.Array | pa.ChunkedArray, key_groups: Sequence[int],
+              id_bytes: bytes) -> list[bytes]:
+    """The DKV keys of a state of many subjects: from the Arrow buffers in one C loop
+    when ``keys`` is an Arrow column (``state_key_column``), else per key."""
+    if isinstance(keys, (pa.Array, pa.ChunkedArray)):
+        return state_key_column(keys, key_groups, id_bytes)
     return state_keys(keys, key_groups, id_bytes)
+
+
+def _record_codec(codec: Any) -> Any:
+    """``codec`` if it has a columns form (a ``RecordCodec``), else TypeError."""
+    if not hasattr(codec, "decode_struct"):
+        raise TypeError(f"value codec {codec!r} has no columns form (use a RecordCodec)")
+    return codec
 
 
 class BulkValueState(Generic[V]):
@@ -245,6 +258,37 @@ class BulkValueState(Generic[V]):
         """Removes the values (tombstones, one DKV write batch)."""
         dks = _prefixes(keys, key_groups, self._id)
         self._db.write_batch(dks, [None] * len(dks))
+
+    def get_columns(self, keys: pa.Array | Sequence[bytes], key_groups: Any) -> pa.StructArray:
+        """``get`` for a ``RecordCodec`` value, as one Arrow column of the codec's
+        ``arrow_type``: a null row where unset (``RecordCodec.decode_struct``).
+
+        Args:
+            keys: subject keys, best an Arrow binary column (the ``key`` column of the
+                events: its DKV keys are then built without a Python step per key).
+            key_groups: their key groups (the ``key_group`` column).
+
+        Raises:
+            TypeError: the value codec has no columns form (not a ``RecordCodec``).
+        """
+        codec = _record_codec(self._codec)
+        return codec.decode_struct(self._db.get_many(_prefixes(keys, key_groups, self._id)))
+
+    def set_columns(self, keys: pa.Array | Sequence[bytes], key_groups: Any,
+                    values: pa.StructArray | pa.Table | dict[str, Any]) -> None:
+        """``set`` for a ``RecordCodec`` value with the records given as columns
+        (``RecordCodec.encode_struct``); arguments as ``get_columns``.
+
+        Raises:
+            TypeError: the value codec has no columns form, or a record row is null.
+            ValueError: a field's column is missing, or the lengths differ.
+        """
+        codec = _record_codec(self._codec)
+        dks = _prefixes(keys, key_groups, self._id)
+        encoded = codec.encode_struct(values)
+        if len(encoded) != len(dks):
+            raise ValueError(f"{len(dks)} keys but {len(encoded)} records")
+        self._db.write_batch(dks, encoded)
 
 
 class BulkListState(Generic[V]):
@@ -288,9 +332,28 @@ class BulkMapState(Generic[K, V]):
         self._db, self._id, self._spec = db, spec._id_bytes, spec
         self._kc, self._vc = spec.key_codec, spec.value_codec
 
-    def dkv_keys(self, keys: Sequence[bytes], key_groups: Sequence[int], map_keys: Sequence[K]) -> list[bytes]:
+    def dkv_keys(self, keys: Sequence[bytes] | pa.Array, key_groups: Any, map_keys: Any) -> list[bytes]:
         """The DKV key of each row, for ``get_at``/``set_at``/``delete_at``: an operator
-        that reads, then writes or deletes the same rows builds the keys once."""
+        that reads, then writes or deletes the same rows builds the keys once.
+
+        Args:
+            keys: subject keys: bytes, or an Arrow binary column (the events' ``key``
+                column; the keys are then built from its buffers in one C loop).
+            key_groups: their key groups (list, numpy or Arrow integers).
+            map_keys: the map keys (list, numpy or Arrow; with Arrow ``keys``, an
+                ``IntCodec`` encodes a numpy or Arrow column in one numpy pass).
+
+        Raises:
+            StateTypeError: the key codec cannot encode a map key.
+        """
+        if isinstance(keys, (pa.Array, pa.ChunkedArray)):
+            try:
+                tail = self._kc.encode_column(map_keys)
+            except ENCODE_ERRORS as e:
+                values = map_keys.to_pylist() if isinstance(map_keys, (pa.Array, pa.ChunkedArray)) else \
+                    list(map_keys)
+                raise bad_state_value(self._spec, "map key", self._kc, values, e) from e
+            return state_key_column(keys, key_groups, self._id, tail)
         return list(map(bytes.__add__, _prefixes(keys, key_groups, self._id),
                         _encode_many(self._spec, "map key", self._kc, map_keys)))
 
@@ -324,6 +387,31 @@ class BulkMapState(Generic[K, V]):
             TypeError: the value codec has no rows form (not a ``RecordCodec``).
         """
         self._db.write_batch(dkv_keys, self._rows_codec().encode_rows(rows))
+
+    def get_columns_at(self, dkv_keys: Sequence[bytes]) -> pa.StructArray:
+        """``get_at`` for a ``RecordCodec`` value, as one Arrow column of the codec's
+        ``arrow_type``: a null row where absent, a null field where the record holds
+        null (``RecordCodec.decode_struct``).
+
+        Raises:
+            TypeError: the value codec has no columns form (not a ``RecordCodec``).
+            ValueError: a stored value is not a record of the codec.
+        """
+        return _record_codec(self._vc).decode_struct(self._db.get_many(dkv_keys))
+
+    def set_columns_at(self, dkv_keys: Sequence[bytes], values: pa.StructArray | pa.Table | dict[str, Any]) -> None:
+        """``set_at`` with the records given as columns: a struct column or table with
+        the codec's fields, or ``{field: array or list}`` (``RecordCodec.encode_struct``;
+        the same bytes as ``set_at`` with the equivalent dicts).
+
+        Raises:
+            TypeError: the value codec has no columns form, or a record row is null.
+            ValueError: a field's column is missing, or the lengths differ.
+        """
+        encoded = _record_codec(self._vc).encode_struct(values)
+        if len(encoded) != len(dkv_keys):
+            raise ValueError(f"{len(dkv_keys)} keys but {len(encoded)} records")
+        self._db.write_batch(dkv_keys, encoded)
 
     def _rows_codec(self) -> Any:
         if not hasattr(self._vc, "decode_rows"):

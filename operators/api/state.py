@@ -19,10 +19,14 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+import numpy as np
+import pyarrow as pa
 
 from dkvstream.operators.api.codecs import Codec
 from dkvstream.operators.errors import StateTypeError
+from dkvstream.storage.dkv.native import NATIVE
 
 if TYPE_CHECKING:
     from dkvstream.operators.api.operator import Subject
@@ -63,6 +67,79 @@ def state_keys(keys: Sequence[bytes], key_groups: Sequence[int], suffix: bytes) 
     sequences), without a function call and two ``struct`` calls per row."""
     heads = {kg: _U16.pack(kg) + b"\x00" for kg in set(key_groups)}
     return [heads[kg] + len(k).to_bytes(4, "big") + k + suffix for k, kg in zip(keys, key_groups)]
+
+
+def state_key_column(keys: pa.Array | pa.ChunkedArray, key_groups: Any, suffix: bytes,
+                     tail: tuple[Any, Any] | None = None) -> list[bytes]:
+    """``state_keys`` from columns: ``subject_prefix(key_groups[i], keys[i]) + suffix +
+    tail row i`` for every row, built in one C loop (``concat_rows``) from the Arrow
+    buffers, without a Python object per subject key.
+
+    Args:
+        keys: the subject keys, an Arrow binary (or large binary) column without nulls.
+        key_groups: their key groups (Arrow or numpy integers, or a list).
+        suffix: bytes after the subject prefix in every row (the encoded state id).
+        tail: an encoded column appended to each row, as ``Codec.encode_column``
+            returns it (the map keys of a ``MapState``), or None.
+
+    Raises:
+        TypeError: ``keys`` is not a binary column or holds nulls.
+        ValueError: the columns differ in length, or a key group is outside [0, 65535].
+    """
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks()
+    if not (pa.types.is_binary(keys.type) or pa.types.is_large_binary(keys.type)):
+        raise TypeError(f"subject keys must be an Arrow binary column, got {keys.type}")
+    if keys.null_count:
+        raise TypeError(f"subject keys hold {keys.null_count} nulls; every event needs a key")
+    n = len(keys)
+    kg = key_groups.to_numpy() if isinstance(key_groups, (pa.Array, pa.ChunkedArray)) else np.asarray(key_groups)
+    if len(kg) != n:
+        raise ValueError(f"{n} keys but {len(kg)} key groups")
+    if n and (kg.min() < 0 or kg.max() > 0xFFFF):
+        raise ValueError(f"key groups must be in [0, 65535], got {kg.min()}..{kg.max()}")
+    width = np.int64 if pa.types.is_large_binary(keys.type) else np.int32
+    offsets = np.frombuffer(keys.buffers()[1], width, n + 1, keys.offset * np.dtype(width).itemsize)
+    offsets = offsets.astype(np.int64)
+    data = keys.buffers()[2] or b""
+    # The 7 bytes before the key: key group (u16 BE), the state schema byte, key length (u32 BE).
+    head = np.empty((n, 7), np.uint8)
+    head[:, :2] = kg.astype(">u2").view(np.uint8).reshape(n, 2)
+    head[:, 2] = SCHEMA_STATE
+    head[:, 3:] = np.diff(offsets).astype(">u4").view(np.uint8).reshape(n, 4)
+    parts: list[Any] = [(head, 7), (data, offsets), suffix]
+    if tail is not None:
+        parts.append(tail)
+    if NATIVE is not None:
+        return NATIVE.concat_rows(n, parts)
+    return concat_rows_py(n, parts)
+
+
+def concat_rows_py(n: int, parts: Sequence[Any]) -> list[bytes]:
+    """``n`` rows, row i the concatenation of each part's row i (pure-Python reference
+    of ``_native.concat_rows``): a part is bytes (a constant), ``(data, width)`` or
+    ``(data, offsets)`` (int64, ``n + 1`` of them).
+
+    Raises:
+        ValueError: a part does not hold ``n`` rows, or its offsets are out of order.
+    """
+    columns = []
+    for part in parts:
+        if isinstance(part, bytes):
+            columns.append([part] * n)
+            continue
+        data, second = part
+        raw = data if isinstance(data, bytes) else memoryview(data).tobytes()
+        if isinstance(second, int):
+            if second < 0 or len(raw) < n * second:
+                raise ValueError(f"part of {len(raw)} bytes does not hold {n} rows of {second}")
+            columns.append([raw[i * second:(i + 1) * second] for i in range(n)])
+        else:
+            o = [int(x) for x in second[:n + 1]]
+            if len(o) < n + 1 or any(a < 0 or a > b for a, b in zip(o, o[1:])) or (n and o[n] > len(raw)):
+                raise ValueError("part's offsets are out of order or outside its data")
+            columns.append([raw[o[i]:o[i + 1]] for i in range(n)])
+    return [b"".join(row) for row in zip(*columns)] if columns else [b""] * n
 
 
 def decode_state_key(dkv_key: bytes) -> tuple[int, bytes, str, bytes]:

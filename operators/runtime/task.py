@@ -45,6 +45,7 @@ from dkvstream.operators.runtime.open_state import OpenState
 from dkvstream.operators.runtime.splits import apply_cuts
 from dkvstream.operators.runtime.timers import TimerService
 from dkvstream.storage.dkv import DKV, DKVOptions
+from dkvstream.storage.dkv.gc_pause import gc_paused
 from dkvstream.storage.faults import fault_point
 from dkvstream.storage.objectstore import ObjectStore
 
@@ -255,10 +256,17 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
 
     dead = None
     try:
-        if isinstance(operator, BatchOperator):
-            n_events, timers_fired, emitted = _run_batch(operator, spec, events, db, timers)
-        else:
-            n_events, timers_fired, emitted = _run_events(operator, spec, events, subject, timers)
+        # The cyclic collector is paused for the run (gc_pause.py): an epoch allocates a
+        # container or more per event (value dicts, decoded records) while the memtable
+        # holds millions of entries, and each full collection those allocations trigger
+        # walks the memtable; state accesses make no cycles. Cycles an operator makes
+        # are collected after the run, so they cost memory for one epoch at most. The
+        # "dead_letter" rerun below is not paused: each caught exception is a cycle.
+        with gc_paused():
+            if isinstance(operator, BatchOperator):
+                n_events, timers_fired, emitted = _run_batch(operator, spec, events, db, timers)
+            else:
+                n_events, timers_fired, emitted = _run_events(operator, spec, events, subject, timers)
     except Exception as e:
         if not operator_errors.attributable(e) or isinstance(e, OperatorError):
             raise

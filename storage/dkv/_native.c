@@ -33,6 +33,17 @@
  *   bloom_bits(hashes, m, k) -> bytes
  *       a flush's Bloom filter bits from its keys' xxh64 hashes, walking each key's k
  *       probes (reference: bloom.build_bloom_py, byte-identical).
+ *   concat_rows(n, parts) -> [bytes]
+ *       n rows, each the concatenation of every part's row (a constant, fixed-width rows
+ *       of a buffer, or Arrow-style data + offsets): a bulk state access's DKV keys from
+ *       columns, without a Python step per key (reference: state.concat_rows_py, dkvstream.operators.api).
+ *   memtable_get_many(d, keys) -> (values, missing)
+ *       every key's memtable answer in one loop, and the indices to look up further
+ *       (DKV.get_many; reference: memtable.get_many_py).
+ *   pack_int_rows(values, fields) -> [bytes] / unpack_int_rows(raws, fields)
+ *       msgpack arrays of int64 fields from and to a row-major int64 buffer: a record
+ *       state of int fields read and written as columns (RecordCodec; msgpack-python is
+ *       the reference, byte-identical).
  *
  * The pure-Python functions they replace stay in bloom.py, sstable.py, merge.py and memtable.py: they are the
  * reference the tests compare these with, and the fallback where no C compiler was found
@@ -1039,6 +1050,360 @@ static PyObject *bloom_bits(PyObject *self, PyObject *const *args, Py_ssize_t na
     return out;
 }
 
+/* ---- Batched state access: keys built from columns, memtable reads, int records ---- */
+
+/* One part of concat_rows: a constant, fixed-width rows or variable-width rows. */
+typedef struct {
+    Py_buffer data;
+    Py_buffer offs; /* variable: int64 offsets, rows + 1 of them */
+    int has_data, has_offs;
+    Py_ssize_t width; /* fixed: bytes per row; -1 constant; -2 variable */
+} concat_part;
+
+static void concat_parts_release(concat_part *parts, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (parts[i].has_data) PyBuffer_Release(&parts[i].data);
+        if (parts[i].has_offs) PyBuffer_Release(&parts[i].offs);
+    }
+    PyMem_Free(parts);
+}
+
+/* concat_rows(n, parts) -> list of n bytes
+ * Row i is the concatenation of every part's row i. A part is bytes (the same in every
+ * row), (data, width) with width an int (row i is data[i*width:(i+1)*width]) or
+ * (data, offsets) with offsets a buffer of n + 1 native int64 (row i is
+ * data[offsets[i]:offsets[i+1]], Arrow's binary layout). data is any C-contiguous
+ * buffer. Raises ValueError if a part is too short for n rows or its offsets are out of
+ * order or outside data, TypeError for a malformed part. */
+PyDoc_STRVAR(concat_rows_doc,
+"concat_rows(n, parts) -> list of n bytes\n\n"
+"Row i is the concatenation of each part's row i. A part is bytes (a constant),\n"
+"(data, width: int) (fixed-width rows of a buffer) or (data, offsets) (offsets: a\n"
+"buffer of n + 1 native int64, Arrow's binary layout). Raises ValueError when a part\n"
+"does not hold n rows or its offsets are decreasing or outside data.");
+static PyObject *concat_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "concat_rows(int, list)");
+        return NULL;
+    }
+    Py_ssize_t n = PyLong_AsSsize_t(args[0]);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "concat_rows: negative row count");
+        return NULL;
+    }
+    PyObject *plist = args[1];
+    Py_ssize_t np_ = PyList_GET_SIZE(plist);
+    concat_part *parts = PyMem_Calloc(np_ > 0 ? np_ : 1, sizeof(concat_part));
+    if (parts == NULL) return PyErr_NoMemory();
+    PyObject *out = NULL;
+    for (Py_ssize_t j = 0; j < np_; j++) {
+        PyObject *p = PyList_GET_ITEM(plist, j);
+        concat_part *c = &parts[j];
+        if (PyBytes_Check(p)) {
+            if (PyObject_GetBuffer(p, &c->data, PyBUF_SIMPLE) < 0) goto done;
+            c->has_data = 1;
+            c->width = -1;
+            continue;
+        }
+        if (!PyTuple_Check(p) || PyTuple_GET_SIZE(p) != 2) {
+            PyErr_Format(PyExc_TypeError, "concat_rows: part %zd must be bytes or a (data, width | offsets) tuple", j);
+            goto done;
+        }
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(p, 0), &c->data, PyBUF_C_CONTIGUOUS) < 0) goto done;
+        c->has_data = 1;
+        PyObject *second = PyTuple_GET_ITEM(p, 1);
+        if (PyLong_Check(second)) {
+            c->width = PyLong_AsSsize_t(second);
+            if (c->width == -1 && PyErr_Occurred()) goto done;
+            if (c->width < 0 || (c->width > 0 && c->data.len / c->width < n)) {
+                PyErr_Format(PyExc_ValueError, "concat_rows: part %zd holds %zd bytes, not %zd rows of %zd", j,
+                             c->data.len, n, c->width);
+                goto done;
+            }
+        } else {
+            if (PyObject_GetBuffer(second, &c->offs, PyBUF_C_CONTIGUOUS) < 0) goto done;
+            c->has_offs = 1;
+            c->width = -2;
+            if (c->offs.len < (Py_ssize_t)((n + 1) * sizeof(int64_t))) {
+                PyErr_Format(PyExc_ValueError, "concat_rows: part %zd has fewer than %zd offsets", j, n + 1);
+                goto done;
+            }
+            const int64_t *o = (const int64_t *)c->offs.buf;
+            for (Py_ssize_t i = 0; i < n; i++) {
+                if (o[i] < 0 || o[i] > o[i + 1] || o[i + 1] > c->data.len) {
+                    PyErr_Format(PyExc_ValueError, "concat_rows: part %zd: offsets of row %zd outside its data", j, i);
+                    goto done;
+                }
+            }
+        }
+    }
+    out = PyList_New(n);
+    if (out == NULL) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t len = 0;
+        for (Py_ssize_t j = 0; j < np_; j++) {
+            const concat_part *c = &parts[j];
+            if (c->width == -1) len += c->data.len;
+            else if (c->width == -2) len += ((const int64_t *)c->offs.buf)[i + 1] - ((const int64_t *)c->offs.buf)[i];
+            else len += c->width;
+        }
+        PyObject *row = PyBytes_FromStringAndSize(NULL, len);
+        if (row == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        char *w = PyBytes_AS_STRING(row);
+        for (Py_ssize_t j = 0; j < np_; j++) {
+            const concat_part *c = &parts[j];
+            const char *src = (const char *)c->data.buf;
+            Py_ssize_t l;
+            if (c->width == -1) {
+                l = c->data.len;
+            } else if (c->width == -2) {
+                const int64_t *o = (const int64_t *)c->offs.buf;
+                src += o[i];
+                l = o[i + 1] - o[i];
+            } else {
+                src += i * c->width;
+                l = c->width;
+            }
+            memcpy(w, src, l);
+            w += l;
+        }
+        PyList_SET_ITEM(out, i, row);
+    }
+done:
+    concat_parts_release(parts, np_);
+    return out;
+}
+
+/* memtable_get_many(d, keys) -> (values, missing)
+ * The memtable's answer for every key of the list keys, one dict lookup each: values[i]
+ * is the value of keys[i] (None for a tombstone or a missing key); missing lists, in
+ * order, the indices i the memtable knows nothing about (to be looked up further). */
+PyDoc_STRVAR(memtable_get_many_doc,
+"memtable_get_many(d, keys) -> (values, missing)\n\n"
+"d: a memtable dict key -> (seq, value | None); keys: list of bytes. values[i]: the\n"
+"value of keys[i], None for a tombstone or absence; missing: the indices, ascending,\n"
+"of the keys d does not hold. Raises TypeError for a malformed entry.");
+static PyObject *memtable_get_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyDict_Check(args[0]) || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "memtable_get_many(dict, list)");
+        return NULL;
+    }
+    PyObject *d = args[0], *keys = args[1];
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    PyObject *values = PyList_New(n), *missing = PyList_New(0);
+    if (values == NULL || missing == NULL) goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *e = PyDict_GetItemWithError(d, PyList_GET_ITEM(keys, i)); /* borrowed */
+        PyObject *v = Py_None;
+        if (e == NULL) {
+            if (PyErr_Occurred()) goto fail;
+            PyObject *ix = PyLong_FromSsize_t(i);
+            if (ix == NULL) goto fail;
+            int rc = PyList_Append(missing, ix);
+            Py_DECREF(ix);
+            if (rc < 0) goto fail;
+        } else {
+            if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 2) {
+                PyErr_SetString(PyExc_TypeError, "memtable entries must be (seq, value) tuples");
+                goto fail;
+            }
+            v = PyTuple_GET_ITEM(e, 1);
+        }
+        Py_INCREF(v);
+        PyList_SET_ITEM(values, i, v);
+    }
+    return Py_BuildValue("(NN)", values, missing);
+fail:
+    Py_XDECREF(values);
+    Py_XDECREF(missing);
+    return NULL;
+}
+
+/* msgpack's shortest encoding of a signed 64-bit int, as msgpack-python's Packer writes
+ * it (positive: fixint, uint8/16/32/64; negative: fixint, int8/16/32/64). */
+static char *mp_int(char *w, int64_t v) {
+    if (v >= 0) {
+        uint64_t u = (uint64_t)v;
+        if (u < 128) { *w++ = (char)u; return w; }
+        if (u < 256) { *w++ = (char)0xcc; *w++ = (char)u; return w; }
+        if (u < 65536) { *w++ = (char)0xcd; *w++ = (char)(u >> 8); *w++ = (char)u; return w; }
+        if (u < 4294967296ULL) {
+            *w++ = (char)0xce;
+            for (int s = 24; s >= 0; s -= 8) *w++ = (char)(u >> s);
+            return w;
+        }
+        *w++ = (char)0xcf;
+        for (int s = 56; s >= 0; s -= 8) *w++ = (char)(u >> s);
+        return w;
+    }
+    if (v >= -32) { *w++ = (char)(uint8_t)(int8_t)v; return w; }
+    uint64_t u = (uint64_t)v;
+    if (v >= -128) { *w++ = (char)0xd0; *w++ = (char)u; return w; }
+    if (v >= -32768) { *w++ = (char)0xd1; *w++ = (char)(u >> 8); *w++ = (char)u; return w; }
+    if (v >= -2147483648LL) {
+        *w++ = (char)0xd2;
+        for (int s = 24; s >= 0; s -= 8) *w++ = (char)(u >> s);
+        return w;
+    }
+    *w++ = (char)0xd3;
+    for (int s = 56; s >= 0; s -= 8) *w++ = (char)(u >> s);
+    return w;
+}
+
+/* pack_int_rows(values, fields) -> list of bytes
+ * values: a C-contiguous buffer of native int64, row-major, fields per row (1..15);
+ * row i becomes the msgpack array of its fields, byte for byte what msgpack-python's
+ * packb([...]) writes (RecordCodec.encode_rows of int64 fields). */
+PyDoc_STRVAR(pack_int_rows_doc,
+"pack_int_rows(values, fields) -> list of bytes\n\n"
+"values: buffer of native int64, row-major, fields (1..15) per row. Row i: the msgpack\n"
+"array of its fields as msgpack.packb writes it. Raises ValueError for a bad field count\n"
+"or a buffer that is not whole rows.");
+static PyObject *pack_int_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "pack_int_rows(buffer, int)");
+        return NULL;
+    }
+    long f = PyLong_AsLong(args[1]);
+    if (f == -1 && PyErr_Occurred()) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    PyObject *out = NULL;
+    Py_ssize_t row_bytes = (Py_ssize_t)(f * sizeof(int64_t));
+    if (f < 1 || f > 15 || view.len % row_bytes) {
+        PyErr_Format(PyExc_ValueError, "pack_int_rows: %zd bytes are not rows of %ld int64 fields (1..15)",
+                     view.len, f);
+        goto done;
+    }
+    Py_ssize_t n = view.len / row_bytes;
+    out = PyList_New(n);
+    if (out == NULL) goto done;
+    char buf[1 + 15 * 9];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const int64_t *r = (const int64_t *)view.buf + i * f;
+        char *w = buf;
+        *w++ = (char)(0x90 | f);
+        for (long j = 0; j < f; j++) {
+            int64_t v;
+            memcpy(&v, r + j, sizeof v);
+            w = mp_int(w, v);
+        }
+        PyObject *b = PyBytes_FromStringAndSize(buf, w - buf);
+        if (b == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, i, b);
+    }
+done:
+    PyBuffer_Release(&view);
+    return out;
+}
+
+/* One msgpack int or nil at p (end e); 0 ok, 1 nil, -1 not an int/nil or truncated. */
+static int mp_read_int(const unsigned char **pp, const unsigned char *e, int64_t *v) {
+    const unsigned char *p = *pp;
+    if (p >= e) return -1;
+    unsigned char t = *p++;
+    int len = 0, sign = 0;
+    if (t < 0x80) { *v = t; *pp = p; return 0; }
+    if (t >= 0xe0) { *v = (int8_t)t; *pp = p; return 0; }
+    if (t == 0xc0) { *v = 0; *pp = p; return 1; }
+    switch (t) {
+    case 0xcc: len = 1; break;
+    case 0xcd: len = 2; break;
+    case 0xce: len = 4; break;
+    case 0xcf: len = 8; break;
+    case 0xd0: len = 1; sign = 1; break;
+    case 0xd1: len = 2; sign = 1; break;
+    case 0xd2: len = 4; sign = 1; break;
+    case 0xd3: len = 8; sign = 1; break;
+    default: return -1;
+    }
+    if (e - p < len) return -1;
+    uint64_t u = 0;
+    for (int k = 0; k < len; k++) u = (u << 8) | p[k];
+    if (t == 0xcf && u > (uint64_t)INT64_MAX) return -1; /* beyond int64 */
+    if (sign && len < 8) {
+        uint64_t m = 1ULL << (8 * len - 1);
+        u = (u ^ m) - m; /* sign-extend */
+    }
+    *v = (int64_t)u;
+    *pp = p + len;
+    return 0;
+}
+
+/* unpack_int_rows(raws, fields) -> (values, valid, present) | None
+ * raws: list of bytes or None, each a msgpack array of `fields` ints or nils
+ * (pack_int_rows' rows, RecordCodec's encoding of int fields). values: bytes of
+ * len(raws) * fields native int64 (0 where null), valid: bytes of one 0/1 per field
+ * (0: the row is None or the field nil), present: one 0/1 per row (0: None). None if
+ * some value is not such an array (the caller decodes those rows the general way). */
+PyDoc_STRVAR(unpack_int_rows_doc,
+"unpack_int_rows(raws, fields) -> (values, valid, present) | None\n\n"
+"raws: list of bytes or None, each a msgpack array of `fields` int or nil. values:\n"
+"bytes, len(raws) * fields native int64 (0 where null); valid: bytes, a 0/1 per field\n"
+"(0 for None rows and nil fields); present: bytes, a 0/1 per row (0 for None). None\n"
+"when a value is not such an array.");
+static PyObject *unpack_int_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "unpack_int_rows(list, int)");
+        return NULL;
+    }
+    long f = PyLong_AsLong(args[1]);
+    if (f == -1 && PyErr_Occurred()) return NULL;
+    if (f < 1 || f > 15) {
+        PyErr_SetString(PyExc_ValueError, "unpack_int_rows: fields must be 1..15");
+        return NULL;
+    }
+    PyObject *raws = args[0];
+    Py_ssize_t n = PyList_GET_SIZE(raws);
+    PyObject *values = PyBytes_FromStringAndSize(NULL, n * f * (Py_ssize_t)sizeof(int64_t));
+    PyObject *valid = PyBytes_FromStringAndSize(NULL, n * f);
+    PyObject *present = PyBytes_FromStringAndSize(NULL, n);
+    if (values == NULL || valid == NULL || present == NULL) goto fail;
+    int64_t *vo = (int64_t *)PyBytes_AS_STRING(values);
+    char *ok = PyBytes_AS_STRING(valid);
+    char *here = PyBytes_AS_STRING(present);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *raw = PyList_GET_ITEM(raws, i);
+        here[i] = raw != Py_None;
+        if (raw == Py_None) {
+            memset(vo + i * f, 0, f * sizeof(int64_t));
+            memset(ok + i * f, 0, f);
+            continue;
+        }
+        if (!PyBytes_Check(raw)) goto other;
+        const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(raw);
+        const unsigned char *e = p + PyBytes_GET_SIZE(raw);
+        if (p >= e || *p != (unsigned char)(0x90 | f)) goto other;
+        p++;
+        for (long j = 0; j < f; j++) {
+            int64_t v;
+            int rc = mp_read_int(&p, e, &v);
+            if (rc < 0) goto other;
+            vo[i * f + j] = v;
+            ok[i * f + j] = rc == 0;
+        }
+        if (p != e) goto other;
+    }
+    return Py_BuildValue("(NNN)", values, valid, present);
+other:
+    Py_DECREF(values);
+    Py_DECREF(valid);
+    Py_DECREF(present);
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(values);
+    Py_XDECREF(valid);
+    Py_XDECREF(present);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"bloom_first", (PyCFunction)(void (*)(void))bloom_first, METH_FASTCALL, bloom_first_doc},
     {"bloom_may_contain", (PyCFunction)(void (*)(void))bloom_may_contain, METH_FASTCALL,
@@ -1055,6 +1420,11 @@ static PyMethodDef methods[] = {
     {"memtable_columns", (PyCFunction)(void (*)(void))memtable_columns, METH_FASTCALL,
      memtable_columns_doc},
     {"bloom_bits", (PyCFunction)(void (*)(void))bloom_bits, METH_FASTCALL, bloom_bits_doc},
+    {"concat_rows", (PyCFunction)(void (*)(void))concat_rows, METH_FASTCALL, concat_rows_doc},
+    {"memtable_get_many", (PyCFunction)(void (*)(void))memtable_get_many, METH_FASTCALL,
+     memtable_get_many_doc},
+    {"pack_int_rows", (PyCFunction)(void (*)(void))pack_int_rows, METH_FASTCALL, pack_int_rows_doc},
+    {"unpack_int_rows", (PyCFunction)(void (*)(void))unpack_int_rows, METH_FASTCALL, unpack_int_rows_doc},
     {NULL, NULL, 0, NULL},
 };
 

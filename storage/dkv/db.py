@@ -336,8 +336,9 @@ class DKV:
         return self._point.get(self._sealed, self._levels, key)
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
-        """``get`` of every key, in order (RocksDB's ``MultiGet``): one C-level pass of
-        memtable lookups, then the older sources for the keys it did not answer.
+        """``get`` of every key, in order (RocksDB's ``MultiGet``): one C loop of
+        memtable lookups (``Memtable.get_values``), then the older sources for the keys
+        it did not answer, skipped when there are none (``PointReader.get_many``).
 
         Args:
             keys: The keys (``bytes``), in any order, repeats allowed.
@@ -352,15 +353,9 @@ class DKV:
         """
         if self._closed:
             raise ClosedError("DKV is closed")
-        found = self._mem.get_many(keys)
-        out = [None if e is None else e[1] for e in found]
-        if None in found:
-            older = self._point.get
-            sealed = self._sealed
-            levels = self._levels
-            for i, e in enumerate(found):
-                if e is None:
-                    out[i] = older(sealed, levels, keys[i])
+        out, missing = self._mem.get_values(keys)
+        if missing:
+            self._point.get_many(self._sealed, self._levels, keys, missing, out)
         return out
 
     def scan_prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:

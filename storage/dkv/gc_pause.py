@@ -7,7 +7,9 @@ the young column lists and, for a full collection, the memtable too: measured on
 3,000,000-entry flush, the collector took about a third of the flush. These phases create
 no reference cycles, so nothing is lost by collecting after them instead; the collector
 is restored to its previous state on exit, exceptions included. (Instagram's ``gc.freeze``
-and the ``gc.disable`` of bulk loaders are the same trade.)
+and the ``gc.disable`` of bulk loaders are the same trade.) A task's pass of its operator
+over an epoch (``dkvstream.operators.runtime.task``) is paused for the same reason: its
+per-event allocations would trigger full collections that walk the memtable.
 
 The collector's switch is one per process, and a process may flush or compact several
 DKV instances at once (a Python worker's threads, a Dagster op's). So the pause is

@@ -122,6 +122,22 @@ class Memtable:
         """
         return list(map(self._d.get, keys))
 
+    def get_values(self, keys: Sequence[bytes]) -> tuple[list[bytes | None], list[int]]:
+        """This memtable's answer for every key, and which keys to look up further.
+
+        Args:
+            keys: The keys (``bytes``), any order, repeats allowed.
+
+        Returns:
+            ``(values, missing)``: ``values[i]`` is the value of ``keys[i]``, None for a
+            tombstone or a key not held; ``missing`` the ascending indices of the keys
+            this memtable knows nothing about. One C loop when built
+            (``_native.memtable_get_many``), else ``get_values_py``.
+        """
+        if NATIVE is not None:
+            return NATIVE.memtable_get_many(self._d, keys if type(keys) is list else list(keys))
+        return get_values_py(self._d, keys)
+
     def _sorted_keys(self) -> list[bytes]:
         pending = self._pending
         if pending:
@@ -194,3 +210,11 @@ def columns_py(d: dict[bytes, tuple[int, bytes | None]], keys: Sequence[bytes]) 
     """
     entries = list(map(d.__getitem__, keys))
     return list(map(_first, entries)), list(map(_second, entries))
+
+
+def get_values_py(d: dict[bytes, tuple[int, bytes | None]],
+                  keys: Sequence[bytes]) -> tuple[list[bytes | None], list[int]]:
+    """``Memtable.get_values`` over the memtable dict ``d`` (pure-Python reference of
+    ``_native.memtable_get_many``)."""
+    found = list(map(d.get, keys))
+    return [None if e is None else e[1] for e in found], [i for i, e in enumerate(found) if e is None]

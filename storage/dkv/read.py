@@ -149,6 +149,24 @@ class PointReader:
         return None
 
 
+    def get_many(self, sealed: Sequence[Memtable], levels: LevelList, keys: Sequence[bytes],
+                 rows: Sequence[int], out: list[bytes | None]) -> None:
+        """``out[i] = get(sealed, levels, keys[i])`` for every ``i`` of ``rows``: the keys
+        the active memtable did not answer (``DKV.get_many``). With no sealed memtable
+        and no table (state that has never been flushed) there is nothing to look up.
+
+        Raises:
+            CorruptionError: A table block needed for the answer fails verification.
+        """
+        if not sealed and not levels.l0 and not any(levels.levels[1:]):
+            for i in rows:
+                out[i] = None
+            return
+        get = self.get
+        for i in rows:
+            out[i] = get(sealed, levels, keys[i])
+
+
 def scan_range(
     tables: TableStore, levels: LevelList, mems: Sequence[Memtable], start: bytes,
     end: bytes | None,

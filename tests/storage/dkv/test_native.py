@@ -73,7 +73,8 @@ def _outcome(fn, *args):
 def test_native_module_is_built(c) -> None:
     assert {
         "bloom_first", "bloom_may_contain", "decode_block", "block_get", "block_range",
-        "merge_live", "merge_spans_live",
+        "merge_live", "merge_spans_live", "concat_rows", "memtable_get_many", "pack_int_rows",
+        "unpack_int_rows",
     } <= set(dir(c))
 
 
