@@ -743,7 +743,8 @@ class JobRunner:
         """Step 5: every sink checks its staged files; a refusal fails the epoch."""
         for name, staged in outputs.items():
             try:
-                self.job.output_sink(name).prepare(self.store, self.job.prefix, epoch, staged)
+                self.job.output_sink(name).prepare_in_tasks(self.store, self.job.prefix, epoch, staged,
+                                                            self._map_in_tasks)
             except Exception as e:
                 raise JobFailedError(f"job {self.job.name}: epoch {epoch} refused by sink {name}: {e}") from e
 

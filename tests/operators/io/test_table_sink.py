@@ -217,18 +217,18 @@ def test_insert_after_delete_in_one_epoch_is_accepted() -> None:
 
 
 class CompactingSink(TableSink):
-    """Runs a compaction of the table between the publish's read and its MERGE commit
-    (once), as the ``table_compaction`` op may while the job runs."""
+    """Runs a compaction of the table between the merge tasks' reads and the driver's
+    commit of their files (once), as the ``table_compaction`` op may while the job runs."""
 
     raced = 0
 
-    def _merge(self, dt, uri, net, app, epoch):
+    def _commit(self, dt, uri, actions, app, epoch):
         if epoch == 4 and not self.raced:
             from dkvstream.operators.io.table_sink import compact_table
 
             CompactingSink.raced += 1
             compact_table(uri, 32 << 20)
-        return super()._merge(dt, uri, net, app, epoch)
+        return super()._commit(dt, uri, actions, app, epoch)
 
 
 def test_compaction_racing_a_publish_loses_no_change(tmp_path) -> None:
@@ -326,3 +326,53 @@ def test_restart_fallback_with_a_table_sink(tmp_path) -> None:
     store.put(key, store.get(key)[:50])
     with pytest.raises(RecoveryRefusedError, match=r"already visible.*Delta table .*epoch 6 applied"):
         JobRunner(job, None, str(tmp_path)).run()
+
+
+def test_driver_reads_no_change_row_and_no_table_row(tmp_path, monkeypatch) -> None:
+    """The driver's part of prepare and publish reads only the staged objects' indexes
+    (a ranged GET at offset 0, at most the index probe long) and the Delta log: every
+    change row and every table row is read in a task (here: inside ``map_in_tasks``)."""
+    import dkvstream.operators.io.table_reader as table_reader
+    import dkvstream.operators.io.table_sink as table_sink
+    from dkvstream.storage.objectstore import open_object_store
+
+    store, prefix = open_object_store(str(tmp_path)), "jobs/t"
+    sink = TableSink("items", TABLE_SCHEMA, primary_key=["id", "day"], hash_buckets=4, range_column="day")
+    in_task = [False]
+    driver_reads: list[tuple] = []
+
+    def map_in_tasks(fn, items):
+        in_task[0] = True
+        try:
+            return [fn(item) for item in items]
+        finally:
+            in_task[0] = False
+
+    def watch(name, real):
+        def call(*args, **kwargs):
+            if not in_task[0]:
+                driver_reads.append((name, *args[:3]))
+            return real(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(store, "get", watch("get", store.get))
+    monkeypatch.setattr(store, "get_range", watch("get_range", store.get_range))
+    monkeypatch.setattr(table_reader, "delta_dataset", watch("table rows", table_reader.delta_dataset))
+    monkeypatch.setattr(table_sink, "delta_dataset", watch("table rows", table_sink.delta_dataset))
+    rows = random_changes(3000, keys=500, seed=31)
+    model: dict[int, tuple] = {}
+    for epoch, chunk in enumerate([rows[:1000], rows[1000:]], start=1):
+        staged = []
+        for r in range(2):  # two key-group ranges, each with its own keys
+            part = [x for x in chunk if x["id"] % 2 == r]
+            table = pa.table({f.name: pa.array([x[f.name] for x in part], f.type) for f in TABLE_SCHEMA})
+            table = table.append_column(OP_COLUMN, pa.array([x["op"] for x in part]))
+            staged.append(sink.write_staged(store, f"{prefix}/staging/{epoch}/{r}", table))
+        sink.prepare_in_tasks(store, prefix, epoch, staged, map_in_tasks)
+        assert sink.publish_in_tasks(store, prefix, epoch, staged, map_in_tasks)
+        model = model_after([*({"op": UPSERT, "id": k, "day": v[0], "value": v[1], "note": v[2]}
+                               for k, v in model.items()), *chunk])
+    assert [r for r in driver_reads if r[0] != "get_range"] == []
+    assert all(start == 0 and length <= table_sink._INDEX_PROBE for _, _, start, length in driver_reads)
+    assert len(driver_reads) == 8  # the index of each of 2 staged objects, by prepare and publish, 2 epochs
+    assert as_model(sink.read(store, prefix)) == model
