@@ -9,10 +9,13 @@ key failing its epoch before the commit.
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from pyspark import cloudpickle
 
 from dkvstream.operators.api.job import Job
 from dkvstream.operators.api.operator import KeyedEvent, Operator, Subject
@@ -20,6 +23,8 @@ from dkvstream.operators.io.sources import Source
 from dkvstream.operators.io.table_sink import BUCKET_COLUMN, DELETE, INSERT, OP_COLUMN, UPSERT, TableSink
 from dkvstream.operators.runtime.driver import JobFailedError, JobRunner
 from tests.crashes import Crash, crash_at
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Spark workers cannot import tests
 
 TABLE_SCHEMA = pa.schema([("id", pa.int64()), ("day", pa.int64()), ("value", pa.float64()),
                           ("note", pa.string())])
@@ -266,8 +271,12 @@ def test_table_on_s3_equals_model_with_time_travel(s3_server) -> None:
 
 
 def test_spark_reads_the_table_now_and_as_of_an_epoch(spark, tmp_path) -> None:
+    """The job on Spark (its prepare and merge tasks run in Spark's Python workers), read
+    back with Spark."""
     rows = random_changes(240, keys=30, seed=19)
-    job, sink, runner = run_drained(rows, tmp_path)
+    job, sink = make_job(rows)
+    runner = JobRunner(job, spark, str(tmp_path))
+    runner.run()
     store, prefix = runner.store, job.prefix
     now = sink.to_spark(spark, store, prefix).toArrow()
     assert now.schema.names == TABLE_SCHEMA.names
