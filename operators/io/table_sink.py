@@ -20,21 +20,28 @@ Partitioning (``_bucket`` hash buckets plus an optional range column) is in
 ``dkvstream.operators.io.table_reader``; compaction and vacuum in ``dkvstream.operators.io.table_maintenance``.
 ``TableSink`` has all of them: it is a ``TableReader``.
 
-Exactly-once, one table commit per epoch. A task writes its change rows as Parquet
-under its staging prefix (nothing visible). Before the driver commits epoch e it calls
-``prepare``: the inserts of e are checked against the table, which then holds exactly
-the epochs up to e-1 (a restart re-publishes the newest checkpoint before it runs
-anything), so a duplicate key fails the epoch before its checkpoint exists, naming the
-key and the table. After the commit, ``publish`` applies the epoch's net changes with
-**one** Delta MERGE whose commit carries the application transaction
-(``txn``) ``appId = <job prefix>/<sink>``, ``version = e`` and ``dkvstream.epoch = e``
-in its commit info. The MERGE commit is atomic (Delta's log entry
-``_delta_log/<version>.json`` is written put-if-absent), and a publish redone after a
-crash reads the table's transaction version first and skips an epoch already applied.
-An epoch with no change rows writes no commit.
+Exactly-once, one table commit per epoch, no row through the driver (as Flink's Delta
+sink: writers in tasks, one committer). A task stages its range's change rows as one
+object, a Parquet file per hash bucket behind an index (``write_staged``; nothing
+visible). Before the driver commits epoch e, ``prepare_in_tasks`` runs one task per
+bucket with inserts (``check_bucket``): they are checked against the table, which then
+holds exactly the epochs up to e-1 (a restart re-publishes the newest checkpoint before
+it runs anything), so a duplicate key fails the epoch before its checkpoint exists,
+naming the key and the table. After the commit, ``publish_in_tasks`` runs one task per
+bucket with changes (``merge_bucket``): it reads the bucket's data files in the
+partitions the changes touch, writes one new file per partition (the untouched rows of
+the files holding a changed key, plus the upserts) and returns add/remove actions. The
+driver reads only the staged objects' indexes and the Delta log, and commits the actions
+as one log entry carrying the application transaction (``txn``)
+``appId = <job prefix>/<sink>``, ``version = e`` and ``dkvstream.epoch = e`` in its
+commit info. The commit is atomic (Delta's log entry ``_delta_log/<version>.json`` is
+written put-if-absent) and must be the version after the one the tasks read; a publish
+redone after a crash reads the table's transaction version first and skips an epoch
+already applied. Files of a publish that never committed are not in the table (a VACUUM
+deletes them). An epoch with no change rows writes no commit.
 
 Stores: a local directory or S3 (``storage_options`` passes the store's endpoint and
-credentials to delta-rs). The table is written by the driver, one MERGE per epoch.
+credentials to delta-rs; the tasks write data files through the job's object store).
 """
 from __future__ import annotations
 
