@@ -34,8 +34,9 @@ def small_files(uri: str, target_bytes: int, opts: dict | None = None) -> int:
 def compact_table(uri: str, target_bytes: int, opts: dict | None = None) -> dict:
     """Rewrites the table's small files into files of about ``target_bytes``
     (delta-rs OPTIMIZE, bin-packing per partition; a ``dataChange=false`` commit, so
-    readers and the job's next MERGE see the same rows; a MERGE that read a rewritten
-    file fails its commit and ``TableSink.publish`` retries it). Old files stay for
+    readers and the job's next merge see the same rows; an epoch's commit that follows
+    it fails, and ``TableSink.publish_in_tasks`` merges that epoch again on the new
+    version). Old files stay for
     time travel until a vacuum. Returns delta-rs's metrics (``numFilesAdded``,
     ``numFilesRemoved``, ...) plus ``version``."""
     from deltalake import DeltaTable

@@ -123,8 +123,8 @@ class TableSink(TableReader, Sink):
         return out.append_column(BUCKET_COLUMN, self.buckets_of(out))
 
     def _check_range_values(self, cols: dict[str, pa.ChunkedArray]) -> None:
-        # Delta stores an empty partition value as null, and the MERGE then fails on the
-        # non-nullable key column with an error naming neither the sink nor the row.
+        # Delta stores an empty partition value as null, which the non-nullable key
+        # column cannot hold: refuse it here, naming the sink and the column.
         if self.range_column is None:
             return
         values = cols[self.range_column]
@@ -504,7 +504,8 @@ def _in_process(fn: Callable, items: list) -> list:
 # ------------------------------------------------------------------- data files
 def _as_stored(table: pa.Table, partition_expression: pc.Expression, stored: pa.Schema) -> pa.Table:
     """A data file's rows with the partition columns (from its partition expression) in
-    the stored schema's types (files MERGE wrote hold view types)."""
+    the stored schema's types (files delta-rs's MERGE or OPTIMIZE wrote may hold view
+    types)."""
     values = pads.get_partition_keys(partition_expression)
     cols = [table.column(f.name) if f.name in table.column_names
             else pa.array([values.get(f.name)] * table.num_rows) for f in stored]
