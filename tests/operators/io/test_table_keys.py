@@ -183,6 +183,14 @@ def test_key_filters_over_compacted_and_merged_files(tmp_path) -> None:
         assert _as_dict(sink, sink.scan(store, PREFIX, filter=expr)) == {k: v for k, v in model.items() if pred(k)}
     found = sink.lookup(store, PREFIX, pa.table({"k": ["a", "f", "x"]}))
     assert _as_dict(sink, found) == {("a",): 10, ("f",): 30}
+    # The merge tasks rewrite the view-typed file too: upsert one of its keys, delete another.
+    rows = [(("f",), 99, UPSERT), (("g",), 0, DELETE), (("h",), 7, INSERT)]
+    staged = [sink.write_staged(store, f"{PREFIX}/staging/4", _table(sink, rows))]
+    sink.prepare(store, PREFIX, 4, staged)
+    sink.publish(store, PREFIX, 4, staged)
+    model.update({("f",): 99, ("h",): 7})
+    del model[("g",)]
+    assert _as_dict(sink, sink.read(store, PREFIX)) == model
 
 
 def test_empty_string_in_the_range_column_is_refused_in_the_task(tmp_path) -> None:

@@ -385,3 +385,25 @@ def test_driver_reads_no_change_row_and_no_table_row(tmp_path, monkeypatch) -> N
     assert all(start == 0 and length <= table_sink._INDEX_PROBE for _, _, start, length in driver_reads)
     assert len(driver_reads) == 8  # the index of each of 2 staged objects, by prepare and publish, 2 epochs
     assert as_model(sink.read(store, prefix)) == model
+
+
+def test_change_file_staged_by_an_older_version_is_published(tmp_path) -> None:
+    """A checkpoint written before change objects had an index names one Parquet file of
+    every bucket's change rows: a restart still publishes it, exactly once."""
+    import pyarrow.parquet as pq
+
+    from dkvstream.storage.objectstore import open_object_store
+
+    store, prefix = open_object_store(str(tmp_path)), "jobs/t"
+    sink = TableSink("items", TABLE_SCHEMA, primary_key=["id", "day"], hash_buckets=4, range_column="day")
+    rows = random_changes(200, keys=40, seed=37)
+    table = pa.table({f.name: pa.array([x[f.name] for x in rows], f.type) for f in TABLE_SCHEMA})
+    table = table.append_column(OP_COLUMN, pa.array([x["op"] for x in rows]))
+    key = f"{prefix}/staging/1/items.changes.parquet"
+    buf = pa.BufferOutputStream()
+    pq.write_table(sink.changes_of(table), buf)
+    store.put(key, buf.getvalue().to_pybytes())
+    sink.prepare(store, prefix, 1, [key])
+    assert sink.publish(store, prefix, 1, [key])
+    assert sink.publish(store, prefix, 1, [key]) == []
+    assert as_model(sink.read(store, prefix)) == model_after(rows)
