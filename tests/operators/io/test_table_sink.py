@@ -407,3 +407,28 @@ def test_change_file_staged_by_an_older_version_is_published(tmp_path) -> None:
     assert sink.publish(store, prefix, 1, [key])
     assert sink.publish(store, prefix, 1, [key]) == []
     assert as_model(sink.read(store, prefix)) == model_after(rows)
+
+
+def test_vacuum_deletes_old_uncommitted_files_only(tmp_path) -> None:
+    """Files a merge task wrote for a publish that never committed are not in the table;
+    a vacuum deletes them once ``UNCOMMITTED_FILE_HOURS`` old, and never a younger one (a
+    publish in flight may be about to commit it)."""
+    import os
+    import time
+
+    from dkvstream.operators.io.table_maintenance import UNCOMMITTED_FILE_HOURS
+    from dkvstream.operators.io.table_sink import vacuum_table
+
+    rows = random_changes(80, keys=30, seed=41)
+    job, sink, runner = run_drained(rows, tmp_path)
+    store, prefix = runner.store, job.prefix
+    base = sink.table_prefix(prefix)
+    for name, age_h in [("old", UNCOMMITTED_FILE_HOURS + 1), ("young", 1)]:
+        key = f"{base}/_bucket=0/day=0/part-{name}.zstd.parquet"
+        store.put(key, b"never committed")
+        path = os.path.join(str(tmp_path), key)
+        os.utime(path, (time.time() - age_h * 3600,) * 2)
+    vacuum_table(sink.table_uri(store, prefix), 0)
+    assert not store.exists(f"{base}/_bucket=0/day=0/part-old.zstd.parquet")
+    assert store.exists(f"{base}/_bucket=0/day=0/part-young.zstd.parquet")
+    assert as_model(sink.read(store, prefix)) == model_after(rows)
