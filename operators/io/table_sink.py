@@ -37,8 +37,8 @@ as one log entry carrying the application transaction (``txn``)
 commit info. The commit is atomic (Delta's log entry ``_delta_log/<version>.json`` is
 written put-if-absent) and must be the version after the one the tasks read; a publish
 redone after a crash reads the table's transaction version first and skips an epoch
-already applied. Files of a publish that never committed are not in the table (a VACUUM
-deletes them). An epoch with no change rows writes no commit.
+already applied. Files of a publish that never committed are not in the table (a vacuum
+deletes them, ``table_maintenance.vacuum_table``). An epoch with no change rows writes no commit.
 
 Stores: a local directory or S3 (``storage_options`` passes the store's endpoint and
 credentials to delta-rs; the tasks write data files through the job's object store).
