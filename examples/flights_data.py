@@ -82,3 +82,49 @@ def replay_partitions(scale: int = 1) -> dict[str, pa.Table]:
             table = table.take(np.lexsort((np.arange(table.num_rows), sched, date)))
         out[origin] = table
     return out
+
+
+# ----------------------------------------------------------------- the replay's index
+# The driver plans every epoch from a source's end offsets and value schema, and must not
+# load 336,776 rows for them: the replay sources take them from these facts of the data
+# set (``replay_index`` computes them from it; a test checks they agree).
+FLIGHT_FIELDS = pa.schema([  # the CSV's columns the example jobs use, as pyarrow reads them
+    ("year", pa.int64()), ("month", pa.int64()), ("day", pa.int64()), ("sched_dep_time", pa.int64()),
+    ("dep_time", pa.int64()), ("dep_delay", pa.int64()), ("arr_delay", pa.int64()),
+    ("carrier", pa.string()), ("flight", pa.int64()), ("tailnum", pa.string()), ("origin", pa.string()),
+    ("dest", pa.string()), ("air_time", pa.int64()),
+])
+
+
+def replay_index() -> dict:
+    """The replay's index (``dkvstream.examples.flights_index``), computed from the data
+    set (loads it).
+
+    Returns:
+        ``{"flights": {origin: rows of its partition}, "tailnum_per_day": {origin: (n_0,
+        ..., n_365)}}``, n_d = the origin's flights with a tail number on UTC day d of the
+        replay (day 0 = the UTC day of the first event of all partitions); one copy of
+        the year.
+    """
+    parts = replay_partitions(1)
+    first = min(pc.min(t.column("event_time_ms")).as_py() for t in parts.values())
+    start = first - first % DAY_MS
+    out: dict = {"flights": {o: parts[o].num_rows for o in ORIGINS}, "tailnum_per_day": {}}
+    for o in ORIGINS:
+        t = parts[o]
+        keep = pc.and_(pc.is_valid(t.column("tailnum")), pc.not_equal(t.column("tailnum"), "NA"))
+        days = (t.column("event_time_ms").filter(keep).to_numpy() - start) // DAY_MS
+        out["tailnum_per_day"][o] = tuple(np.bincount(days, minlength=366).tolist())
+    return out
+
+
+def flights_with_tailnum(origin: str, scale: int = 1, days: int | None = None) -> int:
+    """Flights of ``origin`` with a tail number among ``scale`` copies of the year (copy
+    k shifted by 364*k days), those of the first ``days`` UTC days of the replay only
+    (None: all); from ``flights_index``, loading nothing."""
+    from dkvstream.examples.flights_index import TAILNUM_PER_DAY
+
+    per_day = TAILNUM_PER_DAY[origin]
+    if days is None:
+        return scale * sum(per_day)
+    return sum(sum(per_day[:max(0, days - 364 * k)]) for k in range(scale))

@@ -86,9 +86,11 @@ DELETEs. Reads: one GET per file (the newest decoded file is kept for the next s
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from urllib.parse import urlparse
 from urllib.request import url2pathname
@@ -233,11 +235,13 @@ class FileSource(Source):
         self._decoded: tuple[int, pa.Table] | None = None  # the newest decoded file
         self._starts: list[int] = []  # first offset of each logged file, for bisect
         self._crcs: list[int] = [0]  # _crcs[i]: CRC-32 of the first i log entries
+        self._map_in_tasks: Callable[[Callable, list], list] | None = None  # use_tasks
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         # Reloaded where used:
         state["_files"], state["_decoded"], state["_starts"], state["_crcs"] = None, None, [], [0]
+        state["_map_in_tasks"] = None  # the driver's: a task reads in its own process
         return state
 
     # ------------------------------------------------------------- Source API
@@ -257,6 +261,11 @@ class FileSource(Source):
         self._job_prefix = job_prefix
         self._log_prefix = f"{source_prefix(job_prefix, self.name)}log/"
         self._files = None
+
+    def use_tasks(self, map_in_tasks: Callable[[Callable, list], list]) -> None:
+        """New files are surveyed (read for their row count and CRC-32) in tasks: the
+        driver receives their log entries, never their bytes."""
+        self._map_in_tasks = map_in_tasks
 
     def partitions(self) -> list[str]:
         return [PARTITION]
@@ -335,14 +344,16 @@ class FileSource(Source):
         """Log entries for up to ``limit`` listed files not in ``files``, oldest first,
         numbered after ``files`` (nothing is written)."""
         seen = {f.name for f in files}
-        new = sorted((mtime, key) for key, _size, mtime in self._listing() if key not in seen)
+        new = sorted((mtime, key) for key, _size, mtime in self._listing() if key not in seen)[:limit]
+        run = self._map_in_tasks or (lambda fn, items: [fn(item) for item in items])
+        surveys = run(functools.partial(_survey_file, self), [key for _, key in new]) if new else []
         entries, start = [], files[-1].end if files else 0
-        for mtime, key in new[:limit]:
-            entry = self._survey(key, mtime, len(files) + len(entries), start)
-            if entry is None:  # deleted between list and get: not arrived, for us
+        for (mtime, key), survey in zip(new, surveys):
+            if survey is None:  # deleted between list and get: not arrived, for us
                 continue
-            entries.append(entry)
-            start = entry.end
+            size, crc, rows, error = survey
+            entries.append(LoggedFile(len(files) + len(entries), key, size, crc, mtime, start, rows, error))
+            start = entries[-1].end
         return entries
 
     def _append(self, files: list[LoggedFile], entries: list[LoggedFile]) -> bool:
@@ -481,8 +492,13 @@ class FileSource(Source):
             out.append((key, size, now if mtime is None else mtime))
         return out
 
-    def _survey(self, key: str, mtime: int, ordinal: int, start: int) -> LoggedFile | None:
-        """The log entry of a new file: its bytes are read to count rows and checksum."""
+    def survey(self, key: str) -> tuple[int, int, int, str | None] | None:
+        """What the log records of a new file, reading its bytes (in a task, ``use_tasks``).
+
+        Returns:
+            ``(size, CRC-32, rows, error)`` (``LoggedFile``'s fields), or None if the file
+            is gone.
+        """
         try:
             data = self.store.get(key)
         except ObjectNotFoundError:
@@ -496,7 +512,7 @@ class FileSource(Source):
         else:
             lines = len(_lines(data))
             rows = lines - 1 if self.format == "csv" and lines else lines  # less the header
-        return LoggedFile(ordinal, key, len(data), zlib.crc32(data), mtime, start, rows, error)
+        return len(data), zlib.crc32(data), rows, error
 
     # -------------------------------------------------------------------- log
     def _log(self) -> list[LoggedFile]:
@@ -756,6 +772,11 @@ def _lines(data: bytes) -> list[tuple[int, bytes]]:
 
 def _number(key: str) -> int:
     return int(key.rsplit("-", 1)[1].split(".", 1)[0])
+
+
+def _survey_file(source: FileSource, key: str) -> tuple[int, int, int, str | None] | None:
+    """A survey task (``FileSource.survey``); pickled to Spark tasks."""
+    return source.survey(key)
 
 
 def _entries_crc(entries: list[LoggedFile], crc: int = 0) -> int:

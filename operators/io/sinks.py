@@ -60,6 +60,13 @@ class Sink(ABC):
         files; raising fails the epoch with nothing committed (e.g. an insert of an
         existing key into a table sink). Default: nothing to check."""
 
+    def prepare_in_tasks(self, store: ObjectStore, job_prefix: str, epoch: int, staged: list[str],
+                         map_in_tasks: Callable[[Callable, list], list]) -> None:
+        """``prepare``, for a sink whose check reads the staged rows (a table sink's
+        inserts): ``map_in_tasks`` as in ``publish_in_tasks``, so the rows never pass
+        through the driver. The runtime calls this one. Default: ``prepare``."""
+        self.prepare(store, job_prefix, epoch, staged)
+
     @abstractmethod
     def publish(self, store: ObjectStore, job_prefix: str, epoch: int, staged: list[str]) -> list[str]:
         """Make the staged files of a committed epoch visible; idempotent. Returns the

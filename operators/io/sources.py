@@ -8,6 +8,7 @@ the same events (exactly-once needs a replayable source, as with Kafka offsets).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 import pyarrow as pa
 
@@ -51,6 +52,13 @@ class Source(ABC):
         with the job's object store and prefix: a source that keeps its own metadata
         (a file source's list of discovered files) keeps it under
         ``dkvstream.operators.paths.source_prefix(job_prefix, self.name)``. Default: nothing."""
+
+    def use_tasks(self, map_in_tasks: Callable[[Callable, list], list]) -> None:
+        """Called by ``JobRunner`` after ``attach`` with its ``map_in_tasks(fn, items)``
+        (``[fn(item) for item in items]`` in Spark tasks, as ``Sink.publish_in_tasks``'s):
+        a source whose ``end_offsets`` would otherwise read data in the driver (a file
+        source counting a new file's rows) does that in tasks. Not kept when the source
+        is pickled. Default: nothing."""
 
     @abstractmethod
     def partitions(self) -> list[str]:

@@ -6,7 +6,7 @@ Shared by the writer (``dkvstream.operators.io.table_sink``), the readers
 Partitioning like Kudu's: a hidden column ``_bucket`` = xxh3_64 of the primary key
 columns mod ``hash_buckets``, plus an optional ``range_column`` (one of the key columns,
 partitioned by value: give it a coarse value such as a day). Both are Delta partition
-columns, so a point lookup or a MERGE touches one bucket's files.
+columns, so a point lookup or an epoch's merge touches one bucket's files.
 """
 from __future__ import annotations
 

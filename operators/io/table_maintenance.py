@@ -34,8 +34,9 @@ def small_files(uri: str, target_bytes: int, opts: dict | None = None) -> int:
 def compact_table(uri: str, target_bytes: int, opts: dict | None = None) -> dict:
     """Rewrites the table's small files into files of about ``target_bytes``
     (delta-rs OPTIMIZE, bin-packing per partition; a ``dataChange=false`` commit, so
-    readers and the job's next MERGE see the same rows; a MERGE that read a rewritten
-    file fails its commit and ``TableSink.publish`` retries it). Old files stay for
+    readers and the job's next merge see the same rows; an epoch's commit that follows
+    it fails, and ``TableSink.publish_in_tasks`` merges that epoch again on the new
+    version). Old files stay for
     time travel until a vacuum. Returns delta-rs's metrics (``numFilesAdded``,
     ``numFilesRemoved``, ...) plus ``version``."""
     from deltalake import DeltaTable
@@ -46,15 +47,25 @@ def compact_table(uri: str, target_bytes: int, opts: dict | None = None) -> dict
     return {**metrics, "version": dt.version()}
 
 
+# Files no commit names (written by a table sink's merge task whose publish crashed or
+# was retried) are deleted once this old at least: younger ones may belong to a publish
+# in flight, which is about to commit them.
+UNCOMMITTED_FILE_HOURS = 24
+
+
 def vacuum_table(uri: str, retention_hours: int, opts: dict | None = None) -> list[str]:
     """Deletes data files that no table version of the last ``retention_hours`` needs
-    (delta-rs VACUUM). Time travel (``as_of_epoch`` / ``as_of_time``) then reaches only
-    versions younger than that; an older one fails reading a deleted file.
+    (delta-rs VACUUM), and files no commit names that are ``UNCOMMITTED_FILE_HOURS`` old
+    or more (delta-rs's full VACUUM). Time travel (``as_of_epoch`` / ``as_of_time``) then
+    reaches only versions younger than ``retention_hours``; an older one fails reading a
+    deleted file.
 
     Returns:
         URIs (or paths) of the deleted files.
     """
     from deltalake import DeltaTable
 
-    return DeltaTable(uri, storage_options=opts).vacuum(
-        retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False)
+    dt = DeltaTable(uri, storage_options=opts)
+    removed = dt.vacuum(retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False)
+    return removed + dt.vacuum(retention_hours=max(retention_hours, UNCOMMITTED_FILE_HOURS), dry_run=False,
+                               enforce_retention_duration=False, full=True)

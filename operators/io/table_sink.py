@@ -20,28 +20,45 @@ Partitioning (``_bucket`` hash buckets plus an optional range column) is in
 ``dkvstream.operators.io.table_reader``; compaction and vacuum in ``dkvstream.operators.io.table_maintenance``.
 ``TableSink`` has all of them: it is a ``TableReader``.
 
-Exactly-once, one table commit per epoch. A task writes its change rows as Parquet
-under its staging prefix (nothing visible). Before the driver commits epoch e it calls
-``prepare``: the inserts of e are checked against the table, which then holds exactly
-the epochs up to e-1 (a restart re-publishes the newest checkpoint before it runs
-anything), so a duplicate key fails the epoch before its checkpoint exists, naming the
-key and the table. After the commit, ``publish`` applies the epoch's net changes with
-**one** Delta MERGE whose commit carries the application transaction
-(``txn``) ``appId = <job prefix>/<sink>``, ``version = e`` and ``dkvstream.epoch = e``
-in its commit info. The MERGE commit is atomic (Delta's log entry
-``_delta_log/<version>.json`` is written put-if-absent), and a publish redone after a
-crash reads the table's transaction version first and skips an epoch already applied.
-An epoch with no change rows writes no commit.
+Exactly-once, one table commit per epoch, no row through the driver (as Flink's Delta
+sink: writers in tasks, one committer). A task stages its range's change rows as one
+object, a Parquet file per hash bucket behind an index (``write_staged``; nothing
+visible). Before the driver commits epoch e, ``prepare_in_tasks`` runs one task per
+bucket with inserts (``check_bucket``): they are checked against the table, which then
+holds exactly the epochs up to e-1 (a restart re-publishes the newest checkpoint before
+it runs anything), so a duplicate key fails the epoch before its checkpoint exists,
+naming the key and the table. After the commit, ``publish_in_tasks`` runs one task per
+bucket with changes (``merge_bucket``): it reads the bucket's data files in the
+partitions the changes touch, writes one new file per partition (the untouched rows of
+the files holding a changed key, plus the upserts) and returns add/remove actions. The
+driver reads only the staged objects' indexes and the Delta log, and commits the actions
+as one log entry carrying the application transaction (``txn``)
+``appId = <job prefix>/<sink>``, ``version = e`` and ``dkvstream.epoch = e`` in its
+commit info. The commit is atomic (Delta's log entry ``_delta_log/<version>.json`` is
+written put-if-absent) and must be the version after the one the tasks read; a publish
+redone after a crash reads the table's transaction version first and skips an epoch
+already applied. Files of a publish that never committed are not in the table (a vacuum
+deletes them, ``table_maintenance.vacuum_table``). An epoch with no change rows writes no commit.
 
 Stores: a local directory or S3 (``storage_options`` passes the store's endpoint and
-credentials to delta-rs). The table is written by the driver, one MERGE per epoch.
+credentials to delta-rs; the tasks write data files through the job's object store).
 """
 from __future__ import annotations
 
+import datetime
+import functools
 import io
+import json
+import struct
+import time
+import uuid
+from collections.abc import Callable
+from typing import NamedTuple
+from urllib.parse import quote, unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
 from dkvstream.operators.errors import InsertConflictError, SnapshotVacuumedError
@@ -59,8 +76,9 @@ from dkvstream.operators.io.table_layout import (
     storage_options,
 )
 from dkvstream.operators.io.table_maintenance import compact_table, delta_tables, small_files, vacuum_table
-from dkvstream.operators.io.table_reader import TableReader
-from dkvstream.storage.objectstore import ObjectStore
+from dkvstream.operators.io.table_reader import TableReader, delta_dataset
+from dkvstream.storage.errors import CorruptionError
+from dkvstream.storage.objectstore import REQUEST_THREADS, ObjectStore, map_requests
 
 # Names this module has always offered (``from dkvstream.operators.io.table_sink import ...``).
 __all__ = [
@@ -105,8 +123,8 @@ class TableSink(TableReader, Sink):
         return out.append_column(BUCKET_COLUMN, self.buckets_of(out))
 
     def _check_range_values(self, cols: dict[str, pa.ChunkedArray]) -> None:
-        # Delta stores an empty partition value as null, and the MERGE then fails on the
-        # non-nullable key column with an error naming neither the sink nor the row.
+        # Delta stores an empty partition value as null, which the non-nullable key
+        # column cannot hold: refuse it here, naming the sink and the column.
         if self.range_column is None:
             return
         values = cols[self.range_column]
@@ -120,25 +138,46 @@ class TableSink(TableReader, Sink):
                              f"so give the range column a non-empty value")
 
     def write_staged(self, store: ObjectStore, staging_prefix: str, table: pa.Table) -> str:
-        buf = io.BytesIO()
-        pq.write_table(self.changes_of(table), buf, compression="zstd")
-        key = f"{staging_prefix}/{self.name}.changes.parquet"
-        store.put(key, buf.getvalue())
+        """Stages one range's change rows (in the task): one object holding a Parquet file
+        per hash bucket (the bucket's rows in emission order), behind an index of each
+        bucket's byte range, rows and inserts (``_encode_staged``). The driver reads only
+        the indexes; each merge task reads only its bucket's bytes.
+
+        Returns:
+            the staged object's key, ``<staging_prefix>/<name>.changes``.
+
+        Raises:
+            ValueError: as ``changes_of``.
+        """
+        key = f"{staging_prefix}/{self.name}.changes"
+        store.put(key, _encode_staged(self.changes_of(table)))
         return key
 
-    # ------------------------------------------------------------ the driver side
-    def _read_staged(self, store: ObjectStore, staged: list[str]) -> pa.Table:
-        tables = [pq.read_table(arrow_input(store.get(k))) for k in staged]
-        return pa.concat_tables(tables) if tables else self.changes_of(self.schema.empty_table())
+    # ---------------------------------------------------- the merge tasks' side
+    def read_bucket_changes(self, store: ObjectStore, bucket: int, slices: list[StagedSlice]) -> pa.Table:
+        """The change rows of hash bucket ``bucket`` in emission order: the ``slices``
+        (in range order), one ranged GET each.
 
-    def _existing(self, uri: str, opts: dict | None, changes: pa.Table) -> set[tuple]:
-        """Keys among ``changes`` that the table holds now."""
-        from deltalake import DeltaTable
+        Returns:
+            the change rows (``changes_of``'s columns) of that bucket.
+        """
+        tables = []
+        for s in slices:
+            if s.length is None:  # a whole Parquet file staged by an older version
+                t = pq.read_table(arrow_input(store.get(s.key)))
+                tables.append(t.filter(pc.equal(t.column(BUCKET_COLUMN), bucket)))
+            else:
+                tables.append(pq.read_table(arrow_input(store.get_range(s.key, s.start, s.length))))
+        schema = pa.schema([*self.schema, pa.field(OP_COLUMN, pa.string()),
+                            pa.field(BUCKET_COLUMN, pa.int32())])
+        return pa.concat_tables([t.cast(schema) for t in tables]) if tables else schema.empty_table()
 
-        if changes.num_rows == 0 or not DeltaTable.is_deltatable(uri, storage_options=opts):
+    def _existing(self, dt, changes: pa.Table) -> set[tuple]:
+        """Keys among ``changes`` (with ``_bucket``) that table version ``dt`` holds."""
+        if changes.num_rows == 0 or dt is None:
             return set()
         keys = changes.select([*self.primary_key, BUCKET_COLUMN])
-        found = self._lookup(DeltaTable(uri, storage_options=opts), keys, self.primary_key)
+        found = self._lookup(dt, keys, self.primary_key)
         return set(zip(*(found.column(c).to_pylist() for c in self.primary_key)))
 
     def net_changes(self, changes: pa.Table, existing: set[tuple], epoch: int, where: str) -> pa.Table:
@@ -165,18 +204,66 @@ class TableSink(TableReader, Sink):
         return rows.set_column(rows.schema.get_field_index(OP_COLUMN), OP_COLUMN, net_ops)
 
     def prepare(self, store: ObjectStore, job_prefix: str, epoch: int, staged: list[str]) -> None:
-        """Before epoch ``epoch`` commits: check its inserts against the table.
+        """``prepare_in_tasks`` in this process."""
+        self.prepare_in_tasks(store, job_prefix, epoch, staged, _in_process)
+
+    def prepare_in_tasks(self, store: ObjectStore, job_prefix: str, epoch: int, staged: list[str],
+                         map_in_tasks: Callable[[Callable, list], list]) -> None:
+        """Before epoch ``epoch`` commits: the inserts of each hash bucket are checked
+        against the table's current version, one task per bucket with inserts
+        (``check_bucket``). The driver reads only the staged objects' indexes.
 
         Raises:
             InsertConflictError: an insert names a key that exists (the epoch fails,
                 nothing is committed).
         """
+        from deltalake import DeltaTable
+
         uri, opts = self.table_uri(store, job_prefix), storage_options(store)
-        changes = self._read_staged(store, staged)
+        items = [(b, s) for b, s in sorted(staged_slices(store, staged, self.hash_buckets).items())
+                 if any(x.inserts != 0 for x in s)]
+        if not items:
+            return
+        version = DeltaTable(uri, storage_options=opts).version() \
+            if DeltaTable.is_deltatable(uri, storage_options=opts) else None
+        map_in_tasks(functools.partial(_check_bucket, self, store, uri, opts, version, epoch), items)
+
+    def check_bucket(self, store: ObjectStore, uri: str, opts: dict | None, version: int | None,
+                     epoch: int, bucket: int, slices: list[StagedSlice]) -> int:
+        """In a task: the inserts of one bucket against table version ``version`` (None:
+        no table yet) and the epoch's own earlier changes. Returns the inserts checked.
+
+        Raises:
+            InsertConflictError: an insert of a key that exists at that point.
+        """
+        from deltalake import DeltaTable
+
+        changes = self.read_bucket_changes(store, bucket, slices)
         inserts = changes.filter(pc.equal(changes.column(OP_COLUMN), INSERT))
-        self.net_changes(changes, self._existing(uri, opts, inserts), epoch, f"the table {uri}")
+        dt = None if version is None else DeltaTable(uri, storage_options=opts, version=version)
+        self.net_changes(changes, self._existing(dt, inserts), epoch, f"the table {uri}")
+        return inserts.num_rows
 
     def publish(self, store: ObjectStore, job_prefix: str, epoch: int, staged: list[str]) -> list[str]:
+        """``publish_in_tasks`` in this process."""
+        return self.publish_in_tasks(store, job_prefix, epoch, staged, _in_process)
+
+    def publish_in_tasks(self, store: ObjectStore, job_prefix: str, epoch: int, staged: list[str],
+                         map_in_tasks: Callable[[Callable, list], list]) -> list[str]:
+        """Applies a committed epoch: one merge task per hash bucket with changes
+        (``merge_bucket``) rewrites that bucket's touched files and returns file actions;
+        the driver commits them as one Delta log entry with the epoch's app transaction.
+        Skips an epoch the table holds already (idempotent). The commit must directly
+        follow the version the tasks read; after another commit (a compaction) the tasks
+        run again on the new version, ``_MERGE_ATTEMPTS`` times at most.
+
+        Returns:
+            ``["<table uri>@v<version>"]``, or ``[]`` if nothing was committed.
+
+        Raises:
+            InsertConflictError: from a task, as ``check_bucket``.
+            CommitFailedError: another commit came first ``_MERGE_ATTEMPTS`` times.
+        """
         from deltalake import DeltaTable, write_deltalake
         from deltalake.exceptions import CommitFailedError
 
@@ -185,38 +272,125 @@ class TableSink(TableReader, Sink):
             write_deltalake(uri, self.stored_schema().empty_table(), partition_by=self.partition_columns,
                             mode="ignore", storage_options=opts)
         app = self.app_id(job_prefix)
-        changes = self._read_staged(store, staged)
-        inserts = changes.filter(pc.equal(changes.column(OP_COLUMN), INSERT))
+        items = sorted(staged_slices(store, staged, self.hash_buckets).items())
         for attempt in range(_MERGE_ATTEMPTS):
             dt = DeltaTable(uri, storage_options=opts)
             applied = dt.transaction_version(app)
             if applied is not None and applied >= epoch:
                 return []  # redone after a crash: this epoch is in the table already
-            existing = self._existing(uri, opts, inserts)
-            net = self.net_changes(changes, existing, epoch, f"the table {uri}")
+            actions = [a for bucket in map_in_tasks(
+                functools.partial(_merge_bucket, self, store, self.table_prefix(job_prefix), uri, opts,
+                                  dt.version(), epoch), items) for a in bucket]
+            if not actions:
+                return []
             try:
-                return self._merge(dt, uri, net, app, epoch)
+                return self._commit(dt, uri, actions, app, epoch)
             except CommitFailedError:
-                # A compaction (table_compaction op) rewrote files this MERGE read:
-                # re-read the table and merge again; the txn check above stays exact.
+                # Another commit (table_compaction op) came after the version the tasks
+                # read: their new files stay unreferenced (a vacuum deletes them); merge
+                # again from the new version. The txn check above stays exact.
                 if attempt == _MERGE_ATTEMPTS - 1:
                     raise
         raise AssertionError("unreachable")
 
-    def _merge(self, dt, uri: str, net: pa.Table, app: str, epoch: int) -> list[str]:
-        from deltalake import CommitProperties, Transaction
+    def merge_bucket(self, store: ObjectStore, table_prefix: str, uri: str, opts: dict | None,
+                     version: int, epoch: int, bucket: int, slices: list[StagedSlice]) -> list[dict]:
+        """In a task: applies one bucket's change rows to table version ``version``.
 
-        # Partition columns first so delta-rs prunes the target to the touched buckets.
-        on = " AND ".join(f"t.{c} = s.{c}"
-                          for c in dict.fromkeys([*self.partition_columns, *self.primary_key]))
-        values = {c: f"s.{c}" for c in [*self.schema.names, BUCKET_COLUMN]}
-        props = CommitProperties(app_transactions=[Transaction(app, epoch)],
+        Reads the bucket's files in the partitions the net changes touch, writes one new
+        Parquet file per partition holding the untouched rows of the files that hold a
+        changed key plus the upserts, under the table's prefix with a unique name (not
+        visible until the driver commits it).
+
+        Returns:
+            file actions for the driver's commit: ``{"remove": path, "size": bytes}`` per
+            replaced file and ``{"add": path, "size", "partition_values", "stats"}`` per
+            new file (paths relative to the table).
+
+        Raises:
+            InsertConflictError: an insert of a key that exists at that point.
+        """
+        from deltalake import DeltaTable
+
+        changes = self.read_bucket_changes(store, bucket, slices)
+        if changes.num_rows == 0:
+            return []
+        dt = DeltaTable(uri, storage_options=opts, version=version)
+        ds = delta_dataset(dt)
+        where = pc.field(BUCKET_COLUMN) == bucket
+        if self.range_column is not None:
+            where = where & pc.field(self.range_column).isin(pc.unique(changes.column(self.range_column)))
+        stored = self.stored_schema()
+        fragments = list(ds.get_fragments(filter=where))
+        olds = [_as_stored(f.to_table(), f.partition_expression, stored) for f in fragments]
+        existing = {k for t in olds for k in self._keys(t)}
+        net = self.net_changes(changes, existing, epoch, f"the table {uri}")
+        touched = set(self._keys(net))
+        sizes = {a["path"]: a["size_bytes"] for a in pa.table(dt.get_add_actions(flatten=True))
+                 .select(["path", "size_bytes"]).to_pylist()}
+        actions, rows = [], []
+        for fragment, old in zip(fragments, olds):
+            hit = pa.array([k in touched for k in self._keys(old)], pa.bool_())
+            if not pc.any(hit).as_py():
+                continue
+            path = _log_path(fragment.path, sizes)
+            actions.append({"remove": path, "size": sizes.get(path)})
+            rows.append(old.filter(pc.invert(hit)))
+        upserts = net.filter(pc.equal(net.column(OP_COLUMN), UPSERT)).drop_columns([OP_COLUMN])
+        rows.append(upserts.select(stored.names).cast(stored))
+        actions += self._write_partitions(store, table_prefix, bucket, epoch, pa.concat_tables(rows))
+        return actions
+
+    def _keys(self, table: pa.Table) -> list[tuple]:
+        return list(zip(*(table.column(c).to_pylist() for c in self.primary_key)))
+
+    def _write_partitions(self, store: ObjectStore, table_prefix: str, bucket: int, epoch: int,
+                          rows: pa.Table) -> list[dict]:
+        """Writes ``rows`` (the stored schema, one bucket) as one Parquet file per range
+        value; returns their add actions."""
+        if rows.num_rows == 0:
+            return []
+        groups = ([(None, rows)] if self.range_column is None else
+                  [(v, rows.filter(pc.equal(rows.column(self.range_column), v)))
+                   for v in pc.unique(rows.column(self.range_column)).to_pylist()])
+        actions = []
+        for value, part in groups:
+            values = {BUCKET_COLUMN: str(bucket)}
+            if self.range_column is not None:
+                values[self.range_column] = _partition_text(value)
+            data_rows = part.drop_columns(self.partition_columns)
+            buf = io.BytesIO()
+            pq.write_table(data_rows, buf, compression="zstd")
+            dirs = "/".join(f"{c}={quote(v, safe='')}" for c, v in values.items())
+            path = f"{dirs}/part-{epoch:010d}-{uuid.uuid4()}.zstd.parquet"
+            data = buf.getvalue()
+            store.put(f"{table_prefix}/{path}", data)
+            actions.append({"add": path, "size": len(data), "partition_values": values,
+                            "stats": _file_stats(data_rows)})
+        return actions
+
+    def _commit(self, dt, uri: str, actions: list[dict], app: str, epoch: int) -> list[str]:
+        """Commits the tasks' file actions as one log entry carrying the epoch's app
+        transaction; returns ``["<uri>@v<version>"]``.
+
+        Raises:
+            CommitFailedError: another commit (a compaction, a vacuum) came after the
+                version the tasks read.
+        """
+        from deltalake import CommitProperties, Transaction
+        from deltalake.transaction import AddAction, RemoveAction
+
+        now = int(time.time() * 1000)
+        log = [AddAction(a["add"], a["size"], a["partition_values"], now, True, a["stats"])
+               if "add" in a else RemoveAction(a["remove"], True, now, a["size"])
+               for a in actions]
+        # No retries: the commit must be version read + 1. delta-rs checks no conflict for
+        # these actions, so committing after another writer (a compaction that rewrote a
+        # file the tasks replaced) would keep both the compacted and the replacing rows.
+        props = CommitProperties(app_transactions=[Transaction(app, epoch)], max_commit_retries=0,
                                  custom_metadata={EPOCH_METADATA: str(epoch)})
-        (dt.merge(net, predicate=on, source_alias="s", target_alias="t", commit_properties=props)
-           .when_matched_delete(predicate=f"s.{OP_COLUMN} = '{DELETE}'")
-           .when_matched_update(updates=values, predicate=f"s.{OP_COLUMN} = '{UPSERT}'")
-           .when_not_matched_insert(updates=values, predicate=f"s.{OP_COLUMN} = '{UPSERT}'")
-           .execute())
+        dt.create_write_transaction(log, mode="append", schema=self.stored_schema(),
+                                    partition_by=self.partition_columns, commit_properties=props)
         dt.update_incremental()
         return [f"{uri}@v{dt.version()}"]
 
@@ -230,3 +404,154 @@ class TableSink(TableReader, Sink):
         if applied is not None and applied > epoch:
             return [f"Delta table {uri}: epoch {applied} applied"]
         return []
+
+
+# ----------------------------------------------------------------- staged objects
+# A staged change object: magic, the index's length (4 bytes, big-endian), the index
+# (JSON: {"buckets": [[bucket, offset, length, rows, inserts], ...]}, offsets from the
+# end of the index), then one Parquet file per bucket. The driver reads the first
+# _INDEX_PROBE bytes (one ranged GET; two if the index is longer), a merge task one
+# bucket's bytes.
+_STAGED_MAGIC = b"DKVTCHG1"
+_INDEX_PROBE = 16 << 10
+
+
+class StagedSlice(NamedTuple):
+    """One bucket's change rows inside a staged object: bytes ``[start, start + length)``
+    of ``key`` (a Parquet file), with its insert count; ``length`` None for a whole
+    Parquet file of all buckets (staged by an older version), ``inserts`` None if unknown."""
+
+    key: str
+    start: int
+    length: int | None
+    inserts: int | None
+
+
+def _encode_staged(changes: pa.Table) -> bytes:
+    """The staged object of one range's change rows (the layout above)."""
+    buckets = changes.column(BUCKET_COLUMN)
+    entries, blobs, offset = [], [], 0
+    for b in sorted(pc.unique(buckets).to_pylist()):
+        rows = changes.filter(pc.equal(buckets, b))  # keeps emission order
+        buf = io.BytesIO()
+        pq.write_table(rows, buf, compression="zstd")
+        blob = buf.getvalue()
+        inserts = int(pc.sum(pc.equal(rows.column(OP_COLUMN), INSERT)).as_py() or 0)
+        entries.append([b, offset, len(blob), rows.num_rows, inserts])
+        blobs.append(blob)
+        offset += len(blob)
+    index = json.dumps({"buckets": entries}).encode()
+    return b"".join([_STAGED_MAGIC, struct.pack(">I", len(index)), index, *blobs])
+
+
+def staged_slices(store: ObjectStore, staged: list[str], hash_buckets: int) -> dict[int, list[StagedSlice]]:
+    """Driver side: which bytes of the staged objects hold each hash bucket's change rows,
+    from the objects' indexes only (one or two ranged GETs each, ``REQUEST_THREADS`` at a
+    time; no row is read).
+
+    Args:
+        staged: an epoch's staged keys of the sink, in range order.
+        hash_buckets: the sink's bucket count (for files staged by an older version,
+            which hold every bucket).
+
+    Returns:
+        ``{bucket: [StagedSlice, ...]}`` for the buckets with change rows; each list in
+        the order of ``staged``.
+
+    Raises:
+        CorruptionError: a staged object does not start with its index (damaged).
+    """
+    def index(key: str) -> list[tuple[int, StagedSlice]]:
+        if key.endswith(".parquet"):
+            return [(b, StagedSlice(key, 0, None, None)) for b in range(hash_buckets)]
+        head = store.get_range(key, 0, _INDEX_PROBE)
+        if head[:len(_STAGED_MAGIC)] != _STAGED_MAGIC or len(head) < len(_STAGED_MAGIC) + 4:
+            raise CorruptionError(f"{store.uri(key)}: not a table sink's staged change object (damaged?); "
+                                  f"restore it, or fall back to an older checkpoint")
+        n = struct.unpack(">I", head[len(_STAGED_MAGIC):len(_STAGED_MAGIC) + 4])[0]
+        start = len(_STAGED_MAGIC) + 4
+        raw = head[start:start + n]
+        if len(raw) < n:
+            raw = store.get_range(key, start, n)
+        data = start + n
+        return [(b, StagedSlice(key, data + off, length, inserts))
+                for b, off, length, _, inserts in json.loads(raw)["buckets"]]
+
+    out: dict[int, list[StagedSlice]] = {}
+    for entries in map_requests(index, staged, REQUEST_THREADS):
+        for bucket, piece in entries:
+            out.setdefault(bucket, []).append(piece)
+    return out
+
+
+# -------------------------------------------------------------- task entry points
+def _check_bucket(sink: TableSink, store: ObjectStore, uri: str, opts: dict | None, version: int | None,
+                  epoch: int, item: tuple[int, list[StagedSlice]]) -> int:
+    """A prepare task (``TableSink.check_bucket``); pickled to Spark tasks."""
+    return sink.check_bucket(store, uri, opts, version, epoch, *item)
+
+
+def _merge_bucket(sink: TableSink, store: ObjectStore, table_prefix: str, uri: str, opts: dict | None,
+                  version: int, epoch: int, item: tuple[int, list[StagedSlice]]) -> list[dict]:
+    """A merge task (``TableSink.merge_bucket``); pickled to Spark tasks."""
+    return sink.merge_bucket(store, table_prefix, uri, opts, version, epoch, *item)
+
+
+def _in_process(fn: Callable, items: list) -> list:
+    return [fn(item) for item in items]
+
+
+# ------------------------------------------------------------------- data files
+def _as_stored(table: pa.Table, partition_expression: pc.Expression, stored: pa.Schema) -> pa.Table:
+    """A data file's rows with the partition columns (from its partition expression) in
+    the stored schema's types (files delta-rs's MERGE or OPTIMIZE wrote may hold view
+    types)."""
+    values = pads.get_partition_keys(partition_expression)
+    cols = [table.column(f.name) if f.name in table.column_names
+            else pa.array([values.get(f.name)] * table.num_rows) for f in stored]
+    return pa.table(dict(zip(stored.names, cols))).cast(stored)
+
+
+def _log_path(fragment_path: str, paths: dict[str, int]) -> str:
+    """The log's path of a dataset fragment (the log may keep it percent-encoded)."""
+    if fragment_path in paths:
+        return fragment_path
+    decoded = {unquote(p): p for p in paths}
+    return decoded.get(unquote(fragment_path), fragment_path)
+
+
+def _partition_text(value) -> str | None:
+    """A partition value as the Delta log writes it (protocol: "Partition Value Serialization")."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, datetime.datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S.%f")
+    if isinstance(value, datetime.date):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.decode("latin-1")
+    return str(value)
+
+
+def _file_stats(rows: pa.Table) -> str:
+    """The add action's statistics (Delta protocol "Per-file Statistics"). Readers prune
+    files by them, so they are exact or absent: ``numRecords`` always; null counts and
+    min/max (strings untruncated) only when every column is an integer, finite float or
+    string column with a value, since deltalake's pyarrow dataset turns a column missing
+    from ``minValues`` into a predicate no row satisfies, skipping the file."""
+    stats: dict = {"numRecords": rows.num_rows}
+    low, high = {}, {}
+    for f in rows.schema:
+        col = rows.column(f.name)
+        exact = pa.types.is_integer(f.type) or pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+        if pa.types.is_floating(f.type):
+            exact = pc.all(pc.is_finite(col)).as_py() is not False
+        if not exact or col.null_count == rows.num_rows:
+            return json.dumps(stats)
+        mm = pc.min_max(col).as_py()
+        low[f.name], high[f.name] = mm["min"], mm["max"]
+    stats.update(minValues=low, maxValues=high,
+                 nullCount={f.name: rows.column(f.name).null_count for f in rows.schema})
+    return json.dumps(stats)

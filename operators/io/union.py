@@ -89,6 +89,10 @@ class UnionSource(Source):
         for s in self.sources:
             s.attach(store, job_prefix)
 
+    def use_tasks(self, map_in_tasks) -> None:
+        for s in self.sources:
+            s.use_tasks(map_in_tasks)
+
     def partitions(self) -> list[str]:
         return [f"{s.name}/{p}" for s in self.sources for p in s.partitions()]
 

@@ -229,6 +229,7 @@ class JobRunner:
             raise ValueError(f"verify_restart must be one of {VERIFY_MODES}, got {verify_restart!r}")
         self.verify_restart = verify_restart
         job.source.attach(self.store, job.prefix)
+        job.source.use_tasks(self._map_in_tasks)
         self._recovery: dict | None = None  # a fallback, recorded in the next checkpoint
         self._retention_damage: list[str] = []  # found by retention, for the next checkpoint
         self._task_dead_letters: list[str] = []  # staged by the epoch's tasks (_run_stages)
@@ -747,7 +748,8 @@ class JobRunner:
         """Step 5: every sink checks its staged files; a refusal fails the epoch."""
         for name, staged in outputs.items():
             try:
-                self.job.output_sink(name).prepare(self.store, self.job.prefix, epoch, staged)
+                self.job.output_sink(name).prepare_in_tasks(self.store, self.job.prefix, epoch, staged,
+                                                            self._map_in_tasks)
             except Exception as e:
                 raise JobFailedError(f"job {self.job.name}: epoch {epoch} refused by sink {name}: {e}") from e
 

@@ -726,3 +726,56 @@ def test_restore_never_maps_committed_offsets_to_other_files(waves, compact_ever
             assert gone, "refused though every file is in place"
             return
         assert again.logged_files()[:state["files"]] == seen[:state["files"]]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv", "jsonl"])
+def test_discovery_reads_no_file_in_the_driver(tmp_path, fmt, monkeypatch) -> None:
+    """``end_offsets`` (the driver's discovery) lists the location and reads the file
+    log; each new file's bytes (its row count and CRC-32) are read in a task
+    (``use_tasks``), never in the driver."""
+    inbox = tmp_path / "in"
+    inbox.mkdir()
+    for i in range(3):
+        _write(inbox, f"{i}.{fmt}", _encode(_rows(i * ROWS_PER_FILE, ROWS_PER_FILE), fmt), 1e9 + i)
+    source = _source(str(inbox), fmt)
+    source.attach(open_object_store(str(tmp_path / "store")), "jobs/files")
+    in_task, driver_reads = [False], []
+
+    def map_in_tasks(fn, items):
+        in_task[0] = True
+        try:
+            return [fn(item) for item in items]
+        finally:
+            in_task[0] = False
+
+    for name in ("get", "get_range"):
+        real = getattr(source.store, name)
+
+        def watched(key, *args, _real=real, _name=name):
+            if not in_task[0]:
+                driver_reads.append((_name, key))
+            return _real(key, *args)
+        monkeypatch.setattr(source.store, name, watched)
+    source.use_tasks(map_in_tasks)
+    assert source.end_offsets() == {"files": 3 * ROWS_PER_FILE}
+    assert driver_reads == []
+    assert [f.rows for f in source.logged_files()] == [ROWS_PER_FILE] * 3
+    assert source.read("files", 0, 3 * ROWS_PER_FILE)["amount"].to_pylist() == \
+        _rows(0, 3 * ROWS_PER_FILE)["amount"].tolist()
+
+
+def test_discovery_in_spark_tasks_matches_the_oracle(spark, tmp_path) -> None:
+    """The job on Spark: new files are surveyed in Spark tasks (the source pickles
+    without the driver's task runner)."""
+    inbox, root = tmp_path / "in", str(tmp_path / "store")
+    inbox.mkdir()
+    written = []
+    for i in range(3):
+        written.append(_rows(i * ROWS_PER_FILE, ROWS_PER_FILE))
+        _write(inbox, f"{i}.csv", _encode(written[-1], "csv"), 1e9 + i)
+    runner = JobRunner(_job(_source(str(inbox), "csv")), spark, root)
+    results = runner.run()
+    everything = pd.concat(written, ignore_index=True)
+    assert sum(r.events for r in results) == len(everything)
+    pd.testing.assert_frame_equal(_sorted(_output(runner)), _oracle(everything, results[-1].watermark))
+    runner.close()

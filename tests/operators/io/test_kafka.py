@@ -464,3 +464,24 @@ def test_sink_produces_in_tasks_on_spark(kafka_broker, tmp_path, spark, monkeypa
     assert results[-1].finished
     got, _ = sink_output(sink, runner.store, job.prefix)
     assert got.equals(oracle)
+
+
+def test_end_offsets_read_one_record_per_partition_at_most(kafka_broker, monkeypatch) -> None:
+    """The driver's end offsets come from ListOffsets; the end probe (module docstring)
+    fetches from the last record only, whatever the partition holds."""
+    topic = new_topic(kafka_broker, partitions=2)
+    produce(kafka_broker, topic, [json_record(b"k", BASE_MS + i, {"amount": i}, partition=i % 2)
+                                  for i in range(60)])
+    source = KafkaSource(kafka_broker.bootstrap, topic, value_schema=AMOUNT)
+    probed: list[dict] = []
+    real = source._probe_ends
+
+    def probe(starts):
+        probed.append(dict(starts))
+        return real(starts)
+    monkeypatch.setattr(source, "_probe_ends", probe)
+    ends = source.end_offsets()
+    assert ends == {f"{topic}-0": 30, f"{topic}-1": 30}
+    assert all(ends[p] - start <= 1 for starts in probed for p, start in starts.items()), probed
+    assert source.value_schema.names == ["amount"]
+    source.close()

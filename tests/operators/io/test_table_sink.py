@@ -9,10 +9,13 @@ key failing its epoch before the commit.
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from pyspark import cloudpickle
 
 from dkvstream.operators.api.job import Job
 from dkvstream.operators.api.operator import KeyedEvent, Operator, Subject
@@ -20,6 +23,8 @@ from dkvstream.operators.io.sources import Source
 from dkvstream.operators.io.table_sink import BUCKET_COLUMN, DELETE, INSERT, OP_COLUMN, UPSERT, TableSink
 from dkvstream.operators.runtime.driver import JobFailedError, JobRunner
 from tests.crashes import Crash, crash_at
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Spark workers cannot import tests
 
 TABLE_SCHEMA = pa.schema([("id", pa.int64()), ("day", pa.int64()), ("value", pa.float64()),
                           ("note", pa.string())])
@@ -217,18 +222,18 @@ def test_insert_after_delete_in_one_epoch_is_accepted() -> None:
 
 
 class CompactingSink(TableSink):
-    """Runs a compaction of the table between the publish's read and its MERGE commit
-    (once), as the ``table_compaction`` op may while the job runs."""
+    """Runs a compaction of the table between the merge tasks' reads and the driver's
+    commit of their files (once), as the ``table_compaction`` op may while the job runs."""
 
     raced = 0
 
-    def _merge(self, dt, uri, net, app, epoch):
+    def _commit(self, dt, uri, actions, app, epoch):
         if epoch == 4 and not self.raced:
             from dkvstream.operators.io.table_sink import compact_table
 
             CompactingSink.raced += 1
             compact_table(uri, 32 << 20)
-        return super()._merge(dt, uri, net, app, epoch)
+        return super()._commit(dt, uri, actions, app, epoch)
 
 
 def test_compaction_racing_a_publish_loses_no_change(tmp_path) -> None:
@@ -266,8 +271,12 @@ def test_table_on_s3_equals_model_with_time_travel(s3_server) -> None:
 
 
 def test_spark_reads_the_table_now_and_as_of_an_epoch(spark, tmp_path) -> None:
+    """The job on Spark (its prepare and merge tasks run in Spark's Python workers), read
+    back with Spark."""
     rows = random_changes(240, keys=30, seed=19)
-    job, sink, runner = run_drained(rows, tmp_path)
+    job, sink = make_job(rows)
+    runner = JobRunner(job, spark, str(tmp_path))
+    runner.run()
     store, prefix = runner.store, job.prefix
     now = sink.to_spark(spark, store, prefix).toArrow()
     assert now.schema.names == TABLE_SCHEMA.names
@@ -326,3 +335,100 @@ def test_restart_fallback_with_a_table_sink(tmp_path) -> None:
     store.put(key, store.get(key)[:50])
     with pytest.raises(RecoveryRefusedError, match=r"already visible.*Delta table .*epoch 6 applied"):
         JobRunner(job, None, str(tmp_path)).run()
+
+
+def test_driver_reads_no_change_row_and_no_table_row(tmp_path, monkeypatch) -> None:
+    """The driver's part of prepare and publish reads only the staged objects' indexes
+    (a ranged GET at offset 0, at most the index probe long) and the Delta log: every
+    change row and every table row is read in a task (here: inside ``map_in_tasks``)."""
+    import dkvstream.operators.io.table_reader as table_reader
+    import dkvstream.operators.io.table_sink as table_sink
+    from dkvstream.storage.objectstore import open_object_store
+
+    store, prefix = open_object_store(str(tmp_path)), "jobs/t"
+    sink = TableSink("items", TABLE_SCHEMA, primary_key=["id", "day"], hash_buckets=4, range_column="day")
+    in_task = [False]
+    driver_reads: list[tuple] = []
+
+    def map_in_tasks(fn, items):
+        in_task[0] = True
+        try:
+            return [fn(item) for item in items]
+        finally:
+            in_task[0] = False
+
+    def watch(name, real):
+        def call(*args, **kwargs):
+            if not in_task[0]:
+                driver_reads.append((name, *args[:3]))
+            return real(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(store, "get", watch("get", store.get))
+    monkeypatch.setattr(store, "get_range", watch("get_range", store.get_range))
+    monkeypatch.setattr(table_reader, "delta_dataset", watch("table rows", table_reader.delta_dataset))
+    monkeypatch.setattr(table_sink, "delta_dataset", watch("table rows", table_sink.delta_dataset))
+    rows = random_changes(3000, keys=500, seed=31)
+    model: dict[int, tuple] = {}
+    for epoch, chunk in enumerate([rows[:1000], rows[1000:]], start=1):
+        staged = []
+        for r in range(2):  # two key-group ranges, each with its own keys
+            part = [x for x in chunk if x["id"] % 2 == r]
+            table = pa.table({f.name: pa.array([x[f.name] for x in part], f.type) for f in TABLE_SCHEMA})
+            table = table.append_column(OP_COLUMN, pa.array([x["op"] for x in part]))
+            staged.append(sink.write_staged(store, f"{prefix}/staging/{epoch}/{r}", table))
+        sink.prepare_in_tasks(store, prefix, epoch, staged, map_in_tasks)
+        assert sink.publish_in_tasks(store, prefix, epoch, staged, map_in_tasks)
+        model = model_after([*({"op": UPSERT, "id": k, "day": v[0], "value": v[1], "note": v[2]}
+                               for k, v in model.items()), *chunk])
+    assert [r for r in driver_reads if r[0] != "get_range"] == []
+    assert all(start == 0 and length <= table_sink._INDEX_PROBE for _, _, start, length in driver_reads)
+    assert len(driver_reads) == 8  # the index of each of 2 staged objects, by prepare and publish, 2 epochs
+    assert as_model(sink.read(store, prefix)) == model
+
+
+def test_change_file_staged_by_an_older_version_is_published(tmp_path) -> None:
+    """A checkpoint written before change objects had an index names one Parquet file of
+    every bucket's change rows: a restart still publishes it, exactly once."""
+    import pyarrow.parquet as pq
+
+    from dkvstream.storage.objectstore import open_object_store
+
+    store, prefix = open_object_store(str(tmp_path)), "jobs/t"
+    sink = TableSink("items", TABLE_SCHEMA, primary_key=["id", "day"], hash_buckets=4, range_column="day")
+    rows = random_changes(200, keys=40, seed=37)
+    table = pa.table({f.name: pa.array([x[f.name] for x in rows], f.type) for f in TABLE_SCHEMA})
+    table = table.append_column(OP_COLUMN, pa.array([x["op"] for x in rows]))
+    key = f"{prefix}/staging/1/items.changes.parquet"
+    buf = pa.BufferOutputStream()
+    pq.write_table(sink.changes_of(table), buf)
+    store.put(key, buf.getvalue().to_pybytes())
+    sink.prepare(store, prefix, 1, [key])
+    assert sink.publish(store, prefix, 1, [key])
+    assert sink.publish(store, prefix, 1, [key]) == []
+    assert as_model(sink.read(store, prefix)) == model_after(rows)
+
+
+def test_vacuum_deletes_old_uncommitted_files_only(tmp_path) -> None:
+    """Files a merge task wrote for a publish that never committed are not in the table;
+    a vacuum deletes them once ``UNCOMMITTED_FILE_HOURS`` old, and never a younger one (a
+    publish in flight may be about to commit it)."""
+    import os
+    import time
+
+    from dkvstream.operators.io.table_maintenance import UNCOMMITTED_FILE_HOURS
+    from dkvstream.operators.io.table_sink import vacuum_table
+
+    rows = random_changes(80, keys=30, seed=41)
+    job, sink, runner = run_drained(rows, tmp_path)
+    store, prefix = runner.store, job.prefix
+    base = sink.table_prefix(prefix)
+    for name, age_h in [("old", UNCOMMITTED_FILE_HOURS + 1), ("young", 1)]:
+        key = f"{base}/_bucket=0/day=0/part-{name}.zstd.parquet"
+        store.put(key, b"never committed")
+        path = os.path.join(str(tmp_path), key)
+        os.utime(path, (time.time() - age_h * 3600,) * 2)
+    vacuum_table(sink.table_uri(store, prefix), 0)
+    assert not store.exists(f"{base}/_bucket=0/day=0/part-old.zstd.parquet")
+    assert store.exists(f"{base}/_bucket=0/day=0/part-young.zstd.parquet")
+    assert as_model(sink.read(store, prefix)) == model_after(rows)

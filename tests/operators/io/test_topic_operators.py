@@ -286,3 +286,25 @@ def test_prepare_and_publish_refuse_keyless_records_for_a_compacted_topic(tmp_pa
         sink.publish(store, "jobs/j", 1, [])
     assert sink.producer_id("jobs/j") not in log.metadata().producers  # nothing committed
     TopicSink("compacted").prepare(store, "jobs/j", 1, [])  # keyed: fine
+
+
+def test_end_offsets_and_schema_read_no_record(tmp_path, monkeypatch) -> None:
+    """What the driver asks of a topic source each epoch comes from the log's metadata:
+    no segment file (``files/``) is read for it."""
+    from dkvstream.storage.objectstore.local import LocalObjectStore
+
+    root = str(tmp_path)
+    make_input(root)
+    source = TopicSource(root, "in", value_schema=pa.schema([("amount", pa.int64())]), bounded=True)
+    reads: list[str] = []
+    for name in ("get", "get_range", "get_range_immutable"):
+        real = getattr(LocalObjectStore, name)
+
+        def watched(self, key, *args, _real=real):
+            reads.append(key)
+            return _real(self, key, *args)
+        monkeypatch.setattr(LocalObjectStore, name, watched)
+    ends = source.end_offsets()
+    assert sum(ends.values()) == EVENTS
+    assert source.value_schema.names == ["amount"]
+    assert not [k for k in reads if "/files/" in k], reads
