@@ -121,13 +121,16 @@ class ProgressTracker:
 
 
 def format_watermark(ms: int) -> str:
-    """A watermark as a UTC date and time to the second, or ``-inf``/``+inf`` with what
-    they mean."""
+    """A watermark (ms since the Unix epoch) as a UTC date and time, to the millisecond
+    when it is not a whole second (a watermark is the newest event time minus the bound
+    minus 1 ms, so it usually ends in .999), or ``-inf``/``+inf`` with what they mean."""
     if ms >= WATERMARK_MAX:
         return "+inf (end of input)"
     if ms <= WATERMARK_MIN:
         return "-inf (no events yet)"
-    return f"{dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
+    at = dt.datetime.fromtimestamp(ms // 1000, tz=dt.timezone.utc)
+    millis = f".{ms % 1000:03d}" if ms % 1000 else ""
+    return f"{at:%Y-%m-%d %H:%M:%S}{millis} UTC"
 
 
 def format_duration(seconds: float) -> str:
@@ -152,7 +155,7 @@ def epoch_line(result: EpochResult, progress: Progress) -> str:
     """One readable line for a committed epoch.
 
     Bounded source: ``epoch 3 of ~7 (43%, ~8 s left): 100,002 events in 2.1 s (47,620
-    events/s), watermark 2013-05-02 14:05:00 UTC, offsets EWR=40,000 JFK=35,000
+    events/s), watermark 2013-05-02 14:04:59.999 UTC, offsets EWR=40,000 JFK=35,000
     LGA=30,000``. Live source: ``epoch 12: ... events/s, arriving 3,500/s), watermark
     ..., lag 120 (EWR=40 JFK=80 LGA=0), offsets ...``. Dead letters and a drain are
     added when there are any.

@@ -15,7 +15,7 @@ Prints one readable line per step to stdout: ``starting Spark (10-40 s)...``, th
 ``Spark up: master ..., application ..., UI at http://...`` once the session is up, then
 one line per committed epoch (``dkvstream.operators.runtime.progress.epoch_line``): for a bounded
 source ``epoch 3 of ~7 (43%, ~8 s left): 100,002 events in 2.1 s (47,620 events/s),
-watermark 2013-05-02 14:05:00 UTC, offsets EWR=... JFK=... LGA=...``; for a live source
+watermark 2013-05-02 14:04:59.999 UTC, offsets EWR=... JFK=... LGA=...``; for a live source
 the arrival rate and the lag per partition instead of the total. An epoch that fails with
 a ``DkvstreamError`` (``TooManyDeadLettersError``, ``OperatorError``, ``BadInputError``:
 a user's error whose message says what to do; ``JobFailedError``, ``S3CredentialsError``

@@ -100,15 +100,15 @@ def test_format_duration() -> None:
 def test_run_job_prints_a_readable_line_per_epoch(tmp_path, capsys) -> None:
     """The small job: 750 an epoch, 375 per partition, an event every 6 s per partition
     from 0 and a watermark bound of 12 s: epoch 1 reaches offsets 375 and watermark
-    374 x 6 s - 12 s = 2,232 s = 00:37:12; epoch 2 offsets 750 and 749 x 6 s - 12 s =
-    4,482 s = 01:14:42. 6,000 events are 8 epochs."""
+    374 x 6 s - 12 s - 1 ms = 2,231.999 s = 00:37:11.999; epoch 2 offsets 750 and
+    749 x 6 s - 12 s - 1 ms = 01:14:41.999. 6,000 events are 8 epochs."""
     assert run_job.main(["--job", SMALL_JOB, "--store", str(tmp_path), "--in-process", "--max-epochs", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2
     assert lines[0].startswith("epoch 1 of ~8 (12%, ~")
-    assert lines[0].endswith(", watermark 1970-01-01 00:37:12 UTC, offsets p0=375 p1=375")
+    assert lines[0].endswith(", watermark 1970-01-01 00:37:11.999 UTC, offsets p0=375 p1=375")
     assert lines[1].startswith("epoch 2 of ~8 (25%, ~")
-    assert lines[1].endswith(", watermark 1970-01-01 01:14:42 UTC, offsets p0=750 p1=750")
+    assert lines[1].endswith(", watermark 1970-01-01 01:14:41.999 UTC, offsets p0=750 p1=750")
     assert ": 750 events in " in lines[1] and "dead letters" not in lines[1]
 
 
@@ -120,6 +120,6 @@ def test_run_job_json_lines_are_unchanged(tmp_path, capsys) -> None:
     assert set(record) == {"event", "epoch", "events", "dead_letter", "seconds", "finished", "drained",
                            "parallelism", "requests", "watermark", "source_offsets", "live"}
     assert (record["event"], record["epoch"], record["events"], record["watermark"], record["source_offsets"]) == (
-        "committed", 1, 750, 2_232_000, {"p0": 375, "p1": 375})
+        "committed", 1, 750, 2_232_000 - 1, {"p0": 375, "p1": 375})
     assert set(record["requests"]) == {"driver", "tasks"} and record["live"]["lag_events"] == {"p0": 2_625,
                                                                                                "p1": 2_625}
