@@ -96,15 +96,15 @@ SUSTAIN_FRACTION = 0.95  # events/s and producer rate >= 95% of the rate
 SUSTAIN_DRAIN_S = 2.0  # input drained within 2 s of the producers' end
 MIB = 2**20
 CLOCKS = (
-    ("events/s: N over the time from the first record consumed to the N-th processed (dkvstream: "
-    "the first epoch's plan to the commit and publish of the epoch that read the N-th record; "
-    "Quix, Bytewax: the first record reaching the engine to the N-th folded into its window)."),
-    ("window latency: a window's emission (dkvstream: its epoch's publish) minus the production "
-    "time of the first record with event time >= window end + 1 h (the producer's schedule); "
-    "record latency (dkvstream): an epoch's publish minus the production time of each record it read."),
-    ("lag: records visible in the topic minus records processed, every 50 ms; drain s: last "
-    "producer exit to the N-th record processed. Start-up (Spark session and its Python workers, "
-    "Quix's group join, Bytewax's dataflow build) is outside every clock."),
+    ("events/s: N over the time from the first record consumed to the output of the N-th visible, "
+     "every engine: the commit covering it completed (dkvstream: the publish of the epoch that read it; "
+     "Quix: the checkpoint commit, every 1 s; Bytewax: the snapshot at its 1-s epoch's end)."),
+    ("record latency: that commit minus the record's production time (its tick on the producers' common "
+     "schedule); window latency: a window reaching the engine's sink (dkvstream: its epoch's publish) minus "
+     "the production time of the first record with event time >= window end + 1 h. p50/p99: numpy percentiles."),
+    ("lag: records visible in the topic minus records whose output is visible, every 50 ms; drain s: last "
+     "producer exit to the output of the N-th record visible. Start-up (Spark session and its Python "
+     "workers, Quix's group join, Bytewax's dataflow build, the producers' loading) is outside every clock."),
 )
 
 
@@ -177,6 +177,9 @@ def run_dkvstream(bootstrap: str, topic: str, progress: Progress, spark, work_di
                 progress.first_consumed = now - r.seconds
             epochs.append((now, dict(r.source_offsets)))
             seconds.append(r.seconds)
+            # The publish makes the epoch's output files (and its state) visible to readers.
+            progress.output_visible({int(name.rpartition("-")[2]): end for name, end in r.source_offsets.items()},
+                                    at=now)
             published.append((now, [k for k in r.published if k.startswith(main_prefix)]))
             if progress.processed(r.events):
                 runner.stop()
@@ -195,38 +198,6 @@ def run_dkvstream(bootstrap: str, topic: str, progress: Progress, spark, work_di
     stats = peer_stats(progress, peak, output.num_rows, epochs=len(seconds),
                        epoch_s_p50=round(float(np.median(seconds)), 3) if seconds else None)
     return output.to_pandas(), stats, epochs
-
-
-def record_latencies(epochs: list[tuple[float, dict[str, int]]], records: int, scale: int, rate: float,
-                     schedule_start: float) -> np.ndarray:
-    """Per record of a live run: its epoch's publish minus its production time, s.
-
-    A record's production time is its producer tick's release (``flights_live``: tick
-    ``k`` = records ``[k r, (k + 1) r)`` of the producer's order, at ``schedule_start + k
-    TICK_S``); the ``i``-th record of partition ``p`` is the ``i``-th of the order with
-    partition ``p``.
-
-    Args:
-        epochs: ``(publish perf_counter s, next offset per partition "<topic>-<p>")`` per epoch.
-        records, scale, rate: the run's N, scale and producer rate.
-        schedule_start: ``LiveProducer.schedule_start()``.
-    """
-    from dkvstream.examples.flights_producer import TICK_S, replay_order
-
-    _, partition = replay_order(scale)
-    partition = partition[:records]
-    positions = {p: np.flatnonzero(partition == p) for p in np.unique(partition)}
-    per_tick = max(1, int(rate * TICK_S))
-    done = {p: 0 for p in positions}
-    out = []
-    for at, offsets in epochs:
-        for name, end in offsets.items():
-            p = int(name.rpartition("-")[2])
-            if p in positions and end > done[p]:
-                idx = positions[p][done[p]:end]
-                out.append(at - (schedule_start + (idx // per_tick) * TICK_S))
-                done[p] = end
-    return np.concatenate(out) if out else np.array([])
 
 
 def _dkvstream_main(argv: list[str]) -> int:
@@ -252,26 +223,14 @@ def _dkvstream_main(argv: list[str]) -> int:
         from dkvstream.operators.spark.session import get_spark
 
         spark = get_spark({"spark.master": "local[2]"})
-    epochs: list = []
 
     def run(progress: Progress):
-        output, stats, log = run_dkvstream(args.bootstrap, args.topic, progress, spark, args.work_dir,
-                                           events_per_epoch=args.events_per_epoch,
-                                           trigger_interval_ms=args.trigger_ms)
-        epochs.extend(log)
+        output, stats, _ = run_dkvstream(args.bootstrap, args.topic, progress, spark, args.work_dir,
+                                         events_per_epoch=args.events_per_epoch,
+                                         trigger_interval_ms=args.trigger_ms)
         return output, stats
 
-    def extra(_progress: Progress, schedule_start: float | None) -> dict:
-        if schedule_start is None:
-            return {}
-        lat = record_latencies(epochs, args.records, args.scale, args.rate, schedule_start)
-        if not len(lat):
-            return {}
-        p50, p99, top = np.percentile(lat, [50, 99, 100])
-        return {"record_latency_p50_s": round(float(p50), 3), "record_latency_p99_s": round(float(p99), 3),
-                "record_latency_max_s": round(float(top), 3)}
-
-    return run_live_cli(args, engine, run, extra)
+    return run_live_cli(args, engine, run)
 
 
 # ------------------------------------------------------------------- the parent
