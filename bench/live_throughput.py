@@ -22,19 +22,20 @@ Two measurements per engine:
 
 - **live**, per rate in ``--rates`` (ascending): producer processes (``--producers``, each
   its own partitions; one Python producer tops out near 25,000-30,000 records/s) start
-  once the engine is ready and release rate x 0.1 s records every 0.1 s. Reported:
-  ``events/s`` (N over first record consumed to N-th processed, which is at most the
-  rate when the engine keeps up), the producer's achieved rate, lag (records visible
-  minus processed, sampled every 50 ms), ``drain s`` (producer done to N-th processed),
-  the window latency of the harness (a window's emission minus the production time of
-  the record that closed it; the same definition for every engine), for dkvstream also
-  the record latency (an epoch's publish minus the production time of each record it
-  read), and peak RSS. An engine that does not sustain a rate is not run at the higher
-  ones.
+  once the engine is ready, load their records, then start together (a barrier) and
+  release rate x 0.1 s records every 0.1 s. Reported, with the harness's clock for every
+  engine (first record consumed to the output of the N-th visible: the engine's commit
+  covering it done): ``events/s`` (N over that clock, at most the rate when the engine
+  keeps up), the producers' achieved rate, lag (records visible minus records whose
+  output is visible, sampled every 50 ms), ``drain s`` (producers done to the clock's
+  end), the record latency (the commit covering a record minus its production time)
+  and the window latency (a window reaching the sink minus the production time of the
+  record that closed it), p50 / p99, and peak RSS. An engine that does not sustain a
+  rate is not run at the higher ones.
 - **throughput** (``--no-throughput`` skips it): the topic filled before the engine
   starts (``--throughput-records``, default all flights of scale 1); ``events/s`` = N
-  over first record consumed to N-th processed: the engine's maximum rate, as no live
-  producer on this machine reaches it.
+  over the same clock: the engine's maximum rate, as no live producer on this machine
+  reaches it.
 
 Sustained: the offered rate of a live run is what its producers achieved (records over
 first tick to last acknowledgement; on 2 busy cores they fall short of high nominal
@@ -47,8 +48,8 @@ dkvstream's job: ``dkvstream.examples.flights_live.flights_kafka_job``, the vect
 ``examples/flights.py``'s job on a ``KafkaSource`` (JSON values, record key and
 timestamp), 1-s trigger, continuous run,
 local[2] (``--in-process`` form: ``JobRunner(job, None)``). Spark's Python workers are
-started before the producers (one trivial job), as the peers' start-up (Quix's group
-join) is outside their clocks too. The peers: ``quix_flights.py`` (exactly-once) and
+started before the producers (one trivial job): start-up is outside every engine's
+clock. The peers: ``quix_flights.py`` (exactly-once, a checkpoint every second) and
 ``bytewax_kafka_flights.py`` (recovery snapshots every second).
 
 ``--decode per-record`` runs dkvstream with ``dkvstream.operators.io.topics.decode_json_values_per_record``
@@ -138,8 +139,9 @@ def run_dkvstream(bootstrap: str, topic: str, progress: Progress, spark, work_di
         bootstrap, topic: the flights topic.
         progress: ``ready`` is set once the runner is built (and Spark's Python workers
             are up), ``first_consumed`` is the plan of the first epoch that read a record,
-            ``processed`` counts each epoch's events at its publish, ``emitted`` gets each
-            window with its epoch's publish time.
+            ``processed`` counts each epoch's events and ``output_visible`` gets its
+            source offsets at its publish, ``emitted`` gets each window with its epoch's
+            publish time.
         spark: SparkSession (local[2]) or None (stages in this process).
         work_dir: object-store root (a local directory), emptied first.
         events_per_epoch, trigger_interval_ms: the job's.
@@ -147,7 +149,7 @@ def run_dkvstream(bootstrap: str, topic: str, progress: Progress, spark, work_di
     Returns:
         ``(output, stats, epochs)``: the emitted windows (pandas), ``peer_stats`` plus
         ``epochs`` and ``epoch_s_p50``, and per epoch ``(publish perf_counter s, next
-        offset per partition)`` for the record latency.
+        offset per partition "<topic>-<p>")``.
 
     Raises:
         AssertionError: an event was late (the topic is in event-time order per partition).

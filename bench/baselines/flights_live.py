@@ -20,39 +20,42 @@ later record of the topic falls into it. Windows after the cutoff are left out, 
 or not: an engine that flushes every window at end of input emits them, one that does
 not (Quix) keeps them open.
 
-Measures (``Progress``, ``LiveProducer``, ``peer_stats``):
+Measures (``Progress``, ``LiveProducer``, ``peer_stats``); one clock for every engine,
+start-up (group join, partition assignment, dataflow build) outside it:
 
-- throughput (topic filled before the engine starts): ``seconds`` from the first record
-  consumed to the ``N``-th record processed (folded into its window's state), and
-  ``events_per_s`` = ``N / seconds``; start-up (group join, partition assignment) and
-  shutdown (the last commit) are outside this clock.
-- live (the producer runs at a fixed rate while the engine consumes; the producer starts
-  once the engine is ready, so its start-up is not counted). ``LiveProducer`` samples
-  the topic's high watermarks (their sum: records visible) every 50 ms.
+- the clock runs from the first record consumed to the output of the ``N``-th record
+  visible: the engine's commit covering it has completed, so its state and every output
+  of the records before it are readable by a reader of its sink (``Progress.output_visible``;
+  dkvstream: the epoch's publish; Quix: the checkpoint commit; Bytewax: the snapshot at
+  its epoch's end). Throughput (topic filled before the engine starts): ``seconds`` =
+  that clock, ``events_per_s`` = ``N / seconds``.
+- live (producers at a fixed rate while the engine consumes; they start once the engine
+  is ready, so its start-up is not counted). Each producer process loads its records,
+  then all start at one instant (``common_start``: a barrier), so tick ``k`` (records
+  ``[k r, (k + 1) r)`` of the producer's order, ``r`` = rate x ``TICK_S``) is released at
+  ``start + k TICK_S`` by every producer: a producer that loaded slower does not run
+  behind the others (which an engine's idleness timeout would turn into late events).
+  ``LiveProducer`` samples the topic's high watermarks (their sum: records visible)
+  every 50 ms. ``producer_slip_s`` is the largest amount by which the records visible
+  trailed the schedule, in seconds at the rate (up to one tick, 0.1 s, of it is the time
+  a tick takes to become visible).
 
+  * record latency: per record, the commit covering it minus its tick's release
+    (``record_latencies``).
   * window latency: a window ending at ``e`` is closed by the first record of the
     producer's order with event time >= ``e`` + 1 h (after it the topic's watermark, max
-    event time - 1 h, has passed the window). Its latency is the wall time the engine
-    emitted the window minus the wall time that record was produced. The producer
-    releases tick ``k`` (records ``[k r, (k + 1) r)``, ``r`` = rate x ``TICK_S``) at
-    ``start + k TICK_S``, where ``start`` is estimated from the samples: each sample of
-    ``h`` records visible at ``t`` bounds it by ``t - ((h - 1) // r) TICK_S``, and the
-    smallest bound is taken (an over-estimate of the producer's start by the time a
-    record takes to become visible, tens of ms, so latencies are that much short). A
-    producer that falls behind its schedule (the machine busy) makes latencies look
-    longer: ``producer_slip_s`` is the largest amount by which the records visible
-    trailed the schedule, in seconds at the rate (up to one tick, 0.1 s, of it is the
-    time a tick takes to become visible). Reported over the compared windows:
-    median, 95th percentile and maximum, s. The latency includes the event time an
-    engine waits before closing a window: Bytewax's per-route clock closes a route's
+    event time - 1 h, has passed the window); its latency is the time the window
+    reached the engine's sink minus that record's release. It includes the event time
+    an engine waits before closing a window: Bytewax's per-route clock closes a route's
     window only at that route's next flight 1 h after it, or at end of input.
-  * lag: records visible minus records processed, per sample, from the first record
-    consumed to the ``N``-th processed; median, 95th percentile, maximum (records) and
-    the 95th percentile in seconds at the rate. Tansu's high watermark trails the
-    records produced by up to one producer batch per partition, so lag is under-counted
-    by at most that; it swings by up to one tick (``r`` records) between samples.
-  * ``drain_s``: seconds from the producer process exiting (every record acknowledged)
-    to the ``N``-th record processed (0 when the engine kept up).
+  * both summarised by ``latency_summary``: p50, p99 and maximum, s.
+  * lag: records visible in the topic minus records whose output is visible, per
+    sample, from the first record consumed to the end of the clock; median, 95th
+    percentile, maximum (records) and the 95th percentile in seconds at the rate.
+    Tansu's high watermark trails the records produced by up to one producer batch per
+    partition, so lag is under-counted by at most that.
+  * ``drain_s``: seconds from the last producer exiting (every record acknowledged) to
+    the end of the clock (0 when the engine kept up).
 - peak RSS of this process (``psutil``, sampled every 0.2 s while the engine runs), MiB.
 """
 from __future__ import annotations
@@ -286,7 +289,8 @@ class PeakRss:
 
 def peer_stats(progress: Progress, peak_rss: int, windows: int, **extra) -> dict:
     """The stats dict of a run: ``records``, ``seconds`` (first record consumed to the
-    output of the last one visible), ``events_per_s``, ``peak_rss_mib``,
+    output of the last one visible), ``events_per_s``, ``visible_after_fold_s`` (the
+    last record folded into its window to its output visible), ``peak_rss_mib``,
     ``windows_emitted`` and ``extra``.
 
     Raises:
@@ -298,6 +302,8 @@ def peer_stats(progress: Progress, peak_rss: int, windows: int, **extra) -> dict
     seconds = progress.last_visible - progress.first_consumed
     return {"records": progress.records, "seconds": round(seconds, 3),
             "events_per_s": round(progress.records / seconds, 1) if seconds > 0 else None,
+            "visible_after_fold_s": (round(max(0.0, progress.last_visible - progress.last_processed), 3)
+                                     if progress.last_processed is not None else None),
             "peak_rss_mib": round(peak_rss / 2**20, 1), "windows_emitted": windows, **extra}
 
 
