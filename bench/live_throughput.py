@@ -427,7 +427,7 @@ def write_plot(path: str, rows: list[dict], caption: str) -> None:
 
 
 def _caption(load: str) -> str:
-    return (f"Lag = records visible - records processed, in s of input at the rate; dashed: "
+    return (f"Lag = records visible - records whose output is visible, in s of input at the rate; dashed: "
             f"{SUSTAIN_DRAIN_S:.0f} s. Load average {load}; {os.cpu_count()} cores, shared.")
 
 
