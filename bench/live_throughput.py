@@ -22,19 +22,20 @@ Two measurements per engine:
 
 - **live**, per rate in ``--rates`` (ascending): producer processes (``--producers``, each
   its own partitions; one Python producer tops out near 25,000-30,000 records/s) start
-  once the engine is ready and release rate x 0.1 s records every 0.1 s. Reported:
-  ``events/s`` (N over first record consumed to N-th processed, which is at most the
-  rate when the engine keeps up), the producer's achieved rate, lag (records visible
-  minus processed, sampled every 50 ms), ``drain s`` (producer done to N-th processed),
-  the window latency of the harness (a window's emission minus the production time of
-  the record that closed it; the same definition for every engine), for dkvstream also
-  the record latency (an epoch's publish minus the production time of each record it
-  read), and peak RSS. An engine that does not sustain a rate is not run at the higher
-  ones.
+  once the engine is ready, load their records, then start together (a barrier) and
+  release rate x 0.1 s records every 0.1 s. Reported, with the harness's clock for every
+  engine (first record consumed to the output of the N-th visible: the engine's commit
+  covering it done): ``events/s`` (N over that clock, at most the rate when the engine
+  keeps up), the producers' achieved rate, lag (records visible minus records whose
+  output is visible, sampled every 50 ms), ``drain s`` (producers done to the clock's
+  end), the record latency (the commit covering a record minus its production time)
+  and the window latency (a window reaching the sink minus the production time of the
+  record that closed it), p50 / p99, and peak RSS. An engine that does not sustain a
+  rate is not run at the higher ones.
 - **throughput** (``--no-throughput`` skips it): the topic filled before the engine
   starts (``--throughput-records``, default all flights of scale 1); ``events/s`` = N
-  over first record consumed to N-th processed: the engine's maximum rate, as no live
-  producer on this machine reaches it.
+  over the same clock: the engine's maximum rate, as no live producer on this machine
+  reaches it.
 
 Sustained: the offered rate of a live run is what its producers achieved (records over
 first tick to last acknowledgement; on 2 busy cores they fall short of high nominal
@@ -47,8 +48,8 @@ dkvstream's job: ``dkvstream.examples.flights_live.flights_kafka_job``, the vect
 ``examples/flights.py``'s job on a ``KafkaSource`` (JSON values, record key and
 timestamp), 1-s trigger, continuous run,
 local[2] (``--in-process`` form: ``JobRunner(job, None)``). Spark's Python workers are
-started before the producers (one trivial job), as the peers' start-up (Quix's group
-join) is outside their clocks too. The peers: ``quix_flights.py`` (exactly-once) and
+started before the producers (one trivial job): start-up is outside every engine's
+clock. The peers: ``quix_flights.py`` (exactly-once, a checkpoint every second) and
 ``bytewax_kafka_flights.py`` (recovery snapshots every second).
 
 ``--decode per-record`` runs dkvstream with ``dkvstream.operators.io.topics.decode_json_values_per_record``
@@ -96,15 +97,15 @@ SUSTAIN_FRACTION = 0.95  # events/s and producer rate >= 95% of the rate
 SUSTAIN_DRAIN_S = 2.0  # input drained within 2 s of the producers' end
 MIB = 2**20
 CLOCKS = (
-    ("events/s: N over the time from the first record consumed to the N-th processed (dkvstream: "
-    "the first epoch's plan to the commit and publish of the epoch that read the N-th record; "
-    "Quix, Bytewax: the first record reaching the engine to the N-th folded into its window)."),
-    ("window latency: a window's emission (dkvstream: its epoch's publish) minus the production "
-    "time of the first record with event time >= window end + 1 h (the producer's schedule); "
-    "record latency (dkvstream): an epoch's publish minus the production time of each record it read."),
-    ("lag: records visible in the topic minus records processed, every 50 ms; drain s: last "
-    "producer exit to the N-th record processed. Start-up (Spark session and its Python workers, "
-    "Quix's group join, Bytewax's dataflow build) is outside every clock."),
+    ("events/s: N over the time from the first record consumed to the output of the N-th visible, "
+     "every engine: the commit covering it completed (dkvstream: the publish of the epoch that read it; "
+     "Quix: the checkpoint commit, every 1 s; Bytewax: the snapshot at its 1-s epoch's end)."),
+    ("record latency: that commit minus the record's production time (its tick on the producers' common "
+     "schedule); window latency: a window reaching the engine's sink (dkvstream: its epoch's publish) minus "
+     "the production time of the first record with event time >= window end + 1 h. p50/p99: numpy percentiles."),
+    ("lag: records visible in the topic minus records whose output is visible, every 50 ms; drain s: last "
+     "producer exit to the output of the N-th record visible. Start-up (Spark session and its Python "
+     "workers, Quix's group join, Bytewax's dataflow build, the producers' loading) is outside every clock."),
 )
 
 
@@ -138,8 +139,9 @@ def run_dkvstream(bootstrap: str, topic: str, progress: Progress, spark, work_di
         bootstrap, topic: the flights topic.
         progress: ``ready`` is set once the runner is built (and Spark's Python workers
             are up), ``first_consumed`` is the plan of the first epoch that read a record,
-            ``processed`` counts each epoch's events at its publish, ``emitted`` gets each
-            window with its epoch's publish time.
+            ``processed`` counts each epoch's events and ``output_visible`` gets its
+            source offsets at its publish, ``emitted`` gets each window with its epoch's
+            publish time.
         spark: SparkSession (local[2]) or None (stages in this process).
         work_dir: object-store root (a local directory), emptied first.
         events_per_epoch, trigger_interval_ms: the job's.
@@ -147,7 +149,7 @@ def run_dkvstream(bootstrap: str, topic: str, progress: Progress, spark, work_di
     Returns:
         ``(output, stats, epochs)``: the emitted windows (pandas), ``peer_stats`` plus
         ``epochs`` and ``epoch_s_p50``, and per epoch ``(publish perf_counter s, next
-        offset per partition)`` for the record latency.
+        offset per partition "<topic>-<p>")``.
 
     Raises:
         AssertionError: an event was late (the topic is in event-time order per partition).
@@ -177,6 +179,9 @@ def run_dkvstream(bootstrap: str, topic: str, progress: Progress, spark, work_di
                 progress.first_consumed = now - r.seconds
             epochs.append((now, dict(r.source_offsets)))
             seconds.append(r.seconds)
+            # The publish makes the epoch's output files (and its state) visible to readers.
+            progress.output_visible({int(name.rpartition("-")[2]): end for name, end in r.source_offsets.items()},
+                                    at=now)
             published.append((now, [k for k in r.published if k.startswith(main_prefix)]))
             if progress.processed(r.events):
                 runner.stop()
@@ -195,38 +200,6 @@ def run_dkvstream(bootstrap: str, topic: str, progress: Progress, spark, work_di
     stats = peer_stats(progress, peak, output.num_rows, epochs=len(seconds),
                        epoch_s_p50=round(float(np.median(seconds)), 3) if seconds else None)
     return output.to_pandas(), stats, epochs
-
-
-def record_latencies(epochs: list[tuple[float, dict[str, int]]], records: int, scale: int, rate: float,
-                     schedule_start: float) -> np.ndarray:
-    """Per record of a live run: its epoch's publish minus its production time, s.
-
-    A record's production time is its producer tick's release (``flights_live``: tick
-    ``k`` = records ``[k r, (k + 1) r)`` of the producer's order, at ``schedule_start + k
-    TICK_S``); the ``i``-th record of partition ``p`` is the ``i``-th of the order with
-    partition ``p``.
-
-    Args:
-        epochs: ``(publish perf_counter s, next offset per partition "<topic>-<p>")`` per epoch.
-        records, scale, rate: the run's N, scale and producer rate.
-        schedule_start: ``LiveProducer.schedule_start()``.
-    """
-    from dkvstream.examples.flights_producer import TICK_S, replay_order
-
-    _, partition = replay_order(scale)
-    partition = partition[:records]
-    positions = {p: np.flatnonzero(partition == p) for p in np.unique(partition)}
-    per_tick = max(1, int(rate * TICK_S))
-    done = {p: 0 for p in positions}
-    out = []
-    for at, offsets in epochs:
-        for name, end in offsets.items():
-            p = int(name.rpartition("-")[2])
-            if p in positions and end > done[p]:
-                idx = positions[p][done[p]:end]
-                out.append(at - (schedule_start + (idx // per_tick) * TICK_S))
-                done[p] = end
-    return np.concatenate(out) if out else np.array([])
 
 
 def _dkvstream_main(argv: list[str]) -> int:
@@ -252,26 +225,14 @@ def _dkvstream_main(argv: list[str]) -> int:
         from dkvstream.operators.spark.session import get_spark
 
         spark = get_spark({"spark.master": "local[2]"})
-    epochs: list = []
 
     def run(progress: Progress):
-        output, stats, log = run_dkvstream(args.bootstrap, args.topic, progress, spark, args.work_dir,
-                                           events_per_epoch=args.events_per_epoch,
-                                           trigger_interval_ms=args.trigger_ms)
-        epochs.extend(log)
+        output, stats, _ = run_dkvstream(args.bootstrap, args.topic, progress, spark, args.work_dir,
+                                         events_per_epoch=args.events_per_epoch,
+                                         trigger_interval_ms=args.trigger_ms)
         return output, stats
 
-    def extra(_progress: Progress, schedule_start: float | None) -> dict:
-        if schedule_start is None:
-            return {}
-        lat = record_latencies(epochs, args.records, args.scale, args.rate, schedule_start)
-        if not len(lat):
-            return {}
-        p50, p99, top = np.percentile(lat, [50, 99, 100])
-        return {"record_latency_p50_s": round(float(p50), 3), "record_latency_p99_s": round(float(p99), 3),
-                "record_latency_max_s": round(float(top), 3)}
-
-    return run_live_cli(args, engine, run, extra)
+    return run_live_cli(args, engine, run)
 
 
 # ------------------------------------------------------------------- the parent
@@ -466,7 +427,7 @@ def write_plot(path: str, rows: list[dict], caption: str) -> None:
 
 
 def _caption(load: str) -> str:
-    return (f"Lag = records visible - records processed, in s of input at the rate; dashed: "
+    return (f"Lag = records visible - records whose output is visible, in s of input at the rate; dashed: "
             f"{SUSTAIN_DRAIN_S:.0f} s. Load average {load}; {os.cpu_count()} cores, shared.")
 
 

@@ -18,6 +18,10 @@ done: ``{"produced": n, "first_tick": t, "seconds": s, "rate": events/s}``, ``se
 the time from the first tick to the last acknowledgement (preparing the records is
 outside that clock).
 
+``--barrier``: prepare the records, print ``{"loaded": true}``, then read one line from
+stdin, the wall clock to release the first tick at: a harness starting several producers
+loads them all, then starts them on one schedule.
+
 ``--partitions``: produce only the records of these partitions, on the same schedule (tick
 ``k`` releases the records of ``[k r, (k + 1) r)`` of the replay order that belong to
 them). One Python process produces about 25,000-30,000 records/s; several processes, each
@@ -78,7 +82,7 @@ def create_topic(bootstrap: str, topic: str, partitions: int = len(ORIGINS), tim
 
 
 def produce(bootstrap: str, topic: str, rate: float = 20_000, scale: int = 1, limit: int | None = None,
-            log=None, started=None, partitions: list[int] | None = None) -> int:
+            log=None, started=None, partitions: list[int] | None = None, start_at=None) -> int:
     """Produces the flights into ``topic`` (see module docstring) at ``rate`` events/s.
 
     Args:
@@ -92,6 +96,9 @@ def produce(bootstrap: str, topic: str, rate: float = 20_000, scale: int = 1, li
             to the client, before it is produced.
         partitions: produce only the records of these topic partitions, on the schedule
             of all of them (module docstring); None: every partition.
+        start_at: called once the records are prepared, returns the wall clock
+            (``time.time()`` s) to release the first tick at: several producers loaded at
+            different speeds then share one schedule (None: start at once).
 
     Returns:
         Records produced (all acknowledged by the broker).
@@ -126,6 +133,10 @@ def produce(bootstrap: str, topic: str, rate: float = 20_000, scale: int = 1, li
 
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20})
     per_tick = max(1, int(rate * TICK_S))
+    if start_at is not None:
+        # Connected before the common start, so the first tick is not spent on metadata.
+        producer.list_topics(topic, timeout=30)
+        time.sleep(max(0.0, start_at() - time.time()))
     if started is not None:
         started(time.time())
     begun = time.monotonic()
@@ -167,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--partitions", help="comma-separated partitions: produce only their records "
                                         "(on the schedule of all)")
     p.add_argument("--create", action="store_true", help=f"create the topic ({len(ORIGINS)} partitions) first")
+    p.add_argument("--barrier", action="store_true",
+                   help='once the records are prepared, print {"loaded": true} and read the first '
+                        "tick's wall clock (s since the Unix epoch) from a line of stdin")
     args = p.parse_args(argv)
     if args.create:
         create_topic(args.bootstrap, args.topic)
@@ -176,9 +190,19 @@ def main(argv: list[str] | None = None) -> int:
         first.append(t)
         print(json.dumps({"first_tick": round(t, 3)}), flush=True)
 
+    def start_at() -> float:
+        print(json.dumps({"loaded": True}), flush=True)
+        line = sys.stdin.readline()
+        try:
+            return float(line)
+        except ValueError:
+            raise SystemExit(f"--barrier: expected the start time (s since the Unix epoch) on stdin, "
+                             f"got {line!r}") from None
+
     n = produce(args.bootstrap, args.topic, args.rate, args.scale, args.limit,
                 log=lambda line: print(line, file=sys.stderr, flush=True), started=started,
-                partitions=[int(x) for x in args.partitions.split(",")] if args.partitions else None)
+                partitions=[int(x) for x in args.partitions.split(",")] if args.partitions else None,
+                start_at=start_at if args.barrier else None)
     seconds = time.time() - first[0]
     print(json.dumps({"produced": n, "first_tick": round(first[0], 3), "seconds": round(seconds, 3),
                       "rate": round(n / seconds, 1)}), flush=True)

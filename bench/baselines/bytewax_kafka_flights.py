@@ -19,6 +19,16 @@ Bytewax's windowing keeps one clock per key: a route's window closes when that r
 next flight is at least 1 h past the window's end (or at the end of input), not when the
 topic's watermark passes it as in dkvstream or Quix (``closing_strategy="partition"``).
 
+Late events: ``fold_window``'s ``late`` stream is counted and the run fails on one (the
+topic is in event-time order per partition, so none is).
+
+Output visibility (the end of the benchmark's clocks): a record's output is visible once
+the epoch holding it has closed, i.e. the source's offsets were snapshotted with the
+window state at the epoch's end (Bytewax writes that snapshot to its recovery store
+there); windows go to the output list as they close. The records of the last epoch are
+covered when the dataflow returns (end of input: every window flushed, the last
+snapshot written).
+
 Guarantee: with recovery (default) Bytewax snapshots the source's offsets and the window
 state together to its SQLite recovery store at the end of every epoch (``epoch_interval_s``
 of system time), exactly-once state on resume; the in-process output list is not part
@@ -61,7 +71,8 @@ from bench.baselines.flights_window import fold, merge, new_accumulator, to_outp
 from dkvstream.examples.flights_data import DAY_MS
 
 
-def build_flow(bootstrap: str, topic: str, ends: dict[int, int], progress: Progress, sink: list):
+def build_flow(bootstrap: str, topic: str, ends: dict[int, int], progress: Progress, sink: list,
+               late: list | None = None):
     """The dataflow over ``topic``'s offsets ``[0, ends[p])`` of each partition ``p``.
 
     Args:
@@ -70,6 +81,7 @@ def build_flow(bootstrap: str, topic: str, ends: dict[int, int], progress: Progr
         ends: end offset (exclusive) per partition; a partition not in it is not read.
         progress: ``consumed()`` at the first record, ``processed()`` per record folded.
         sink: closed windows are appended as ``(route, window_start_ms, accumulator)``.
+        late: late events are appended as ``(route, item)`` (default: dropped).
 
     Returns:
         ``bytewax.dataflow.Dataflow``.
@@ -84,8 +96,8 @@ def build_flow(bootstrap: str, topic: str, ends: dict[int, int], progress: Progr
     class UpToPartition(StatefulSourcePartition):
         """A ``KafkaSource`` partition that ends after offset ``end - 1``."""
 
-        def __init__(self, inner, end: int) -> None:
-            self.inner, self.end = inner, end
+        def __init__(self, inner, partition: int, end: int) -> None:
+            self.inner, self.partition, self.end = inner, partition, end
             self.done = end <= 0
 
         def next_batch(self) -> list:
@@ -99,7 +111,10 @@ def build_flow(bootstrap: str, topic: str, ends: dict[int, int], progress: Progr
             return batch
 
         def snapshot(self):
-            return self.inner.snapshot()
+            # Called at the end of each epoch: the records below it are in the snapshot.
+            offset = self.inner.snapshot()
+            progress.output_visible({self.partition: min(offset, self.end)})
+            return offset
 
         def close(self) -> None:
             self.inner.close()
@@ -107,7 +122,8 @@ def build_flow(bootstrap: str, topic: str, ends: dict[int, int], progress: Progr
     class UpToKafkaSource(KafkaSource):
         def build_part(self, step_id, for_part, resume_state):
             inner = super().build_part(step_id, for_part, resume_state)
-            return UpToPartition(inner, ends.get(int(for_part.split("-", 1)[0]), 0))
+            p = int(for_part.split("-", 1)[0])
+            return UpToPartition(inner, p, ends.get(p, 0))
 
     class ListSinkPartition(StatelessSinkPartition):
         def write_batch(self, items) -> None:
@@ -119,6 +135,15 @@ def build_flow(bootstrap: str, topic: str, ends: dict[int, int], progress: Progr
     class ListSink(DynamicSink):
         def build(self, step_id, worker_index, worker_count):
             return ListSinkPartition()
+
+    class LateSinkPartition(StatelessSinkPartition):
+        def write_batch(self, items) -> None:
+            if late is not None:
+                late.extend(items)
+
+    class LateSink(DynamicSink):
+        def build(self, step_id, worker_index, worker_count):
+            return LateSinkPartition()
 
     def parse(msg) -> tuple[str, int, object, object]:
         value = json.loads(msg.value)
@@ -139,6 +164,7 @@ def build_flow(bootstrap: str, topic: str, ends: dict[int, int], progress: Progr
     windows = fold_window("daily", keyed, clock, TumblingWindower(length=timedelta(days=1), align_to=ALIGN),
                           builder=new_accumulator, folder=folder, merger=merge, ordered=False)
     op.output("windows", windows.down, ListSink())
+    op.output("late", windows.late, LateSink())
     return flow
 
 
@@ -161,6 +187,7 @@ def run(bootstrap: str, topic: str, progress: Progress, scale: int = 1, recovery
 
     Raises:
         RuntimeError: the dataflow ended before processing N records.
+        AssertionError: a record was late (its window already closed).
     """
     from bytewax.recovery import RecoveryConfig, init_db_dir
     from bytewax.testing import run_main
@@ -173,14 +200,20 @@ def run(bootstrap: str, topic: str, progress: Progress, scale: int = 1, recovery
         init_db_dir(Path(work_dir), 1)
         recovery_config = RecoveryConfig(Path(work_dir))
     sink: list = []
-    flow = build_flow(bootstrap, topic, partition_ends(progress.records, scale), progress, sink)
+    late: list = []
+    ends = partition_ends(progress.records, scale)
+    flow = build_flow(bootstrap, topic, ends, progress, sink, late)
     rss = PeakRss()
     try:
         run_main(flow, epoch_interval=timedelta(seconds=epoch_interval_s), recovery_config=recovery_config)
+        if progress.count >= progress.records:  # the last epoch's records: covered at the dataflow's end
+            progress.output_visible(ends)
     finally:
         peak = rss.stop()
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+    assert not late, f"bytewax: {len(late)} late events, the first {late[0]} (the topic is in event-time order " \
+                     "per partition)"
     stats = peer_stats(progress, peak, len(sink), recovery=recovery)
     return to_output_table(sink).to_pandas(), stats
 

@@ -13,10 +13,17 @@ epoch, i.e. UTC midnight) reduced with the accumulator of
 window is emitted once, final, when the stream time of its partition (the largest record
 timestamp seen in it) reaches window end + 1 h, the spec's watermark, tracked per
 partition, not per key (with the default ``"key"`` strategy a route's window would wait
-for that route's next flight). A record of an already closed window is dropped (logged
-as late): the topic is in event-time order per partition, so none is. Emitted windows
-are collected in this process (no sink topic), so the output is not part of the
-transaction.
+for that route's next flight). A record of an already closed window is dropped (``on_late``):
+the topic is in event-time order per partition, so none is, and the run fails on one.
+Emitted windows are collected in this process (no sink topic), so the output is not
+part of the transaction.
+
+Output visibility (the end of the benchmark's clocks): a record's output is visible
+once the checkpoint covering it has committed (``Checkpoint.commit`` returned: state
+changelog produced and acknowledged, consumer offsets committed, in the transaction
+with exactly-once); the windows it closed are in the output list by then. Checkpoints
+every ``commit_interval`` s: 1 s here (Quix's default is 5 s), dkvstream's trigger
+interval and Bytewax's epoch.
 
 Processing guarantee: ``exactly-once`` works on Tansu (transactional producer for the
 changelog, consumer offsets committed in the transaction; the smoke test runs it);
@@ -108,7 +115,8 @@ def signal_when_group_stable(bootstrap: str, group: str, progress: Progress, tim
 
 
 def run(bootstrap: str, topic: str, progress: Progress, guarantee: str = "exactly-once",
-        state_dir: str | None = None, group: str | None = None) -> tuple[pd.DataFrame, dict]:
+        state_dir: str | None = None, group: str | None = None,
+        commit_interval_s: float = 1.0) -> tuple[pd.DataFrame, dict]:
     """Consume ``topic`` from its beginning until ``progress.records`` records are processed.
 
     Args:
@@ -118,15 +126,20 @@ def run(bootstrap: str, topic: str, progress: Progress, guarantee: str = "exactl
         guarantee: Quix's ``processing_guarantee``, ``"exactly-once"`` or ``"at-least-once"``.
         state_dir: RocksDB state directory (default: a temporary one, removed after).
         group: consumer group (default: a new one, so the run starts at offset 0).
+        commit_interval_s: Quix's ``commit_interval``, s between checkpoints.
 
     Returns:
         ``(output, stats)``: the emitted windows (``flights_window.to_output_table``
         columns, pandas) and ``peer_stats`` plus ``guarantee``.
 
     Raises:
-        RuntimeError: the application stopped before processing N records.
+        RuntimeError: the application stopped before its checkpoints covered N records.
+        AssertionError: a record was late (its window already closed).
     """
+    from unittest import mock
+
     from quixstreams import Application
+    from quixstreams.checkpointing.checkpoint import Checkpoint
 
     ensure_retention_config(bootstrap, topic)
     tmp = None
@@ -149,26 +162,44 @@ def run(bootstrap: str, topic: str, progress: Progress, guarantee: str = "exactl
         rows.append((key.decode(), window["start"], window["value"]))
         progress.window_emitted(window["end"])
 
+    late: list[tuple] = []
+
+    def on_late(value, key, timestamp_ms, late_by_ms, start, end, *_args, **_kwargs) -> bool:
+        late.append((key, timestamp_ms, late_by_ms))
+        return True  # Quix logs it too
+
+    commit = Checkpoint.commit
+
+    def commit_and_report(checkpoint, *args, **kwargs):
+        # _tp_offsets: the last processed offset per (topic, partition) of this checkpoint.
+        covered = {p: offset + 1 for (t, p), offset in checkpoint._tp_offsets.items() if t == topic}
+        commit(checkpoint, *args, **kwargs)
+        if covered:
+            progress.output_visible(covered)
+
     group = group or f"quix-flights-{uuid.uuid4().hex[:8]}"
     threading.Thread(target=signal_when_group_stable, args=(bootstrap, group, progress), daemon=True).start()
     app = Application(broker_address=bootstrap, consumer_group=group,
                       auto_offset_reset="earliest", processing_guarantee=guarantee, state_dir=state_dir,
                       consumer_extra_config=CONSUMER_CONFIG, on_message_processed=on_processed,
-                      loglevel="WARNING")
+                      commit_interval=commit_interval_s, loglevel="WARNING")
     sdf = app.dataframe(app.topic(topic, value_deserializer="json"))
     sdf = (sdf.tumbling_window(timedelta(milliseconds=DAY_MS), grace_ms=timedelta(milliseconds=WATERMARK_DELAY_MS),
-                               name="route_daily_delays")
+                               name="route_daily_delays", on_late=on_late)
            .reduce(reducer, initializer)
            .final(closing_strategy="partition"))
     sdf.update(emit, metadata=True)
     rss = PeakRss()
     try:
-        app.run()
+        with mock.patch.object(Checkpoint, "commit", commit_and_report):
+            app.run()
     finally:
         peak = rss.stop()
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-    stats = peer_stats(progress, peak, len(rows), guarantee=guarantee)
+    assert not late, f"quix: {len(late)} late events, the first (key, timestamp ms, late by ms) {late[0]} " \
+                     "(the topic is in event-time order per partition)"
+    stats = peer_stats(progress, peak, len(rows), guarantee=guarantee, commit_interval_s=commit_interval_s)
     return to_output_table(rows).to_pandas(), stats
 
 
@@ -176,9 +207,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_live_arguments(ap)
     ap.add_argument("--guarantee", choices=["exactly-once", "at-least-once"], default="exactly-once")
+    ap.add_argument("--commit-interval-s", type=float, default=1.0, help="s between checkpoints (Quix's default: 5)")
     args = ap.parse_args(argv)
     return run_live_cli(args, f"quix-{args.guarantee}",
-                        lambda progress: run(args.bootstrap, args.topic, progress, args.guarantee))
+                        lambda progress: run(args.bootstrap, args.topic, progress, args.guarantee,
+                                             commit_interval_s=args.commit_interval_s))
 
 
 if __name__ == "__main__":

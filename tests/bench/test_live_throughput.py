@@ -39,18 +39,85 @@ def test_dkvstream_complete_windows_equal_oracle(kafka_broker, tmp_path) -> None
 
 
 def test_record_latencies_by_hand() -> None:
-    """Two epochs over the first 25 records at 100 records/s (10 per 0.1-s tick): each
-    record's latency is its epoch's publish minus its tick's release."""
-    from bench.live_throughput import record_latencies
+    """Two commits over the first 25 records at 100 records/s (10 per 0.1-s tick): each
+    record's latency is the first commit covering it minus its tick's release; a later
+    commit of the same offsets adds nothing."""
+    from bench.baselines.flights_live import record_latencies
     from dkvstream.examples.flights_producer import replay_order
 
     _, partition = replay_order()
-    ends_1 = {f"t-{p}": int((partition[:12] == p).sum()) for p in range(3)}
-    ends_2 = {f"t-{p}": int((partition[:25] == p).sum()) for p in range(3)}
-    lat = record_latencies([(10.0, ends_1), (11.0, ends_2)], 25, 1, 100.0, schedule_start=9.0)
+    ends_1 = {p: int((partition[:12] == p).sum()) for p in range(3)}
+    ends_2 = {p: int((partition[:25] == p).sum()) for p in range(3)}
+    lat = record_latencies([(10.0, ends_1), (11.0, ends_2), (12.0, ends_2)], 25, 1, 100.0, schedule_start=9.0)
     expected = sorted([10.0 - (9.0 + (i // 10) * 0.1) for i in range(12)]
                       + [11.0 - (9.0 + (i // 10) * 0.1) for i in range(12, 25)])
     assert np.allclose(sorted(lat), expected)
+
+
+def test_clock_ends_when_the_output_of_every_record_is_visible() -> None:
+    """The clock of every engine: first record consumed to the commit whose output covers
+    all N records, not to the N-th record folded. Commits of single partitions (Bytewax
+    snapshots each partition) add up; a commit never lowers a partition's offset."""
+    from bench.baselines.flights_live import Progress, peer_stats
+
+    progress = Progress(10)
+    progress.first_consumed = 1.0
+    assert progress.processed(10) and progress.last_processed is not None  # folded: not the clock's end
+    progress.output_visible({0: 4, 1: 2}, at=2.0)
+    progress.output_visible({2: 3}, at=2.5)
+    progress.output_visible({0: 1}, at=2.6)  # an older snapshot of partition 0
+    assert progress.last_visible is None and progress.visible_count == 9
+    with pytest.raises(RuntimeError, match="covers 9 of 10 records"):
+        peer_stats(progress, 0, 0)
+    progress.output_visible({1: 3}, at=3.0)
+    assert progress.last_visible == 3.0
+    assert progress.commits[-1] == (3.0, {0: 4, 1: 3, 2: 3})
+    stats = peer_stats(progress, 0, 0)
+    assert stats["seconds"] == 2.0 and stats["events_per_s"] == 5.0
+
+
+def test_latency_summary_is_numpy_percentiles() -> None:
+    from bench.baselines.flights_live import latency_summary
+
+    values = np.arange(1, 102, dtype=float) / 100  # 0.01 .. 1.01
+    assert latency_summary(values, "record_latency_") == {
+        "record_latency_p50_s": 0.51, "record_latency_p99_s": 1.0, "record_latency_max_s": 1.01}
+    assert latency_summary([], "latency_") == {}
+
+
+def test_common_start_is_one_instant_on_both_clocks() -> None:
+    """The producers' start: after the last one loaded, the same instant as wall time (sent
+    to them) and as this process's perf_counter (the measures' clock)."""
+    import time
+
+    from bench.baselines.flights_live import common_start
+
+    before_wall, before_perf = time.time(), time.perf_counter()
+    wall, perf = common_start(before_wall, margin_s=0.5)
+    after_wall, after_perf = time.time(), time.perf_counter()
+    assert wall == before_wall + 0.5
+    # perf - perf_now == wall - wall_now, within the time the two clocks were read apart.
+    assert (before_perf + 0.5) - (after_wall - before_wall) <= perf <= after_perf + 0.5 + (after_wall - before_wall)
+
+
+def test_producers_wait_at_the_barrier(kafka_broker) -> None:
+    """``produce(start_at=...)``: the records are loaded, then the first tick waits for the
+    common start time."""
+    import time
+
+    from dkvstream.examples.flights_producer import create_topic, produce
+
+    topic = "live-bench-barrier"
+    create_topic(kafka_broker.bootstrap, topic)
+    asked: list[float] = []
+    ticks: list[float] = []
+
+    def start_at() -> float:
+        asked.append(time.time())
+        return asked[0] + 0.3
+
+    assert produce(kafka_broker.bootstrap, topic, rate=1e6, limit=50, start_at=start_at, started=ticks.append) == 50
+    assert len(asked) == 1 and ticks[0] >= asked[0] + 0.3
 
 
 def test_sustained_rule() -> None:
