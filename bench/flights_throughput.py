@@ -451,7 +451,7 @@ def write_plot(path: str, tables: list[tuple[str, list[dict], str]]) -> None:
             panels.append({"title": f"{title}: {headers[col]}", "labels": labels, "log": True,
                            "ref": 1.0, "fmt": "{:,.2f}x", "xlabel": "ratio (log)",
                            "values": [ratios[i][col] for i in range(len(ok))]})
-    bar_panels(path, "Flights route daily delays: dkvstream, Spark TWS, Bytewax", panels,
+    bar_panels(path, "Flights route daily delays: dkvstream, Spark TWS, Bytewax, Flink SQL", panels,
                columns=max(1, len(panels) // len(tables)),
                caption="Wall clock, source open to last output visible, session start excluded; "
                        "ratios over the same events. Load average "
