@@ -1,4 +1,4 @@
-"""The flights job on dkvstream against Spark 4 ``transformWithStateInPandas`` and Bytewax.
+"""The flights job on dkvstream against Spark 4 ``transformWithStateInPandas``, Bytewax and Flink SQL.
 
 Usage (needs the ``bench`` extra for Bytewax, psutil and matplotlib:
 ``pip install -e '.[bench]'``)::
@@ -26,7 +26,12 @@ compare with Bytewax's one worker in one process), ``dkvstream-on-event`` (the
 ``on_event`` form on local[2]),
 ``spark-tws-textbook`` and ``spark-tws-batched`` (``bench/baselines/spark_tws_flights.py``:
 RocksDB state store, local[2], event-time timers), ``bytewax`` (``bench/baselines/
-bytewax_flights.py``: one worker, SQLite recovery snapshots each second).
+bytewax_flights.py``: one worker, SQLite recovery snapshots each second), ``flink-sql``
+(``bench/baselines/flink_sql_flights.py``: PyFlink 2.3 in its own venv ``.venv-flink``,
+made by ``bash bench/flink/setup.sh``; a ``TUMBLE`` window in Flink SQL, parallelism 2,
+RocksDB state backend, incremental checkpoints each second; Flink's Parquet format is not
+in the PyFlink wheel, so the job copies the Parquet files to CSV inside its clock; no
+micro-batches, so no s/epoch columns).
 
 Spark runs ~1,000 events/s: a full scale-10 run would take about an hour, so
 ``--spark-max-events N`` (default 200,000 at scale > 1) runs Spark on the whole epochs
@@ -58,7 +63,10 @@ last epoch's commit and publish (its output visible); Bytewax, from ``cli_main``
 built, the recovery store initialised; no file opened) until it returns (every window
 written to its sink); Spark TWS, from just before the streaming query is started (the
 file source lists the files after that) until it terminates (the file sink's last batch
-committed). Every clock excludes the process's imports and the Spark session start-up;
+committed); Flink SQL, from just before the Parquet files are read (the TableEnvironment's
+gateway JVM already up) until the INSERT job ends (its sink's last file committed; the
+job's local MiniCluster starts inside the clock, on submission). Every clock excludes the
+process's imports and the Spark session (for Flink: the gateway JVM) start-up;
 none excludes an engine's first micro-batch (for dkvstream on Spark: the session's
 first job, which starts Spark's Python workers, and the imports in those workers).
 Columns read: dkvstream reads every column its job carries (route, event time and the 10
@@ -99,7 +107,7 @@ from bench.plot import load_average
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 ENGINES = ("dkvstream", "dkvstream-in-process", "dkvstream-on-event", "spark-tws-textbook", "spark-tws-batched",
-           "bytewax")
+           "bytewax", "flink-sql")
 OVERHEAD_ENGINES = ("dkvstream", "dkvstream-in-process", "spark-tws-textbook")
 MIB = 1024 * 1024
 # What each engine's clock covers, printed under every table (see the module docstring).
@@ -110,8 +118,11 @@ CLOCKS = {
                  "the files) to its termination (the file sink's last batch committed)",
     "bytewax": "wall clock from cli_main (no file opened yet) to its return (every window "
                "in the sink)",
+    "flink-sql": "wall clock from before the Parquet files are read (gateway JVM up; their copy "
+                 "to CSV inside) to the INSERT job's end (sink files committed; the job's "
+                 "MiniCluster start inside)",
 }
-CLOCK_NOTE = ("Every clock: Spark session start-up and imports excluded, the first "
+CLOCK_NOTE = ("Every clock: Spark session (Flink: gateway JVM) start-up and imports excluded, the first "
               "micro-batch included; every engine reads the same Parquet files inside it.")
 
 
@@ -279,6 +290,8 @@ def run_child(engine: str, plan_args: list[str], input_dir: str, log_prefix: str
                "--variant", engine.removeprefix("spark-tws-")]
     elif engine == "bytewax":
         cmd = [sys.executable, os.path.join(ROOT, "bench", "baselines", "bytewax_flights.py")]
+    elif engine == "flink-sql":
+        cmd = [sys.executable, os.path.join(ROOT, "bench", "baselines", "flink_sql_flights.py")]
     else:
         raise ValueError(f"unknown engine {engine!r}; known: {ENGINES}")
     cmd += plan_args + ["--input-dir", input_dir, "--json", json_path]
@@ -294,7 +307,7 @@ def run_child(engine: str, plan_args: list[str], input_dir: str, log_prefix: str
         line = line.rstrip()
         tail = (tail + [line])[-30:]
         # Engines' own progress and result lines; Spark's log noise stays out.
-        if line.startswith(("dkvstream", "spark-tws", "bytewax")):
+        if line.startswith(("dkvstream", "spark-tws", "bytewax", "flink-sql")):
             print(f"{log_prefix}: {line}", flush=True)
     rc = proc.wait()
     memory.stop()
@@ -438,7 +451,7 @@ def write_plot(path: str, tables: list[tuple[str, list[dict], str]]) -> None:
             panels.append({"title": f"{title}: {headers[col]}", "labels": labels, "log": True,
                            "ref": 1.0, "fmt": "{:,.2f}x", "xlabel": "ratio (log)",
                            "values": [ratios[i][col] for i in range(len(ok))]})
-    bar_panels(path, "Flights route daily delays: dkvstream, Spark TWS, Bytewax", panels,
+    bar_panels(path, "Flights route daily delays: dkvstream, Spark TWS, Bytewax, Flink SQL", panels,
                columns=max(1, len(panels) // len(tables)),
                caption="Wall clock, source open to last output visible, session start excluded; "
                        "ratios over the same events. Load average "
