@@ -597,6 +597,12 @@ def test_truncated_log_object_is_named_with_the_way_out(tmp_path, damaged) -> No
     if damaged != "batch-0000000002.json":
         return
     store.delete(key)  # the files it logged are in place: logged again, checked
+    _add_a_file_and_check_exactly_once(inbox, root, written).close()
+
+
+def _add_a_file_and_check_exactly_once(inbox, root: str, written: list[pd.DataFrame]) -> JobRunner:
+    """Writes a fifth file, restarts the job and checks that the restart read exactly that
+    file and that the output equals the oracle of every file; returns the open runner."""
     df = _rows(4 * ROWS_PER_FILE, ROWS_PER_FILE)
     _write(inbox, "f4.csv", _encode(df, "csv"), 1e9 + 4)
     runner = JobRunner(_job(_source(str(inbox), "csv")), None, root)
@@ -604,7 +610,7 @@ def test_truncated_log_object_is_named_with_the_way_out(tmp_path, damaged) -> No
     assert sum(r.events for r in results) == ROWS_PER_FILE
     everything = pd.concat([*written, df], ignore_index=True)
     pd.testing.assert_frame_equal(_sorted(_output(runner)), _oracle(everything, results[-1].watermark))
-    runner.close()
+    return runner
 
 
 def test_log_object_missing_in_the_middle_is_named_with_the_way_out(tmp_path) -> None:
@@ -636,13 +642,7 @@ def test_checkpoint_without_source_state_still_opens(tmp_path) -> None:
     assert body.pop("source_state") is not None
     canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
     store.put(key, json.dumps({"crc32c": crc32c.crc32c(canon), "body": body}).encode())
-    df = _rows(4 * ROWS_PER_FILE, ROWS_PER_FILE)
-    _write(inbox, "f4.csv", _encode(df, "csv"), 1e9 + 4)
-    runner = JobRunner(_job(_source(str(inbox), "csv")), None, root)
-    results = runner.run()
-    assert sum(r.events for r in results) == ROWS_PER_FILE
-    everything = pd.concat([*written, df], ignore_index=True)
-    pd.testing.assert_frame_equal(_sorted(_output(runner)), _oracle(everything, results[-1].watermark))
+    runner = _add_a_file_and_check_exactly_once(inbox, root, written)
     assert runner.latest().source_state["files"] == 5  # recorded again from then on
     runner.close()
 
