@@ -106,9 +106,9 @@ from bench.baselines.flights_input import (
 from bench.plot import load_average
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-ENGINES = ("dkvstream", "dkvstream-in-process", "dkvstream-on-event", "spark-tws-textbook", "spark-tws-batched",
-           "bytewax", "flink-sql")
-OVERHEAD_ENGINES = ("dkvstream", "dkvstream-in-process", "spark-tws-textbook")
+ENGINES = ("dkvstream", "dkvstream-long-lived", "dkvstream-in-process", "dkvstream-on-event", "spark-tws-textbook",
+           "spark-tws-batched", "bytewax", "flink-sql")
+OVERHEAD_ENGINES = ("dkvstream", "dkvstream-long-lived", "dkvstream-in-process", "spark-tws-textbook")
 MIB = 1024 * 1024
 # What each engine's clock covers, printed under every table (see the module docstring).
 CLOCKS = {
@@ -128,7 +128,7 @@ CLOCK_NOTE = ("Every clock: Spark session (Flink: gateway JVM) start-up and impo
 
 # ---------------------------------------------------------------- dkvstream child
 def run_dkvstream(plan: EpochPlan, input_dir: str, work_dir: str, spark, progress=print,
-                  batch: bool = True, engine: str | None = None) -> dict:
+                  batch: bool = True, engine: str | None = None, long_lived_tasks: bool = False) -> dict:
     """The flights job on dkvstream over the plan's files, checked against the oracle.
 
     Args:
@@ -141,6 +141,8 @@ def run_dkvstream(plan: EpochPlan, input_dir: str, work_dir: str, spark, progres
         progress: called with a progress line every ~10 s.
         batch: the vectorised operator (``RouteDailyDelaysBatch``); False: ``on_event``.
         engine: the row's name (default from ``batch``).
+        long_lived_tasks: on Spark, the run's epochs on long-lived tasks
+            (``JobRunner(long_lived_tasks=True)``) instead of Spark stages per epoch.
 
     Returns:
         ``{"engine", "events", "seconds", "epochs", "epoch_seconds", "first_output_s", "late",
@@ -161,7 +163,7 @@ def run_dkvstream(plan: EpochPlan, input_dir: str, work_dir: str, spark, progres
                       name="flights_bench", batch=batch, max_watermark_drift_ms=None)
     job.source = EpochFilesSource(input_dir)  # lists and reads the files inside the clock
     started = last_report = time.perf_counter()
-    runner = JobRunner(job, spark, work_dir)
+    runner = JobRunner(job, spark, work_dir, long_lived_tasks=long_lived_tasks)
     epoch_seconds, first_output_s, events = [], None, 0
     for r in runner.epochs():
         epoch_seconds.append(r.seconds)
@@ -188,22 +190,23 @@ def _dkvstream_main(argv: list[str]) -> int:
     add_run_arguments(ap)
     ap.add_argument("--form", choices=("batch", "event"), default="batch",
                     help="operator form: vectorised (batch) or on_event")
-    ap.add_argument("--runner", choices=("spark", "in-process"), default="spark",
-                    help="stages on Spark local[2], or in this process (JobRunner(job, None))")
+    ap.add_argument("--runner", choices=("spark", "long-lived", "in-process"), default="spark",
+                    help="stages per epoch on Spark local[2], long-lived tasks on local[2] "
+                         "(JobRunner(long_lived_tasks=True)), or in this process (JobRunner(job, None))")
     args = ap.parse_args(argv)
     batch = args.form == "batch"
-    engine = "dkvstream-in-process" if args.runner == "in-process" else (
-        "dkvstream" if batch else "dkvstream-on-event")
+    engine = {"in-process": "dkvstream-in-process", "long-lived": "dkvstream-long-lived"}.get(
+        args.runner, "dkvstream" if batch else "dkvstream-on-event")
 
     def run(plan: EpochPlan, input_dir: str, work_dir: str) -> dict:
         spark = None
-        if args.runner == "spark":
+        if args.runner != "in-process":
             from dkvstream.operators.spark.session import get_spark
 
             spark = get_spark({"spark.master": "local[2]"})
         return run_dkvstream(plan, input_dir, work_dir, spark,
                              progress=lambda line: print(line, file=sys.stderr, flush=True),
-                             batch=batch, engine=engine)
+                             batch=batch, engine=engine, long_lived_tasks=args.runner == "long-lived")
 
     return run_engine_cli(args, engine, run)
 
@@ -281,10 +284,10 @@ def run_child(engine: str, plan_args: list[str], input_dir: str, log_prefix: str
         cwd = baseline
         cmd = [sys.executable, os.path.join(baseline, "bench", "flights_throughput.py"), "--child", "dkvstream",
                "--form", "batch", "--runner", "spark"]
-    elif engine in ("dkvstream", "dkvstream-in-process", "dkvstream-on-event"):
+    elif engine in ("dkvstream", "dkvstream-long-lived", "dkvstream-in-process", "dkvstream-on-event"):
+        runner = {"dkvstream-in-process": "in-process", "dkvstream-long-lived": "long-lived"}.get(engine, "spark")
         cmd = [sys.executable, os.path.abspath(__file__), "--child", "dkvstream",
-               "--form", "event" if engine == "dkvstream-on-event" else "batch",
-               "--runner", "in-process" if engine == "dkvstream-in-process" else "spark"]
+               "--form", "event" if engine == "dkvstream-on-event" else "batch", "--runner", runner]
     elif engine.startswith("spark-tws-"):
         cmd = [sys.executable, os.path.join(ROOT, "bench", "baselines", "spark_tws_flights.py"),
                "--variant", engine.removeprefix("spark-tws-")]
@@ -334,7 +337,7 @@ def _fmt(v, spec: str, none: str = "-") -> str:
     return none if v is None else format(v, spec)
 
 
-REFERENCES = ("dkvstream", "dkvstream-in-process")  # ratio columns each, when run
+REFERENCES = ("dkvstream", "dkvstream-long-lived", "dkvstream-in-process")  # ratio columns each, when run
 
 
 def median_epoch(r: dict) -> float | None:

@@ -196,6 +196,12 @@ class JobRunner:
             is correct (``dkvstream.operators.runtime.recovery``).
         clock: wall clock, seconds since the Unix epoch (``time.time``): partition
             idleness, live metrics, the dead-letter table's times. Tests pass a fake one.
+        long_lived_tasks: on Spark, run the epochs of a run on long-lived tasks (one
+            barrier Spark job for the whole run, ``dkvstream.operators.spark.long_lived``)
+            rather than Spark stages per epoch. None (default): for continuous runs
+            (``epochs(continuous=True)``), where the per-epoch cost of Spark jobs decides
+            latency; a bounded run keeps per-epoch stages, whose tasks Spark spreads
+            over the cores as the data needs. Ignored in process.
 
     An in-process runner (``spark=None``) keeps each range's DKV open between epochs;
     ``close()`` (or leaving a ``with JobRunner(...) as runner:`` block) closes them.
@@ -209,7 +215,8 @@ class JobRunner:
                  dkv_options: DKVOptions | None = None,
                  retain_checkpoints: int | None = 10, full_sweep_every: int | None = 100,
                  verify_restart: str = "names",
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 long_lived_tasks: bool | None = None) -> None:
         job.validate()  # again: fields may have changed since construction; fail before any write
         self.job = job
         self.spark = spark
@@ -241,6 +248,8 @@ class JobRunner:
         self._previous_plan_ms: int | None = None  # for the rates (live.epoch_metrics)
         self._previous_plan_ends: dict[str, int] | None = None  # for the input (arrival) rate
         self._ends_behind: set[str] = set()  # partitions warned of an end below the committed offset
+        self.long_lived_tasks = long_lived_tasks
+        self._tasks = None  # the run's long-lived tasks (a long_lived.Coordinator), while it runs
 
     def close(self) -> None:
         """Closes the DKV instances in-process tasks kept open (a later epoch reopens
@@ -379,6 +388,8 @@ class JobRunner:
         """
         try:
             ckpt = self._restart()
+            if not ckpt.finished:
+                self._start_long_lived_tasks(continuous)
             if ckpt.finished and ckpt.metrics.get("drained"):
                 log.warning(
                     "job %s was drained at epoch %d (watermark +infinity, every window emitted) and "
@@ -407,7 +418,26 @@ class JobRunner:
                 result, ckpt = self._run_leased(ckpt, self._drain_plan(ckpt), drain=True)
                 yield result
         finally:
+            self._stop_long_lived_tasks()
             self._close_source()
+
+    def _start_long_lived_tasks(self, continuous: bool) -> None:
+        """Starts the run's long-lived tasks when this run uses them (``long_lived_tasks``)."""
+        wanted = continuous if self.long_lived_tasks is None else self.long_lived_tasks
+        if self.spark is None or not wanted or self._tasks is not None:
+            return
+        from dkvstream.operators.spark.long_lived import Coordinator, TaskConfig
+
+        job = self.job
+        workers = min(self.spark.sparkContext.defaultParallelism,
+                      max(job.parallelism_of(op.name) for op in job.operators))
+        self._tasks = Coordinator(self.spark, lambda location, run_id, w, loopback: TaskConfig(
+            location, run_id, w, tuple(job.operators), job.sinks, self.store, self.dkv_options, loopback), workers)
+
+    def _stop_long_lived_tasks(self) -> None:
+        if self._tasks is not None:
+            tasks, self._tasks = self._tasks, None
+            tasks.close()
 
     def _run_leased(self, ckpt: JobCheckpoint, plan: EpochPlan,
                     drain: bool = False) -> tuple[EpochResult, JobCheckpoint]:
@@ -486,9 +516,13 @@ class JobRunner:
         self._republish(ckpt)  # finishes a publish a crash interrupted
         return ckpt
 
-    def _new_exchange(self) -> Exchange:
+    def _new_exchange(self, epoch: int) -> Exchange:
         if self.spark is None:
             return LocalExchange(self.store, self.dkv_options, self._open_state)
+        if self._tasks is not None:
+            from dkvstream.operators.spark.long_lived import LongLivedExchange
+
+            return LongLivedExchange(self._tasks, epoch, self._first_parallelism)
         from dkvstream.operators.spark.stage import SparkExchange
 
         return SparkExchange(self.spark, self.store, self.dkv_options, self._first_parallelism)
@@ -512,7 +546,7 @@ class JobRunner:
         ctx = ReadContext(epoch=epoch, now_ms=self._now_ms(), key_groups=self.job.key_groups,
                           parallelism=self._first_parallelism, dead_letter=self.job.dead_letter,
                           alignment=self.job.max_watermark_drift_ms is not None)
-        self._exchange = self._new_exchange()
+        self._exchange = self._new_exchange(epoch)
         try:
             return self._exchange.read(self.job.source, splits, ctx)
         except Exception as e:
@@ -542,12 +576,16 @@ class JobRunner:
         started = time.perf_counter()
         epoch = ckpt.epoch + 1
         inputs = self._event_time_inputs(ckpt, plan, drain)
-        summaries = self._read_events(plan.offsets, epoch)
-        # With watermark alignment the driver needs the summaries before any operator
-        # runs (the cuts); otherwise the first operator's tasks compute the same event
-        # time from them and range 0 reports it (``dkvstream.operators.runtime.exchange``).
-        event_time = None if summaries is None else epoch_event_time(inputs, summaries)
-        results = self._run_stages(ckpt, epoch, flush, event_time, inputs)
+        while True:
+            try:
+                event_time, results = self._read_and_run(ckpt, plan, epoch, flush, inputs)
+                break
+            except Exception:
+                if self._tasks is None or not self._tasks.lost:
+                    raise
+                # A long-lived task was lost: nothing of this attempt is committed, so the
+                # epoch runs again from ``ckpt`` once Spark restarted the stage.
+                self._tasks.restart()
         if event_time is None:
             event_time = results[self.job.operators[0].name][0].event_time
         watermark, part_max, finished = event_time.watermark, event_time.partition_max_ts, event_time.finished
@@ -607,6 +645,16 @@ class JobRunner:
             dead_letter=metrics["dead_letter"], recovery=metrics.get("recovery"),
             live=published_live, drained=drain,
         ), new
+
+    def _read_and_run(self, ckpt: JobCheckpoint, plan: EpochPlan, epoch: int, flush: bool,
+                      inputs: EventTimeInputs) -> tuple[EpochEventTime | None, dict[str, list[TaskResult]]]:
+        """Steps 2 and 3: ``(event time if the driver computed it, results by operator)``."""
+        summaries = self._read_events(plan.offsets, epoch)
+        # With watermark alignment the driver needs the summaries before any operator
+        # runs (the cuts); otherwise the first operator's tasks compute the same event
+        # time from them and range 0 reports it (``dkvstream.operators.runtime.exchange``).
+        event_time = None if summaries is None else epoch_event_time(inputs, summaries)
+        return event_time, self._run_stages(ckpt, epoch, flush, event_time, inputs)
 
     def _run_stages(self, ckpt: JobCheckpoint, epoch: int, flush: bool, event_time: EpochEventTime | None,
                     inputs: EventTimeInputs) -> dict[str, list[TaskResult]]:
@@ -779,6 +827,8 @@ class JobRunner:
             "task_seconds_max": max((res.metrics["seconds"] for res in every), default=0.0),
         }
         metrics["requests"] = self._epoch_requests(results_by_op)
+        if self._tasks is not None:
+            metrics["long_lived_tasks"] = {"tasks": self._tasks.workers, "restarts": self._tasks.restarts}
         return metrics
 
     def _commit(self, new: JobCheckpoint) -> str:
@@ -826,6 +876,8 @@ class JobRunner:
         core), so what ``fn`` reads and writes never passes through the driver."""
         if self.spark is None or not items:
             return [fn(item) for item in items]
+        if self._tasks is not None:  # they hold every task slot: no other Spark job would run
+            return self._tasks.map(fn, items)
         from dkvstream.operators.spark.stage import map_in_tasks
 
         return map_in_tasks(self.spark, fn, items)

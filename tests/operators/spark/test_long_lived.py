@@ -1,0 +1,133 @@
+"""Long-lived tasks (``dkvstream.operators.spark.long_lived``): a run's epochs on one
+barrier Spark job, each compared with a pandas oracle; a task killed at a point of an
+epoch restarts the stage and the epoch, exactly once."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dkvstream.operators.errors import OperatorError
+from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.operators.spark.long_lived import owner
+from dkvstream.storage import faults
+from tests.operators import live_sources
+from tests.operators.live_sources import EVENTS, reveal
+from tests.operators.runtime import test_chain as chain
+from tests.operators.runtime import test_operator_errors as poison
+
+
+def _all_visible(n: int = EVENTS) -> dict[str, int]:
+    return {"p0": n, "p1": n}
+
+
+def _assert_output_is_oracle(runner: JobRunner) -> None:
+    got = live_sources.output(runner)
+    want = live_sources.oracle(runner.job.source, runner.latest().watermark)
+    assert len(want) > 0
+    pd.testing.assert_frame_equal(got, want, check_dtype=False)
+
+
+@given(st.integers(1, 256).flatmap(lambda p: st.tuples(st.just(p), st.integers(1, p))))
+def test_owner_gives_each_task_a_contiguous_share(pw) -> None:
+    """Every range has one owner; owners never decrease along the ranges (contiguous
+    shares); every task owns a share, and shares differ by at most one range."""
+    p, w = pw
+    owners = [owner(r, p, w) for r in range(p)]
+    assert owners == sorted(owners) and set(owners) == set(range(w))
+    sizes = [owners.count(i) for i in range(w)]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_continuous_run_on_long_lived_tasks_equals_oracle(spark, tmp_path) -> None:
+    """A continuous run on Spark uses long-lived tasks by default; events revealed while
+    it waits are read as they arrive, each once: output = oracle."""
+    visible = tmp_path / "visible.json"
+    reveal(visible, _all_visible(500))
+    runner = JobRunner(live_sources.job(visible), spark, str(tmp_path))
+    caught_up = threading.Event()
+
+    def produce() -> None:
+        for n in range(1_000, EVENTS + 1, 500):
+            caught_up.wait(120)
+            caught_up.clear()
+            reveal(visible, _all_visible(n))
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    results = []
+    for result in runner.epochs(continuous=True):
+        results.append(result)
+        if result.source_offsets == _all_visible(EVENTS):
+            runner.stop()
+        elif result.source_offsets == live_sources.json.loads(visible.read_text()):
+            caught_up.set()
+    producer.join(60)
+    assert sum(r.events for r in results) == 2 * EVENTS
+    ckpt = runner.latest()
+    assert ckpt.metrics["long_lived_tasks"] == {"tasks": 2, "restarts": 0}
+    _assert_output_is_oracle(runner)
+
+
+@pytest.mark.parametrize("point", ["epoch_planned", "after_tasks"])
+def test_a_killed_task_restarts_the_stage_and_the_epoch(spark, tmp_path, point) -> None:
+    """A long-lived task's process killed with SIGKILL at ``point`` of epoch 3 (before it
+    read, or after its operators ran and before the commit): Spark restarts the barrier
+    stage, the epoch runs again from the last checkpoint, and every event counts once."""
+    visible = tmp_path / "visible.json"
+    reveal(visible, _all_visible())
+    runner = JobRunner(live_sources.job(visible), spark, str(tmp_path))
+    killed: list[int] = []
+
+    def kill(point, epoch) -> None:
+        pid = runner._tasks.pids[1]
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+
+    faults.arm(point, action=kill, epoch=3)
+    results = []
+    for result in runner.epochs(continuous=True):
+        results.append(result)
+        if result.source_offsets == _all_visible():
+            runner.stop()
+    assert len(killed) == 1, "the kill did not land"
+    assert sum(r.events for r in results) == 2 * EVENTS
+    assert [r.epoch for r in results] == list(range(1, len(results) + 1))
+    assert runner.latest().metrics["long_lived_tasks"]["restarts"] == 1
+    _assert_output_is_oracle(runner)
+
+
+def test_two_operators_with_uneven_shares_on_long_lived_tasks(spark, tmp_path) -> None:
+    """Three ranges on two tasks, and an intermediate operator whose output is exchanged
+    between the tasks over Flight: the output equals the pandas oracle."""
+    job = chain._job(parallelism=3)
+    runner = JobRunner(job, spark, str(tmp_path / "store"), long_lived_tasks=True)
+    assert len(runner.run()) >= 5
+    chain._check(job, runner)
+    assert runner.latest().metrics["long_lived_tasks"]["tasks"] == 2
+
+
+def test_an_operator_error_on_a_long_lived_task_keeps_its_type(spark, tmp_path) -> None:
+    """An operator raising under ``on_operator_error="fail"``: the run raises the same
+    ``OperatorError`` as per-epoch stages do, naming the event; epoch 1 stays committed."""
+    with pytest.raises(OperatorError) as raised:
+        JobRunner(poison._job(False, "fail"), spark, str(tmp_path / "store"), long_lived_tasks=True).run()
+    message = str(raised.value)
+    assert message.startswith("job poison: epoch 2 failed in operator poison_count: operator poison_count on_event "
+                              "raised on the event with key"), message
+
+
+def test_dead_letters_on_long_lived_tasks(spark, tmp_path) -> None:
+    """Tasks stage the events their operator raised on; the driver names them in the
+    checkpoint, as with per-epoch stages."""
+    job = poison._job(True, "dead_letter")
+    runner = JobRunner(job, spark, str(tmp_path / "store"), long_lived_tasks=True)
+    runner.run()
+    pd.testing.assert_frame_equal(poison._sorted(job.sinks["main"].read(runner.store, job.prefix).to_pandas()),
+                                  poison._oracle())
+    poison._check_dead_letters(runner, batch=True)
