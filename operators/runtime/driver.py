@@ -250,6 +250,9 @@ class JobRunner:
         self._ends_behind: set[str] = set()  # partitions warned of an end below the committed offset
         self.long_lived_tasks = long_lived_tasks
         self._tasks = None  # the run's long-lived tasks (a long_lived.Coordinator), while it runs
+        self._ahead: _ReadAhead | None = None  # the next epoch, planned and being read (pipelining)
+        self._may_read_ahead: Callable[[], bool] = lambda: False
+        self._epoch_read_ahead = False  # the epoch in flight was read ahead
 
     def close(self) -> None:
         """Closes the DKV instances in-process tasks kept open (a later epoch reopens
@@ -398,11 +401,20 @@ class JobRunner:
                     "a new name to process them.", self.job.name, ckpt.epoch, ckpt.source_offsets)
             trigger = live.ProcessingTimeTrigger(self.job.trigger_interval_ms if continuous else 0)
             done = 0
+            # Pipelining (long-lived tasks): epoch e+1 may be read while epoch e's operators
+            # run when the trigger is due by then and the run goes on (_read_ahead).
+            self._may_read_ahead = lambda: (not self._stop.requested and trigger.seconds_to_next() <= 0
+                                            and (max_epochs is None or done + 2 <= max_epochs))
             while not ckpt.finished and (max_epochs is None or done < max_epochs):
                 if self._stop.wait(trigger.seconds_to_next()):
                     break
                 trigger.fire()
-                plan = self._plan(ckpt)
+                ahead, self._ahead = self._ahead, None
+                if ahead is not None and ahead.epoch == ckpt.epoch + 1:
+                    plan = ahead.plan  # planned and being read since the previous epoch's event time
+                    self._ahead = ahead
+                else:
+                    plan = self._plan(ckpt)
                 if not self.job.source.bounded and not plan.has_input:
                     if not continuous:
                         break
@@ -415,9 +427,11 @@ class JobRunner:
                 done += 1
                 yield result
             if self._stop.requested and self._stop.drain and not ckpt.finished:
+                self._discard_read_ahead()  # the drain epoch reads nothing
                 result, ckpt = self._run_leased(ckpt, self._drain_plan(ckpt), drain=True)
                 yield result
         finally:
+            self._discard_read_ahead()
             self._stop_long_lived_tasks()
             self._close_source()
 
@@ -531,6 +545,38 @@ class JobRunner:
     def _first_parallelism(self) -> int:
         return self.job.parallelism_of(self.job.operators[0].name)
 
+    def _read_context(self, epoch: int) -> ReadContext:
+        return ReadContext(epoch=epoch, now_ms=self._now_ms(), key_groups=self.job.key_groups,
+                           parallelism=self._first_parallelism, dead_letter=self.job.dead_letter,
+                           alignment=self.job.max_watermark_drift_ms is not None)
+
+    def _read_ahead(self, ckpt: JobCheckpoint, epoch: int, event_time: EpochEventTime) -> None:
+        """Pipelining on long-lived tasks: once epoch ``epoch``'s event time is known (its
+        read is done), plans epoch ``epoch + 1`` from where ``epoch`` ends and starts its
+        read, which the tasks run while ``epoch``'s operators run and the driver commits
+        it. Only when the run will want that epoch at once (``_may_read_ahead``: the
+        trigger is due, no stop, ``max_epochs`` not reached) and it has input. Nothing
+        read ahead is written anywhere: a run that stops or fails first discards it, and
+        a crash loses nothing a restart would not read again."""
+        if self._tasks is None or event_time.finished or not self._may_read_ahead():
+            return
+        ends = {p: end for p, (_, end) in event_time.plan.offsets.items()}
+        provisional = dataclasses.replace(
+            ckpt, epoch=epoch, watermark=event_time.watermark, source_offsets=ends,
+            partition_max_ts=event_time.partition_max_ts,
+            partition_active_at_ms=partition_activity(ckpt.partition_active_at_ms, event_time.plan))
+        plan = self._plan(provisional)
+        if not plan.has_input:
+            return
+        exchange = self._new_exchange(epoch + 1)
+        exchange.start_read(self.job.source, _splits(plan.offsets), self._read_context(epoch + 1))
+        self._ahead = _ReadAhead(epoch + 1, plan, exchange)
+
+    def _discard_read_ahead(self) -> None:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.exchange.discard()
+
     def _read_events(self, plan: dict[str, tuple[int, int]], epoch: int) -> list[SplitSummary] | None:
         """Step 2: the read tasks read the planned slices (``dkvstream.operators.runtime.splits``);
         their events and dead letters stay in the epoch's exchange. With watermark
@@ -542,11 +588,15 @@ class JobRunner:
             BadInputError: a bad row under ``DeadLetter(tolerance="none")``.
             JobFailedError: a read task failed (a bad slice, a source error).
         """
-        splits = [Split(p, i, start, end) for i, (p, (start, end)) in enumerate(plan.items()) if end > start]
-        ctx = ReadContext(epoch=epoch, now_ms=self._now_ms(), key_groups=self.job.key_groups,
-                          parallelism=self._first_parallelism, dead_letter=self.job.dead_letter,
-                          alignment=self.job.max_watermark_drift_ms is not None)
-        self._exchange = self._new_exchange(epoch)
+        splits, ctx = _splits(plan), self._read_context(epoch)
+        ahead, self._ahead = self._ahead, None
+        self._epoch_read_ahead = ahead is not None and (ahead.epoch, ahead.plan.offsets) == (epoch, plan)
+        if self._epoch_read_ahead:
+            self._exchange = ahead.exchange
+        else:
+            if ahead is not None:
+                ahead.exchange.discard()
+            self._exchange = self._new_exchange(epoch)
         try:
             return self._exchange.read(self.job.source, splits, ctx)
         except Exception as e:
@@ -584,7 +634,9 @@ class JobRunner:
                 if self._tasks is None or not self._tasks.lost:
                     raise
                 # A long-lived task was lost: nothing of this attempt is committed, so the
-                # epoch runs again from ``ckpt`` once Spark restarted the stage.
+                # epoch runs again from ``ckpt`` once Spark restarted the stage (what was
+                # read ahead went with the tasks).
+                self._ahead = None
                 self._tasks.restart()
         if event_time is None:
             event_time = results[self.job.operators[0].name][0].event_time
@@ -654,6 +706,8 @@ class JobRunner:
         # runs (the cuts); otherwise the first operator's tasks compute the same event
         # time from them and range 0 reports it (``dkvstream.operators.runtime.exchange``).
         event_time = None if summaries is None else epoch_event_time(inputs, summaries)
+        if event_time is not None:
+            self._read_ahead(ckpt, epoch, event_time)
         return event_time, self._run_stages(ckpt, epoch, flush, event_time, inputs)
 
     def _run_stages(self, ckpt: JobCheckpoint, epoch: int, flush: bool, event_time: EpochEventTime | None,
@@ -828,7 +882,8 @@ class JobRunner:
         }
         metrics["requests"] = self._epoch_requests(results_by_op)
         if self._tasks is not None:
-            metrics["long_lived_tasks"] = {"tasks": self._tasks.workers, "restarts": self._tasks.restarts}
+            metrics["long_lived_tasks"] = {"tasks": self._tasks.workers, "restarts": self._tasks.restarts,
+                                           "read_ahead": self._epoch_read_ahead}
         return metrics
 
     def _commit(self, new: JobCheckpoint) -> str:
@@ -914,6 +969,20 @@ class JobRunner:
             return read_commit_log(self.store, self.job.prefix).newest_committed or None
         except Exception:  # noqa: BLE001 - a failing store is reported through the stage's error
             return None
+
+
+@dataclass
+class _ReadAhead:
+    """The next epoch, planned, its read started (``JobRunner._read_ahead``)."""
+
+    epoch: int
+    plan: EpochPlan
+    exchange: Exchange
+
+
+def _splits(offsets: dict[str, tuple[int, int]]) -> list[Split]:
+    """The read slices of an epoch's planned offset ranges (empty ones left out)."""
+    return [Split(p, i, start, end) for i, (p, (start, end)) in enumerate(offsets.items()) if end > start]
 
 
 def _parents(manifests: dict[str, str], old_ranges, new_range) -> tuple[str, ...]:

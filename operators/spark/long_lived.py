@@ -19,9 +19,10 @@ and when one fails it restarts them all (a new stage attempt). Each task:
   barrier job holds every slot).
 
 The driver sends plans (splits, task specs) and receives task results and split summaries,
-never an event: the same bytes as per-epoch stages, without a Spark job. A command
-carries the epoch it belongs to, and a task keeps exchanged events by (epoch, stage,
-range), so what a failed attempt of an epoch left behind is never read by the next one.
+never an event: the same bytes as per-epoch stages, without a Spark job. Each epoch's
+exchange has an id of its own, and a task keeps exchanged events by (exchange, stage,
+range): two epochs' events never mix, which is what lets the driver pipeline epochs (the
+read of epoch e+1 runs while epoch e's operators do, ``LongLivedExchange.start_read``).
 
 **Failures.** A task's own error (an operator's, a bad input row, the store's) comes back
 as the command's answer and fails the epoch as a per-epoch stage's would
@@ -77,6 +78,9 @@ POLL_S = 1.0
 DRIVER_LOST_S = 60.0
 
 DEAD = "dead"  # the inbox slot of the read tasks' dead-letter rows (range 0 of the first operator)
+# Commands in flight per task at once: an epoch's read beside the previous epoch's operators
+# (pipelining), and a publish or check.
+COMMANDS_PER_TASK = 4
 
 
 def owner(range_index: int, parallelism: int, workers: int) -> int:
@@ -164,30 +168,30 @@ def _take(state: _TaskState, key: tuple) -> list[pa.Table]:
         return state.inbox.pop(key, [])
 
 
-def _forget_before(state: _TaskState, epoch: int) -> None:
-    """Drops exchanged events of epochs before ``epoch`` (a failed attempt's)."""
+def _drop(state: _TaskState, exchange: str) -> None:
+    """``drop`` command: forgets an exchange's events (an epoch read ahead and not run)."""
     with state.lock:
-        for key in [k for k in state.inbox if k[0] < epoch]:
+        for key in [k for k in state.inbox if k[0] == exchange]:
             del state.inbox[key]
 
 
-def _read(state: _TaskState, source: Source, splits: list[Split], ctx: ReadContext) -> list[SplitSummary]:
+def _read(state: _TaskState, exchange: str, source: Source, splits: list[Split],
+          ctx: ReadContext) -> list[SplitSummary]:
     """``read`` command: this task's share of the epoch's slices, each range's events sent
     to its owner (stage 0), the dead-letter rows to range 0's owner."""
-    _forget_before(state, ctx.epoch)
     w = state.config.workers
     summaries = []
     for split in splits:
         out = read_split(source, split, ctx)
         for r, table in out.events:
-            _deliver(state, (ctx.epoch, 0, int(r)), table, owner(int(r), ctx.parallelism, w))
+            _deliver(state, (exchange, 0, int(r)), table, owner(int(r), ctx.parallelism, w))
         if out.dead.num_rows:
-            _deliver(state, (ctx.epoch, 0, DEAD), out.dead, 0)
+            _deliver(state, (exchange, 0, DEAD), out.dead, 0)
         summaries.append(out.summary)
     return summaries
 
 
-def _run(state: _TaskState, epoch: int, op_index: int, specs: list[TaskSpec], input_schema: pa.Schema,
+def _run(state: _TaskState, exchange: str, op_index: int, specs: list[TaskSpec], input_schema: pa.Schema,
          last: bool, first: FirstStage | None, summaries: list[SplitSummary]
          ) -> list[TaskResult | DeadLetterResult]:
     """``run`` command: operator ``op_index``'s tasks for this task's ranges (``specs``);
@@ -197,13 +201,14 @@ def _run(state: _TaskState, epoch: int, op_index: int, specs: list[TaskSpec], in
     operator = cfg.operators[op_index]
     out: list[TaskResult | DeadLetterResult] = []
     for spec in specs:
-        tables = _take(state, (epoch, op_index, spec.range_index))
-        dead = _take(state, (epoch, 0, DEAD)) if first is not None and spec.range_index == 0 else []
+        tables = _take(state, (exchange, op_index, spec.range_index))
+        dead = _take(state, (exchange, 0, DEAD)) if first is not None and spec.range_index == 0 else []
         res, forwarded, dead_result = run_range(
             operator, spec, tables, input_schema, cfg.store, cfg.sinks if last else None, cfg.dkv_options,
             state.open_state, first, summaries, dead)
         for r, table in forwarded:
-            _deliver(state, (epoch, op_index + 1, int(r)), table, owner(int(r), spec.next_parallelism, cfg.workers))
+            _deliver(state, (exchange, op_index + 1, int(r)), table,
+                     owner(int(r), spec.next_parallelism, cfg.workers))
         out.append(res)
         if dead_result is not None:
             out.append(dead_result)
@@ -245,6 +250,8 @@ def _make_server(state: _TaskState, location: str):
             elif kind == "map":
                 fn, items = cloudpickle.loads(body)
                 answer = _answer(lambda: [fn(item) for item in items])
+            elif kind == "drop":
+                answer = _answer(lambda: _drop(state, body.decode()))
             elif kind == "ping":
                 answer = pickle.dumps(("ok", os.getpid()))
             elif kind == "stop":
@@ -326,7 +333,8 @@ class Coordinator:
         self._job_error: BaseException | None = None
         self._job_done = threading.Event()
         self._clients: list = []
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="long-lived")
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=COMMANDS_PER_TASK * workers,
+                                                           thread_name_prefix="long-lived")
         coordinator = self
 
         class CoordinatorServer(flight.FlightServerBase):
@@ -484,6 +492,10 @@ class Coordinator:
 class LongLivedExchange(Exchange):
     """One epoch's ``Exchange`` over the run's long-lived tasks (module docstring).
 
+    ``read`` always returns the split summaries: the driver computes the epoch's event
+    time itself (the same function the first operator's tasks would run), so it can plan
+    the next epoch before this one's operators run (pipelining, ``start_read``).
+
     Args:
         tasks: the run's ``Coordinator``.
         epoch: the epoch.
@@ -492,22 +504,45 @@ class LongLivedExchange(Exchange):
 
     def __init__(self, tasks: Coordinator, epoch: int, parallelism: int) -> None:
         self.tasks, self.epoch, self._parallelism = tasks, epoch, parallelism
+        self.id = f"{epoch}-{uuid.uuid4().hex[:8]}"
         self._summaries: list[SplitSummary] = []
+        self._reading: concurrent.futures.Future | None = None
         self._received_mark = tasks.bytes_received
 
     @property
     def bytes_received(self) -> int:  # type: ignore[override]
         return self.tasks.bytes_received - self._received_mark
 
-    def read(self, source: Source, splits: list[Split], ctx: ReadContext) -> list[SplitSummary] | None:
+    def start_read(self, source: Source, splits: list[Split], ctx: ReadContext) -> None:
+        """Sends the ``read`` commands and returns at once; ``read`` with the same
+        arguments then waits for them. The tasks read while the driver goes on (the
+        previous epoch's operators and commit: pipelining)."""
         from pyspark import cloudpickle
 
         w = self.tasks.workers
-        shares = [splits[i::w] for i in range(w)]
-        answers = self.tasks._call_all("read", [cloudpickle.dumps((source, share, ctx)) for share in shares])
+        bodies = [cloudpickle.dumps((self.id, source, splits[i::w], ctx)) for i in range(w)]
         order = {s: i for i, s in enumerate(splits)}
-        self._summaries = sorted((s for a in answers for s in a), key=lambda s: order[s.split])
-        return list(self._summaries) if ctx.alignment else None
+
+        def read_all() -> list[SplitSummary]:
+            answers = self.tasks._call_all("read", bodies)
+            return sorted((s for a in answers for s in a), key=lambda s: order[s.split])
+
+        self._reading = self.tasks._pool.submit(read_all)
+
+    def read(self, source: Source, splits: list[Split], ctx: ReadContext) -> list[SplitSummary]:
+        if self._reading is None:
+            self.start_read(source, splits, ctx)
+        self._summaries = self._reading.result()
+        return list(self._summaries)
+
+    def discard(self) -> None:
+        """Forgets a read that will not run (the run stopped after it was started)."""
+        try:
+            if self._reading is not None:
+                self._reading.result()
+            self.tasks._call_all("drop", [self.id.encode()] * self.tasks.workers)
+        except Exception:  # noqa: BLE001 - the run is ending; a lost task holds nothing
+            log.debug("discarding the read of epoch %d failed", self.epoch, exc_info=True)
 
     def run_operator(self, operator: Operator, specs: list[TaskSpec], input_schema: pa.Schema,
                      sinks: dict[str, Sink] | None, first: FirstStage | None
@@ -519,7 +554,7 @@ class LongLivedExchange(Exchange):
         for spec in specs:
             shares[owner(spec.range_index, p, w)].append(spec)
         op_index = specs[0].op_index
-        bodies = [pickle.dumps((self.epoch, op_index, share, input_schema, last, first, summaries),
+        bodies = [pickle.dumps((self.id, op_index, share, input_schema, last, first, summaries),
                                protocol=pickle.HIGHEST_PROTOCOL) if share else None for share in shares]
         out = [r for answer in self.tasks._call_all("run", bodies) if answer for r in answer]
         results = sorted((r for r in out if isinstance(r, TaskResult)), key=lambda r: r.range_index)

@@ -70,7 +70,7 @@ def test_continuous_run_on_long_lived_tasks_equals_oracle(spark, tmp_path) -> No
     producer.join(60)
     assert sum(r.events for r in results) == 2 * EVENTS
     ckpt = runner.latest()
-    assert ckpt.metrics["long_lived_tasks"] == {"tasks": 2, "restarts": 0}
+    assert {k: ckpt.metrics["long_lived_tasks"][k] for k in ("tasks", "restarts")} == {"tasks": 2, "restarts": 0}
     _assert_output_is_oracle(runner)
 
 
@@ -102,14 +102,49 @@ def test_a_killed_task_restarts_the_stage_and_the_epoch(spark, tmp_path, point) 
     _assert_output_is_oracle(runner)
 
 
+def _read_ahead(runner: JobRunner) -> list[bool]:
+    """Per committed epoch: was it read while the epoch before ran (pipelining)?"""
+    from dkvstream.operators.runtime.checkpoints import read_checkpoint
+
+    return [read_checkpoint(runner.store, runner.job.prefix, e).metrics["long_lived_tasks"]["read_ahead"]
+            for e in range(1, runner.latest().epoch + 1)]
+
+
 def test_two_operators_with_uneven_shares_on_long_lived_tasks(spark, tmp_path) -> None:
-    """Three ranges on two tasks, and an intermediate operator whose output is exchanged
-    between the tasks over Flight: the output equals the pandas oracle."""
+    """Three ranges on two tasks, an intermediate operator whose output is exchanged
+    between the tasks over Flight, and every epoch after the first read while the one
+    before ran (a bounded run: its trigger is always due): output = pandas oracle."""
     job = chain._job(parallelism=3)
-    runner = JobRunner(job, spark, str(tmp_path / "store"), long_lived_tasks=True)
+    runner = JobRunner(job, spark, str(tmp_path / "store"), long_lived_tasks=True, retain_checkpoints=None)
     assert len(runner.run()) >= 5
     chain._check(job, runner)
     assert runner.latest().metrics["long_lived_tasks"]["tasks"] == 2
+    assert _read_ahead(runner) == [False] + [True] * (runner.latest().epoch - 1)
+
+
+@pytest.mark.parametrize("drain", [False, True], ids=["stop", "drain"])
+def test_a_stop_discards_the_epoch_read_ahead(spark, tmp_path, drain) -> None:
+    """``stop()`` after epoch 2 while epoch 3 is being read ahead: epoch 3 is not run (a
+    drain epoch, which reads nothing, runs in its place when asked for); a restart reads
+    epoch 3's events again, each once: output = oracle."""
+    visible = tmp_path / "visible.json"
+    reveal(visible, _all_visible())
+    job = live_sources.job(visible, trigger_interval_ms=0)
+    runner = JobRunner(job, spark, str(tmp_path), long_lived_tasks=True, retain_checkpoints=None)
+    results = []
+    for result in runner.epochs(continuous=True):
+        results.append(result)
+        if result.epoch == 2:
+            assert runner._ahead is not None and runner._ahead.epoch == 3
+            runner.stop(drain=drain)
+    assert [r.epoch for r in results] == [1, 2, 3] if drain else [1, 2]
+    assert results[-1].drained == drain
+    if drain:
+        assert results[-1].events == 0
+        return
+    rest = JobRunner(live_sources.job(visible), spark, str(tmp_path)).run()
+    assert rest[0].epoch == 3 and sum(r.events for r in results + rest) == 2 * EVENTS
+    _assert_output_is_oracle(runner)
 
 
 def test_an_operator_error_on_a_long_lived_task_keeps_its_type(spark, tmp_path) -> None:
