@@ -46,10 +46,11 @@ sustained.
 
 dkvstream's job: ``dkvstream.examples.flights_live.flights_kafka_job``, the vectorised form of
 ``examples/flights.py``'s job on a ``KafkaSource`` (JSON values, record key and
-timestamp), 1-s trigger, continuous run,
-local[2] (``--in-process`` form: ``JobRunner(job, None)``). Spark's Python workers are
-started before the producers (one trivial job): start-up is outside every engine's
-clock. The peers: ``quix_flights.py`` (exactly-once, a checkpoint every second) and
+timestamp), 1-s trigger (``--trigger-ms``), continuous run, local[2] on long-lived tasks
+(``dkvstream-stages``: Spark stages per epoch; ``--in-process`` form:
+``JobRunner(job, None)``). Spark's Python workers are started before the producers (one
+trivial job): start-up is outside every engine's clock, but for the long-lived tasks'
+start (about a second, in the first epoch). The peers: ``quix_flights.py`` (exactly-once, a checkpoint every second) and
 ``bytewax_kafka_flights.py`` (recovery snapshots every second).
 
 ``--decode per-record`` runs dkvstream with ``dkvstream.operators.io.topics.decode_json_values_per_record``
@@ -89,7 +90,8 @@ from bench.baselines.flights_live import (
 )
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-ENGINES = ("dkvstream", "dkvstream-in-process", "dkvstream-per-record-decode", "quix", "bytewax")
+ENGINES = ("dkvstream", "dkvstream-stages", "dkvstream-in-process", "dkvstream-per-record-decode", "quix",
+           "bytewax")
 DEFAULT_ENGINES = ("dkvstream", "quix", "bytewax")
 PEERS = ("quix", "bytewax")
 FLIGHTS_PER_SCALE = 336_776
@@ -132,7 +134,8 @@ def flights_kafka_job(bootstrap: str, topic: str, *, events_per_epoch: int = 1_0
 
 
 def run_dkvstream(bootstrap: str, topic: str, progress: Progress, spark, work_dir: str, *,
-                  events_per_epoch: int = 1_000_000, trigger_interval_ms: int = 1_000) -> tuple:
+                  events_per_epoch: int = 1_000_000, trigger_interval_ms: int = 1_000,
+                  long_lived_tasks: bool | None = None) -> tuple:
     """A continuous run of ``flights_kafka_job`` until ``progress.records`` records are read.
 
     Args:
@@ -145,6 +148,8 @@ def run_dkvstream(bootstrap: str, topic: str, progress: Progress, spark, work_di
         spark: SparkSession (local[2]) or None (stages in this process).
         work_dir: object-store root (a local directory), emptied first.
         events_per_epoch, trigger_interval_ms: the job's.
+        long_lived_tasks: ``JobRunner``'s (None: long-lived tasks on Spark, the default of a
+            continuous run; False: Spark stages per epoch, the ``dkvstream-stages`` engine).
 
     Returns:
         ``(output, stats, epochs)``: the emitted windows (pandas), ``peer_stats`` plus
@@ -165,7 +170,7 @@ def run_dkvstream(bootstrap: str, topic: str, progress: Progress, spark, work_di
                             trigger_interval_ms=trigger_interval_ms)
     if spark is not None:  # start the Python workers outside the clock
         spark.sparkContext.parallelize(range(2), 2).map(lambda x: x).collect()
-    runner = JobRunner(job, spark, work_dir)
+    runner = JobRunner(job, spark, work_dir, long_lived_tasks=long_lived_tasks)
     main_prefix = job.sinks["main"].table_prefix(job.prefix)
     published: list[tuple[float, list[str]]] = []
     epochs: list[tuple[float, dict[str, int]]] = []
@@ -205,7 +210,8 @@ def run_dkvstream(bootstrap: str, topic: str, progress: Progress, spark, work_di
 def _dkvstream_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser()
     add_live_arguments(ap)
-    ap.add_argument("--runner", choices=("spark", "in-process"), default="spark")
+    ap.add_argument("--runner", choices=("spark", "stages", "in-process"), default="spark",
+                    help="spark: long-lived tasks on local[2]; stages: Spark stages per epoch")
     ap.add_argument("--decode", choices=("fast", "per-record"), default="fast",
                     help="per-record: decode JSON with decode_json_values_per_record (the reference path)")
     ap.add_argument("--trigger-ms", type=int, default=1_000)
@@ -217,11 +223,11 @@ def _dkvstream_main(argv: list[str]) -> int:
         from dkvstream.operators.io.topics import decode_json_values_per_record
 
         kafka.decode_json_values = decode_json_values_per_record  # this process only: the comparison row
-    engine = {"in-process": "dkvstream-in-process", "spark": "dkvstream"}[args.runner]
+    engine = {"in-process": "dkvstream-in-process", "spark": "dkvstream", "stages": "dkvstream-stages"}[args.runner]
     if args.decode == "per-record":
         engine = "dkvstream-per-record-decode"
     spark = None
-    if args.runner == "spark":
+    if args.runner != "in-process":
         from dkvstream.operators.spark.session import get_spark
 
         spark = get_spark({"spark.master": "local[2]"})
@@ -229,7 +235,8 @@ def _dkvstream_main(argv: list[str]) -> int:
     def run(progress: Progress):
         output, stats, _ = run_dkvstream(args.bootstrap, args.topic, progress, spark, args.work_dir,
                                          events_per_epoch=args.events_per_epoch,
-                                         trigger_interval_ms=args.trigger_ms)
+                                         trigger_interval_ms=args.trigger_ms,
+                                         long_lived_tasks=False if args.runner == "stages" else None)
         return output, stats
 
     return run_live_cli(args, engine, run)
@@ -250,11 +257,13 @@ def sustained(row: dict) -> bool:
     return (row["events_per_s"] or 0) >= SUSTAIN_FRACTION * offered(row) and row["drain_s"] <= SUSTAIN_DRAIN_S
 
 
-def engine_command(engine: str, work_dir: str) -> list[str]:
-    """The child process's command line (without the harness's arguments)."""
+def engine_command(engine: str, work_dir: str, trigger_ms: int = 1_000) -> list[str]:
+    """The child process's command line (without the harness's arguments); ``trigger_ms``:
+    dkvstream's processing-time trigger."""
     if engine.startswith("dkvstream"):
+        runner = {"dkvstream-in-process": "in-process", "dkvstream-stages": "stages"}.get(engine, "spark")
         return [sys.executable, os.path.abspath(__file__), "--child", "dkvstream", "--work-dir", work_dir,
-                "--runner", "in-process" if engine == "dkvstream-in-process" else "spark",
+                "--runner", runner, "--trigger-ms", str(trigger_ms),
                 "--decode", "per-record" if engine == "dkvstream-per-record-decode" else "fast"]
     if engine == "quix":
         return [sys.executable, os.path.join(ROOT, "bench", "baselines", "quix_flights.py")]
@@ -263,14 +272,15 @@ def engine_command(engine: str, work_dir: str) -> list[str]:
     raise ValueError(f"unknown engine {engine!r}; known: {ENGINES}")
 
 
-def run_child(engine: str, harness_args: list[str], tmp: str, timeout_s: float, log_prefix: str) -> dict:
+def run_child(engine: str, harness_args: list[str], tmp: str, timeout_s: float, log_prefix: str,
+              trigger_ms: int = 1_000) -> dict:
     """One engine run in a child process: its JSON line plus ``engine``, ``driver_rss``,
     ``workers_rss`` (peak bytes) and ``lag_series``; ``{"engine", "error"}`` when it
     failed, was wrong or took longer than ``timeout_s``."""
     from bench.flights_throughput import TreeMemory
 
     series = os.path.join(tmp, f"lag-{uuid.uuid4().hex[:8]}.json")
-    cmd = engine_command(engine, os.path.join(tmp, "dkv-" + uuid.uuid4().hex[:8]))
+    cmd = engine_command(engine, os.path.join(tmp, "dkv-" + uuid.uuid4().hex[:8]), trigger_ms)
     cmd += harness_args + ["--lag-series", series]
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
                PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
@@ -444,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale", type=int, help="copies of the flights (default: enough for the longest run)")
     ap.add_argument("--producers", type=int, choices=(1, 2, 3),
                     help="producer processes (default: 1 up to 20,000 events/s, else 3)")
+    ap.add_argument("--trigger-ms", type=int, default=1_000, help="dkvstream's processing-time trigger, ms")
     ap.add_argument("--no-live", action="store_true", help="only the pre-filled throughput runs")
     ap.add_argument("--no-throughput", action="store_true", help="only the live runs")
     ap.add_argument("--throughput-records", type=int, default=FLIGHTS_PER_SCALE,
@@ -512,7 +523,8 @@ def _run(args, engines: list[str], rates: list[float], scale: int, bootstrap: st
                        "--producers", str(producers)]
             # Start-up, the input's duration and half as long again to drain: an engine still
             # not done is far behind (not sustained) and is stopped.
-            row = run_child(engine, harness, tmp, 90 + 1.5 * args.duration_s, f"rate {rate:,.0f}")
+            row = run_child(engine, harness, tmp, 90 + 1.5 * args.duration_s, f"rate {rate:,.0f}",
+                            args.trigger_ms)
             row.setdefault("rate", rate)
             rows.append(row)
             if not sustained(row) and engine not in args.keep_going.split(","):
@@ -526,7 +538,7 @@ def _run(args, engines: list[str], rates: list[float], scale: int, bootstrap: st
         for engine in engines:
             harness = ["--bootstrap", bootstrap, "--topic", f"filled-{uuid.uuid4().hex[:10]}", "--records",
                        str(records), "--scale", str(scale), "--produce", "before"]
-            row = run_child(engine, harness, tmp, 600, "pre-filled")
+            row = run_child(engine, harness, tmp, 600, "pre-filled", args.trigger_ms)
             rows.append(row)
             if "error" not in row:
                 print(f"pre-filled: {engine}: {row['events_per_s']:,.0f} events/s", flush=True)

@@ -4,7 +4,8 @@ inside functions and under ``TYPE_CHECKING`` count too):
 * ``dkvstream.operators.api`` (what a job is written against) imports nothing from
   ``dkvstream.operators.runtime`` or ``dkvstream.operators.spark``, nor pyspark;
 * ``dkvstream.operators.runtime`` reaches Spark only through its exchange: it imports no pyspark,
-  and from ``dkvstream.operators.spark`` only ``SparkExchange`` (``dkvstream.operators.spark.stage``);
+  and from ``dkvstream.operators.spark`` only its exchanges (``SparkExchange``, and the
+  long-lived tasks' ``Coordinator``, ``TaskConfig`` and ``LongLivedExchange``);
 * event time (``dkvstream.operators.runtime.event_time``), which bounded and live jobs share,
   imports nothing of the live loop (``dkvstream.operators.runtime.live``), and neither do the
   read and exchange stages every job runs.
@@ -19,7 +20,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 # The exchange, and the Spark form of the driver's publish tasks beside it in its module.
 RUNTIME_TO_SPARK = {("dkvstream.operators.spark.stage", "SparkExchange"),
-                    ("dkvstream.operators.spark.stage", "map_in_tasks")}
+                    ("dkvstream.operators.spark.stage", "map_in_tasks"),
+                    ("dkvstream.operators.spark.long_lived", "Coordinator"),
+                    ("dkvstream.operators.spark.long_lived", "TaskConfig"),
+                    ("dkvstream.operators.spark.long_lived", "LongLivedExchange")}
 
 
 def imports(path: Path) -> list[tuple[int, str, str | None]]:
