@@ -11,6 +11,8 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator
+from itertools import compress, islice
+from operator import neg
 
 from dkvstream.storage.dkv.native import NATIVE
 from dkvstream.storage.dkv.sstable import block_range_py
@@ -110,7 +112,16 @@ def merge_spans_live_py(parts: list[tuple], spans: list[BlockSpan]) -> list[tupl
         ValueError: A block is malformed (as ``sstable.decode_block_py``), or a span's
             keys do not ascend across its blocks.
     """
-    sources = list(parts)
+    return merge_live_py(list(parts) + _span_batches(spans))
+
+
+def _span_batches(spans: list[BlockSpan]) -> list[ColumnBatch]:
+    """Each span's in-range entries as one ``ColumnBatch``.
+
+    Raises:
+        ValueError: As ``merge_spans_live_py``.
+    """
+    out = []
     for i, (raws, counts, start, end) in enumerate(spans):
         keys: list[bytes] = []
         seqs: list[int] = []
@@ -122,11 +133,50 @@ def merge_spans_live_py(parts: list[tuple], spans: list[BlockSpan]) -> list[tupl
             keys += k
             seqs += s
             values += v
-        sources.append((keys, seqs, values))
-    return merge_live_py(sources)
+        out.append((keys, seqs, values))
+    return out
 
 
 merge_spans_live = NATIVE.merge_spans_live if NATIVE is not None else merge_spans_live_py
+
+
+def merge_spans_columns_py(parts: list[tuple], spans: list[BlockSpan], drop_tombstones: bool) -> ColumnBatch:
+    """The merge of ``merge_spans_live_py`` as columns, tombstones kept unless
+    ``drop_tombstones``: a compaction's merge of one key range. Pure-Python reference of
+    ``_native.merge_spans_columns``.
+
+    Every entry becomes a ``(key, -seq, value)`` row and one ``list.sort`` (timsort
+    merges the sorted sources; ``(key, -seq)`` is unique, so values are never compared)
+    puts each key's newest version first.
+
+    Args:
+        parts: As ``merge_live_py``.
+        spans: ``(raws, counts, start, end)`` per table.
+        drop_tombstones: Leave out keys whose newest version is a tombstone.
+
+    Returns:
+        ``(keys, seqs, values)``: each key once, ascending, with the sequence number and
+        value (None: tombstone) of its newest version.
+
+    Raises:
+        ValueError: As ``merge_spans_live_py``.
+    """
+    rows: list[tuple[bytes, int, bytes | None]] = []
+    for p in list(parts) + _span_batches(spans):
+        keys, seqs, values, lo, hi = p if len(p) == 5 else (*p, 0, len(p[0]))
+        rows += zip(keys[lo:hi], map(neg, seqs[lo:hi]), values[lo:hi])
+    if not rows:
+        return [], [], []
+    rows.sort()
+    keys = [r[0] for r in rows]
+    # A key's newest version sorts first: keep rows whose key differs from the previous.
+    rows = [rows[0], *compress(islice(rows, 1, None), map(bytes.__ne__, islice(keys, 1, None), keys))]
+    if drop_tombstones:
+        rows = [r for r in rows if r[2] is not None]
+    return [r[0] for r in rows], [-r[1] for r in rows], [r[2] for r in rows]
+
+
+merge_spans_columns = NATIVE.merge_spans_columns if NATIVE is not None else merge_spans_columns_py
 
 
 def merge_batches_live(sources: list[Iterator[ColumnBatch]]) -> Iterator[tuple[bytes, bytes]]:
