@@ -36,6 +36,8 @@
  *   memtable_columns(d, keys) -> (seqs, values)
  *       the memtable entries of sorted keys as columns, one dict lookup per key: a
  *       flush's and a memtable scan's columns (reference: memtable.columns_py).
+ *   key_hashes(keys) -> bytes
+ *       xxh64 of every key of a table, the Bloom policy's hash (reference: xxhash).
  *   bloom_bits(hashes, m, k) -> bytes
  *       a flush's Bloom filter bits from its keys' xxh64 hashes, walking each key's k
  *       probes (reference: bloom.build_bloom_py, byte-identical).
@@ -1130,6 +1132,86 @@ fail:
  * over keys whose xxh64 hashes are the native-endian uint64 buffer hashes: probe i of
  * hash h sets bit (h1 + i*h2) mod m, h1 = h & 0xFFFFFFFF, h2 = (h >> 32) | 1, bit b in
  * byte b >> 3 at mask 1 << (b & 7) (bloom.py; build_bloom_py is the reference). */
+/* XXH64 (seed 0), the hash of Bloom policy dkv.bloom.xxh64-dh.v1, from the xxHash
+ * specification (doc/xxhash_spec.md of Cyan4973/xxHash); equal to xxhash.xxh64_intdigest. */
+#define XXH_P1 0x9E3779B185EBCA87ULL
+#define XXH_P2 0xC2B2AE3D27D4EB4FULL
+#define XXH_P3 0x165667B19E3779F9ULL
+#define XXH_P4 0x85EBCA77C2B2AE63ULL
+#define XXH_P5 0x27D4EB2F165667C5ULL
+
+static inline uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+static inline uint64_t xxh64_round(uint64_t acc, uint64_t lane) {
+    return rotl64(acc + lane * XXH_P2, 31) * XXH_P1;
+}
+
+static inline uint64_t xxh64_merge(uint64_t acc, uint64_t v) {
+    return (acc ^ xxh64_round(0, v)) * XXH_P1 + XXH_P4;
+}
+
+static uint64_t xxh64(const unsigned char *p, size_t len) {
+    const unsigned char *end = p + len;
+    uint64_t h;
+    if (len >= 32) {
+        uint64_t v1 = XXH_P1 + XXH_P2, v2 = XXH_P2, v3 = 0, v4 = (uint64_t)0 - XXH_P1;
+        for (; p + 32 <= end; p += 32) {
+            v1 = xxh64_round(v1, rd_u64(p));
+            v2 = xxh64_round(v2, rd_u64(p + 8));
+            v3 = xxh64_round(v3, rd_u64(p + 16));
+            v4 = xxh64_round(v4, rd_u64(p + 24));
+        }
+        h = rotl64(v1, 1) + rotl64(v2, 7) + rotl64(v3, 12) + rotl64(v4, 18);
+        h = xxh64_merge(h, v1);
+        h = xxh64_merge(h, v2);
+        h = xxh64_merge(h, v3);
+        h = xxh64_merge(h, v4);
+    } else {
+        h = XXH_P5;
+    }
+    h += (uint64_t)len;
+    for (; p + 8 <= end; p += 8) h = rotl64(h ^ xxh64_round(0, rd_u64(p)), 27) * XXH_P1 + XXH_P4;
+    if (p + 4 <= end) {
+        h = rotl64(h ^ (uint64_t)rd_u32(p) * XXH_P1, 23) * XXH_P2 + XXH_P3;
+        p += 4;
+    }
+    for (; p < end; p++) h = rotl64(h ^ *p * XXH_P5, 11) * XXH_P1;
+    h ^= h >> 33;
+    h *= XXH_P2;
+    h ^= h >> 29;
+    h *= XXH_P3;
+    h ^= h >> 32;
+    return h;
+}
+
+PyDoc_STRVAR(key_hashes_doc,
+"key_hashes(keys) -> bytes\n\n"
+"keys: list of bytes. Returns len(keys) native uint64s, xxh64(key, seed=0) of each:\n"
+"the h of Bloom policy dkv.bloom.xxh64-dh.v1 (bloom.py) for a whole table's keys,\n"
+"without a Python call per key. Raises TypeError (row and type named) for a key that\n"
+"is not bytes.");
+static PyObject *key_hashes(PyObject *self, PyObject *keys) {
+    if (!PyList_Check(keys)) {
+        PyErr_SetString(PyExc_TypeError, "key_hashes(keys: list of bytes)");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(uint64_t));
+    if (!out) return NULL;
+    uint64_t *h = (uint64_t *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *k = PyList_GET_ITEM(keys, i);
+        if (!PyBytes_Check(k)) {
+            PyErr_Format(PyExc_TypeError, "key_hashes: row %zd: key must be bytes, got %.80s", i,
+                         Py_TYPE(k)->tp_name);
+            Py_DECREF(out);
+            return NULL;
+        }
+        h[i] = xxh64((const unsigned char *)PyBytes_AS_STRING(k), (size_t)PyBytes_GET_SIZE(k));
+    }
+    return out;
+}
+
 PyDoc_STRVAR(bloom_bits_doc, "bloom_bits(hashes, m, k) -> bytes");
 static PyObject *bloom_bits(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) {
@@ -1544,6 +1626,7 @@ static PyMethodDef methods[] = {
     {"sort_bytes", (PyCFunction)sort_bytes, METH_O, sort_bytes_doc},
     {"memtable_columns", (PyCFunction)(void (*)(void))memtable_columns, METH_FASTCALL,
      memtable_columns_doc},
+    {"key_hashes", (PyCFunction)key_hashes, METH_O, key_hashes_doc},
     {"bloom_bits", (PyCFunction)(void (*)(void))bloom_bits, METH_FASTCALL, bloom_bits_doc},
     {"concat_rows", (PyCFunction)(void (*)(void))concat_rows, METH_FASTCALL, concat_rows_doc},
     {"memtable_get_many", (PyCFunction)(void (*)(void))memtable_get_many, METH_FASTCALL,

@@ -74,8 +74,8 @@ def _outcome(fn, *args):
 def test_native_module_is_built(c) -> None:
     assert {
         "bloom_first", "bloom_may_contain", "decode_block", "block_get", "block_range",
-        "merge_live", "merge_spans_live", "merge_spans_columns", "entry_ends", "concat_rows",
-        "memtable_get_many", "pack_int_rows", "unpack_int_rows",
+        "merge_live", "merge_spans_live", "merge_spans_columns", "entry_ends", "key_hashes",
+        "concat_rows", "memtable_get_many", "pack_int_rows", "unpack_int_rows",
     } <= set(dir(c))
 
 
@@ -352,6 +352,17 @@ def test_memtable_columns_matches_reference(c, d, data) -> None:
             f(d, keys + [absent])
     with pytest.raises(TypeError):
         c.memtable_columns({b"k": (1, b"v", 2)}, [b"k"])
+
+
+@settings(max_examples=300)
+@given(keys=st.lists(st.binary(max_size=100), max_size=30))
+def test_key_hashes_are_xxh64(c, keys) -> None:
+    """The Bloom policy's hash in C equals the xxhash library's xxh64 (seed 0) at every
+    length: under 4, 8 and 32 bytes and over (each takes its own path in XXH64)."""
+    got = np.frombuffer(c.key_hashes(keys), np.uint64).tolist()
+    assert got == [key_hash(k) for k in keys]
+    with pytest.raises(TypeError, match="row 1"):
+        c.key_hashes([b"a", "b"])
 
 
 @settings(max_examples=150, deadline=None)
