@@ -230,8 +230,12 @@ class SSTableBuilder:
         if NATIVE is not None:
             # Whole blocks are cut and encoded in C; the rows of the last, open block
             # take the Python path below.
-            keys, values = list(keys), list(values)
-            seqs = seqs.tolist() if isinstance(seqs, np.ndarray) else list(seqs)
+            # encode_blocks takes lists: copy only what is not one (a million-row copy
+            # costs a reference-count write per row, each a likely cache miss).
+            keys = keys if type(keys) is list else list(keys)
+            values = values if type(values) is list else list(values)
+            if type(seqs) is not list:
+                seqs = seqs.tolist() if isinstance(seqs, np.ndarray) else list(seqs)
             raws, used = NATIVE.encode_blocks(keys, seqs, values, self._block_bytes)
             first = 0
             for raw in raws:

@@ -141,7 +141,10 @@ class TableStore:
                 # The first row bringing the open table to target_bytes ends it.
                 j = int(np.searchsorted(cum, base + target_bytes - b.raw_bytes, side="left"))
                 end = min(j + 1, n)
-                b.add_columns(keys[i:end], seqs[i:end], values[i:end], sorted_unique=sorted_unique)
+                if i == 0 and end == n:  # the whole chunk: no copy
+                    b.add_columns(keys, seqs, values, sorted_unique=sorted_unique)
+                else:
+                    b.add_columns(keys[i:end], seqs[i:end], values[i:end], sorted_unique=sorted_unique)
                 if b.raw_bytes >= target_bytes:
                     out.append(self._write(b))
                     b = self._builder()
