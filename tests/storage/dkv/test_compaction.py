@@ -24,9 +24,10 @@ from dkvstream.storage.dkv.compaction import (
     size_amplification,
 )
 from dkvstream.storage.dkv.levels import LevelList
-from dkvstream.storage.dkv.merge import merge_newest
+from dkvstream.storage.dkv.merge import merge_newest, merge_spans_columns_py
 from dkvstream.storage.dkv.sstable import TableInfo
 from dkvstream.storage.dkv.tablestore import TableStore
+from dkvstream.storage.errors import CorruptionError
 from dkvstream.storage.objectstore.local import LocalObjectStore
 from tests.storage.random_writes import random_writes
 
@@ -311,3 +312,32 @@ def test_range_merge_writes_the_same_tables_as_the_heap_merge(
     if drop:
         written = [(k, v) for o in got.outputs for k, _seq, v in db._tables.iter_table(o)]
         assert written == sorted(model.items())
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["c", "python"])
+def test_compaction_of_a_malformed_block_names_its_table_and_block(
+    tmp_path: Path, native: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A block whose checksum holds but whose entries do not add up (here: its entry
+    count) stops the compaction with CorruptionError naming the table, block and offset,
+    on the C merge and on its pure-Python reference."""
+    if native and compaction.merge_spans_columns is merge_spans_columns_py:
+        pytest.skip("C module not built")
+    if not native:
+        monkeypatch.setattr(compaction, "merge_spans_columns", merge_spans_columns_py)
+    store = LocalObjectStore(tmp_path)
+    opts = DKVOptions(memtable_bytes=1 << 20, block_bytes=128, l0_compaction_trigger=100)
+    db = DKV.open(store, "p/c", options=opts)
+    rng = random.Random(3)
+    for _round in range(2):
+        _fill(db, {}, rng, 100)
+        db.flush()
+    plan = plan_full(db.levels)
+    table = plan.inputs[1]
+    reader = db._tables.reader(table)
+    raw = reader._raw_block(2)
+    bad = (int.from_bytes(raw[:4], "little") + 1).to_bytes(4, "little") + raw[4:]
+    db._tables.cache.put(reader._cache_base + 2, bad, len(bad))  # as if read from the bucket
+    offset = reader.block_bounds()[2][0]
+    with pytest.raises(CorruptionError, match=rf"{table.key}: malformed data block 2 at offset {offset}"):
+        run_compaction(plan, db._tables, opts.target_file_bytes)
