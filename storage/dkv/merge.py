@@ -1,67 +1,25 @@
-"""K-way merge of sorted entry streams, newest version of each key first.
+"""K-way merges of sorted sources, the newest version of each key winning.
 
-Each source yields ``(key, seq, value-or-None)`` in ascending key order with at most one
-entry per key. Sequence numbers are unique within a DKV instance, so ordering the heap by
-``(key, -seq)`` puts the newest version of a key first; older versions are skipped. The
-merge is lazy: it pulls one entry per source at a time (blocks load on demand).
+Each source holds ``(key, seq, value-or-None)`` entries in ascending key order with at
+most one entry per key. Sequence numbers are unique within a DKV instance, so the entry
+with the highest sequence number of a key is its newest version; older versions are
+skipped, and a tombstone (value None) hides the older values of its key. Scans merge
+into ``(key, value)`` pairs of live keys (``merge_live``, ``merge_spans_live``,
+``merge_batches_live``); a compaction merges into columns of every key's newest
+version, tombstones kept unless its plan drops them (``merge_spans_columns``). The C
+functions of ``_native.c`` do the merging when built; the ``*_py`` functions here are
+their references and the fallback.
 """
 
 from __future__ import annotations
 
-import heapq
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from itertools import compress, islice
 from operator import neg
 
 from dkvstream.storage.dkv.native import NATIVE
 from dkvstream.storage.dkv.sstable import block_range_py
-
-Entry = tuple[bytes, int, "bytes | None"]
-
-
-def merge_newest(sources: Iterable[Iterable[Entry]]) -> Iterator[Entry]:
-    """Merges sources, yielding only the newest entry per key (tombstones included).
-
-    Args:
-        sources: Sorted entry streams.
-
-    Yields:
-        Entries in ascending key order, one per key.
-    """
-    iters = [iter(s) for s in sources]
-    if len(iters) == 1:
-        yield from iters[0]
-        return
-    # Heap items are (key, -seq, value, source): (key, -seq) is unique, so comparison never
-    # reaches the value, and tuple comparison runs in C (no key function).
-    heap = []
-    for i, it in enumerate(iters):
-        e = next(it, None)
-        if e is not None:
-            heap.append((e[0], -e[1], e[2], i))
-    heapq.heapify(heap)
-    last: bytes | None = None
-    replace = heapq.heapreplace
-    pop = heapq.heappop
-    while heap:
-        k, nseq, v, i = heap[0]
-        e = next(iters[i], None)
-        if e is None:
-            pop(heap)
-        else:
-            replace(heap, (e[0], -e[1], e[2], i))
-        if k != last:
-            last = k
-            yield k, -nseq, v
-
-
-def live_only(entries: Iterable[Entry]) -> Iterator[tuple[bytes, bytes]]:
-    """Drops tombstones and sequence numbers: yields ``(key, value)``."""
-    for k, _seq, v in entries:
-        if v is not None:
-            yield k, v
-
 
 # A scan batch: parallel lists of keys (ascending, unique), sequence numbers and values
 # (None = tombstone), as SSTable blocks decode.
@@ -180,7 +138,8 @@ merge_spans_columns = NATIVE.merge_spans_columns if NATIVE is not None else merg
 
 
 def merge_batches_live(sources: list[Iterator[ColumnBatch]]) -> Iterator[tuple[bytes, bytes]]:
-    """``live_only(merge_newest(...))`` over sources that yield sorted ``ColumnBatch``es.
+    """Each key once, ascending, with the value of its newest version, tombstones
+    dropped: the merge of sources that yield sorted ``ColumnBatch``es.
 
     Works a chunk at a time: the bound is the smallest last key among the sources' current
     batches; every entry up to it (from all sources) is in hand, so all versions of those

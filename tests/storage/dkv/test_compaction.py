@@ -24,11 +24,12 @@ from dkvstream.storage.dkv.compaction import (
     size_amplification,
 )
 from dkvstream.storage.dkv.levels import LevelList
-from dkvstream.storage.dkv.merge import merge_newest, merge_spans_columns_py
+from dkvstream.storage.dkv.merge import merge_spans_columns_py
 from dkvstream.storage.dkv.sstable import TableInfo
 from dkvstream.storage.dkv.tablestore import TableStore
 from dkvstream.storage.errors import CorruptionError
 from dkvstream.storage.objectstore.local import LocalObjectStore
+from tests.storage.heap_merge import merge_newest
 from tests.storage.random_writes import random_writes
 
 
