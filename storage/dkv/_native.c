@@ -27,6 +27,8 @@
  *   entry_ends(keys, values) -> bytes
  *       the cumulative raw bytes of sorted rows as int64s, where the block and table cuts
  *       of a flush or compaction fall, without a Python step per row.
+ *   seq_bounds(seqs) -> (min, max)
+ *       a table's sequence-number bounds, one C comparison per row.
  *   sort_bytes(keys) -> None
  *       sorts a list of bytes in place in bytes order (the memtable's pending keys):
  *       a C comparison instead of a rich comparison per step.
@@ -1011,6 +1013,41 @@ static PyObject *entry_ends(PyObject *self, PyObject *const *args, Py_ssize_t na
     return out;
 }
 
+PyDoc_STRVAR(seq_bounds_doc,
+"seq_bounds(seqs) -> (min, max)\n\n"
+"seqs: a non-empty list of ints in [0, 2**64). Returns the smallest and the largest:\n"
+"a table's sequence-number bounds without a rich comparison per row. Raises\n"
+"ValueError for an empty list, TypeError or OverflowError (row named) for an item that\n"
+"is not an int in range.");
+static PyObject *seq_bounds(PyObject *self, PyObject *seqs) {
+    if (!PyList_Check(seqs)) {
+        PyErr_SetString(PyExc_TypeError, "seq_bounds(seqs: list of int)");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(seqs);
+    if (!n) {
+        PyErr_SetString(PyExc_ValueError, "seq_bounds: no sequence numbers");
+        return NULL;
+    }
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = PyList_GET_ITEM(seqs, i);
+        if (!PyLong_Check(o)) {
+            PyErr_Format(PyExc_TypeError, "seq_bounds: row %zd: seq must be int, got %.80s", i,
+                         Py_TYPE(o)->tp_name);
+            return NULL;
+        }
+        unsigned long long q = PyLong_AsUnsignedLongLong(o);
+        if (q == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyErr_Format(PyExc_OverflowError, "seq_bounds: row %zd: seq outside [0, 2**64)", i);
+            return NULL;
+        }
+        if (q < lo) lo = q;
+        if (q > hi) hi = q;
+    }
+    return Py_BuildValue("(KK)", (unsigned long long)lo, (unsigned long long)hi);
+}
+
 /* memtable_put(d, keys, first_seq, values, entry_overhead) -> (new_keys, delta_bytes)
  * Memtable.put once per row, in order: d[keys[i]] = (first_seq + i, values[i]); new_keys
  * lists the keys not in d before (each once), delta_bytes is the change of the memtable's
@@ -1620,6 +1657,7 @@ static PyMethodDef methods[] = {
      merge_spans_live_doc},
     {"merge_spans_columns", (PyCFunction)(void (*)(void))merge_spans_columns, METH_FASTCALL,
      merge_spans_columns_doc},
+    {"seq_bounds", (PyCFunction)seq_bounds, METH_O, seq_bounds_doc},
     {"entry_ends", (PyCFunction)(void (*)(void))entry_ends, METH_FASTCALL, entry_ends_doc},
     {"memtable_put", (PyCFunction)(void (*)(void))memtable_put, METH_FASTCALL, memtable_put_doc},
     {"encode_blocks", (PyCFunction)(void (*)(void))encode_blocks, METH_FASTCALL, encode_blocks_doc},

@@ -206,10 +206,13 @@ class SSTableBuilder:
             sorted_unique or all(map(bytes.__lt__, keys, islice(keys, 1, None)))
         ):
             raise ValueError("SSTable keys must be added in strictly increasing order")
-        lo = min(seqs)
+        if NATIVE is not None and type(seqs) is list:
+            lo, hi = NATIVE.seq_bounds(seqs)
+        else:
+            lo, hi = min(seqs), max(seqs)
         if not self._min_seq or lo < self._min_seq:
             self._min_seq = lo
-        self._max_seq = max(self._max_seq, max(seqs))
+        self._max_seq = max(self._max_seq, hi)
         self._keys += keys
         self._last_key = keys[-1]
         if NATIVE is not None and self._block_entries:

@@ -74,7 +74,7 @@ def _outcome(fn, *args):
 def test_native_module_is_built(c) -> None:
     assert {
         "bloom_first", "bloom_may_contain", "decode_block", "block_get", "block_range",
-        "merge_live", "merge_spans_live", "merge_spans_columns", "entry_ends", "key_hashes",
+        "merge_live", "merge_spans_live", "merge_spans_columns", "entry_ends", "key_hashes", "seq_bounds",
         "concat_rows", "memtable_get_many", "pack_int_rows", "unpack_int_rows",
     } <= set(dir(c))
 
@@ -315,6 +315,21 @@ def test_entry_ends_are_the_running_row_sizes(c, rows) -> None:
         want.append(acc)
     got = np.frombuffer(c.entry_ends(keys, values), np.int64).tolist()
     assert got == entry_ends_py(keys, values).tolist() == want
+
+
+@settings(max_examples=200)
+@given(seqs=st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=50))
+def test_seq_bounds_are_min_and_max(c, seqs) -> None:
+    assert c.seq_bounds(seqs) == (min(seqs), max(seqs))
+
+
+def test_seq_bounds_rejects_bad_rows(c) -> None:
+    with pytest.raises(ValueError, match="no sequence"):
+        c.seq_bounds([])
+    with pytest.raises(TypeError, match="row 1"):
+        c.seq_bounds([1, "2"])
+    with pytest.raises(OverflowError, match="row 0"):
+        c.seq_bounds([-1])
 
 
 def test_entry_ends_rejects_bad_rows(c) -> None:
