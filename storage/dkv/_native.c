@@ -17,10 +17,18 @@
  *   merge_spans_live(parts, spans) -> [(key, value)]
  *       merge_live plus the in-range entries of each table's decompressed blocks, read
  *       in place: a short scan's block walk and merge in one call.
+ *   merge_spans_columns(parts, spans, drop_tombstones) -> (keys, seqs, values)
+ *       the same merge as columns of each key's newest version, tombstones kept or
+ *       dropped: one key range of a compaction, for encode_blocks.
  *   encode_blocks(keys, seqs, values, block_bytes) -> (raw_blocks, rows_used)
  *       sorted entries cut into SSTable data blocks and encoded (raw_block), as the
  *       builder's add_columns + _finish_block would: a table flush without a Python
  *       step per block.
+ *   entry_ends(keys, values) -> bytes
+ *       the cumulative raw bytes of sorted rows as int64s, where the block and table cuts
+ *       of a flush or compaction fall, without a Python step per row.
+ *   seq_bounds(seqs) -> (min, max)
+ *       a table's sequence-number bounds, one C comparison per row.
  *   sort_bytes(keys) -> None
  *       sorts a list of bytes in place in bytes order (the memtable's pending keys):
  *       a C comparison instead of a rich comparison per step.
@@ -30,6 +38,8 @@
  *   memtable_columns(d, keys) -> (seqs, values)
  *       the memtable entries of sorted keys as columns, one dict lookup per key: a
  *       flush's and a memtable scan's columns (reference: memtable.columns_py).
+ *   key_hashes(keys) -> bytes
+ *       xxh64 of every key of a table, the Bloom policy's hash (reference: xxhash).
  *   bloom_bits(hashes, m, k) -> bytes
  *       a flush's Bloom filter bits from its keys' xxh64 hashes, walking each key's k
  *       probes (reference: bloom.build_bloom_py, byte-identical).
@@ -426,6 +436,14 @@ PyDoc_STRVAR(merge_live_doc,
 "each key once, ascending, with the value of its highest sequence number, dropping keys\n"
 "whose newest version is a tombstone. Raises TypeError/ValueError on malformed parts.");
 
+PyDoc_STRVAR(merge_spans_columns_doc,
+"merge_spans_columns(parts, spans, drop_tombstones) -> (keys, seqs, values)\n\n"
+"The merge of merge_spans_live (same parts, spans and errors) as parallel lists: every\n"
+"key once, ascending, with the sequence number and value (None: tombstone) of its\n"
+"newest version; keys whose newest version is a tombstone are left out if\n"
+"drop_tombstones is true. A compaction's merge of one key range, whose columns go\n"
+"straight to the block encoder.");
+
 PyDoc_STRVAR(merge_spans_live_doc,
 "merge_spans_live(parts, spans) -> list[(key, value)]\n\n"
 "merge_live over parts plus one source per span (raws, counts, start, end): consecutive\n"
@@ -601,8 +619,47 @@ static int parse_span(PyObject *t, Py_ssize_t i, merge_src *s, uint64_t **offs,
     return 0;
 }
 
-/* The merge of merge_live and merge_spans_live; spans may be NULL. */
-static PyObject *merge_sources(PyObject *parts, PyObject *spans) {
+/* What a merge returns: (key, value) pairs of live keys (merge_live, merge_spans_live),
+ * or (keys, seqs, values) columns of every key's newest version, tombstones kept or
+ * dropped (merge_spans_columns: a compaction's output run). */
+typedef enum { MERGE_PAIRS_LIVE, MERGE_COLUMNS, MERGE_COLUMNS_LIVE } merge_mode;
+
+/* Appends the newest version of a key (s's current entry, key bk/bkl) to the output
+ * columns. Returns -1 with an exception set on failure. */
+static int emit_column_row(const merge_src *s, const char *bk, Py_ssize_t bkl, PyObject *keys,
+                           PyObject *seqs, PyObject *values) {
+    PyObject *key, *seq, *v;
+    if (s->blk) {
+        const block_view *b = &s->blk[s->cur];
+        key = PyBytes_FromStringAndSize(bk, bkl);
+        seq = PyLong_FromUnsignedLongLong(rd_u64(b->seqp + 8 * s->pos));
+        if (b->flags[s->pos]) {
+            v = Py_None;
+            Py_INCREF(v);
+        } else {
+            v = PyBytes_FromStringAndSize((const char *)b->raw + b->voffs[s->pos],
+                                          (Py_ssize_t)(b->voffs[s->pos + 1] - b->voffs[s->pos]));
+        }
+    } else {
+        key = s->keys[s->pos];
+        seq = s->seqs[s->pos];
+        v = s->values[s->pos];
+        Py_INCREF(key);
+        Py_INCREF(seq);
+        Py_INCREF(v);
+    }
+    int rc = -1;
+    if (key && seq && v && PyList_Append(keys, key) == 0 && PyList_Append(seqs, seq) == 0
+        && PyList_Append(values, v) == 0)
+        rc = 0;
+    Py_XDECREF(key);
+    Py_XDECREF(seq);
+    Py_XDECREF(v);
+    return rc;
+}
+
+/* The merge of merge_live, merge_spans_live and merge_spans_columns; spans may be NULL. */
+static PyObject *merge_sources(PyObject *parts, PyObject *spans, merge_mode mode) {
     if (!PyList_Check(parts) || (spans && !PyList_Check(spans))) {
         PyErr_SetString(PyExc_TypeError, "merge_live: parts (and spans) must be lists");
         return NULL;
@@ -631,7 +688,7 @@ static PyObject *merge_sources(PyObject *parts, PyObject *spans) {
     Py_ssize_t *ties = PyMem_Malloc((ns ? (size_t)ns : 1) * sizeof(Py_ssize_t));
     block_view *views = PyMem_Malloc((nviews ? nviews : 1) * sizeof(block_view));
     uint64_t *offs = PyMem_Malloc((slots ? slots : 1) * sizeof(uint64_t));
-    PyObject *out = NULL;
+    PyObject *out = NULL, *out_seqs = NULL, *out_values = NULL;  /* columns: out holds the keys */
     if (!src || !ties || !views || !offs) {
         PyErr_NoMemory();
         goto done;
@@ -645,6 +702,11 @@ static PyObject *merge_sources(PyObject *parts, PyObject *spans) {
             goto done;
     out = PyList_New(0);
     if (!out) goto done;
+    if (mode != MERGE_PAIRS_LIVE) {
+        out_seqs = PyList_New(0);
+        out_values = PyList_New(0);
+        if (!out_seqs || !out_values) goto fail;
+    }
     for (;;) {
         /* best: the source with the smallest key, the newest version of it; ties: the
          * other sources at that key, which skip it. */
@@ -676,6 +738,15 @@ static PyObject *merge_sources(PyObject *parts, PyObject *spans) {
         }
         if (best < 0) break;
         merge_src *s = &src[best];
+        if (mode != MERGE_PAIRS_LIVE) {
+            int tomb = s->blk ? s->blk[s->cur].flags[s->pos] != 0 : s->values[s->pos] == Py_None;
+            if (!(tomb && mode == MERGE_COLUMNS_LIVE)
+                && emit_column_row(s, bk, bkl, out, out_seqs, out_values) < 0)
+                goto fail;
+            for (Py_ssize_t t = 0; t < nties; t++) src_advance(&src[ties[t]]);
+            src_advance(s);
+            continue;
+        }
         PyObject *key = NULL, *v = NULL;
         if (s->blk) {
             const block_view *b = &s->blk[s->cur];
@@ -715,10 +786,18 @@ static PyObject *merge_sources(PyObject *parts, PyObject *spans) {
         for (Py_ssize_t t = 0; t < nties; t++) src_advance(&src[ties[t]]);
         src_advance(s);
     }
-    PyObject_GC_UnTrack(out);  /* holds untracked pairs only; see above */
+    PyObject_GC_UnTrack(out);  /* holds untracked pairs, or bytes, only; see above */
+    if (mode != MERGE_PAIRS_LIVE) {
+        /* bytes, ints and None: nothing for the cyclic collector (as entry_lists) */
+        PyObject_GC_UnTrack(out_seqs);
+        PyObject_GC_UnTrack(out_values);
+        out = Py_BuildValue("(NNN)", out, out_seqs, out_values);
+    }
     goto done;
 fail:
     Py_CLEAR(out);
+    Py_XDECREF(out_seqs);
+    Py_XDECREF(out_values);
 done:
     PyMem_Free(src);
     PyMem_Free(ties);
@@ -728,7 +807,7 @@ done:
 }
 
 static PyObject *merge_live(PyObject *self, PyObject *parts) {
-    return merge_sources(parts, NULL);
+    return merge_sources(parts, NULL, MERGE_PAIRS_LIVE);
 }
 
 static PyObject *merge_spans_live(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -736,7 +815,18 @@ static PyObject *merge_spans_live(PyObject *self, PyObject *const *args, Py_ssiz
         PyErr_SetString(PyExc_TypeError, "merge_spans_live(parts, spans) takes 2 arguments");
         return NULL;
     }
-    return merge_sources(args[0], args[1]);
+    return merge_sources(args[0], args[1], MERGE_PAIRS_LIVE);
+}
+
+static PyObject *merge_spans_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError,
+                        "merge_spans_columns(parts, spans, drop_tombstones) takes 3 arguments");
+        return NULL;
+    }
+    int drop = PyObject_IsTrue(args[2]);
+    if (drop < 0) return NULL;
+    return merge_sources(args[0], args[1], drop ? MERGE_COLUMNS_LIVE : MERGE_COLUMNS);
 }
 
 /* A key to sort with its first 16 bytes as two big-endian words: most comparisons are
@@ -887,6 +977,77 @@ fail:
     return NULL;
 }
 
+PyDoc_STRVAR(entry_ends_doc,
+"entry_ends(keys, values) -> bytes\n\n"
+"keys: list of bytes; values: list of bytes or None (tombstone), of the same length.\n"
+"Returns len(keys) native int64s: element i is the raw bytes of rows 0..i as an\n"
+"SSTable counts them (17 + key length + value length per row; a tombstone's value\n"
+"counts 0), where a block or table cut falls (reference: sstable.entry_ends).\n"
+"Raises TypeError (row and type named) for a key that is not bytes or a value that is\n"
+"neither bytes nor None, ValueError if the lists differ in length.");
+static PyObject *entry_ends(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyList_Check(args[0]) || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "entry_ends(keys: list, values: list)");
+        return NULL;
+    }
+    PyObject *keys = args[0], *values = args[1];
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    if (PyList_GET_SIZE(values) != n) {
+        PyErr_SetString(PyExc_ValueError, "entry_ends: keys and values differ in length");
+        return NULL;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int64_t));
+    if (!out) return NULL;
+    int64_t *ends = (int64_t *)PyBytes_AS_STRING(out), acc = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *k = PyList_GET_ITEM(keys, i), *v = PyList_GET_ITEM(values, i);
+        if (!PyBytes_Check(k) || (v != Py_None && !PyBytes_Check(v))) {
+            PyErr_Format(PyExc_TypeError, "entry_ends: row %zd: key must be bytes and value bytes or None, "
+                         "got %.80s and %.80s", i, Py_TYPE(k)->tp_name, Py_TYPE(v)->tp_name);
+            Py_DECREF(out);
+            return NULL;
+        }
+        acc += 17 + PyBytes_GET_SIZE(k) + (v == Py_None ? 0 : PyBytes_GET_SIZE(v));
+        ends[i] = acc;
+    }
+    return out;
+}
+
+PyDoc_STRVAR(seq_bounds_doc,
+"seq_bounds(seqs) -> (min, max)\n\n"
+"seqs: a non-empty list of ints in [0, 2**64). Returns the smallest and the largest:\n"
+"a table's sequence-number bounds without a rich comparison per row. Raises\n"
+"ValueError for an empty list, TypeError or OverflowError (row named) for an item that\n"
+"is not an int in range.");
+static PyObject *seq_bounds(PyObject *self, PyObject *seqs) {
+    if (!PyList_Check(seqs)) {
+        PyErr_SetString(PyExc_TypeError, "seq_bounds(seqs: list of int)");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(seqs);
+    if (!n) {
+        PyErr_SetString(PyExc_ValueError, "seq_bounds: no sequence numbers");
+        return NULL;
+    }
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = PyList_GET_ITEM(seqs, i);
+        if (!PyLong_Check(o)) {
+            PyErr_Format(PyExc_TypeError, "seq_bounds: row %zd: seq must be int, got %.80s", i,
+                         Py_TYPE(o)->tp_name);
+            return NULL;
+        }
+        unsigned long long q = PyLong_AsUnsignedLongLong(o);
+        if (q == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyErr_Format(PyExc_OverflowError, "seq_bounds: row %zd: seq outside [0, 2**64)", i);
+            return NULL;
+        }
+        if (q < lo) lo = q;
+        if (q > hi) hi = q;
+    }
+    return Py_BuildValue("(KK)", (unsigned long long)lo, (unsigned long long)hi);
+}
+
 /* memtable_put(d, keys, first_seq, values, entry_overhead) -> (new_keys, delta_bytes)
  * Memtable.put once per row, in order: d[keys[i]] = (first_seq + i, values[i]); new_keys
  * lists the keys not in d before (each once), delta_bytes is the change of the memtable's
@@ -1008,6 +1169,86 @@ fail:
  * over keys whose xxh64 hashes are the native-endian uint64 buffer hashes: probe i of
  * hash h sets bit (h1 + i*h2) mod m, h1 = h & 0xFFFFFFFF, h2 = (h >> 32) | 1, bit b in
  * byte b >> 3 at mask 1 << (b & 7) (bloom.py; build_bloom_py is the reference). */
+/* XXH64 (seed 0), the hash of Bloom policy dkv.bloom.xxh64-dh.v1, from the xxHash
+ * specification (doc/xxhash_spec.md of Cyan4973/xxHash); equal to xxhash.xxh64_intdigest. */
+#define XXH_P1 0x9E3779B185EBCA87ULL
+#define XXH_P2 0xC2B2AE3D27D4EB4FULL
+#define XXH_P3 0x165667B19E3779F9ULL
+#define XXH_P4 0x85EBCA77C2B2AE63ULL
+#define XXH_P5 0x27D4EB2F165667C5ULL
+
+static inline uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+static inline uint64_t xxh64_round(uint64_t acc, uint64_t lane) {
+    return rotl64(acc + lane * XXH_P2, 31) * XXH_P1;
+}
+
+static inline uint64_t xxh64_merge(uint64_t acc, uint64_t v) {
+    return (acc ^ xxh64_round(0, v)) * XXH_P1 + XXH_P4;
+}
+
+static uint64_t xxh64(const unsigned char *p, size_t len) {
+    const unsigned char *end = p + len;
+    uint64_t h;
+    if (len >= 32) {
+        uint64_t v1 = XXH_P1 + XXH_P2, v2 = XXH_P2, v3 = 0, v4 = (uint64_t)0 - XXH_P1;
+        for (; p + 32 <= end; p += 32) {
+            v1 = xxh64_round(v1, rd_u64(p));
+            v2 = xxh64_round(v2, rd_u64(p + 8));
+            v3 = xxh64_round(v3, rd_u64(p + 16));
+            v4 = xxh64_round(v4, rd_u64(p + 24));
+        }
+        h = rotl64(v1, 1) + rotl64(v2, 7) + rotl64(v3, 12) + rotl64(v4, 18);
+        h = xxh64_merge(h, v1);
+        h = xxh64_merge(h, v2);
+        h = xxh64_merge(h, v3);
+        h = xxh64_merge(h, v4);
+    } else {
+        h = XXH_P5;
+    }
+    h += (uint64_t)len;
+    for (; p + 8 <= end; p += 8) h = rotl64(h ^ xxh64_round(0, rd_u64(p)), 27) * XXH_P1 + XXH_P4;
+    if (p + 4 <= end) {
+        h = rotl64(h ^ (uint64_t)rd_u32(p) * XXH_P1, 23) * XXH_P2 + XXH_P3;
+        p += 4;
+    }
+    for (; p < end; p++) h = rotl64(h ^ *p * XXH_P5, 11) * XXH_P1;
+    h ^= h >> 33;
+    h *= XXH_P2;
+    h ^= h >> 29;
+    h *= XXH_P3;
+    h ^= h >> 32;
+    return h;
+}
+
+PyDoc_STRVAR(key_hashes_doc,
+"key_hashes(keys) -> bytes\n\n"
+"keys: list of bytes. Returns len(keys) native uint64s, xxh64(key, seed=0) of each:\n"
+"the h of Bloom policy dkv.bloom.xxh64-dh.v1 (bloom.py) for a whole table's keys,\n"
+"without a Python call per key. Raises TypeError (row and type named) for a key that\n"
+"is not bytes.");
+static PyObject *key_hashes(PyObject *self, PyObject *keys) {
+    if (!PyList_Check(keys)) {
+        PyErr_SetString(PyExc_TypeError, "key_hashes(keys: list of bytes)");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(uint64_t));
+    if (!out) return NULL;
+    uint64_t *h = (uint64_t *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *k = PyList_GET_ITEM(keys, i);
+        if (!PyBytes_Check(k)) {
+            PyErr_Format(PyExc_TypeError, "key_hashes: row %zd: key must be bytes, got %.80s", i,
+                         Py_TYPE(k)->tp_name);
+            Py_DECREF(out);
+            return NULL;
+        }
+        h[i] = xxh64((const unsigned char *)PyBytes_AS_STRING(k), (size_t)PyBytes_GET_SIZE(k));
+    }
+    return out;
+}
+
 PyDoc_STRVAR(bloom_bits_doc, "bloom_bits(hashes, m, k) -> bytes");
 static PyObject *bloom_bits(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) {
@@ -1414,11 +1655,16 @@ static PyMethodDef methods[] = {
     {"merge_live", (PyCFunction)merge_live, METH_O, merge_live_doc},
     {"merge_spans_live", (PyCFunction)(void (*)(void))merge_spans_live, METH_FASTCALL,
      merge_spans_live_doc},
+    {"merge_spans_columns", (PyCFunction)(void (*)(void))merge_spans_columns, METH_FASTCALL,
+     merge_spans_columns_doc},
+    {"seq_bounds", (PyCFunction)seq_bounds, METH_O, seq_bounds_doc},
+    {"entry_ends", (PyCFunction)(void (*)(void))entry_ends, METH_FASTCALL, entry_ends_doc},
     {"memtable_put", (PyCFunction)(void (*)(void))memtable_put, METH_FASTCALL, memtable_put_doc},
     {"encode_blocks", (PyCFunction)(void (*)(void))encode_blocks, METH_FASTCALL, encode_blocks_doc},
     {"sort_bytes", (PyCFunction)sort_bytes, METH_O, sort_bytes_doc},
     {"memtable_columns", (PyCFunction)(void (*)(void))memtable_columns, METH_FASTCALL,
      memtable_columns_doc},
+    {"key_hashes", (PyCFunction)key_hashes, METH_O, key_hashes_doc},
     {"bloom_bits", (PyCFunction)(void (*)(void))bloom_bits, METH_FASTCALL, bloom_bits_doc},
     {"concat_rows", (PyCFunction)(void (*)(void))concat_rows, METH_FASTCALL, concat_rows_doc},
     {"memtable_get_many", (PyCFunction)(void (*)(void))memtable_get_many, METH_FASTCALL,

@@ -29,18 +29,17 @@ computed elsewhere (``remote_compaction.py``) can be installed later or discarde
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import compress, islice
-from operator import neg
 
 from dkvstream.storage.dkv.levels import LevelList
-from dkvstream.storage.dkv.merge import merge_newest
+from dkvstream.storage.dkv.merge import ColumnBatch, merge_spans_columns
 from dkvstream.storage.dkv.options import DKVOptions
+from dkvstream.storage.dkv.read import table_bounds
 from dkvstream.storage.dkv.sstable import TableInfo
 from dkvstream.storage.dkv.tablestore import TableStore
 
 # The merge reads the inputs one key range at a time, a range spanning about this many
-# data blocks of all inputs together (~4 KiB raw each: ~16 MiB of entries at most in
-# memory), and merges each range in memory with one sort.
+# data blocks of all inputs together (~4 KiB raw each: ~16 MiB of decompressed blocks,
+# plus the range's merged columns, in memory at most), and merges each range in one call.
 MERGE_RANGE_BLOCKS = 4096
 
 
@@ -182,12 +181,12 @@ def plan_compaction(levels: LevelList, options: DKVOptions) -> CompactionPlan | 
 def run_compaction(plan: CompactionPlan, tables: TableStore, target_bytes: int) -> CompactionResult:
     """Executes ``plan``: merges its inputs and writes the output run.
 
-    The inputs are merged one key range at a time (``MERGE_RANGE_BLOCKS``), each range
-    in memory: every visible entry as ``(key, -seq, value)``, one ``list.sort`` (timsort
-    merges the sorted inputs; ``(key, -seq)`` is unique, so values are never compared),
-    the newest entry per key kept by C-level comparisons, tombstones dropped if the plan
-    allows, and the run written by columns. It writes the same tables as
-    ``run_compaction_streaming`` (the per-entry heap merge, kept as the reference).
+    The inputs are merged one key range at a time (``MERGE_RANGE_BLOCKS``): each input's
+    blocks of the range are read (decompressed, through the block cache) and merged in
+    one C call that reads them in place and returns the newest version of each key as
+    columns (``merge.merge_spans_columns``; without the C module, its pure-Python
+    reference), tombstones dropped if the plan allows. The columns go to the C block
+    encoder (``TableStore.write_run_chunks``), which splits the run into tables.
 
     Args:
         plan: From ``plan_compaction`` (or ``plan_full``).
@@ -196,38 +195,15 @@ def run_compaction(plan: CompactionPlan, tables: TableStore, target_bytes: int) 
 
     Returns:
         The result to install with ``LevelList.with_compaction``.
+
+    Raises:
+        CorruptionError: An input block fails its checksum or is malformed (naming the
+            table, block and offset).
     """
     chunks = (_merge_range(tables, plan.inputs, lo, hi, plan.drop_tombstones)
               for lo, hi in _merge_ranges(tables, plan.inputs))
-    outputs = tables.write_run_chunks(chunks, target_bytes)
-    return CompactionResult(
-        inputs=tuple(t.key for t in plan.inputs),
-        output_level=plan.output_level,
-        outputs=tuple(outputs),
-    )
-
-
-def run_compaction_streaming(plan: CompactionPlan, tables: TableStore, target_bytes: int) -> CompactionResult:
-    """``run_compaction`` by a lazy heap merge of entry iterators (``merge_newest``), one
-    Python step per entry: the reference the range merge is tested against. Arguments
-    and result as in ``run_compaction``, whose output tables are byte-identical."""
-    # Sorted-run inputs of one level are disjoint: concatenating them in key order is one
-    # merge source, which keeps the heap small (L0 tables stay one source each).
-    by_level: dict[int, list[TableInfo]] = {}
-    sources = []
-    levels_of = plan.input_levels or (0,) * len(plan.inputs)
-    for lvl, t in zip(levels_of, plan.inputs):
-        if lvl == 0:
-            sources.append(tables.iter_table(t))
-        else:
-            by_level.setdefault(lvl, []).append(t)
-    for lvl in sorted(by_level):
-        run = sorted(by_level[lvl], key=lambda x: x.min_key)
-        sources.append(_chain(tables, run))
-    merged = merge_newest(sources)
-    if plan.drop_tombstones:
-        merged = (e for e in merged if e[2] is not None)
-    outputs = tables.write_run(merged, target_bytes)
+    # The merge returns each range's keys strictly ascending (it checks its inputs' order).
+    outputs = tables.write_run_chunks(chunks, target_bytes, sorted_unique=True)
     return CompactionResult(
         inputs=tuple(t.key for t in plan.inputs),
         output_level=plan.output_level,
@@ -245,30 +221,24 @@ def _merge_ranges(tables: TableStore, inputs: tuple[TableInfo, ...]) -> list[tup
 
 def _merge_range(
     tables: TableStore, inputs: tuple[TableInfo, ...], lo: bytes, hi: bytes | None, drop_tombstones: bool
-) -> tuple[list[bytes], list[int], list[bytes | None]]:
+) -> ColumnBatch:
     """The newest entry per key with ``lo <= key < hi`` of all ``inputs`` as parallel
     lists, ascending (see ``run_compaction``)."""
-    rows: list[tuple[bytes, int, bytes | None]] = []
+    readers = []
+    spans = []
     for t in inputs:
-        start, end = lo, hi
-        if t.clip is not None:  # only the visible keys, as ``TableStore.iter_table``
-            vis = t.max_key + b"\x00"
-            start, end = max(lo, t.min_key), vis if hi is None else min(hi, vis)
-            if start >= end:
-                continue
-        for keys, seqs, values in tables.reader(t).scan_column_batches(start, end):
-            rows += zip(keys, map(neg, seqs), values)
-    if not rows:
-        return [], [], []
-    rows.sort()
-    keys = [r[0] for r in rows]
-    # A key's newest version sorts first: keep rows whose key differs from the previous.
-    rows = [rows[0], *compress(islice(rows, 1, None), map(bytes.__ne__, islice(keys, 1, None), keys))]
-    if drop_tombstones:
-        rows = [r for r in rows if r[2] is not None]
-    return [r[0] for r in rows], [-r[1] for r in rows], [r[2] for r in rows]
-
-
-def _chain(tables: TableStore, run: list[TableInfo]):
-    for t in run:
-        yield from tables.iter_table(t)
+        bounds = table_bounds(t, lo, hi)  # a clipped table: only its visible keys
+        if bounds is None:
+            continue
+        s, e = bounds
+        r = tables.reader(t)
+        span = r.read_span(s, e, r.num_blocks)
+        if span[0]:
+            readers.append(r)
+            spans.append(span)
+    try:
+        return merge_spans_columns([], spans, drop_tombstones)
+    except ValueError:
+        for r, (_raws, _counts, s, e) in zip(readers, spans):
+            r.check_blocks(r.block_span(s, e))  # raises CorruptionError naming the block
+        raise

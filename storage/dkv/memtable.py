@@ -145,11 +145,16 @@ class Memtable:
             if len(pending) < 16:
                 for k in pending:
                     insort(keys, k)
+            elif NATIVE is not None:
+                NATIVE.sort_bytes(pending)  # a C comparison per step, not a rich compare
+                if keys:
+                    keys.extend(pending)
+                    keys.sort()  # timsort merges the two sorted runs in linear time
+                else:  # the first ordered read (a flush): nothing to merge with
+                    self._keys = pending
             else:
-                if NATIVE is not None:
-                    NATIVE.sort_bytes(pending)  # a C comparison per step, not a rich compare
                 keys.extend(pending)
-                keys.sort()  # timsort merges the two sorted runs in linear time
+                keys.sort()
             self._pending = []
         return self._keys
 

@@ -1,65 +1,25 @@
-"""K-way merge of sorted entry streams, newest version of each key first.
+"""K-way merges of sorted sources, the newest version of each key winning.
 
-Each source yields ``(key, seq, value-or-None)`` in ascending key order with at most one
-entry per key. Sequence numbers are unique within a DKV instance, so ordering the heap by
-``(key, -seq)`` puts the newest version of a key first; older versions are skipped. The
-merge is lazy: it pulls one entry per source at a time (blocks load on demand).
+Each source holds ``(key, seq, value-or-None)`` entries in ascending key order with at
+most one entry per key. Sequence numbers are unique within a DKV instance, so the entry
+with the highest sequence number of a key is its newest version; older versions are
+skipped, and a tombstone (value None) hides the older values of its key. Scans merge
+into ``(key, value)`` pairs of live keys (``merge_live``, ``merge_spans_live``,
+``merge_batches_live``); a compaction merges into columns of every key's newest
+version, tombstones kept unless its plan drops them (``merge_spans_columns``). The C
+functions of ``_native.c`` do the merging when built; the ``*_py`` functions here are
+their references and the fallback.
 """
 
 from __future__ import annotations
 
-import heapq
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
+from itertools import compress, islice
+from operator import neg
 
 from dkvstream.storage.dkv.native import NATIVE
 from dkvstream.storage.dkv.sstable import block_range_py
-
-Entry = tuple[bytes, int, "bytes | None"]
-
-
-def merge_newest(sources: Iterable[Iterable[Entry]]) -> Iterator[Entry]:
-    """Merges sources, yielding only the newest entry per key (tombstones included).
-
-    Args:
-        sources: Sorted entry streams.
-
-    Yields:
-        Entries in ascending key order, one per key.
-    """
-    iters = [iter(s) for s in sources]
-    if len(iters) == 1:
-        yield from iters[0]
-        return
-    # Heap items are (key, -seq, value, source): (key, -seq) is unique, so comparison never
-    # reaches the value, and tuple comparison runs in C (no key function).
-    heap = []
-    for i, it in enumerate(iters):
-        e = next(it, None)
-        if e is not None:
-            heap.append((e[0], -e[1], e[2], i))
-    heapq.heapify(heap)
-    last: bytes | None = None
-    replace = heapq.heapreplace
-    pop = heapq.heappop
-    while heap:
-        k, nseq, v, i = heap[0]
-        e = next(iters[i], None)
-        if e is None:
-            pop(heap)
-        else:
-            replace(heap, (e[0], -e[1], e[2], i))
-        if k != last:
-            last = k
-            yield k, -nseq, v
-
-
-def live_only(entries: Iterable[Entry]) -> Iterator[tuple[bytes, bytes]]:
-    """Drops tombstones and sequence numbers: yields ``(key, value)``."""
-    for k, _seq, v in entries:
-        if v is not None:
-            yield k, v
-
 
 # A scan batch: parallel lists of keys (ascending, unique), sequence numbers and values
 # (None = tombstone), as SSTable blocks decode.
@@ -110,7 +70,16 @@ def merge_spans_live_py(parts: list[tuple], spans: list[BlockSpan]) -> list[tupl
         ValueError: A block is malformed (as ``sstable.decode_block_py``), or a span's
             keys do not ascend across its blocks.
     """
-    sources = list(parts)
+    return merge_live_py(list(parts) + _span_batches(spans))
+
+
+def _span_batches(spans: list[BlockSpan]) -> list[ColumnBatch]:
+    """Each span's in-range entries as one ``ColumnBatch``.
+
+    Raises:
+        ValueError: As ``merge_spans_live_py``.
+    """
+    out = []
     for i, (raws, counts, start, end) in enumerate(spans):
         keys: list[bytes] = []
         seqs: list[int] = []
@@ -122,15 +91,55 @@ def merge_spans_live_py(parts: list[tuple], spans: list[BlockSpan]) -> list[tupl
             keys += k
             seqs += s
             values += v
-        sources.append((keys, seqs, values))
-    return merge_live_py(sources)
+        out.append((keys, seqs, values))
+    return out
 
 
 merge_spans_live = NATIVE.merge_spans_live if NATIVE is not None else merge_spans_live_py
 
 
+def merge_spans_columns_py(parts: list[tuple], spans: list[BlockSpan], drop_tombstones: bool) -> ColumnBatch:
+    """The merge of ``merge_spans_live_py`` as columns, tombstones kept unless
+    ``drop_tombstones``: a compaction's merge of one key range. Pure-Python reference of
+    ``_native.merge_spans_columns``.
+
+    Every entry becomes a ``(key, -seq, value)`` row and one ``list.sort`` (timsort
+    merges the sorted sources; ``(key, -seq)`` is unique, so values are never compared)
+    puts each key's newest version first.
+
+    Args:
+        parts: As ``merge_live_py``.
+        spans: ``(raws, counts, start, end)`` per table.
+        drop_tombstones: Leave out keys whose newest version is a tombstone.
+
+    Returns:
+        ``(keys, seqs, values)``: each key once, ascending, with the sequence number and
+        value (None: tombstone) of its newest version.
+
+    Raises:
+        ValueError: As ``merge_spans_live_py``.
+    """
+    rows: list[tuple[bytes, int, bytes | None]] = []
+    for p in list(parts) + _span_batches(spans):
+        keys, seqs, values, lo, hi = p if len(p) == 5 else (*p, 0, len(p[0]))
+        rows += zip(keys[lo:hi], map(neg, seqs[lo:hi]), values[lo:hi])
+    if not rows:
+        return [], [], []
+    rows.sort()
+    keys = [r[0] for r in rows]
+    # A key's newest version sorts first: keep rows whose key differs from the previous.
+    rows = [rows[0], *compress(islice(rows, 1, None), map(bytes.__ne__, islice(keys, 1, None), keys))]
+    if drop_tombstones:
+        rows = [r for r in rows if r[2] is not None]
+    return [r[0] for r in rows], [-r[1] for r in rows], [r[2] for r in rows]
+
+
+merge_spans_columns = NATIVE.merge_spans_columns if NATIVE is not None else merge_spans_columns_py
+
+
 def merge_batches_live(sources: list[Iterator[ColumnBatch]]) -> Iterator[tuple[bytes, bytes]]:
-    """``live_only(merge_newest(...))`` over sources that yield sorted ``ColumnBatch``es.
+    """Each key once, ascending, with the value of its newest version, tombstones
+    dropped: the merge of sources that yield sorted ``ColumnBatch``es.
 
     Works a chunk at a time: the bound is the smallest last key among the sources' current
     batches; every entry up to it (from all sources) is in hand, so all versions of those

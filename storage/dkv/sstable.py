@@ -67,7 +67,6 @@ _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _U32S: dict[int, struct.Struct] = {}  # "<nI" per block entry count n
 _ENTRY_FIXED = 17  # key_len + value_len + seq + flags, bytes
-ENTRY_FIXED_BYTES = _ENTRY_FIXED  # raw_bytes of an entry = this + key and value lengths
 # First ranged read at open: footer + meta usually fit (bytes).
 TAIL_READ_BYTES = 64 << 10
 
@@ -96,6 +95,33 @@ class TableInfo:
     min_seq: int
     max_seq: int
     clip: tuple[bytes, bytes | None] | None = None
+
+
+def entry_ends(keys: Sequence[bytes], values: Sequence[bytes | None]) -> np.ndarray:
+    """Cumulative raw bytes of rows, where block and table cuts fall.
+
+    Args:
+        keys, values: Parallel lists; None values are tombstones (counted as 0 bytes).
+
+    Returns:
+        int64 array of ``len(keys)`` (read-only): element ``i`` is the sum over rows
+        ``0..i`` of ``17 + len(key) + len(value)`` (the fixed bytes: lengths, seq, flags).
+
+    Raises:
+        TypeError: A key is not bytes or a value neither bytes nor None.
+    """
+    if NATIVE is not None and isinstance(keys, list) and isinstance(values, list):
+        return np.frombuffer(NATIVE.entry_ends(keys, values), np.int64)
+    return entry_ends_py(keys, values)
+
+
+def entry_ends_py(keys: Sequence[bytes], values: Sequence[bytes | None]) -> np.ndarray:
+    """Pure-Python reference of ``entry_ends`` (and of ``_native.entry_ends``)."""
+    n = len(keys)
+    sizes = np.fromiter(map(len, keys), np.int64, n)
+    sizes += np.fromiter([0 if v is None else len(v) for v in values], np.int64, n)
+    sizes += _ENTRY_FIXED
+    return np.cumsum(sizes)
 
 
 class SSTableBuilder:
@@ -180,10 +206,13 @@ class SSTableBuilder:
             sorted_unique or all(map(bytes.__lt__, keys, islice(keys, 1, None)))
         ):
             raise ValueError("SSTable keys must be added in strictly increasing order")
-        lo = min(seqs)
+        if NATIVE is not None and type(seqs) is list:
+            lo, hi = NATIVE.seq_bounds(seqs)
+        else:
+            lo, hi = min(seqs), max(seqs)
         if not self._min_seq or lo < self._min_seq:
             self._min_seq = lo
-        self._max_seq = max(self._max_seq, max(seqs))
+        self._max_seq = max(self._max_seq, hi)
         self._keys += keys
         self._last_key = keys[-1]
         if NATIVE is not None and self._block_entries:
@@ -204,8 +233,12 @@ class SSTableBuilder:
         if NATIVE is not None:
             # Whole blocks are cut and encoded in C; the rows of the last, open block
             # take the Python path below.
-            keys, values = list(keys), list(values)
-            seqs = seqs.tolist() if isinstance(seqs, np.ndarray) else list(seqs)
+            # encode_blocks takes lists: copy only what is not one (a million-row copy
+            # costs a reference-count write per row, each a likely cache miss).
+            keys = keys if type(keys) is list else list(keys)
+            values = values if type(values) is list else list(values)
+            if type(seqs) is not list:
+                seqs = seqs.tolist() if isinstance(seqs, np.ndarray) else list(seqs)
             raws, used = NATIVE.encode_blocks(keys, seqs, values, self._block_bytes)
             first = 0
             for raw in raws:
@@ -223,15 +256,12 @@ class SSTableBuilder:
         """Appends rows to the open block, finishing blocks as they fill (the cut found
         by a cumulative sum over the row sizes)."""
         n = len(keys)
+        cum = entry_ends(keys, values)
         if None in values:
             flags = bytes([FLAG_TOMBSTONE if v is None else 0 for v in values])
             values = [b"" if v is None else v for v in values]
         else:
             flags = bytes(n)
-        sizes = np.fromiter(map(len, keys), np.int64, n)
-        sizes += np.fromiter(map(len, values), np.int64, n)
-        sizes += _ENTRY_FIXED
-        cum = np.cumsum(sizes)
         total = int(cum[-1])
         block_bytes = self._block_bytes
         i = 0

@@ -18,7 +18,7 @@ from dkvstream.storage.dkv.block_cache import BlockCache
 from dkvstream.storage.dkv.manifest import WalRef
 from dkvstream.storage.dkv.options import DKVOptions
 from dkvstream.storage.dkv.paths import PathResolver
-from dkvstream.storage.dkv.sstable import ENTRY_FIXED_BYTES, SSTableBuilder, SSTableReader, TableInfo
+from dkvstream.storage.dkv.sstable import SSTableBuilder, SSTableReader, TableInfo, entry_ends
 from dkvstream.storage.dkv.wal import WalRecord, decode_wal_columns, encode_wal_batches
 from dkvstream.storage.errors import CorruptionError, ObjectNotFoundError
 from dkvstream.storage.objectstore import ObjectStore
@@ -113,11 +113,18 @@ class TableStore:
         return out
 
     def write_run_chunks(
-        self, chunks: Iterable[tuple[Sequence[bytes], Sequence[int], Sequence[bytes | None]]], target_bytes: int
+        self, chunks: Iterable[tuple[Sequence[bytes], Sequence[int], Sequence[bytes | None]]], target_bytes: int,
+        *, sorted_unique: bool = False,
     ) -> list[TableInfo]:
         """``write_run`` for entries given as parallel-list chunks ``(keys, seqs, values)``
         (ascending across chunks): the same tables (a table ends at the entry that brings
         it to ``target_bytes``), built with ``SSTableBuilder.add_columns``.
+
+        Args:
+            chunks: The run, in key order.
+            target_bytes: Split size of the tables (uncompressed bytes).
+            sorted_unique: The caller guarantees each chunk's keys strictly increasing (a
+                merge's output): only the order across chunks is checked.
 
         Raises:
             ValueError: Keys are not strictly increasing (checked by the builder).
@@ -128,16 +135,16 @@ class TableStore:
             n = len(keys)
             if not n:
                 continue
-            sizes = np.fromiter(map(len, keys), np.int64, n)
-            sizes += np.fromiter([0 if v is None else len(v) for v in values], np.int64, n)
-            sizes += ENTRY_FIXED_BYTES
-            cum = np.cumsum(sizes)
+            cum = entry_ends(keys, values)
             i = base = 0
             while i < n:
                 # The first row bringing the open table to target_bytes ends it.
                 j = int(np.searchsorted(cum, base + target_bytes - b.raw_bytes, side="left"))
                 end = min(j + 1, n)
-                b.add_columns(keys[i:end], seqs[i:end], values[i:end])
+                if i == 0 and end == n:  # the whole chunk: no copy
+                    b.add_columns(keys, seqs, values, sorted_unique=sorted_unique)
+                else:
+                    b.add_columns(keys[i:end], seqs[i:end], values[i:end], sorted_unique=sorted_unique)
                 if b.raw_bytes >= target_bytes:
                     out.append(self._write(b))
                     b = self._builder()

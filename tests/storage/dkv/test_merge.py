@@ -7,7 +7,8 @@ import random
 import pytest
 
 from dkvstream.storage.dkv import merge, native
-from dkvstream.storage.dkv.merge import live_only, merge_batches_live, merge_newest
+from dkvstream.storage.dkv.merge import merge_batches_live
+from tests.storage.heap_merge import live_only, merge_newest
 
 
 def _batches(entries: list, rng: random.Random) -> list[tuple]:

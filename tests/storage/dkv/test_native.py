@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,8 +20,8 @@ from dkvstream.storage.dkv.bloom import (
     may_contain_hash_py,
 )
 from dkvstream.storage.dkv.memtable import columns_py
-from dkvstream.storage.dkv.merge import merge_live_py, merge_spans_live_py
-from dkvstream.storage.dkv.sstable import block_get_py, decode_block_py
+from dkvstream.storage.dkv.merge import merge_live_py, merge_spans_columns_py, merge_spans_live_py
+from dkvstream.storage.dkv.sstable import block_get_py, decode_block_py, entry_ends_py
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +74,8 @@ def _outcome(fn, *args):
 def test_native_module_is_built(c) -> None:
     assert {
         "bloom_first", "bloom_may_contain", "decode_block", "block_get", "block_range",
-        "merge_live", "merge_spans_live", "concat_rows", "memtable_get_many", "pack_int_rows",
-        "unpack_int_rows",
+        "merge_live", "merge_spans_live", "merge_spans_columns", "entry_ends", "key_hashes", "seq_bounds",
+        "concat_rows", "memtable_get_many", "pack_int_rows", "unpack_int_rows",
     } <= set(dir(c))
 
 
@@ -233,18 +234,30 @@ def spans_st(draw):
         parts.append((keys, pseqs, [d[k] for k in keys]))
         versions += list(zip(keys, pseqs, (d[k] for k in keys)))
     newest = {}
-    for k, _, v in sorted(versions, key=lambda e: e[1]):
-        newest[k] = v
-    oracle = sorted((k, v) for k, v in newest.items() if v is not None)
-    return parts, spans, oracle
+    for k, seq, v in sorted(versions, key=lambda e: e[1]):
+        newest[k] = (seq, v)
+    return parts, spans, dict(sorted(newest.items()))
 
 
 @settings(max_examples=300)
 @given(case=spans_st())
 def test_merge_spans_live_matches_reference_and_newest_wins(c, case):
-    parts, spans, oracle = case
+    parts, spans, newest = case
     got = c.merge_spans_live(parts, spans)
+    oracle = [(k, v) for k, (_seq, v) in newest.items() if v is not None]
     assert got == merge_spans_live_py(parts, spans) == oracle
+
+
+@settings(max_examples=300)
+@given(case=spans_st(), drop=st.booleans())
+def test_merge_spans_columns_matches_reference_and_newest_wins(c, case, drop):
+    """A compaction's merge: overwrites across tables, tombstones shadowing older values
+    and dropped only when asked; the oracle is the newest version per key (a dict)."""
+    parts, spans, newest = case
+    rows = [(k, seq, v) for k, (seq, v) in newest.items() if not (drop and v is None)]
+    oracle = ([k for k, _s, _v in rows], [s for _k, s, _v in rows], [v for *_x, v in rows])
+    got = c.merge_spans_columns(parts, spans, drop)
+    assert got == merge_spans_columns_py(parts, spans, drop) == oracle
 
 
 @settings(max_examples=300)
@@ -276,6 +289,9 @@ def test_merge_spans_live_corrupt_blocks_fail_alike(c, case, data):
     spans = [*spans[:i], (raws, counts, start, end), *spans[i + 1 :]]
     native = _outcome(c.merge_spans_live, parts, spans)
     assert native == _outcome(merge_spans_live_py, parts, spans)
+    columns = _outcome(c.merge_spans_columns, parts, spans, False)
+    assert columns == _outcome(merge_spans_columns_py, parts, spans, False)
+    assert (columns[0] == "ok") == (native[0] == "ok")
 
 
 def test_merge_spans_live_rejects_bad_spans(c) -> None:
@@ -287,6 +303,40 @@ def test_merge_spans_live_rejects_bad_spans(c) -> None:
     with pytest.raises(ValueError, match="across blocks"):
         c.merge_spans_live([], [([block, block], [1, 1], b"", None)])
     assert c.merge_spans_live([], [([block], [1], b"", None)]) == [(b"a", b"x")]
+
+
+@settings(max_examples=200)
+@given(rows=st.lists(st.tuples(st.binary(max_size=20), st.none() | st.binary(max_size=30)), max_size=50))
+def test_entry_ends_are_the_running_row_sizes(c, rows) -> None:
+    keys, values = [k for k, _v in rows], [v for _k, v in rows]
+    want, acc = [], 0
+    for k, v in rows:
+        acc += 17 + len(k) + (0 if v is None else len(v))
+        want.append(acc)
+    got = np.frombuffer(c.entry_ends(keys, values), np.int64).tolist()
+    assert got == entry_ends_py(keys, values).tolist() == want
+
+
+@settings(max_examples=200)
+@given(seqs=st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=50))
+def test_seq_bounds_are_min_and_max(c, seqs) -> None:
+    assert c.seq_bounds(seqs) == (min(seqs), max(seqs))
+
+
+def test_seq_bounds_rejects_bad_rows(c) -> None:
+    with pytest.raises(ValueError, match="no sequence"):
+        c.seq_bounds([])
+    with pytest.raises(TypeError, match="row 1"):
+        c.seq_bounds([1, "2"])
+    with pytest.raises(OverflowError, match="row 0"):
+        c.seq_bounds([-1])
+
+
+def test_entry_ends_rejects_bad_rows(c) -> None:
+    with pytest.raises(TypeError, match="row 1"):
+        c.entry_ends([b"a", "b"], [b"x", b"y"])
+    with pytest.raises(ValueError, match="length"):
+        c.entry_ends([b"a"], [])
 
 
 @settings(max_examples=300, deadline=None)
@@ -317,6 +367,17 @@ def test_memtable_columns_matches_reference(c, d, data) -> None:
             f(d, keys + [absent])
     with pytest.raises(TypeError):
         c.memtable_columns({b"k": (1, b"v", 2)}, [b"k"])
+
+
+@settings(max_examples=300)
+@given(keys=st.lists(st.binary(max_size=100), max_size=30))
+def test_key_hashes_are_xxh64(c, keys) -> None:
+    """The Bloom policy's hash in C equals the xxhash library's xxh64 (seed 0) at every
+    length: under 4, 8 and 32 bytes and over (each takes its own path in XXH64)."""
+    got = np.frombuffer(c.key_hashes(keys), np.uint64).tolist()
+    assert got == [key_hash(k) for k in keys]
+    with pytest.raises(TypeError, match="row 1"):
+        c.key_hashes([b"a", "b"])
 
 
 @settings(max_examples=150, deadline=None)
