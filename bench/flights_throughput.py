@@ -19,7 +19,9 @@ oracle (``prefix_oracle``: the spec's pandas oracle for a full run) before its t
 counts; an engine whose check fails is reported as FAILED, not timed.
 
 Engines: ``dkvstream`` (``examples/flights.py``, the vectorised form
-``flights_job(batch=True)``, on ``JobRunner``, local[2]; the reference row),
+``flights_job(batch=True)``, on ``JobRunner``, local[2], long-lived tasks; the reference
+row), ``dkvstream-stages`` (the same with Spark stages per epoch,
+``JobRunner(long_lived_tasks=False)``),
 ``dkvstream-in-process`` (the same, ``JobRunner(job, spark=None)``: both key-group ranges'
 stages run one after the other in the driver process, one core, no Spark; the row to
 compare with Bytewax's one worker in one process), ``dkvstream-on-event`` (the
@@ -106,9 +108,9 @@ from bench.baselines.flights_input import (
 from bench.plot import load_average
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-ENGINES = ("dkvstream", "dkvstream-long-lived", "dkvstream-in-process", "dkvstream-on-event", "spark-tws-textbook",
+ENGINES = ("dkvstream", "dkvstream-stages", "dkvstream-in-process", "dkvstream-on-event", "spark-tws-textbook",
            "spark-tws-batched", "bytewax", "flink-sql")
-OVERHEAD_ENGINES = ("dkvstream", "dkvstream-long-lived", "dkvstream-in-process", "spark-tws-textbook")
+OVERHEAD_ENGINES = ("dkvstream", "dkvstream-stages", "dkvstream-in-process", "spark-tws-textbook")
 MIB = 1024 * 1024
 # What each engine's clock covers, printed under every table (see the module docstring).
 CLOCKS = {
@@ -128,7 +130,7 @@ CLOCK_NOTE = ("Every clock: Spark session (Flink: gateway JVM) start-up and impo
 
 # ---------------------------------------------------------------- dkvstream child
 def run_dkvstream(plan: EpochPlan, input_dir: str, work_dir: str, spark, progress=print,
-                  batch: bool = True, engine: str | None = None, long_lived_tasks: bool = False) -> dict:
+                  batch: bool = True, engine: str | None = None, long_lived_tasks: bool = True) -> dict:
     """The flights job on dkvstream over the plan's files, checked against the oracle.
 
     Args:
@@ -141,8 +143,8 @@ def run_dkvstream(plan: EpochPlan, input_dir: str, work_dir: str, spark, progres
         progress: called with a progress line every ~10 s.
         batch: the vectorised operator (``RouteDailyDelaysBatch``); False: ``on_event``.
         engine: the row's name (default from ``batch``).
-        long_lived_tasks: on Spark, the run's epochs on long-lived tasks
-            (``JobRunner(long_lived_tasks=True)``) instead of Spark stages per epoch.
+        long_lived_tasks: ``JobRunner``'s (False: Spark stages per epoch, the
+            ``dkvstream-stages`` engine).
 
     Returns:
         ``{"engine", "events", "seconds", "epochs", "epoch_seconds", "first_output_s", "late",
@@ -190,12 +192,12 @@ def _dkvstream_main(argv: list[str]) -> int:
     add_run_arguments(ap)
     ap.add_argument("--form", choices=("batch", "event"), default="batch",
                     help="operator form: vectorised (batch) or on_event")
-    ap.add_argument("--runner", choices=("spark", "long-lived", "in-process"), default="spark",
-                    help="stages per epoch on Spark local[2], long-lived tasks on local[2] "
-                         "(JobRunner(long_lived_tasks=True)), or in this process (JobRunner(job, None))")
+    ap.add_argument("--runner", choices=("spark", "stages", "in-process"), default="spark",
+                    help="long-lived tasks on Spark local[2], Spark stages per epoch on local[2] "
+                         "(JobRunner(long_lived_tasks=False)), or in this process (JobRunner(job, None))")
     args = ap.parse_args(argv)
     batch = args.form == "batch"
-    engine = {"in-process": "dkvstream-in-process", "long-lived": "dkvstream-long-lived"}.get(
+    engine = {"in-process": "dkvstream-in-process", "stages": "dkvstream-stages"}.get(
         args.runner, "dkvstream" if batch else "dkvstream-on-event")
 
     def run(plan: EpochPlan, input_dir: str, work_dir: str) -> dict:
@@ -206,7 +208,7 @@ def _dkvstream_main(argv: list[str]) -> int:
             spark = get_spark({"spark.master": "local[2]"})
         return run_dkvstream(plan, input_dir, work_dir, spark,
                              progress=lambda line: print(line, file=sys.stderr, flush=True),
-                             batch=batch, engine=engine, long_lived_tasks=args.runner == "long-lived")
+                             batch=batch, engine=engine, long_lived_tasks=args.runner != "stages")
 
     return run_engine_cli(args, engine, run)
 
@@ -284,8 +286,8 @@ def run_child(engine: str, plan_args: list[str], input_dir: str, log_prefix: str
         cwd = baseline
         cmd = [sys.executable, os.path.join(baseline, "bench", "flights_throughput.py"), "--child", "dkvstream",
                "--form", "batch", "--runner", "spark"]
-    elif engine in ("dkvstream", "dkvstream-long-lived", "dkvstream-in-process", "dkvstream-on-event"):
-        runner = {"dkvstream-in-process": "in-process", "dkvstream-long-lived": "long-lived"}.get(engine, "spark")
+    elif engine in ("dkvstream", "dkvstream-stages", "dkvstream-in-process", "dkvstream-on-event"):
+        runner = {"dkvstream-in-process": "in-process", "dkvstream-stages": "stages"}.get(engine, "spark")
         cmd = [sys.executable, os.path.abspath(__file__), "--child", "dkvstream",
                "--form", "event" if engine == "dkvstream-on-event" else "batch", "--runner", runner]
     elif engine.startswith("spark-tws-"):
@@ -337,7 +339,7 @@ def _fmt(v, spec: str, none: str = "-") -> str:
     return none if v is None else format(v, spec)
 
 
-REFERENCES = ("dkvstream", "dkvstream-long-lived", "dkvstream-in-process")  # ratio columns each, when run
+REFERENCES = ("dkvstream", "dkvstream-stages", "dkvstream-in-process")  # ratio columns each, when run
 
 
 def median_epoch(r: dict) -> float | None:

@@ -135,7 +135,7 @@ def flights_kafka_job(bootstrap: str, topic: str, *, events_per_epoch: int = 1_0
 
 def run_dkvstream(bootstrap: str, topic: str, progress: Progress, spark, work_dir: str, *,
                   events_per_epoch: int = 1_000_000, trigger_interval_ms: int = 1_000,
-                  long_lived_tasks: bool | None = None) -> tuple:
+                  long_lived_tasks: bool = True) -> tuple:
     """A continuous run of ``flights_kafka_job`` until ``progress.records`` records are read.
 
     Args:
@@ -148,8 +148,8 @@ def run_dkvstream(bootstrap: str, topic: str, progress: Progress, spark, work_di
         spark: SparkSession (local[2]) or None (stages in this process).
         work_dir: object-store root (a local directory), emptied first.
         events_per_epoch, trigger_interval_ms: the job's.
-        long_lived_tasks: ``JobRunner``'s (None: long-lived tasks on Spark, the default of a
-            continuous run; False: Spark stages per epoch, the ``dkvstream-stages`` engine).
+        long_lived_tasks: ``JobRunner``'s (False: Spark stages per epoch, the
+            ``dkvstream-stages`` engine).
 
     Returns:
         ``(output, stats, epochs)``: the emitted windows (pandas), ``peer_stats`` plus
@@ -236,7 +236,7 @@ def _dkvstream_main(argv: list[str]) -> int:
         output, stats, _ = run_dkvstream(args.bootstrap, args.topic, progress, spark, args.work_dir,
                                          events_per_epoch=args.events_per_epoch,
                                          trigger_interval_ms=args.trigger_ms,
-                                         long_lived_tasks=False if args.runner == "stages" else None)
+                                         long_lived_tasks=args.runner != "stages")
         return output, stats
 
     return run_live_cli(args, engine, run)

@@ -196,12 +196,12 @@ class JobRunner:
             is correct (``dkvstream.operators.runtime.recovery``).
         clock: wall clock, seconds since the Unix epoch (``time.time``): partition
             idleness, live metrics, the dead-letter table's times. Tests pass a fake one.
-        long_lived_tasks: on Spark, run the epochs of a run on long-lived tasks (one
-            barrier Spark job for the whole run, ``dkvstream.operators.spark.long_lived``)
-            rather than Spark stages per epoch. None (default): for continuous runs
-            (``epochs(continuous=True)``), where the per-epoch cost of Spark jobs decides
-            latency; a bounded run keeps per-epoch stages, whose tasks Spark spreads
-            over the cores as the data needs. Ignored in process.
+        long_lived_tasks: on Spark, run a run's epochs on long-lived tasks: one barrier
+            Spark job for the whole run, state kept open in its tasks, epochs pipelined
+            (``dkvstream.operators.spark.long_lived``). False: one or two Spark jobs per
+            epoch (``dkvstream.operators.spark.stage``), whose tasks Spark retries one
+            by one and which need no free task slot beyond one per task. Ignored in
+            process.
 
     An in-process runner (``spark=None``) keeps each range's DKV open between epochs;
     ``close()`` (or leaving a ``with JobRunner(...) as runner:`` block) closes them.
@@ -216,7 +216,7 @@ class JobRunner:
                  retain_checkpoints: int | None = 10, full_sweep_every: int | None = 100,
                  verify_restart: str = "names",
                  clock: Callable[[], float] = time.time,
-                 long_lived_tasks: bool | None = None) -> None:
+                 long_lived_tasks: bool = True) -> None:
         job.validate()  # again: fields may have changed since construction; fail before any write
         self.job = job
         self.spark = spark
@@ -392,7 +392,7 @@ class JobRunner:
         try:
             ckpt = self._restart()
             if not ckpt.finished:
-                self._start_long_lived_tasks(continuous)
+                self._start_long_lived_tasks()
             if ckpt.finished and ckpt.metrics.get("drained"):
                 log.warning(
                     "job %s was drained at epoch %d (watermark +infinity, every window emitted) and "
@@ -435,10 +435,9 @@ class JobRunner:
             self._stop_long_lived_tasks()
             self._close_source()
 
-    def _start_long_lived_tasks(self, continuous: bool) -> None:
+    def _start_long_lived_tasks(self) -> None:
         """Starts the run's long-lived tasks when this run uses them (``long_lived_tasks``)."""
-        wanted = continuous if self.long_lived_tasks is None else self.long_lived_tasks
-        if self.spark is None or not wanted or self._tasks is not None:
+        if self.spark is None or not self.long_lived_tasks or self._tasks is not None:
             return
         from dkvstream.operators.spark.long_lived import Coordinator, TaskConfig
 
@@ -626,18 +625,31 @@ class JobRunner:
         started = time.perf_counter()
         epoch = ckpt.epoch + 1
         inputs = self._event_time_inputs(ckpt, plan, drain)
+        attempt = 1
         while True:
             try:
                 event_time, results = self._read_and_run(ckpt, plan, epoch, flush, inputs)
                 break
-            except Exception:
-                if self._tasks is None or not self._tasks.lost:
+            except Exception as e:
+                if self._tasks is None:
                     raise
-                # A long-lived task was lost: nothing of this attempt is committed, so the
-                # epoch runs again from ``ckpt`` once Spark restarted the stage (what was
-                # read ahead went with the tasks).
-                self._ahead = None
-                self._tasks.restart()
+                # Nothing of this attempt is committed: the epoch may run again from ``ckpt``.
+                if self._tasks.lost:
+                    # A long-lived task was lost: once Spark restarted the stage (what was
+                    # read ahead went with the tasks).
+                    self._ahead = None
+                    self._tasks.restart()
+                    continue
+                from dkvstream.operators.spark.long_lived import retryable
+
+                if attempt >= self._tasks.max_attempts or not retryable(e):
+                    raise
+                attempt += 1
+                log.warning("job %s: epoch %d failed in a task (%s); attempt %d of %d from epoch %d's checkpoint",
+                            self.job.name, epoch, _task_message(e), attempt, self._tasks.max_attempts, ckpt.epoch)
+                self._discard_read_ahead()
+                if self._exchange is not None:
+                    self._exchange.discard()
         if event_time is None:
             event_time = results[self.job.operators[0].name][0].event_time
         watermark, part_max, finished = event_time.watermark, event_time.partition_max_ts, event_time.finished

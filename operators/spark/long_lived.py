@@ -25,12 +25,16 @@ range): two epochs' events never mix, which is what lets the driver pipeline epo
 read of epoch e+1 runs while epoch e's operators do, ``LongLivedExchange.start_read``).
 
 **Failures.** A task's own error (an operator's, a bad input row, the store's) comes back
-as the command's answer and fails the epoch as a per-epoch stage's would
-(``dkvstream.operators.runtime.task_errors``). A lost task (its process killed, its executor
-lost) breaks the Flight calls to it: the driver marks the tasks lost, Spark restarts the
-barrier stage, the new tasks register, and the driver runs the epoch again from the last
-checkpoint (nothing of the failed attempt was committed), so exactly-once holds. A stage
-restarted more than ``spark.stage.maxConsecutiveAttempts`` times fails the job.
+as the command's answer (``dkvstream.operators.runtime.task_errors``). As Spark retries a
+failed task up to ``spark.task.maxFailures`` attempts, the driver runs the epoch again
+from the last checkpoint, up to that many attempts in all, unless the error says it is
+not retryable (a ``DkvstreamError`` with ``retryable`` False: a bad input row, an
+operator's error under ``on_operator_error="fail"``); then the epoch fails at once. A
+lost task (its process killed, its executor lost) breaks the Flight calls to it: the
+driver marks the tasks lost, Spark restarts the barrier stage, the new tasks register,
+and the driver runs the epoch again from the last checkpoint (nothing of the failed
+attempt was committed), so exactly-once holds. A stage restarted more than
+``spark.stage.maxConsecutiveAttempts`` times fails the job.
 
 Spark's real-time mode (Spark 4.1) and Flink take the same shape: long-running tasks
 exchanging over a pipelined transport, with the engine's scheduler placing and restarting
@@ -61,7 +65,7 @@ from dkvstream.operators.runtime.exchange import DeadLetterResult, Exchange, Fir
 from dkvstream.operators.runtime.open_state import OpenState
 from dkvstream.operators.runtime.splits import ReadContext, Split, SplitSummary, read_split
 from dkvstream.operators.runtime.task import TaskResult, TaskSpec
-from dkvstream.operators.runtime.task_errors import encode
+from dkvstream.operators.runtime.task_errors import encode, task_error
 from dkvstream.storage.dkv import DKVOptions
 from dkvstream.storage.errors import DkvstreamError
 from dkvstream.storage.objectstore import ObjectStore
@@ -295,6 +299,31 @@ def run_task(config: TaskConfig, _partition) -> list[int]:
 
 
 # --------------------------------------------------------------------------- driver side
+def task_attempts(sc) -> int:
+    """Attempts Spark gives a task, so also an epoch on long-lived tasks:
+    ``local[N,F]`` -> F, ``local[N]`` and ``local`` -> 1 (Spark's local mode does not
+    retry), else ``spark.task.maxFailures`` (4)."""
+    master = sc.master
+    if master.startswith("local"):
+        inside = master[master.find("[") + 1:master.rfind("]")] if "[" in master else ""
+        return int(inside.split(",")[1]) if "," in inside else 1
+    return int(sc.getConf().get("spark.task.maxFailures", "4"))
+
+
+def retryable(error: BaseException) -> bool:
+    """Whether an epoch that failed with ``error`` may run again: a long-lived task's
+    failure (found along the error's causes) that is not a ``DkvstreamError`` saying it
+    is not retryable. Errors of the driver itself are not retried."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, LongLivedTaskError):
+            cause = task_error(error)
+            return cause is None or cause.retryable
+        error = error.__cause__ or error.__context__
+    return False
+
+
 def _keyed(index: int) -> tuple[int, int]:
     return index, index
 
@@ -321,6 +350,7 @@ class Coordinator:
         self.workers = workers
         self.run_id = uuid.uuid4().hex[:12]
         self.restarts = 0  # stage restarts seen (a lost task)
+        self.max_attempts = task_attempts(self.sc)
         self.bytes_received = 0
         loopback = self.sc.master.startswith("local")
         host = "127.0.0.1" if loopback else self.sc.getConf().get("spark.driver.host", "127.0.0.1")

@@ -114,6 +114,9 @@ def _run(argv: list[str] | None) -> int:
     where.add_argument("--master", help="Spark master, e.g. spark://127.0.0.1:7077 "
                                         "(default: DKVSTREAM_SPARK_MASTER, else local[2])")
     where.add_argument("--in-process", action="store_true", help="run every stage in this process, no Spark")
+    p.add_argument("--stages-per-epoch", action="store_true",
+                   help="on Spark, one or two Spark jobs per epoch instead of long-lived tasks for the run "
+                        "(docs/design.md, 'Spark as a task runner')")
     p.add_argument("--parallelism", type=int, help="key-group ranges (tasks) per operator")
     p.add_argument("--events-per-epoch", type=int)
     p.add_argument("--max-epochs", type=int, help="stop after this many committed epochs (default: to the end)")
@@ -157,7 +160,7 @@ def _run(argv: list[str] | None) -> int:
             spark = get_spark(conf)
             _print_started(spark, a.json)
         with JobRunner(job, spark, store, retain_checkpoints=a.retain_checkpoints or None,
-                       dkv_options=dkv_options) as runner:
+                       dkv_options=dkv_options, long_lived_tasks=not a.stages_per_epoch) as runner:
             if stop is not None:
                 stop.attach(runner)
             progress = ProgressTracker(job.source, job.events_per_epoch)

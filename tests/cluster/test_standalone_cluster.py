@@ -289,21 +289,21 @@ def _busy_executor(ui: str, app_id: str) -> str | None:
     return next((e["id"] for e in executors if e["id"] != "driver" and e["activeTasks"] > 0), None)
 
 
-def test_executor_killed_mid_epoch_commits_once(cluster, s3_server, check_flights_output) -> None:
+def test_executor_killed_mid_run_commits_once(cluster, s3_server, check_flights_output) -> None:
+    """An executor killed with SIGKILL while the run's long-lived tasks run on it (after
+    epoch 1): Spark restarts the barrier stage on a replacement executor, the epoch in
+    flight runs again from the last checkpoint, and every epoch commits once."""
     uri = _store_uri(s3_server, "kill")
-    # Small epochs: many task windows in which to find a busy executor (an epoch's tasks
-    # take well under a second on an idle machine, so 4 epochs may end before a poll sees one).
+    # Small epochs: many epochs left after the kill.
     driver = Driver(cluster, s3_server, uri, "--parallelism", "2", "--events-per-epoch",
                     str(KILL_EPOCH_EVENTS), ui=True)
     deadline = time.monotonic() + DRIVER_TIMEOUT_S
-    # Past epoch 1 (Python workers warm), kill an executor while it runs an epoch's task.
     while not driver.committed() and driver.proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     assert driver.committed(), f"epoch 1 did not commit:\n{''.join(driver.stderr[-40:])}"
     started = driver.started()
-    # A SIGKILL can land just after the executor's task ended (the poll saw it busy, the
-    # task finished before the signal): then nothing was lost and the kill did not test
-    # anything. Kill again, a replacement executor, until one kill loses a running task.
+    # The long-lived tasks run from the first epoch to the last, so an executor of the app
+    # is busy until the run ends; a kill lands when Spark logs the task lost.
     landed, kills = None, []
     while landed is None and driver.proc.poll() is None and time.monotonic() < deadline:
         executor = _busy_executor(started["ui"], started["app_id"])
@@ -319,10 +319,12 @@ def test_executor_killed_mid_epoch_commits_once(cluster, s3_server, check_flight
     records = driver.wait()
 
     epochs = [r["epoch"] for r in records]
-    # Each epoch committed once, none lost, the killed one among them.
+    # Each epoch committed once, none lost, the one in flight among them.
     assert epochs == list(range(1, len(epochs) + 1)) and records[-1]["finished"] and in_flight in epochs
     store = open_object_store(uri)
     assert list_epochs(store, flights_job().prefix) == epochs
+    # The kill restarted the tasks (a kill that restarted nothing tested nothing).
+    assert read_checkpoint(store, flights_job().prefix, epochs[-1]).metrics["long_lived_tasks"]["restarts"] >= 1
     ckpt = read_checkpoint(store, flights_job().prefix, in_flight)
     # One attempt per range is named: the killed attempt's files are garbage, never output.
     assert len(ckpt.outputs["main"]) == 2 and len(set(ckpt.operators["route_daily_delays"])) == 2

@@ -10,6 +10,7 @@ the windows that closed at or before the final watermark.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -83,6 +84,29 @@ class GrowingSource(Source):
             table = table.append_column("_ingest_time", pa.array(
                 self.ingest_time(partition, range(start, end)), pa.int64()))
         return table
+
+
+class FailsOnceInEachTask(KeyedWindowCountBatch):
+    """``KeyedWindowCountBatch`` whose task fails after its DKV checkpoint (a plain
+    ``RuntimeError`` from the ``task_after_checkpoint`` fault point, as a store or worker
+    failure would) the first time it sees each (watermark, events) pass, marked by a file
+    in ``log_dir``: every task of every epoch fails once."""
+
+    def __init__(self, log_dir: str) -> None:
+        self.log_dir = log_dir
+
+    def on_batch(self, ctx, events):
+        from dkvstream.storage import faults
+
+        ts = events.column("timestamp").to_pylist() if events.num_rows else []
+        mark = Path(self.log_dir, hashlib.sha1(repr((ctx.watermark, ts)).encode()).hexdigest())
+        if not mark.exists():
+            mark.touch()
+
+            def fail(point: str, epoch: int | None) -> None:
+                raise RuntimeError(f"injected failure of a task's first attempt at {point}")
+            faults.arm("task_after_checkpoint", 1, fail)  # one shot, this task
+        super().on_batch(ctx, events)
 
 
 def reveal(visible_file: str | os.PathLike, visible: dict[str, int]) -> None:

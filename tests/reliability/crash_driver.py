@@ -11,7 +11,8 @@ Usage: ``python crash_driver.py '<json config>'`` with keys
 * ``spark_conf``: extra Spark settings;
 * ``fail_first_attempt``: a directory; every task's first attempt fails (Spark retries
   it) and leaves a file there: in partitions 0, 2, ... after it wrote its staged files
-  and DKV manifest, in the others while processing events;
+  and DKV manifest, in the others while processing events. The run uses Spark stages per
+  epoch, whose tasks Spark retries one by one (``JobRunner(long_lived_tasks=False)``);
 * ``job``: keyword arguments of ``harness.job``.
 
 Prints a JSON line to stdout per epoch committed (``{"epoch": n, "seconds": s}``) and
@@ -83,6 +84,7 @@ def main() -> int:
     runner = harness.runner(cfg["store"], spark, **cfg.get("job", {}))
     if cfg.get("fail_first_attempt"):
         runner.job.operators = [FailsOnFirstAttempt(cfg["fail_first_attempt"])]
+        runner.long_lived_tasks = False
     try:
         for res in runner.epochs():
             print(json.dumps({"epoch": res.epoch, "seconds": res.seconds}), flush=True)

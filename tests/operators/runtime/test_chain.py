@@ -41,9 +41,10 @@ def _check(job: Job, runner: JobRunner) -> None:
     pd.testing.assert_frame_equal(got[exp.columns], exp, check_dtype=False)
 
 
-def test_two_operator_chain_on_spark(spark, tmp_path) -> None:
+@pytest.mark.parametrize("long_lived_tasks", [True, False], ids=["long-lived", "stages-per-epoch"])
+def test_two_operator_chain_on_spark(spark, tmp_path, long_lived_tasks) -> None:
     job = _job(parallelism=2)
-    runner = JobRunner(job, spark, str(tmp_path / "store"))
+    runner = JobRunner(job, spark, str(tmp_path / "store"), long_lived_tasks=long_lived_tasks)
     results = runner.run()
     assert len(results) >= 5
     _check(job, runner)
@@ -66,22 +67,23 @@ def _per_operator_job(first: int, second: int) -> Job:
     return job
 
 
-def _run_rescaling(spark, root: str) -> tuple[Job, JobRunner]:
+def _run_rescaling(spark, root: str, long_lived_tasks: bool = True) -> tuple[Job, JobRunner]:
     """Epochs with the operators at 3 and 1 ranges, then the rest at 1 and 4 (each
     operator rescaled on its own at the restart)."""
     job = _per_operator_job(3, 1)
-    JobRunner(job, spark, root).run(max_epochs=2)
+    JobRunner(job, spark, root, long_lived_tasks=long_lived_tasks).run(max_epochs=2)
     job = _per_operator_job(1, 4)
-    runner = JobRunner(job, spark, root)
+    runner = JobRunner(job, spark, root, long_lived_tasks=long_lived_tasks)
     runner.run()
     return job, runner
 
 
-def test_operators_with_their_own_parallelism_on_spark(spark, tmp_path) -> None:
+@pytest.mark.parametrize("long_lived_tasks", [True, False], ids=["long-lived", "stages-per-epoch"])
+def test_operators_with_their_own_parallelism_on_spark(spark, tmp_path, long_lived_tasks) -> None:
     """Each operator has its own number of key-group ranges, the exchange between them
     re-routes by the next one's ranges, and a restart rescales each on its own: the
     output equals the pandas oracle."""
-    job, runner = _run_rescaling(spark, str(tmp_path / "store"))
+    job, runner = _run_rescaling(spark, str(tmp_path / "store"), long_lived_tasks)
     _check(job, runner)
     ckpt = runner.latest()
     assert len(ckpt.operators["key_window_count"]) == 1 and len(ckpt.operators["group_window_sum"]) == 4

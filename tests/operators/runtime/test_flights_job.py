@@ -1,6 +1,8 @@
 """The flights job end to end on local Spark, against the spec's pandas oracle."""
 from __future__ import annotations
 
+import pytest
+
 from dkvstream.examples.flights import flights_job
 from dkvstream.examples.flights_data import FLIGHT_COUNT
 from dkvstream.operators.api.operator import WATERMARK_MAX
@@ -8,9 +10,10 @@ from dkvstream.operators.runtime.checkpoints import list_epochs
 from dkvstream.operators.runtime.driver import JobRunner
 
 
-def test_flights_job_on_spark_equals_oracle(spark, tmp_path, check_flights_output) -> None:
+@pytest.mark.parametrize("long_lived_tasks", [True, False], ids=["long-lived", "stages-per-epoch"])
+def test_flights_job_on_spark_equals_oracle(spark, tmp_path, check_flights_output, long_lived_tasks) -> None:
     job = flights_job(events_per_epoch=60_000)
-    runner = JobRunner(job, spark, str(tmp_path / "store"))
+    runner = JobRunner(job, spark, str(tmp_path / "store"), long_lived_tasks=long_lived_tasks)
     results = runner.run()
 
     assert sum(r.events for r in results) == FLIGHT_COUNT

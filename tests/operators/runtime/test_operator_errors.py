@@ -287,11 +287,12 @@ def test_fail_policy_error_names_key_partition_offset_and_event_time(batch, tmp_
     assert latest_checkpoint(open_object_store(root), "jobs/poison").epoch == 1
 
 
-def test_fail_policy_error_on_spark(spark, tmp_path) -> None:
+@pytest.mark.parametrize("long_lived_tasks", [True, False], ids=["long-lived", "stages-per-epoch"])
+def test_fail_policy_error_on_spark(spark, tmp_path, long_lived_tasks) -> None:
     """On Spark the task's error reaches the driver as text: the ``OperatorError`` raised
     there names the same event."""
     with pytest.raises(OperatorError) as raised:
-        JobRunner(_job(False, "fail"), spark, str(tmp_path / "store")).run()
+        JobRunner(_job(False, "fail"), spark, str(tmp_path / "store"), long_lived_tasks=long_lived_tasks).run()
     message = str(raised.value)
     assert message.startswith("job poison: epoch 2 failed in operator poison_count: operator poison_count on_event "
                               "raised on the event with key"), message

@@ -12,14 +12,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dkvstream.operators.errors import OperatorError
 from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.operators.spark import long_lived
 from dkvstream.operators.spark.long_lived import owner
 from dkvstream.storage import faults
 from tests.operators import live_sources
 from tests.operators.live_sources import EVENTS, reveal
 from tests.operators.runtime import test_chain as chain
-from tests.operators.runtime import test_operator_errors as poison
 
 
 def _all_visible(n: int = EVENTS) -> dict[str, int]:
@@ -45,7 +44,7 @@ def test_owner_gives_each_task_a_contiguous_share(pw) -> None:
 
 
 def test_continuous_run_on_long_lived_tasks_equals_oracle(spark, tmp_path) -> None:
-    """A continuous run on Spark uses long-lived tasks by default; events revealed while
+    """A continuous run on long-lived tasks (the default on Spark): events revealed while
     it waits are read as they arrive, each once: output = oracle."""
     visible = tmp_path / "visible.json"
     reveal(visible, _all_visible(500))
@@ -115,7 +114,7 @@ def test_two_operators_with_uneven_shares_on_long_lived_tasks(spark, tmp_path) -
     between the tasks over Flight, and every epoch after the first read while the one
     before ran (a bounded run: its trigger is always due): output = pandas oracle."""
     job = chain._job(parallelism=3)
-    runner = JobRunner(job, spark, str(tmp_path / "store"), long_lived_tasks=True, retain_checkpoints=None)
+    runner = JobRunner(job, spark, str(tmp_path / "store"), retain_checkpoints=None)
     assert len(runner.run()) >= 5
     chain._check(job, runner)
     assert runner.latest().metrics["long_lived_tasks"]["tasks"] == 2
@@ -130,7 +129,7 @@ def test_a_stop_discards_the_epoch_read_ahead(spark, tmp_path, drain) -> None:
     visible = tmp_path / "visible.json"
     reveal(visible, _all_visible())
     job = live_sources.job(visible, trigger_interval_ms=0)
-    runner = JobRunner(job, spark, str(tmp_path), long_lived_tasks=True, retain_checkpoints=None)
+    runner = JobRunner(job, spark, str(tmp_path), retain_checkpoints=None)
     results = []
     for result in runner.epochs(continuous=True):
         results.append(result)
@@ -147,22 +146,42 @@ def test_a_stop_discards_the_epoch_read_ahead(spark, tmp_path, drain) -> None:
     _assert_output_is_oracle(runner)
 
 
-def test_an_operator_error_on_a_long_lived_task_keeps_its_type(spark, tmp_path) -> None:
-    """An operator raising under ``on_operator_error="fail"``: the run raises the same
-    ``OperatorError`` as per-epoch stages do, naming the event; epoch 1 stays committed."""
-    with pytest.raises(OperatorError) as raised:
-        JobRunner(poison._job(False, "fail"), spark, str(tmp_path / "store"), long_lived_tasks=True).run()
-    message = str(raised.value)
-    assert message.startswith("job poison: epoch 2 failed in operator poison_count: operator poison_count on_event "
-                              "raised on the event with key"), message
+def test_a_failed_task_runs_the_epoch_again(spark, tmp_path, monkeypatch) -> None:
+    """With 4 attempts per task (``spark.task.maxFailures``' part), every epoch's first
+    attempt fails in a task and the epoch runs again from the last checkpoint: each
+    event counts once, output = oracle."""
+    monkeypatch.setattr(long_lived, "task_attempts", lambda sc: 4)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    visible = tmp_path / "visible.json"
+    reveal(visible, _all_visible())
+    job = live_sources.job(visible)
+    job.operators = [live_sources.FailsOnceInEachTask(str(marks))]
+    runner = JobRunner(job, spark, str(tmp_path / "store"))
+    results = runner.run()
+    assert sum(r.events for r in results) == 2 * EVENTS
+    assert len(list(marks.iterdir())) >= len(results)  # at least one failure per epoch
+    assert runner.latest().metrics["long_lived_tasks"]["restarts"] == 0
+    _assert_output_is_oracle(runner)
 
 
-def test_dead_letters_on_long_lived_tasks(spark, tmp_path) -> None:
-    """Tasks stage the events their operator raised on; the driver names them in the
-    checkpoint, as with per-epoch stages."""
-    job = poison._job(True, "dead_letter")
-    runner = JobRunner(job, spark, str(tmp_path / "store"), long_lived_tasks=True)
-    runner.run()
-    pd.testing.assert_frame_equal(poison._sorted(job.sinks["main"].read(runner.store, job.prefix).to_pandas()),
-                                  poison._oracle())
-    poison._check_dead_letters(runner, batch=True)
+def test_task_attempts_follow_spark() -> None:
+    class Conf:
+        def __init__(self, conf: dict) -> None:
+            self.conf = conf
+
+        def get(self, key: str, default: str) -> str:
+            return self.conf.get(key, default)
+
+    class Context:
+        def __init__(self, master: str, conf: dict | None = None) -> None:
+            self.master, self._conf = master, Conf(conf or {})
+
+        def getConf(self) -> Conf:
+            return self._conf
+
+    assert long_lived.task_attempts(Context("local[2]")) == 1
+    assert long_lived.task_attempts(Context("local")) == 1
+    assert long_lived.task_attempts(Context("local[2,4]")) == 4
+    assert long_lived.task_attempts(Context("spark://h:7077")) == 4
+    assert long_lived.task_attempts(Context("spark://h:7077", {"spark.task.maxFailures": "2"})) == 2
