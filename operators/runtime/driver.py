@@ -439,13 +439,18 @@ class JobRunner:
         """Starts the run's long-lived tasks when this run uses them (``long_lived_tasks``)."""
         if self.spark is None or not self.long_lived_tasks or self._tasks is not None:
             return
-        from dkvstream.operators.spark.long_lived import Coordinator, TaskConfig
+        from dkvstream.operators.spark.long_lived import Coordinator, TaskConfig, task_slots
 
         job = self.job
-        workers = min(self.spark.sparkContext.defaultParallelism,
-                      max(job.parallelism_of(op.name) for op in job.operators))
-        self._tasks = Coordinator(self.spark, lambda location, run_id, w, loopback: TaskConfig(
-            location, run_id, w, tuple(job.operators), job.sinks, self.store, self.dkv_options, loopback), workers)
+        # A barrier stage needs every task running at once: no more tasks than slots.
+        workers = min(task_slots(self.spark.sparkContext), max(job.parallelism_of(op.name) for op in job.operators))
+        def config(location: str, run_id: str, w: int, loopback: bool) -> TaskConfig:
+            # A task owns at most ceil(P / w) ranges of each operator (``long_lived.owner``).
+            owned = sum(-(-job.parallelism_of(op.name) // w) for op in job.operators)
+            return TaskConfig(location, run_id, w, tuple(job.operators), job.sinks, self.store, self.dkv_options,
+                              loopback, owned)
+
+        self._tasks = Coordinator(self.spark, config, workers)
 
     def _stop_long_lived_tasks(self) -> None:
         if self._tasks is not None:

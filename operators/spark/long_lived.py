@@ -103,6 +103,8 @@ class TaskConfig:
         workers: the number of tasks ``W``.
         operators / sinks / store / dkv_options: the job's (they do not change during a run).
         loopback: bind on 127.0.0.1 (a ``local`` master) rather than the executor's host.
+        open_ranges: the most ranges one task owns, over all operators: its ``OpenState``
+            keeps that many DKV instances open between epochs.
     """
 
     coordinator: str
@@ -113,6 +115,7 @@ class TaskConfig:
     store: ObjectStore
     dkv_options: DKVOptions | None
     loopback: bool
+    open_ranges: int = 8
 
 
 class LongLivedTaskError(Exception):
@@ -138,7 +141,7 @@ class _TaskState:
     peers: list[str] = field(default_factory=list)
     inbox: dict[tuple, list[pa.Table]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    open_state: OpenState = field(default_factory=lambda: OpenState(capacity=64))
+    open_state: OpenState = field(default_factory=OpenState)
     clients: dict[int, object] = field(default_factory=dict)
     stop: threading.Event = field(default_factory=threading.Event)
     last_command: float = field(default_factory=time.monotonic)
@@ -277,7 +280,7 @@ def run_task(config: TaskConfig, _partition) -> list[int]:
     ctx = BarrierTaskContext.get()
     index = ctx.partitionId()
     host = "127.0.0.1" if config.loopback else ctx.getTaskInfos()[index].address.rsplit(":", 1)[0]
-    state = _TaskState(config, index)
+    state = _TaskState(config, index, open_state=OpenState(capacity=config.open_ranges))
     server = _make_server(state, f"grpc://{host}:0")
     location = f"grpc://{host}:{server.port}"
     try:
@@ -299,6 +302,27 @@ def run_task(config: TaskConfig, _partition) -> list[int]:
 
 
 # --------------------------------------------------------------------------- driver side
+def task_slots(sc, timeout_s: float = READY_TIMEOUT_S) -> int:
+    """Tasks the cluster can run at once now (Spark's ``maxNumConcurrentTasks`` for the
+    default resource profile: the executors' cores over ``spark.task.cpus``), waiting up
+    to ``timeout_s`` for a first executor to register.
+
+    Raises:
+        JobFailedError: no executor registered within ``timeout_s``.
+    """
+    jsc = sc._jsc.sc()
+    profile = jsc.resourceProfileManager().defaultResourceProfile()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        slots = int(jsc.maxNumConcurrentTasks(profile))
+        if slots > 0:
+            return slots
+        if time.monotonic() > deadline:
+            raise JobFailedError(f"no Spark executor registered within {timeout_s:.0f} s (master {sc.master}); "
+                                 f"check that the cluster's workers are up")
+        time.sleep(POLL_S)
+
+
 def task_attempts(sc) -> int:
     """Attempts Spark gives a task, so also an epoch on long-lived tasks:
     ``local[N,F]`` -> F, ``local[N]`` and ``local`` -> 1 (Spark's local mode does not

@@ -23,6 +23,7 @@ RUNTIME_TO_SPARK = {("dkvstream.operators.spark.stage", "SparkExchange"),
                     ("dkvstream.operators.spark.stage", "map_in_tasks"),
                     ("dkvstream.operators.spark.long_lived", "Coordinator"),
                     ("dkvstream.operators.spark.long_lived", "TaskConfig"),
+                    ("dkvstream.operators.spark.long_lived", "task_slots"),
                     ("dkvstream.operators.spark.long_lived", "LongLivedExchange"),
                     ("dkvstream.operators.spark.long_lived", "retryable")}
 
