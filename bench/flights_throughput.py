@@ -184,7 +184,8 @@ def run_dkvstream(plan: EpochPlan, input_dir: str, work_dir: str, spark, progres
     late = job.sinks["late"].read(runner.store, job.prefix).num_rows
     assert late == 0, f"{engine}: {late} late events (expected none)"
     return {"engine": engine, "events": events, "seconds": seconds, "epochs": len(epoch_seconds),
-            "epoch_seconds": epoch_seconds, "first_output_s": first_output_s, "late": late, "correct": True}
+            "epoch_seconds": epoch_seconds, "first_output_s": first_output_s, "late": late, "correct": True,
+            "clock_start": started, "clock_end": started + seconds}
 
 
 def _dkvstream_main(argv: list[str]) -> int:
@@ -215,44 +216,83 @@ def _dkvstream_main(argv: list[str]) -> int:
 
 # ------------------------------------------------------------------- the parent
 class TreeMemory:
-    """Peak RSS of a process tree, sampled every ``interval_s``: driver (the root and
-    its JVMs) and workers (Python processes below a JVM). ``exclude(process)``: True for
-    a descendant not to count, with its own descendants (e.g. a load generator)."""
+    """Peak RSS and CPU time of a process tree, sampled every ``interval_s``: driver (the
+    root and its JVMs) and workers (Python processes below a JVM). ``exclude(process)``:
+    True for a descendant not to count in either, with its own descendants (e.g. a load
+    generator); its CPU time is kept apart as ``"excluded"``. ``extra``: ``{role: pid}`` of
+    processes outside the tree whose CPU time to sample too (e.g. a broker).
 
-    def __init__(self, pid: int, interval_s: float = 0.2, exclude=None) -> None:
+    ``cpu_series``: ``[(perf_counter s, {role: CPU s since the sampler started}), ...]``,
+    roles ``driver``, ``workers``, ``excluded`` and those of ``extra``; a process's CPU time
+    is user + system of the process itself (threads included), kept from its last sample
+    once it exits. ``cpu_between(start, end)`` reads it."""
+
+    def __init__(self, pid: int, interval_s: float = 0.2, exclude=None, extra: dict[str, int] | None = None) -> None:
         import psutil
 
         self._psutil, self.root = psutil, psutil.Process(pid)
         self.interval_s = interval_s
         self.exclude = exclude
         self.driver_peak = self.workers_peak = 0
+        self.cpu_series: list[tuple[float, dict[str, float]]] = []
+        self._cpu: dict[int, tuple[str, float]] = {}  # pid -> (role, CPU s at its last sample)
+        self._extra = {role: psutil.Process(p) for role, p in (extra or {}).items()}
+        self._extra_base = {role: self._cpu_s(p) for role, p in self._extra.items()}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
+
+    def _cpu_s(self, process) -> float:
+        t = process.cpu_times()
+        return t.user + t.system
 
     def _sample(self) -> None:
         ps = self._psutil
         while not self._stop.is_set():
             try:
                 driver = self.root.memory_info().rss
+                self._cpu[self.root.pid] = ("driver", self._cpu_s(self.root))
                 workers = 0
                 for child in self.root.children(recursive=True):
                     try:
                         if self.exclude is not None and any(self.exclude(p) for p in (child, *child.parents())):
+                            self._cpu[child.pid] = ("excluded", self._cpu_s(child))
                             continue
                         below_jvm = any(p.name() == "java" for p in child.parents())
                         rss = child.memory_info().rss
+                        cpu = self._cpu_s(child)
                     except (ps.NoSuchProcess, ps.AccessDenied):
                         continue
                     if child.name() != "java" and below_jvm:
                         workers += rss
+                        self._cpu[child.pid] = ("workers", cpu)
                     else:
                         driver += rss
+                        self._cpu[child.pid] = ("driver", cpu)
                 self.driver_peak = max(self.driver_peak, driver)
                 self.workers_peak = max(self.workers_peak, workers)
+                totals = {"driver": 0.0, "workers": 0.0, "excluded": 0.0}
+                for role, cpu in self._cpu.values():
+                    totals[role] += cpu
+                for role, p in self._extra.items():
+                    try:
+                        totals[role] = self._cpu_s(p) - self._extra_base[role]
+                    except ps.NoSuchProcess:
+                        totals[role] = self.cpu_series[-1][1].get(role, 0.0) if self.cpu_series else 0.0
+                self.cpu_series.append((time.perf_counter(), totals))
             except ps.NoSuchProcess:
                 return
             self._stop.wait(self.interval_s)
+
+    def cpu_between(self, start: float, end: float) -> dict[str, float]:
+        """CPU seconds per role between two ``time.perf_counter`` instants (of any process on
+        this machine: Linux's monotonic clock), from the samples nearest inside them; {} if
+        fewer than two samples fall inside."""
+        inside = [(t, c) for t, c in self.cpu_series if start <= t <= end]
+        if len(inside) < 2:
+            return {}
+        (t0, c0), (t1, c1) = inside[0], inside[-1]
+        return {role: c1.get(role, 0.0) - c0.get(role, 0.0) for role in c1} | {"_seconds": t1 - t0}
 
     def stop(self) -> None:
         self._stop.set()
@@ -330,6 +370,11 @@ def run_child(engine: str, plan_args: list[str], input_dir: str, log_prefix: str
             print(f"{log_prefix}:   {t}", flush=True)
         return {"engine": engine, "error": reason}
     result.update(driver_rss=memory.driver_peak, workers_rss=memory.workers_peak)
+    if "clock_start" in result:  # where the cores went over the clock: CPU s / clock s per role
+        cpu = memory.cpu_between(result["clock_start"], result["clock_end"])
+        span = cpu.pop("_seconds", 0)
+        if span:
+            result["cpu"] = {role: round(v / span, 2) for role, v in cpu.items() if role != "excluded"}
     if engine.startswith("dkvstream@"):
         result["engine"] = engine
     return result
@@ -434,6 +479,12 @@ def print_table(title: str, rows: list[dict], per_epoch: bool = False, load: str
               "those events. steady s/epoch: median of the epochs after the first)")
     for line in clock_lines(rows):
         print(line)
+    cpu = [[r["engine"], *(_fmt(r["cpu"].get(role), ".2f") for role in ("driver", "workers")),
+            _fmt(sum(r["cpu"].values()), ".2f")] for r in rows if "cpu" in r]
+    if cpu:
+        print(f"cores busy over the clock (CPU s / clock s; {os.cpu_count()} cores): driver = the Python driver "
+              "with its JVM, workers = Spark's Python workers (the tasks)")
+        print(tabulate(cpu, headers=["engine", "driver", "workers", "total"], disable_numparse=True))
     if load:
         print(f"load average (1 / 5 / 15 min): {load}; machine: {os.cpu_count()} cores, shared")
 

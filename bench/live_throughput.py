@@ -217,6 +217,8 @@ def _dkvstream_main(argv: list[str]) -> int:
     ap.add_argument("--trigger-ms", type=int, default=1_000)
     ap.add_argument("--events-per-epoch", type=int, default=1_000_000)
     ap.add_argument("--work-dir", required=True)
+    ap.add_argument("--profile", metavar="PATH", help="write a cProfile of the run (this process's main "
+                                                      "thread: the whole job with --runner in-process)")
     args = ap.parse_args(argv)
     if args.decode == "per-record":
         from dkvstream.operators.io import kafka
@@ -233,10 +235,20 @@ def _dkvstream_main(argv: list[str]) -> int:
         spark = get_spark({"spark.master": "local[2]"})
 
     def run(progress: Progress):
-        output, stats, _ = run_dkvstream(args.bootstrap, args.topic, progress, spark, args.work_dir,
-                                         events_per_epoch=args.events_per_epoch,
-                                         trigger_interval_ms=args.trigger_ms,
-                                         long_lived_tasks=args.runner != "stages")
+        import cProfile
+
+        profiler = cProfile.Profile() if args.profile else None
+        if profiler is not None:
+            profiler.enable()
+        try:
+            output, stats, _ = run_dkvstream(args.bootstrap, args.topic, progress, spark, args.work_dir,
+                                             events_per_epoch=args.events_per_epoch,
+                                             trigger_interval_ms=args.trigger_ms,
+                                             long_lived_tasks=args.runner != "stages")
+        finally:
+            if profiler is not None:
+                profiler.disable()
+                profiler.dump_stats(args.profile)
         return output, stats
 
     return run_live_cli(args, engine, run)
@@ -257,14 +269,15 @@ def sustained(row: dict) -> bool:
     return (row["events_per_s"] or 0) >= SUSTAIN_FRACTION * offered(row) and row["drain_s"] <= SUSTAIN_DRAIN_S
 
 
-def engine_command(engine: str, work_dir: str, trigger_ms: int = 1_000) -> list[str]:
+def engine_command(engine: str, work_dir: str, trigger_ms: int = 1_000, profile: str | None = None) -> list[str]:
     """The child process's command line (without the harness's arguments); ``trigger_ms``:
     dkvstream's processing-time trigger."""
     if engine.startswith("dkvstream"):
         runner = {"dkvstream-in-process": "in-process", "dkvstream-stages": "stages"}.get(engine, "spark")
         return [sys.executable, os.path.abspath(__file__), "--child", "dkvstream", "--work-dir", work_dir,
                 "--runner", runner, "--trigger-ms", str(trigger_ms),
-                "--decode", "per-record" if engine == "dkvstream-per-record-decode" else "fast"]
+                "--decode", "per-record" if engine == "dkvstream-per-record-decode" else "fast"] + \
+            (["--profile", profile] if profile and engine == "dkvstream-in-process" else [])
     if engine == "quix":
         return [sys.executable, os.path.join(ROOT, "bench", "baselines", "quix_flights.py")]
     if engine == "bytewax":
@@ -273,14 +286,17 @@ def engine_command(engine: str, work_dir: str, trigger_ms: int = 1_000) -> list[
 
 
 def run_child(engine: str, harness_args: list[str], tmp: str, timeout_s: float, log_prefix: str,
-              trigger_ms: int = 1_000) -> dict:
+              trigger_ms: int = 1_000, broker_pid: int | None = None, profile_dir: str | None = None) -> dict:
     """One engine run in a child process: its JSON line plus ``engine``, ``driver_rss``,
-    ``workers_rss`` (peak bytes) and ``lag_series``; ``{"engine", "error"}`` when it
+    ``workers_rss`` (peak bytes), ``lag_series`` and ``cpu`` (cores busy per role over the
+    engine's clock: CPU s / clock s of ``driver``, ``workers``, ``producers`` and
+    ``broker`` when ``broker_pid`` is given); ``{"engine", "error"}`` when it
     failed, was wrong or took longer than ``timeout_s``."""
     from bench.flights_throughput import TreeMemory
 
     series = os.path.join(tmp, f"lag-{uuid.uuid4().hex[:8]}.json")
-    cmd = engine_command(engine, os.path.join(tmp, "dkv-" + uuid.uuid4().hex[:8]), trigger_ms)
+    profile = os.path.join(profile_dir, f"{engine}-{uuid.uuid4().hex[:6]}.pstats") if profile_dir else None
+    cmd = engine_command(engine, os.path.join(tmp, "dkv-" + uuid.uuid4().hex[:8]), trigger_ms, profile)
     cmd += harness_args + ["--lag-series", series]
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
                PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
@@ -293,7 +309,8 @@ def run_child(engine: str, harness_args: list[str], tmp: str, timeout_s: float, 
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
         # The producers are the harness's load, not the engine's memory.
-        memory = TreeMemory(proc.pid, exclude=lambda p: "dkvstream.examples.flights_producer" in p.cmdline())
+        memory = TreeMemory(proc.pid, exclude=lambda p: "dkvstream.examples.flights_producer" in p.cmdline(),
+                            extra={"broker": broker_pid} if broker_pid else None)
         try:
             rc = proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
@@ -321,6 +338,16 @@ def run_child(engine: str, harness_args: list[str], tmp: str, timeout_s: float, 
             print(f"{log_prefix}:   {t}", flush=True)
         return {"engine": engine, "error": str(reason)}
     result.update(engine=engine, driver_rss=memory.driver_peak, workers_rss=memory.workers_peak)
+    if profile and os.path.exists(profile):
+        import pstats
+
+        print(f"{log_prefix}: {engine} under cProfile ({profile}), top 25 by own time:", flush=True)
+        pstats.Stats(profile, stream=sys.stdout).sort_stats("tottime").print_stats(25)
+    cpu = memory.cpu_between(result["clock_start"], result["clock_end"])
+    if cpu:
+        span = cpu.pop("_seconds")
+        cpu["producers"] = cpu.pop("excluded")
+        result["cpu"] = {role: round(s / span, 2) for role, s in cpu.items()}
     if os.path.exists(series):
         with open(series) as f:
             result["lag_series"] = json.load(f)
@@ -368,6 +395,17 @@ def print_tables(rows: list[dict], load: str) -> None:
         print("\nThroughput: the topic filled before the engine starts")
         print(tabulate(body, headers=["engine", "records", "events/s", "seconds", "driver RSS MiB",
                                       "workers RSS MiB"], disable_numparse=True))
+    body = [[r["engine"], r.get("mode"), f"{r['rate']:,.0f}" if r.get("mode") == "live" else "-",
+             _fmt(r["events_per_s"], ",.0f")]
+            + [_fmt(r["cpu"].get(role), ".2f") for role in ("driver", "workers", "producers", "broker")]
+            + [_fmt(1e6 * (r["cpu"].get("driver", 0) + r["cpu"].get("workers", 0)) / r["events_per_s"], ".3f")
+               if r["events_per_s"] else "-"]
+            for r in rows if "cpu" in r]
+    if body:
+        print("\nWhere the cores go over each engine's clock (CPU s / clock s; the machine has "
+              f"{os.cpu_count()}): engine driver (with its JVM), Spark's Python workers, producers, broker")
+        print(tabulate(body, headers=["engine", "run", "rate", "events/s", "driver", "workers", "producers",
+                                      "broker", "engine CPU ms / 1k events"], disable_numparse=True))
     print()
     for line in ratio_lines(rows):
         print(line)
@@ -463,6 +501,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated engines to run at every rate, even after one they did not sustain")
     ap.add_argument("--plot", metavar="PATH", help="write the lag over time as a PNG")
     ap.add_argument("--json", metavar="PATH", help="write every run's stats as JSON")
+    ap.add_argument("--profile", metavar="DIR", help="run dkvstream-in-process under cProfile, write its "
+                                                     "profiles to DIR and print the top functions")
     ap.add_argument("--tables-from", metavar="PATH",
                     help="print the tables (and --plot) of a run saved with --json, run nothing")
     args = ap.parse_args(argv)
@@ -492,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
         from bench.plot import load_average
 
         load_start = load_average()
-        rows = _run(args, engines, rates, scale, bootstrap, tmp)
+        rows = _run(args, engines, rates, scale, bootstrap, tmp, broker.pid if broker is not None else None)
         load = f"{load_start} at start, {load_average()} at end"
         print_tables(rows, load)
         if args.json:
@@ -508,7 +548,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _run(args, engines: list[str], rates: list[float], scale: int, bootstrap: str, tmp: str) -> list[dict]:
+def _run(args, engines: list[str], rates: list[float], scale: int, bootstrap: str, tmp: str,
+         broker_pid: int | None = None) -> list[dict]:
     rows: list[dict] = []
     behind: set[str] = set()
     for rate in rates:
@@ -524,7 +565,7 @@ def _run(args, engines: list[str], rates: list[float], scale: int, bootstrap: st
             # Start-up, the input's duration and half as long again to drain: an engine still
             # not done is far behind (not sustained) and is stopped.
             row = run_child(engine, harness, tmp, 90 + 1.5 * args.duration_s, f"rate {rate:,.0f}",
-                            args.trigger_ms)
+                            args.trigger_ms, broker_pid, args.profile)
             row.setdefault("rate", rate)
             rows.append(row)
             if not sustained(row) and engine not in args.keep_going.split(","):
@@ -538,7 +579,7 @@ def _run(args, engines: list[str], rates: list[float], scale: int, bootstrap: st
         for engine in engines:
             harness = ["--bootstrap", bootstrap, "--topic", f"filled-{uuid.uuid4().hex[:10]}", "--records",
                        str(records), "--scale", str(scale), "--produce", "before"]
-            row = run_child(engine, harness, tmp, 600, "pre-filled", args.trigger_ms)
+            row = run_child(engine, harness, tmp, 600, "pre-filled", args.trigger_ms, broker_pid, args.profile)
             rows.append(row)
             if "error" not in row:
                 print(f"pre-filled: {engine}: {row['events_per_s']:,.0f} events/s", flush=True)

@@ -289,7 +289,8 @@ class PeakRss:
 
 def peer_stats(progress: Progress, peak_rss: int, windows: int, **extra) -> dict:
     """The stats dict of a run: ``records``, ``seconds`` (first record consumed to the
-    output of the last one visible), ``events_per_s``, ``visible_after_fold_s`` (the
+    output of the last one visible; ``clock_start``/``clock_end`` are those instants,
+    ``time.perf_counter`` s, comparable across processes on Linux), ``events_per_s``, ``visible_after_fold_s`` (the
     last record folded into its window to its output visible), ``peak_rss_mib``,
     ``windows_emitted`` and ``extra``.
 
@@ -301,6 +302,7 @@ def peer_stats(progress: Progress, peak_rss: int, windows: int, **extra) -> dict
                            f"({progress.count} processed)")
     seconds = progress.last_visible - progress.first_consumed
     return {"records": progress.records, "seconds": round(seconds, 3),
+            "clock_start": progress.first_consumed, "clock_end": progress.last_visible,
             "events_per_s": round(progress.records / seconds, 1) if seconds > 0 else None,
             "visible_after_fold_s": (round(max(0.0, progress.last_visible - progress.last_processed), 3)
                                      if progress.last_processed is not None else None),

@@ -18,9 +18,15 @@ record batch + 1 instead of its last offset + 1 (five single records, then one b
 95: ListOffsets says 6, the log ends at 100), while its Fetch responses carry the right
 high watermark; a source planning from ListOffsets alone would read offset 5 and then
 believe itself caught up, never reading 6..99. The fetch reads at most the last batch
-(plus whatever was appended since), and is skipped while ListOffsets answers what it
-answered last time. Ends never go backwards within a source object (Tansu answers
-ListOffsets under ``read_committed`` with 0 while a transaction is open).
+(plus whatever was appended since). It runs at a source object's first ``end_offsets``
+(a bounded source's only plan, a one-off reader's only question), and later only when
+ListOffsets answers what it answered the previous time (the partition has gone quiet)
+and that answer has not been probed yet. While records keep arriving, an epoch reads up
+to ListOffsets' answer, every offset below it readable on both brokers, and the rest of
+the last batch with the next epoch: on a live topic the probe (a fetch round trip, 50-250 ms on Tansu,
+before every epoch's plan) would otherwise sit on every epoch's critical path. Ends never
+go backwards within a source object (Tansu answers ListOffsets under ``read_committed``
+with 0 while a transaction is open).
 
 ``KafkaSink``: tasks stage their rows as Parquet; after the driver commits epoch e,
 ``publish`` produces the epoch's rows into the topic with an idempotent producer
@@ -245,9 +251,9 @@ class KafkaSource(Source):
 
     def _reset(self) -> None:
         self._consumer = None
-        # partition -> (what ListOffsets answered last, the end found then): an end probe
-        # runs only when ListOffsets answers something new.
-        self._probed: dict[str, tuple[int, int]] = {}
+        # partition -> (what ListOffsets answered last, the end known then, whether an end
+        # probe ran at that answer): see the module docstring for when a probe runs.
+        self._probed: dict[str, tuple[int, int, bool]] = {}
         self._final_ends: dict[str, int] | None = None
 
     def __getstate__(self) -> dict:
@@ -344,15 +350,17 @@ class KafkaSource(Source):
         ends, probe = {}, {}
         for p in self.partitions():
             low, high = self._watermarks(p)
-            answered, known = self._probed.get(p, (None, low))
+            answered, known, probed = self._probed.get(p, (None, low, False))
             ends[p] = max(known, high)
-            if high != answered:
+            if self._bounded or answered is None or (high == answered and not probed):
                 # One before ListOffsets' answer: on Tansu the last batch starts there; on
                 # Kafka the last record is there. From ``known`` if that is further on.
                 probe[p] = (high, max(high - 1, known, low))
+            else:
+                self._probed[p] = (high, ends[p], probed and high == answered)
         for p, end in self._probe_ends({p: start for p, (_, start) in probe.items()}).items():
             ends[p] = max(ends[p], end)
-            self._probed[p] = (probe[p][0], ends[p])
+            self._probed[p] = (probe[p][0], ends[p], True)
         if self._bounded:
             self._final_ends = dict(ends)
         return ends
@@ -361,7 +369,7 @@ class KafkaSource(Source):
         """The end ``end_offsets`` last returned for ``partition`` (0 before any)."""
         if self._final_ends is not None:
             return self._final_ends.get(partition, 0)
-        return self._probed.get(partition, (None, 0))[1]
+        return self._probed.get(partition, (None, 0, False))[1]
 
     def _probe_ends(self, starts: dict[str, int]) -> dict[str, int]:
         """``{partition: end}`` found by fetching each partition from ``starts[p]`` to

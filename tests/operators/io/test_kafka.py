@@ -468,20 +468,33 @@ def test_sink_produces_in_tasks_on_spark(kafka_broker, tmp_path, spark, monkeypa
 
 def test_end_offsets_read_one_record_per_partition_at_most(kafka_broker, monkeypatch) -> None:
     """The driver's end offsets come from ListOffsets; the end probe (module docstring)
-    fetches from the last record only, whatever the partition holds."""
+    fetches from the last record only, whatever the partition holds. It runs at the
+    source's first call, then only once a partition's ListOffsets answer stops moving:
+    while records arrive an unbounded source takes ListOffsets' answer (every offset
+    below it readable), the next call with nothing new finds the exact end, and later
+    ones probe no more."""
     topic = new_topic(kafka_broker, partitions=2)
-    produce(kafka_broker, topic, [json_record(b"k", BASE_MS + i, {"amount": i}, partition=i % 2)
-                                  for i in range(60)])
+    records = [json_record(b"k", BASE_MS + i, {"amount": i}, partition=i % 2) for i in range(120)]
+    produce(kafka_broker, topic, records[:60])
     source = KafkaSource(kafka_broker.bootstrap, topic, value_schema=AMOUNT)
     probed: list[dict] = []
     real = source._probe_ends
 
     def probe(starts):
-        probed.append(dict(starts))
+        if starts:  # an empty request fetches nothing
+            probed.append(dict(starts))
         return real(starts)
     monkeypatch.setattr(source, "_probe_ends", probe)
     ends = source.end_offsets()
-    assert ends == {f"{topic}-0": 30, f"{topic}-1": 30}
-    assert all(ends[p] - start <= 1 for starts in probed for p, start in starts.items()), probed
+    assert ends == {f"{topic}-0": 30, f"{topic}-1": 30} and len(probed) == 1
+    assert all(ends[p] - start <= 1 for p, start in probed[0].items()), probed
+    produce(kafka_broker, topic, records[60:])
+    moving = source.end_offsets()
+    assert len(probed) == 1, "a moving ListOffsets answer needs no probe"
+    assert all(30 < moving[p] <= 60 for p in ends), moving
+    exact = {f"{topic}-0": 60, f"{topic}-1": 60}
+    assert source.end_offsets() == exact and len(probed) == 2
+    assert all(exact[p] - start <= 1 for p, start in probed[1].items()), probed
+    assert source.end_offsets() == exact and len(probed) == 2, "nothing new: no other probe"
     assert source.value_schema.names == ["amount"]
     source.close()
