@@ -16,8 +16,8 @@ of a job:
 * ``advance_watermark(ms)``: an epoch without events that moves the watermark and fires
   the timers it passes; ``finish()`` moves it to +infinity, as the end of a bounded input;
 * ``restart(parallelism=None)``: what a job restart does: every range's DKV is reopened
-  from its checkpoint and the operator is a fresh unpickled copy (so attributes it set on
-  ``self`` are gone, as on a new Spark worker); with ``parallelism``, the ranges are
+  from its checkpoint and the operator is a fresh copy of the one given (so attributes it
+  set on ``self`` are gone, as on a new Spark worker); with ``parallelism``, the ranges are
   rescaled as a job's are.
 
 Then read what it did: ``output(name)`` (rows as dicts), ``output_table(name)`` (Arrow),
@@ -27,7 +27,7 @@ Then read what it did: ``output(name)`` (rows as dicts), ``output_table(name)`` 
 from __future__ import annotations
 
 import contextlib
-import pickle
+import copy
 from collections.abc import Iterable, Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -107,7 +107,8 @@ class OperatorTestHarness:
 
     Args:
         operator: an ``Operator`` or ``BatchOperator`` instance. It must pickle, as Spark
-            ships it to its tasks (``restart`` runs an unpickled copy).
+            ships it to its tasks (``restart`` runs a copy of it as given, made as
+            pickling makes one).
         key_groups: K, as ``Job.key_groups`` (decides each key's key group).
         parallelism: key-group ranges the operator runs over, as ``Job.parallelism``: a
             ``BatchOperator`` gets one ``on_batch`` call per range that has events.
@@ -137,8 +138,10 @@ class OperatorTestHarness:
         if on_operator_error not in ("fail", "dead_letter"):
             raise ValueError(f"on_operator_error must be 'fail' or 'dead_letter', got {on_operator_error!r}")
         try:
-            self._pickled = pickle.dumps(operator)
-        except Exception as e:  # noqa: BLE001 - whatever pickling raises is the user's to see, named
+            # Copied as pickling copies it (``__reduce_ex__``), as Spark's cloudpickle ships
+            # it; classes by reference, so one defined in a test function copies too.
+            self._pristine = copy.deepcopy(operator)
+        except Exception as e:  # noqa: BLE001 - whatever copying raises is the user's to see, named
             raise TypeError(f"operator {operator.name} does not pickle ({type(e).__name__}: {e}); Spark ships "
                             f"operators to its tasks: keep configuration in plain attributes, and open files "
                             f"or clients inside the handlers") from e
@@ -221,7 +224,8 @@ class OperatorTestHarness:
     def restart(self, parallelism: int | None = None) -> None:
         """Restarts as a job does from its last checkpoint: each range's DKV is reopened
         from the manifest of the last step, timers are read back from it, and the
-        operator becomes a fresh unpickled copy of the one given (``self.operator``).
+        operator (``self.operator``) becomes a fresh copy of the one given, as a new
+        Spark worker unpickles it: attributes it set on ``self`` since are gone.
 
         Args:
             parallelism: run the following steps over this many ranges instead (a
@@ -232,7 +236,7 @@ class OperatorTestHarness:
                 rescaled already with no step since.
         """
         self._open.close_all()
-        self.operator = pickle.loads(self._pickled)
+        self.operator = copy.deepcopy(self._pristine)
         if parallelism is None or parallelism == len(self._ranges):
             return
         new = key_group_ranges(self.key_groups, parallelism)

@@ -169,8 +169,10 @@ def test_restart_and_rescale_change_nothing(form) -> None:
         for h in (plain, moved):
             h.process_events(batch, watermark=max(watermark, h.watermark))
         if i == 2:
+            moved.operator.scratch = "kept on self"
             moved.restart(parallelism=3)
             assert moved.parallelism == 3 and moved.operator is not original
+            assert not hasattr(moved.operator, "scratch")
             assert _harness_state(moved) == _harness_state(plain)
         if i == 4:
             moved.restart()
