@@ -200,7 +200,8 @@ class OperatorTestHarness:
             TypeError: an emitted row does not match its output's schema (named).
         """
         after = self._watermark if watermark is None else self._check_watermark(watermark)
-        self._run_epoch(self._event_table(events), after)
+        table = self._event_table(events)
+        self._run_epoch(table if table.num_rows else None, after)
 
     def process_event(self, key: bytes | str, timestamp: int, value: dict | None = None,
                       watermark: int | None = None) -> None:
@@ -376,7 +377,7 @@ class OperatorTestHarness:
                 if isinstance(e, KeyedEvent):
                     rows.append({**(e.value or {}), KEY_COLUMN: e.key, TIMESTAMP_COLUMN: e.timestamp})
                 elif isinstance(e, dict):
-                    rows.append(e)
+                    rows.append(dict(e))  # the caller's dict stays as given
                 else:
                     raise TypeError(f"event {i}: a KeyedEvent or a dict with key and timestamp, "
                                     f"got {type(e).__name__}")
@@ -385,7 +386,11 @@ class OperatorTestHarness:
                     raise ValueError(f"event {i} ({self._fed + i} in the harness's input) has no "
                                      f"{KEY_COLUMN if row.get(KEY_COLUMN) is None else TIMESTAMP_COLUMN}: {row}")
                 row[KEY_COLUMN] = _key_bytes(row[KEY_COLUMN])
+            if not rows:
+                return _EMPTY_INPUT
             events = pa.Table.from_pylist(rows, schema=self._schema_of(rows))
+        if not events.num_rows:
+            return _EMPTY_INPUT
         for name in (KEY_COLUMN, TIMESTAMP_COLUMN):
             if name not in events.column_names:
                 raise ValueError(f"events need a {name!r} column; they have {events.column_names}")

@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dkvstream.operators.api.job import Job
 from dkvstream.operators.api.keygroups import key_group_of
@@ -23,6 +25,7 @@ from dkvstream.operators.tools.state_reader import list_timers, read_state
 from tests.operators.harness_operators import (
     LATE,
     OUTPUT,
+    WINDOW_MS,
     TimerLog,
     TimerLogBatch,
     WindowCount,
@@ -126,6 +129,8 @@ def test_a_late_event_goes_to_the_late_output(form) -> None:
     assert h.state("a", "windows") == {20_000: {"events": 1, "total": 7}}
     assert h.state("a", "seen") == 3 and h.state("b", "seen") is None and h.state("b", "windows") == {}
     h.clear_output()
+    h.process_events([], watermark=25_000)  # no events: as advance_watermark
+    assert h.output() == [] and h.watermark == 25_000 and h.timers("a") == [30_000]
     h.finish()
     assert h.output() == [{"key": "a", "window": 20_000, "events": 1, "total": 7}] and h.output("late") == []
     assert h.watermark == WATERMARK_MAX
@@ -237,3 +242,47 @@ def test_the_harness_needs_no_spark() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.strip() == "[]"
+
+
+def _window_model(steps: list[tuple[list[dict], int]]) -> tuple[list, list, dict]:
+    """``WindowCount`` by hand: ``(main rows, late rows, open windows)`` after the steps,
+    each ``(events, watermark after)``; the rows as sorted tuples."""
+    watermark, windows, main, late = WATERMARK_MIN, {}, [], []
+    for events, after in steps:
+        for e in events:
+            start = e["timestamp"] - e["timestamp"] % WINDOW_MS
+            if start + WINDOW_MS <= watermark:
+                late.append((e["key"], e["timestamp"], watermark))
+                continue
+            n, total = windows.get((e["key"], start), (0, 0))
+            windows[(e["key"], start)] = (n + 1, total + e["x"])
+        watermark = after
+        for key, start in [w for w in windows if w[1] + WINDOW_MS <= watermark]:
+            main.append((key, start, *windows.pop((key, start))))
+    return sorted(main), sorted(late), windows
+
+
+@given(steps=st.lists(st.tuples(
+    st.lists(st.fixed_dictionaries({"key": st.sampled_from("abcd"), "timestamp": st.integers(0, 60_000),
+                                    "x": st.integers(-5, 5)}), max_size=8),
+    st.integers(0, 15_000), st.sampled_from([None, None, None, 1, 2, 3])), min_size=1, max_size=8),
+    batch=st.booleans(), parallelism=st.sampled_from([1, 2, 3]))
+@settings(max_examples=30, deadline=None)
+def test_any_steps_restarts_and_rescales_match_a_model(steps, batch, parallelism) -> None:
+    """Random events, watermark advances, restarts and rescales (the third element of a
+    step: restart after it with that parallelism) against ``_window_model``."""
+    h = OperatorTestHarness(WindowCountBatch() if batch else WindowCount(), key_groups=8, parallelism=parallelism)
+    fed, watermark = [], 0
+    for events, advance, restart in steps:
+        watermark += advance
+        h.process_events(events, watermark=watermark)
+        fed.append((events, watermark))
+        if restart is not None:
+            h.restart(parallelism=restart)
+    main, late, windows = _window_model(fed)
+    assert sorted((r["key"], r["window"], r["events"], r["total"]) for r in h.output()) == main
+    assert sorted(tuple(r.values()) for r in h.output("late")) == late
+    got = {(k.decode(), start): (w["events"], w["total"]) for k in h.state_keys("windows")
+           for start, w in h.state(k, "windows").items()}
+    assert got == windows
+    assert sorted(h.timers()) == sorted((start + WINDOW_MS, k.encode()) for k, start in windows)
