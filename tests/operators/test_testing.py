@@ -286,3 +286,19 @@ def test_any_steps_restarts_and_rescales_match_a_model(steps, batch, parallelism
            for start, w in h.state(k, "windows").items()}
     assert got == windows
     assert sorted(h.timers()) == sorted((start + WINDOW_MS, k.encode()) for k, start in windows)
+
+
+@FORMS
+def test_harness_equals_a_job_on_spark(form, spark, tmp_path) -> None:
+    """The job on Spark ``local[2]`` (its tasks in Spark's Python workers) and the harness
+    in process give the same output and late output."""
+    events = _events()
+    runner = JobRunner(_job(form(), events), spark, str(tmp_path / "store"))
+    results = runner.run()
+    harness = OperatorTestHarness(form(), parallelism=2)
+    _feed(harness, events, results)
+    job, store = runner.job, runner.store
+    assert _rows(harness.output_table()) == _rows(job.sinks["main"].read(store, job.prefix).select(OUTPUT.names))
+    late = job.sinks["late"].read(store, job.prefix).select(LATE.names)
+    assert late.num_rows and _rows(harness.output_table("late")) == _rows(late)
+    runner.close()
