@@ -74,6 +74,7 @@ from dkvstream.operators.io.dead_letter import DEAD_LETTER_FILE_SCHEMA
 from dkvstream.operators.io.sinks import ParquetSink
 from dkvstream.operators.runtime.driver import parent_manifests
 from dkvstream.operators.runtime.open_state import OpenState
+from dkvstream.operators.runtime.splits import stage_input_schema
 from dkvstream.operators.runtime.task import TaskResult, TaskSpec, run_task
 from dkvstream.operators.runtime.timers import decode_timer_key
 from dkvstream.storage.dkv import DKV, DKVOptions
@@ -510,7 +511,4 @@ class OperatorTestHarness:
 
 
 # The input of a range without events in a step: it still fires its due timers.
-_EMPTY_INPUT = pa.table({KEY_COLUMN: pa.array([], pa.binary()), TIMESTAMP_COLUMN: pa.array([], pa.int64()),
-                         PART_COLUMN: pa.array([], pa.int32()), OFFSET_COLUMN: pa.array([], pa.int64()),
-                         INGEST_TIME_COLUMN: pa.array([], pa.int64()), KG_COLUMN: pa.array([], pa.int32()),
-                         RANGE_COLUMN: pa.array([], pa.int32())})
+_EMPTY_INPUT = stage_input_schema(pa.schema([])).empty_table()
