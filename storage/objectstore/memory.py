@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 
 from dkvstream.storage.errors import ObjectExistsError, ObjectNotFoundError
-from dkvstream.storage.objectstore import ObjectStore
+from dkvstream.storage.objectstore import DELETE_BATCH, ObjectStore
 
 
 class MemoryObjectStore(ObjectStore):
@@ -95,3 +95,19 @@ class MemoryObjectStore(ObjectStore):
         self.stats.record("DELETE")
         with self._lock:
             self.objects.pop(key, None)
+
+    def delete_many(self, keys: list[str]) -> None:
+        for start in range(0, len(keys), DELETE_BATCH):
+            self.stats.record("DELETE")  # one request per batch, as S3's DeleteObjects
+            with self._lock:
+                for key in keys[start:start + DELETE_BATCH]:
+                    self.objects.pop(key, None)
+
+    def copy(self, src_key: str, dst_key: str) -> None:
+        self.stats.record("COPY")  # no bytes move: bytes objects are immutable, shared
+        with self._lock:
+            data = self.objects.get(src_key)
+            if data is not None:
+                self.objects[dst_key] = data
+        if data is None:
+            raise ObjectNotFoundError(f"object not found: {self.uri(src_key)}")
