@@ -21,8 +21,9 @@ of a job:
   rescaled as a job's are.
 
 Then read what it did: ``output(name)`` (rows as dicts), ``output_table(name)`` (Arrow),
-``timers(key)`` (pending timers), ``state(key, state_id)``, ``state_keys()`` and
-``dead_letters()``. Keys are ``bytes``; a ``str`` key is taken as its UTF-8 bytes.
+``output_events()`` (the ``main`` rows with their emitted key and time, as a next operator
+gets them), ``timers(key)`` (pending timers), ``state(key, state_id)``, ``state_keys()``
+and ``dead_letters()``. Keys are ``bytes``; a ``str`` key is taken as its UTF-8 bytes.
 """
 from __future__ import annotations
 
@@ -156,12 +157,16 @@ class OperatorTestHarness:
         self._open = OpenState(capacity=max(parallelism, 1))
         self._prefix = paths.job_prefix(_JOB)
         self._sinks = {name: ParquetSink(name, schema) for name, schema in operator.outputs.items()}
+        # An operator with only a main output runs as a chain's intermediate operator does:
+        # its rows come back as the next operator's events, with the key and time emitted.
+        self._forward = set(operator.outputs) == {MAIN_OUTPUT}
         self._manifests: dict[str, str] = {}  # range label -> DKV manifest of the last step
         self._parents: dict[str, tuple[str, ...]] = {}  # after a rescale, until the next step
         self._epoch = 0
         self._watermark = WATERMARK_MIN
         self._fed = 0  # events fed so far: the next event's offset
         self._outputs: dict[str, list[pa.Table]] = {name: [] for name in operator.outputs}
+        self._emitted_at: list[tuple[pa.ChunkedArray, pa.ChunkedArray]] = []  # main's (keys, times)
         self._dead: list[pa.Table] = []
 
     # ----------------------------------------------------------------- steps
@@ -284,9 +289,27 @@ class OperatorTestHarness:
         tables = [t.cast(schema) for t in self._outputs[name]]
         return pa.concat_tables(tables) if tables else schema.empty_table()
 
+    def output_events(self) -> list[KeyedEvent]:
+        """The ``main`` rows emitted so far as the events a next operator in a chain
+        receives: the ``key`` and ``timestamp`` passed to ``emit`` (default: the
+        subject's), the row as ``value``; in ``output`` order.
+
+        Raises:
+            ValueError: the operator declares other outputs than ``main`` (only such an
+                operator can feed another one).
+        """
+        if not self._forward:
+            raise ValueError(f"operator {self.operator.name} declares outputs {sorted(self._outputs)}: only "
+                             f"an operator whose one output is {MAIN_OUTPUT!r} feeds a next operator; read "
+                             f"its rows with output()")
+        return [KeyedEvent(key, ts, value)
+                for table, (keys, stamps) in zip(self._outputs[MAIN_OUTPUT], self._emitted_at)
+                for key, ts, value in zip(keys.to_pylist(), stamps.to_pylist(), table.to_pylist())]
+
     def clear_output(self) -> None:
         """Forgets the rows emitted so far (every output and the dead letters)."""
         self._outputs = {name: [] for name in self._outputs}
+        self._emitted_at = []
         self._dead = []
 
     def dead_letters(self) -> pa.Table:
@@ -430,11 +453,14 @@ class OperatorTestHarness:
                           *self.value_schema])
 
     def _task_spec(self, epoch: int, r: int, kr: KeyGroupRange, watermark_after: int) -> TaskSpec:
-        """Range ``r``'s task of one step: as the driver plans it for the job's only
-        operator (``JobRunner``), reading the harness's input."""
+        """Range ``r``'s task of one step, as the driver (``JobRunner``) plans it for the
+        first operator of a job reading the harness's input: the last one, or, with only a
+        ``main`` output, one feeding a next operator over the same key groups."""
         return TaskSpec(job_prefix=self._prefix, epoch=epoch, op_index=0, range_index=r, key_group_range=kr,
                         manifest_key=self._manifests.get(kr.label), parent_manifests=self._parents.get(kr.label, ()),
                         watermark_before=self._watermark, watermark_after=watermark_after,
+                        next_key_groups=self.key_groups if self._forward else None,
+                        next_parallelism=1 if self._forward else None,
                         on_operator_error=self.on_operator_error, input_name=HARNESS_INPUT,
                         input_partitions=(HARNESS_INPUT,))
 
@@ -466,6 +492,12 @@ class OperatorTestHarness:
         for res in results:
             for name, key in res.staged_outputs.items():
                 self._outputs[name].append(self._take_staged(key))
+            if res.forwarded is not None and res.forwarded.num_rows:
+                # ``forwarded_schema``: the output's columns, then key and timestamp (by
+                # position: the output may have columns of those names itself).
+                n = len(self.operator.outputs[MAIN_OUTPUT])
+                self._outputs[MAIN_OUTPUT].append(res.forwarded.select(list(range(n))))
+                self._emitted_at.append((res.forwarded.column(n), res.forwarded.column(n + 1)))
             if res.dead_letter_key is not None:
                 self._dead.append(self._take_staged(res.dead_letter_key))
 

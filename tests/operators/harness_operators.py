@@ -127,3 +127,16 @@ class TimerLogBatch(BatchOperator):
         ctx.emit({"key": [k.decode() for k in keys], "at": ts}, keys=keys, timestamps=ts)
         odd = [i for i, t in enumerate(ts) if t % 2]
         ctx.set_timers([keys[i] for i in odd], [kgs[i] for i in odd], [ts[i] + 1 for i in odd])
+
+
+class RekeyByParity(Operator):
+    """Forwards each event's ``x`` under the key ``even`` or ``odd``, one second later
+    (an intermediate operator of a chain: re-keys and re-times what it emits)."""
+
+    name = "rekey_by_parity"
+    outputs = {"main": pa.schema([("x", pa.int64()), ("from_key", pa.string())])}
+
+    def on_event(self, subject: Subject, event: KeyedEvent) -> None:
+        x = event.value["x"]
+        subject.emit({"x": x, "from_key": subject.key.decode()}, key=b"odd" if x % 2 else b"even",
+                     timestamp=event.timestamp + 1_000)

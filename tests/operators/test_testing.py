@@ -26,6 +26,7 @@ from tests.operators.harness_operators import (
     LATE,
     OUTPUT,
     WINDOW_MS,
+    RekeyByParity,
     TimerLog,
     TimerLogBatch,
     WindowCount,
@@ -302,3 +303,28 @@ def test_harness_equals_a_job_on_spark(form, spark, tmp_path) -> None:
     late = job.sinks["late"].read(store, job.prefix).select(LATE.names)
     assert late.num_rows and _rows(harness.output_table("late")) == _rows(late)
     runner.close()
+
+
+def test_output_events_are_what_a_next_operator_receives(tmp_path) -> None:
+    """An operator with only a main output: its rows with the emitted key and time, equal
+    to the events a chain's next operator gets (the oracle: a two-operator job whose second
+    operator, ``WindowCount``, counts them)."""
+    events = _events(120)
+    h = OperatorTestHarness(RekeyByParity())
+    h.process_events(events)
+    got = h.output_events()
+    assert [(e.key, e.timestamp, e.value["x"]) for e in got] == sorted(
+        ((b"odd" if x % 2 else b"even", ts + 1_000, x) for ts, x in
+         zip(events.column("timestamp").to_pylist(), events.column("x").to_pylist())), key=lambda e: e[1])
+    assert [e.value for e in got] == h.output()
+    second = OperatorTestHarness(WindowCount())
+    second.process_events(got)
+    second.finish()
+    job = Job(name="chain", source=TableSource("in", {"p0": events}), operators=[RekeyByParity(), WindowCount()],
+              sinks={"main": ParquetSink("c_main", OUTPUT), "late": ParquetSink("c_late", LATE)})
+    with JobRunner(job, None, str(tmp_path / "store")) as runner:
+        runner.run()
+        assert _rows(second.output_table()) == _rows(job.sinks["main"].read(runner.store, job.prefix)
+                                                     .select(OUTPUT.names))
+    with pytest.raises(ValueError, match="only an operator whose one output is 'main'"):
+        OperatorTestHarness(WindowCount()).output_events()
