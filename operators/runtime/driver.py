@@ -767,7 +767,7 @@ class JobRunner:
                     job_prefix=self.job.prefix, epoch=epoch, op_index=i, range_index=r,
                     key_group_range=kr,
                     manifest_key=None if rescaled else previous.get(kr.label),
-                    parent_manifests=_parents(previous, old_ranges, kr) if rescaled else (),
+                    parent_manifests=parent_manifests(previous, old_ranges, kr) if rescaled else (),
                     watermark_before=ckpt.watermark,
                     # Unknown yet (WATERMARK_MIN) only in the first stage, whose tasks compute it.
                     watermark_after=event_time.watermark if event_time is not None else WATERMARK_MIN,
@@ -1002,7 +1002,7 @@ def _splits(offsets: dict[str, tuple[int, int]]) -> list[Split]:
     return [Split(p, i, start, end) for i, (p, (start, end)) in enumerate(offsets.items()) if end > start]
 
 
-def _parents(manifests: dict[str, str], old_ranges, new_range) -> tuple[str, ...]:
+def parent_manifests(manifests: dict[str, str], old_ranges, new_range) -> tuple[str, ...]:
     """Manifests of the old ranges whose key groups overlap ``new_range`` (rescaling)."""
     return tuple(manifests[o.label] for o in old_ranges
                  if o.label in manifests and o.start < new_range.end and new_range.start < o.end)

@@ -13,8 +13,6 @@ import pytest
 from dkvstream.examples.flights import HOUR_MS
 from dkvstream.examples.flights_data import FLIGHT_COUNT
 from dkvstream.examples.flights_weather import (
-    LATE_SCHEMA,
-    OUTPUT_SCHEMA,
     WEATHER_COLUMNS,
     HourlyFlightsSource,
     HourlyWeatherDelays,
@@ -28,14 +26,10 @@ from dkvstream.examples.flights_weather_oracle import (
     flights_weather_oracle,
     hourly_weather_delays,
 )
-from dkvstream.operators.api.columns import OFFSET_COLUMN
-from dkvstream.operators.api.job import Job
 from dkvstream.operators.api.operator import WATERMARK_MAX
-from dkvstream.operators.io.sinks import ParquetSink
-from dkvstream.operators.io.union import UnionSource
 from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.operators.testing import OperatorTestHarness
 from dkvstream.operators.tools.state_reader import checkpoint_entries
-from tests.operators.table_sources import TableSource
 
 WEATHER_COUNT = 26_115
 
@@ -93,13 +87,14 @@ def _hour(h: int) -> int:
 
 
 @pytest.mark.parametrize("operator", [HourlyWeatherDelays, HourlyWeatherDelaysBatch], ids=["on_event", "batch"])
-@pytest.mark.parametrize("events_per_epoch", [2, 100], ids=["epochs", "one-epoch"])
-def test_repeated_observation_last_wins_and_edge_hours(operator, events_per_epoch, tmp_path) -> None:
-    """Hand-made input: an hour observed twice (the later observation in replay order
-    wins, across epochs), an hour without an observation (null weather), an hour with
-    only missing delays (NaN mean), an observation without flights (no row), weather
-    offsets with gaps; against ``hourly_weather_delays`` on the same rows. The repeated
-    observation's two rows come in different epochs, or both in the one epoch."""
+@pytest.mark.parametrize("step", [1, 100], ids=["epochs", "one-epoch"])
+def test_repeated_observation_last_wins_and_edge_hours(operator, step) -> None:
+    """A unit test of the operator (``OperatorTestHarness``) on hand-made input: an hour
+    observed twice (the later observation in replay order wins), an hour without an
+    observation (null weather), an hour with only missing delays (NaN mean), an
+    observation without flights (no row); against ``hourly_weather_delays`` on the same
+    rows. Events come one per epoch (the repeated observation's rows in different epochs)
+    or all in one, the watermark an hour behind the newest event, as the job's bound."""
     flights = pd.DataFrame({
         "origin": ["EWR", "EWR", "EWR", "EWR", "JFK", "JFK"],
         "hour": [_hour(0), _hour(0), _hour(1), _hour(3), _hour(0), _hour(0)],
@@ -115,31 +110,24 @@ def test_repeated_observation_last_wins_and_edge_hours(operator, events_per_epoc
         "visib": [10.0, 9.0, 10.0, 10.0, 2.0],
     })
 
-    def table(rows: pd.DataFrame, stamps: pd.Series, columns: tuple[str, ...]) -> pa.Table:
-        keys = [f"{o}|{h}".encode() for o, h in zip(rows["origin"], rows["hour"])]
-        return pa.table({"key": pa.array(keys, pa.binary()), "timestamp": pa.array(stamps, pa.int64()),
-                         **{c: pa.array(rows[c], pa.float64(), from_pandas=False) for c in columns}})
+    def events(rows: pd.DataFrame, stamps: pd.Series, columns: tuple[str, ...], source: str) -> list[dict]:
+        return [{"key": f"{r.origin}|{r.hour}", "timestamp": int(ts), "input": source,
+                 **{c: float(getattr(r, c)) for c in columns}}  # None is NaN in a pandas float column
+                for r, ts in zip(rows.itertuples(), stamps)]
 
-    def parts(frame: pd.DataFrame, stamps: pd.Series, columns: tuple[str, ...], gaps: bool) -> dict:
-        out = {}
-        for origin, rows in frame.groupby("origin", sort=True):
-            t = table(rows, stamps[rows.index], columns)
-            if gaps:  # every other offset is a gap
-                t = t.append_column(OFFSET_COLUMN, pa.array(range(1, 2 * len(t), 2), pa.int64()))
-            out[origin] = t
-        return out
-
-    flights_source = TableSource("flights", parts(
-        flights, flights["hour"] + flights["minute"] * 60_000, ("dep_delay",), gaps=False))
-    weather_source = TableSource("weather", parts(weather, weather["hour"], WEATHER_COLUMNS, gaps=True))
-    job = Job(name="weather_edges", source=UnionSource([flights_source, weather_source], name="edges"),
-              operators=[operator()],
-              sinks={"main": ParquetSink("edges_main", OUTPUT_SCHEMA), "late": ParquetSink("edges_late", LATE_SCHEMA)},
-              events_per_epoch=events_per_epoch, max_out_of_orderness_ms=HOUR_MS)
-    runner = JobRunner(job, None, str(tmp_path / "store"))
-    results = runner.run()
-    assert len(results) >= 3 if events_per_epoch == 2 else len(results) == 1
+    replay = sorted(events(weather, weather["hour"], WEATHER_COLUMNS, WeatherSource.name)
+                    + events(flights, flights["hour"] + flights["minute"] * 60_000, ("dep_delay",), "flights"),
+                    key=lambda e: e["timestamp"])  # stable: an hour's observations keep their order
+    value_schema = pa.schema([("input", pa.string()), ("dep_delay", pa.float64()),
+                              *[(c, pa.float64()) for c in WEATHER_COLUMNS]])
+    harness = OperatorTestHarness(operator(), value_schema=value_schema)
+    for i in range(0, len(replay), step):
+        newest = max(e["timestamp"] for e in replay[:i + step])
+        harness.process_events(replay[i:i + step], watermark=max(harness.watermark, newest - HOUR_MS - 1))
+    harness.finish()
 
     expected = hourly_weather_delays(flights, weather)
     assert expected["temp"].tolist()[:1] == [41.5]  # the oracle, too, keeps the later observation
-    _check_run(runner, expected)
+    assert harness.output("late") == []
+    assert_equals_oracle(harness.output_table(), expected)
+    assert harness.state_keys() == [] and harness.timers() == []  # every hour's state and timer is gone

@@ -47,6 +47,7 @@ from dkvstream.operators.runtime.checkpoints import latest_checkpoint
 from dkvstream.operators.runtime.driver import JobRunner
 from dkvstream.operators.runtime.operator_errors import WriteBuffer, isolate
 from dkvstream.operators.runtime.task import _emitted_table
+from dkvstream.operators.testing import OperatorTestHarness
 from dkvstream.storage.dkv import DKV
 from dkvstream.storage.errors import CorruptionError
 from dkvstream.storage.objectstore import open_object_store
@@ -456,57 +457,45 @@ def test_write_buffer_reads_its_writes_over_dkv(tmp_path) -> None:
 
 
 # ---------------------------------------------------------------------------------- NaN
-class NaNFlights(Source):
-    """Flights of one route with float delays, some NaN, some null, over three days."""
-
-    name = "nan_flights"
-    DAY = 86_400_000
-    BASE = 1_700_006_400_000  # a UTC midnight
-    # day -> delays in event-time order; NaN first and in the middle (max is order-sensitive)
-    DELAYS = ((float("nan"), 5.0, 2.0), (1.0, float("nan"), 3.0), (None, float("nan")), (4.0, None))
-
-    def partitions(self) -> list[str]:
-        return ["p0"]
-
-    def end_offsets(self) -> dict[str, int]:
-        return {"p0": sum(map(len, self.DELAYS))}
-
-    @property
-    def value_schema(self) -> pa.Schema:
-        return pa.schema([("dep_time", pa.int64()), ("dep_delay", pa.float64()),
-                          ("origin", pa.string()), ("dest", pa.string())])
-
-    def rows(self) -> list[dict]:
-        return [{"key": b"EWR-LAX", "timestamp": self.BASE + d * self.DAY + 60_000 * i,
-                 "dep_time": 900, "dep_delay": delay, "origin": "EWR", "dest": "LAX"}
-                for d, day in enumerate(self.DELAYS) for i, delay in enumerate(day)]
-
-    def read(self, partition: str, start: int, end: int) -> pa.Table:
-        return pa.Table.from_pylist(self.rows()[start:end], schema=pa.schema(
-            [("key", pa.binary()), ("timestamp", pa.int64()), *self.value_schema]))
+NAN_DAY = 86_400_000
+NAN_BASE = 1_700_006_400_000  # a UTC midnight
+# day -> delays in event-time order; NaN first and in the middle (max is order-sensitive)
+NAN_DELAYS = ((float("nan"), 5.0, 2.0), (1.0, float("nan"), 3.0), (None, float("nan")), (4.0, None))
+NAN_VALUES = pa.schema([("dep_time", pa.int64()), ("dep_delay", pa.float64()), ("origin", pa.string()),
+                        ("dest", pa.string())])
 
 
-@pytest.mark.parametrize("events_per_epoch", [2, 100])
-def test_nan_delays_are_missing_delays_in_both_forms(events_per_epoch, tmp_path) -> None:
-    """The flights pair over NaN delays: both forms give pandas' answer (NaN skipped, as
-    null), whatever the order of the NaN and the epoch boundaries."""
-    df = pd.DataFrame(NaNFlights().rows())
-    df["window_start"] = df["timestamp"] - df["timestamp"] % NaNFlights.DAY
+def _nan_flights() -> list[dict]:
+    """Flights of one route with float delays, some NaN, some null, over four days."""
+    return [{"key": b"EWR-LAX", "timestamp": NAN_BASE + d * NAN_DAY + 60_000 * i,
+             "dep_time": 900, "dep_delay": delay, "origin": "EWR", "dest": "LAX"}
+            for d, day in enumerate(NAN_DELAYS) for i, delay in enumerate(day)]
+
+
+@pytest.mark.parametrize("operator", [RouteDailyDelays, RouteDailyDelaysBatch], ids=["on_event", "batch"])
+@pytest.mark.parametrize("step", [2, 100], ids=["epochs", "one-epoch"])
+def test_nan_delays_are_missing_delays_in_both_forms(operator, step) -> None:
+    """The flights pair over NaN delays (``OperatorTestHarness``): both forms give pandas'
+    answer (NaN skipped, as null), whatever the order of the NaN and the epoch
+    boundaries (two events per epoch, or all in one; the watermark just behind the newest
+    event, as a job's with no out-of-orderness bound)."""
+    flights = _nan_flights()
+    df = pd.DataFrame(flights)
+    df["window_start"] = df["timestamp"] - df["timestamp"] % NAN_DAY
     g = df.groupby("window_start")
     want = pd.DataFrame({"flights": g.size(), "cancelled": 0, "dep_delay_mean": g["dep_delay"].mean(),
                          "dep_delay_max": g["dep_delay"].max()}).reset_index()
-    want["window_end"] = want["window_start"] + NaNFlights.DAY
+    want["window_end"] = want["window_start"] + NAN_DAY
     for c in ("window_start", "window_end"):
         want[c] = pd.to_datetime(want[c], unit="ms", utc=True).astype("datetime64[ms, UTC]")
     want = want.assign(origin="EWR", dest="LAX").astype({"flights": "int64", "cancelled": "int64"})
-    for op in (RouteDailyDelays(), RouteDailyDelaysBatch()):
-        job = Job(name="nan", source=NaNFlights(), operators=[op],
-                  sinks={"main": ParquetSink("out", FLIGHTS_SCHEMA),
-                         "late": ParquetSink("late", RouteDailyDelays.outputs["late"])},
-                  key_groups=4, parallelism=1, events_per_epoch=events_per_epoch)
-        runner = JobRunner(job, None, str(tmp_path / type(op).__name__))
-        runner.run()
-        assert_equals_oracle(job.sinks["main"].read(runner.store, job.prefix), want[list(FLIGHTS_SCHEMA.names)])
+    harness = OperatorTestHarness(operator(), key_groups=4, value_schema=NAN_VALUES)
+    for i in range(0, len(flights), step):
+        newest = max(f["timestamp"] for f in flights[i:i + step])
+        harness.process_events(flights[i:i + step], watermark=newest - 1)
+    harness.finish()
+    assert harness.output("late") == []
+    assert_equals_oracle(harness.output_table(), want[list(FLIGHTS_SCHEMA.names)])
 
 
 def test_an_emitted_nan_stays_nan_in_both_forms() -> None:

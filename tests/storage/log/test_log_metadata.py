@@ -10,69 +10,14 @@ from crc32c import crc32c
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dkvstream.storage.errors import ObjectExistsError, ObjectNotFoundError
+from dkvstream.storage.errors import ObjectNotFoundError
 from dkvstream.storage.log import COMPACT, Log, TopicConfig
 from dkvstream.storage.log.metadata import FANOUT, SEAL_ENTRIES, SNAPSHOT_INTERVAL, LogMetadata, MetadataStore
-from dkvstream.storage.objectstore import ObjectStore, subtract_requests
+from dkvstream.storage.objectstore import subtract_requests
 from dkvstream.storage.objectstore.local import LocalObjectStore
+from dkvstream.storage.objectstore.memory import MemoryObjectStore
 
 REQUESTS = ("GET", "PUT", "LIST", "DELETE", "HEAD")
-
-
-class MemoryObjectStore(ObjectStore):
-    """A dict as an object store, counting requests as ``LocalObjectStore`` does: the
-    2,000-flush test measures requests and bytes, and a local directory's fsyncs would
-    make it slow without changing a count."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.objects: dict[str, bytes] = {}
-
-    @property
-    def root_uri(self) -> str:
-        return "memory://"
-
-    def uri(self, key: str) -> str:
-        return f"memory://{key}"
-
-    def put(self, key: str, data: bytes) -> None:
-        self.objects[key] = bytes(data)
-        self.stats.record("PUT", bytes_written=len(data))
-
-    def put_if_absent(self, key: str, data: bytes) -> None:
-        if key in self.objects:
-            self.stats.record("PUT")
-            raise ObjectExistsError(f"object already exists: {self.uri(key)}")
-        self.put(key, data)
-
-    def get(self, key: str) -> bytes:
-        return self.get_range(key, 0, len(self.objects.get(key, b"")))
-
-    def get_range(self, key: str, start: int, length: int) -> bytes:
-        if key not in self.objects:
-            self.stats.record("GET")
-            raise ObjectNotFoundError(f"object not found: {self.uri(key)}")
-        data = self.objects[key][start:start + length]
-        self.stats.record("GET", bytes_read=len(data))
-        return data
-
-    def size(self, key: str) -> int:
-        self.stats.record("HEAD")
-        if key not in self.objects:
-            raise ObjectNotFoundError(f"object not found: {self.uri(key)}")
-        return len(self.objects[key])
-
-    def exists(self, key: str) -> bool:
-        self.stats.record("HEAD")
-        return key in self.objects
-
-    def list(self, prefix: str) -> list[str]:
-        self.stats.record("LIST")
-        return sorted(k for k in self.objects if k.startswith(prefix))
-
-    def delete(self, key: str) -> None:
-        self.stats.record("DELETE")
-        self.objects.pop(key, None)
 
 
 def _state(md: LogMetadata) -> tuple:

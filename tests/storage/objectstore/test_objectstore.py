@@ -18,18 +18,21 @@ from hypothesis import strategies as st
 from dkvstream.storage.errors import ObjectExistsError, ObjectNotFoundError
 from dkvstream.storage.objectstore import ForwardingObjectStore, ObjectStore, open_object_store
 from dkvstream.storage.objectstore.local import LocalObjectStore
+from dkvstream.storage.objectstore.memory import MemoryObjectStore
 from dkvstream.storage.objectstore.s3 import S3CredentialsError, S3ObjectStore, S3RequestError
 
 MiB = 1024 * 1024
 
 
-@pytest.fixture(params=["local", "s3", "forwarding"])
+@pytest.fixture(params=["local", "s3", "forwarding", "memory"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
     """An empty store of each implementation (overrides tests/storage/conftest.py's
     local-only ``store`` for this module: the S3 one needs the session's server), and a
     ``ForwardingObjectStore`` over a local one."""
     if request.param == "local":
         return LocalObjectStore(tmp_path / "bucket")
+    if request.param == "memory":
+        return MemoryObjectStore()
     if request.param == "forwarding":
         return ForwardingObjectStore(LocalObjectStore(tmp_path / "bucket"))
     return request.getfixturevalue("s3_store")
@@ -302,10 +305,12 @@ def test_copy_is_a_whole_independent_object(store: ObjectStore) -> None:
 
 def test_delete_many_batches(store: ObjectStore, monkeypatch) -> None:
     import dkvstream.storage.objectstore.local
+    import dkvstream.storage.objectstore.memory
     import dkvstream.storage.objectstore.s3
     from dkvstream.storage import objectstore
 
-    for module in (objectstore, dkvstream.storage.objectstore.local, dkvstream.storage.objectstore.s3):
+    for module in (objectstore, dkvstream.storage.objectstore.local, dkvstream.storage.objectstore.s3,
+                   dkvstream.storage.objectstore.memory):
         monkeypatch.setattr(module, "DELETE_BATCH", 3, raising=False)
     keys = [f"d/{i}" for i in range(7)]
     for k in keys:
@@ -374,6 +379,8 @@ def test_stats_count_requests_and_bytes(store: ObjectStore) -> None:
 
 
 def test_uri_names_key_and_root_reopens(store: ObjectStore) -> None:
+    if isinstance(store, MemoryObjectStore):
+        pytest.skip("a MemoryObjectStore lives in its process: test_memory_store_stays_in_its_process")
     store.put("x/y", b"data")
     assert store.uri("x/y").endswith("x/y")
     assert store.uri("x/y").startswith(store.root_uri)
@@ -382,10 +389,24 @@ def test_uri_names_key_and_root_reopens(store: ObjectStore) -> None:
 
 
 def test_pickle_roundtrip(store: ObjectStore) -> None:
+    if isinstance(store, MemoryObjectStore):
+        pytest.skip("a MemoryObjectStore lives in its process: test_memory_store_stays_in_its_process")
     store.put("k", b"v")
     clone = pickle.loads(pickle.dumps(store))
     assert clone.get("k") == b"v"
     assert clone.root_uri == store.root_uri
+
+
+def test_memory_store_stays_in_its_process() -> None:
+    """It refuses to pickle (a Spark task would get an empty copy) and has no URI to
+    reopen it by."""
+    store = MemoryObjectStore()
+    store.put("x/y", b"data")
+    assert store.uri("x/y") == "memory://x/y"
+    with pytest.raises(TypeError, match="does not pickle"):
+        pickle.dumps(store)
+    with pytest.raises(ValueError, match="unknown object-store URI scheme 'memory'"):
+        open_object_store(store.root_uri)
 
 
 def test_open_object_store_schemes(tmp_path: Path) -> None:
