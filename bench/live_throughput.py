@@ -53,6 +53,11 @@ trivial job): start-up is outside every engine's clock, but for the long-lived t
 start (about a second, in the first epoch). The peers: ``quix_flights.py`` (exactly-once, a checkpoint every second) and
 ``bytewax_kafka_flights.py`` (recovery snapshots every second).
 
+``--baseline-commit REV`` adds the engine ``dkvstream@REV``: the ``dkvstream`` engine of
+another commit of this repository (a ``git worktree`` checkout with its C extension
+built), run right after ``dkvstream`` at every rate, over the same kind of topic: a
+change measured against the code before it in one run.
+
 ``--decode per-record`` runs dkvstream with ``dkvstream.operators.io.topics.decode_json_values_per_record``
 in place of the Arrow JSON fast path (the engine ``dkvstream-per-record-decode``), to
 measure the fast path in the same run.
@@ -94,6 +99,7 @@ ENGINES = ("dkvstream", "dkvstream-stages", "dkvstream-in-process", "dkvstream-p
            "bytewax")
 DEFAULT_ENGINES = ("dkvstream", "quix", "bytewax")
 PEERS = ("quix", "bytewax")
+BASELINE = ""  # the checkout of --baseline-commit, set by main
 FLIGHTS_PER_SCALE = 336_776
 SUSTAIN_FRACTION = 0.95  # events/s and producer rate >= 95% of the rate
 SUSTAIN_DRAIN_S = 2.0  # input drained within 2 s of the producers' end
@@ -272,6 +278,9 @@ def sustained(row: dict) -> bool:
 def engine_command(engine: str, work_dir: str, trigger_ms: int = 1_000, profile: str | None = None) -> list[str]:
     """The child process's command line (without the harness's arguments); ``trigger_ms``:
     dkvstream's processing-time trigger."""
+    if engine.startswith("dkvstream@"):  # another commit's dkvstream engine (--baseline-commit)
+        return [sys.executable, os.path.join(BASELINE, "bench", "live_throughput.py"), "--child", "dkvstream",
+                "--work-dir", work_dir, "--runner", "spark", "--trigger-ms", str(trigger_ms)]
     if engine.startswith("dkvstream"):
         runner = {"dkvstream-in-process": "in-process", "dkvstream-stages": "stages"}.get(engine, "spark")
         return [sys.executable, os.path.abspath(__file__), "--child", "dkvstream", "--work-dir", work_dir,
@@ -298,15 +307,16 @@ def run_child(engine: str, harness_args: list[str], tmp: str, timeout_s: float, 
     profile = os.path.join(profile_dir, f"{engine}-{uuid.uuid4().hex[:6]}.pstats") if profile_dir else None
     cmd = engine_command(engine, os.path.join(tmp, "dkv-" + uuid.uuid4().hex[:8]), trigger_ms, profile)
     cmd += harness_args + ["--lag-series", series]
+    root = BASELINE if engine.startswith("dkvstream@") else ROOT
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
-               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     env.setdefault("SPARK_CONF_DIR", os.path.join(ROOT, "platform", "conf"))
     print(f"{log_prefix}: starting {engine}", flush=True)
     out_path = os.path.join(tmp, f"out-{uuid.uuid4().hex[:8]}.txt")
     with open(out_path, "w") as out:
         # Its own process group, so a run stopped while behind takes its producers, JVM
         # and Spark workers with it.
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
         # The producers are the harness's load, not the engine's memory.
         memory = TreeMemory(proc.pid, exclude=lambda p: "dkvstream.examples.flights_producer" in p.cmdline(),
@@ -343,7 +353,8 @@ def run_child(engine: str, harness_args: list[str], tmp: str, timeout_s: float, 
 
         print(f"{log_prefix}: {engine} under cProfile ({profile}), top 25 by own time:", flush=True)
         pstats.Stats(profile, stream=sys.stdout).sort_stats("tottime").print_stats(25)
-    cpu = memory.cpu_between(result["clock_start"], result["clock_end"])
+    # A baseline commit's harness may not report its clock's instants.
+    cpu = memory.cpu_between(result["clock_start"], result["clock_end"]) if "clock_start" in result else {}
     if cpu:
         span = cpu.pop("_seconds")
         cpu["producers"] = cpu.pop("excluded")
@@ -501,6 +512,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated engines to run at every rate, even after one they did not sustain")
     ap.add_argument("--plot", metavar="PATH", help="write the lag over time as a PNG")
     ap.add_argument("--json", metavar="PATH", help="write every run's stats as JSON")
+    ap.add_argument("--baseline-commit", metavar="REV",
+                    help="also run the dkvstream engine of commit REV of this repository (engine "
+                         "dkvstream@REV, checked out with git worktree), next to dkvstream in the same run")
     ap.add_argument("--profile", metavar="DIR", help="run dkvstream-in-process under cProfile, write its "
                                                      "profiles to DIR and print the top functions")
     ap.add_argument("--tables-from", metavar="PATH",
@@ -517,12 +531,20 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [e for e in engines if e not in ENGINES]
     if unknown:
         raise SystemExit(f"unknown engines {unknown}; known: {', '.join(ENGINES)}")
+    if args.baseline_commit:
+        engines.insert(engines.index("dkvstream") + 1 if "dkvstream" in engines else 0,
+                       f"dkvstream@{args.baseline_commit}")
     rates = sorted(float(x) for x in args.rates.split(",")) if not args.no_live else []
     longest = max([int(r * args.duration_s) for r in rates] + [0 if args.no_throughput else args.throughput_records])
     scale = args.scale or max(1, -(-longest // FLIGHTS_PER_SCALE))
     tmp = tempfile.mkdtemp(prefix="live-bench-")
     broker = None
+    global BASELINE
     try:
+        if args.baseline_commit:
+            from bench.flights_throughput import prepare_baseline
+
+            BASELINE = prepare_baseline(args.baseline_commit, tmp)
         bootstrap = args.bootstrap
         if bootstrap is None:
             from dkvstream.operators.io.kafka_broker import TansuBroker
@@ -545,6 +567,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if broker is not None:
             broker.stop()
+        if BASELINE:
+            from bench.flights_throughput import remove_baseline
+
+            remove_baseline(BASELINE)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

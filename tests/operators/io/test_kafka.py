@@ -498,3 +498,60 @@ def test_end_offsets_read_one_record_per_partition_at_most(kafka_broker, monkeyp
     assert source.end_offsets() == exact and len(probed) == 2, "nothing new: no other probe"
     assert source.value_schema.names == ["amount"]
     source.close()
+
+
+class CountingConsumer:
+    """A consumer that counts its ``assign`` calls (confluent_kafka's type is sealed)."""
+
+    def __init__(self, consumer) -> None:
+        self._consumer, self.assigns = consumer, 0
+
+    def assign(self, partitions) -> None:
+        self.assigns += 1
+        self._consumer.assign(partitions)
+
+    def __getattr__(self, name):
+        return getattr(self._consumer, name)
+
+
+@pytest.mark.parametrize("pooled", [False, True])
+def test_reads_continue_without_assigning_again(kafka_broker, monkeypatch, pooled) -> None:
+    """A read from where the partition's previous read ended takes the prefetched records
+    without a new assignment; a read from anywhere else (a rerun epoch, a restart)
+    assigns again. Every read returns exactly its offsets (the oracle: the records
+    produced), also when records arrive between reads, in the driver's source and in a
+    read task's copy (its worker's readers)."""
+    import dkvstream.operators.io.kafka as kafka
+
+    topic = new_topic(kafka_broker, partitions=2)
+    records = [json_record(b"k%d" % i, BASE_MS + i, {"amount": i}, partition=i % 2) for i in range(200)]
+    produce(kafka_broker, topic, records[:100])
+    counters: list[CountingConsumer] = []
+    real_init = kafka._PartitionReader.__init__
+
+    def counting_init(self, consumer):
+        real_init(self, CountingConsumer(consumer))
+        counters.append(self.consumer)
+    monkeypatch.setattr(kafka._PartitionReader, "__init__", counting_init)
+    source = KafkaSource(kafka_broker.bootstrap, topic, value_schema=AMOUNT)
+    if pooled:
+        source = pickle.loads(pickle.dumps(source))
+    p0, p1 = f"{topic}-0", f"{topic}-1"
+
+    def amounts(p, start, end):
+        return source.read(p, start, end).column("amount").to_pylist()
+    want = {p0: [i for i in range(200) if i % 2 == 0], p1: [i for i in range(200) if i % 2 == 1]}
+    assert amounts(p0, 0, 20) == want[p0][0:20]
+    assert amounts(p1, 0, 30) == want[p1][0:30]
+    assert amounts(p0, 20, 50) == want[p0][20:50]
+    assert amounts(p1, 30, 50) == want[p1][30:50]
+    assert sorted(c.assigns for c in counters) == [1, 1], "continuing reads assign once per partition"
+    produce(kafka_broker, topic, records[100:])
+    source.end_offsets()
+    assert amounts(p0, 50, 100) == want[p0][50:100]
+    assert sum(c.assigns for c in counters) == 2
+    assert amounts(p0, 10, 60) == want[p0][10:60]  # a rerun from an earlier offset
+    assert amounts(p0, 60, 100) == want[p0][60:100]
+    assert sum(c.assigns for c in counters) == 3
+    source.close()
+    kafka._close_task_consumers()
