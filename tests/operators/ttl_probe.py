@@ -84,9 +84,10 @@ class TtlProbeBatch(BatchOperator):
         ctx.emit(out, keys=keys.to_pylist(), timestamps=events.column("timestamp").to_pylist())
 
 
-def probe_source(epochs: int, seed: int = 0) -> TableSource:
+def probe_source(epochs: int, seed: int = 0, bounded: bool = True) -> TableSource:
     """One partition, ``EVENTS_PER_EPOCH`` events per epoch with distinct keys each,
-    timestamps rising by 1..9 ms, ``v`` the event's index."""
+    timestamps rising by 1..9 ms, ``v`` the event's index; ``bounded=False``: a live
+    source (its watermark never reaches +infinity)."""
     rng = random.Random(seed)
     keys, stamps, ts = [], [], 0
     for _ in range(epochs):
@@ -96,7 +97,7 @@ def probe_source(epochs: int, seed: int = 0) -> TableSource:
             stamps.append(ts)
     table = pa.table({"key": pa.array(keys, pa.binary()), "timestamp": pa.array(stamps, pa.int64()),
                       "v": pa.array(range(len(keys)), pa.int64())})
-    return TableSource("probe", {"p0": table})
+    return TableSource("probe", {"p0": table}, bounded=bounded)
 
 
 def probe_model(source: TableSource, epochs: list[tuple[int, int, int]]) -> list[dict]:

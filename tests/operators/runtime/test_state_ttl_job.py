@@ -6,8 +6,11 @@ import pandas as pd
 import pytest
 
 from dkvstream.operators.api.job import Job
+from dkvstream.operators.api.operator import Operator
 from dkvstream.operators.io.sinks import ParquetSink
 from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.storage import faults
+from dkvstream.storage.dkv import DKVOptions
 from dkvstream.storage.dkv.manifest import load_manifest
 from tests.operators.ttl_probe import (
     EVENTS_PER_EPOCH,
@@ -22,34 +25,69 @@ EPOCHS = 12
 
 
 def _job(op, source, parallelism: int = 2) -> Job:
-    return Job(name=f"ttl_{type(op).__name__}", source=source, operators=[op],
+    return Job(name=f"ttl_{op.name}", source=source, operators=[op],
                sinks={"main": ParquetSink("probe", SCHEMA)}, key_groups=16, parallelism=parallelism,
                events_per_epoch=EVENTS_PER_EPOCH)
 
 
-def _run(job: Job, root: str, spark=None, restart_at: int | None = None, rescale_to: int = 3):
-    """Runs ``job`` to its end, one epoch per processing-time second; with
+class Crash(Exception):
+    """A simulated driver crash at a fault point."""
+
+
+def _crash(point: str, epoch: int | None) -> None:
+    raise Crash(point)
+
+
+def _crashed(e: BaseException | None) -> bool:
+    """Whether ``e`` is, or was raised from, a ``Crash``."""
+    while e is not None:
+        if isinstance(e, Crash):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+# Small tables and an early L0 trigger: flushes and compactions (with the TTL's
+# compaction filter) run within the few epochs of these jobs.
+SMALL = DKVOptions(memtable_bytes=2_048, block_bytes=256, l0_compaction_trigger=2, target_file_bytes=2_048,
+                   level_base_bytes=8_192, level_multiplier=2, zstd_level=1)
+
+
+def _run(job: Job, root: str, spark=None, restart_at: int | None = None, rescale_to: int = 3,
+         then: Operator | None = None):
+    """Runs ``job`` until its input is read, one epoch per processing-time second; with
     ``restart_at``, stops after that many epochs and continues in a new runner with
-    ``rescale_to`` tasks. Returns the output and ``(offset, watermark, processing ms)``
-    per epoch."""
+    ``rescale_to`` tasks (running ``then`` instead of the job's operator if given: the
+    other form of it); a ``Crash`` (from an armed fault point) restarts a runner at
+    the same parallelism. Returns the output and ``(offset, watermark, processing
+    ms)`` per committed epoch."""
     now = [0.0]
-    epochs = []
-    runner = JobRunner(job, spark, root, clock=lambda: now[0])
+    epochs: list[tuple[int, int, int]] = []
+    total = job.source.end_offsets()["p0"]
+    runner = JobRunner(job, spark, root, dkv_options=SMALL, clock=lambda: now[0])
     while True:
         if restart_at is not None and len(epochs) == restart_at:
             runner.close()
-            job = _job(job.operators[0], job.source, rescale_to)
-            runner = JobRunner(job, spark, root, clock=lambda: now[0])
+            job = _job(then or job.operators[0], job.source, rescale_to)
+            runner = JobRunner(job, spark, root, dkv_options=SMALL, clock=lambda: now[0])
             restart_at = None
         now[0] += 1.0
-        done = runner.run(max_epochs=1)
+        try:
+            done = runner.run(max_epochs=1)
+        except Exception as e:  # a crash in a task's DKV code surfaces as the task's error
+            if not _crashed(e):
+                raise
+            runner.close()
+            runner = JobRunner(job, spark, root, dkv_options=SMALL, clock=lambda: now[0])
+            continue
         if not done:
             break
         r = done[0]
         epochs.append((r.source_offsets["p0"], r.watermark, int(now[0] * 1000)))
-        if r.finished:
+        if r.finished or (not job.source.bounded and r.source_offsets["p0"] == total):
             break
     out = job.sinks["main"].read(runner.store, job.prefix).to_pandas()
+    assert any(k.endswith(".sst") for k in runner.store.list(job.prefix + "/state/"))  # compactions ran
     runner.close()
     return out.sort_values("v").reset_index(drop=True), epochs
 
@@ -72,9 +110,26 @@ def test_ttl_state_in_both_forms_equals_model(tmp_path, op) -> None:
     _check(out, _expected(source, epochs))
 
 
-def test_ttl_state_across_a_restart_and_a_rescale(tmp_path) -> None:
-    source = probe_source(EPOCHS, seed=1)
+@pytest.mark.parametrize("bounded", [True, False], ids=["bounded", "live"])
+def test_ttl_state_across_a_restart_and_a_rescale(tmp_path, bounded) -> None:
+    source = probe_source(EPOCHS, seed=1, bounded=bounded)
     out, epochs = _run(_job(TtlProbeBatch(), source), str(tmp_path / "store"), restart_at=5)
+    _check(out, _expected(source, epochs))
+
+
+@pytest.mark.parametrize("point, hit", [("after_tasks", 4), ("dkv_compaction_written", 1),
+                                        ("task_after_checkpoint", 7)])
+def test_ttl_state_after_a_crash_equals_model(tmp_path, point, hit) -> None:
+    # A crash after DKV checkpoints (their compaction filters recorded, expired entries
+    # perhaps compacted away) but before the commit: the epoch runs again from the
+    # previous checkpoint and reads what the model says.
+    source = probe_source(EPOCHS, seed=2)
+    faults.arm(point, hit, _crash)
+    try:
+        out, epochs = _run(_job(TtlProbe(), source), str(tmp_path / "store"))
+    finally:
+        assert point not in faults._armed  # the crash happened
+        faults.disarm_all()
     _check(out, _expected(source, epochs))
 
 
@@ -90,6 +145,9 @@ def test_checkpoints_record_the_ttl_clocks(tmp_path) -> None:
 
 
 def test_ttl_state_on_spark_equals_model(spark, tmp_path) -> None:
-    source = probe_source(6)
-    out, epochs = _run(_job(TtlProbeBatch(), source), str(tmp_path / "store"), spark=spark)
+    # Both forms on Spark in one run: the per-event form, then after a restart with 3
+    # tasks instead of 2 (a rescale) the vectorised one, over the same state.
+    source = probe_source(8)
+    out, epochs = _run(_job(TtlProbe(), source), str(tmp_path / "store"), spark=spark, restart_at=4,
+                       then=TtlProbeBatch())
     _check(out, _expected(source, epochs))
