@@ -26,6 +26,18 @@ def _pyplot():
     return plt
 
 
+def _save(plt, fig, path: str, title: str, caption: str) -> None:
+    """Titles and captions ``fig``, writes it to ``path`` (PNG; its directory is
+    created) and closes it."""
+    fig.suptitle(title, fontsize=10)
+    if caption:
+        fig.text(0.01, 0.01, caption, fontsize=7, va="bottom", wrap=True)
+    fig.tight_layout(rect=(0, 0.05 if caption else 0, 1, 0.96))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def load_average() -> str:
     """The 1, 5 and 15 minute load averages as ``"1.2 / 0.9 / 0.7"``."""
     return " / ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -85,13 +97,7 @@ def bar_panels(path: str, title: str, panels: list[dict], caption: str = "",
         ax.margins(x=0.25)
         if p.get("title"):
             ax.set_title(p["title"], fontsize=9)
-    fig.suptitle(title, fontsize=10)
-    if caption:
-        fig.text(0.01, 0.01, caption, fontsize=7, va="bottom", wrap=True)
-    fig.tight_layout(rect=(0, 0.05 if caption else 0, 1, 0.96))
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path, title, caption)
 
 
 def line_chart(path: str, title: str, xs: list[float], series: dict[str, list[float]], xlabel: str,
@@ -115,10 +121,4 @@ def line_chart(path: str, title: str, xs: list[float], series: dict[str, list[fl
     ax.set_ylabel(ylabel, fontsize=8)
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
-    if caption:
-        fig.text(0.01, 0.01, caption, fontsize=7, va="bottom", wrap=True)
-    fig.tight_layout(rect=(0, 0.05 if caption else 0, 1, 0.96))
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path, title, caption)

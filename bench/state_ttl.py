@@ -89,13 +89,11 @@ class FirstSeen(BatchOperator):
         state.set(keys, kgs, stamps.to_pylist())
 
 
-class FirstSeenTtl(FirstSeen):
-    """``FirstSeen`` with the state's TTL set by ``with_ttl``."""
-
-    @classmethod
-    def with_ttl(cls, ttl_ms: int) -> FirstSeenTtl:
-        cls.seen = ValueSpec(IntCodec(), id="seen", ttl=StateTtl(ttl_ms))
-        return cls()
+def first_seen_with_ttl(ttl_ms: int) -> FirstSeen:
+    """A ``FirstSeen`` whose state has an event-time TTL of ``ttl_ms`` (in process only:
+    the class is made here, so Spark workers could not unpickle it)."""
+    cls = type("FirstSeenTtl", (FirstSeen,), {"seen": ValueSpec(IntCodec(), ttl=StateTtl(ttl_ms))})
+    return cls()
 
 
 def state_bytes(runner: JobRunner, operator: str) -> int:
@@ -106,13 +104,17 @@ def state_bytes(runner: JobRunner, operator: str) -> int:
     return total
 
 
-def run(op: FirstSeen, events: int, epoch_events: int, root: str) -> list[int]:
+def run(op: FirstSeen, events: int, epoch_events: int, root: str, options: DKVOptions = OPTIONS) -> list[int]:
     """State bytes after each epoch with events (the last, end-of-input epoch left out:
-    its watermark of +infinity expires everything)."""
+    its watermark of +infinity expires everything).
+
+    Raises:
+        SystemExit: the output is not the oracle's (every event emitted once).
+    """
     job = Job(name=f"dedup_{type(op).__name__}", source=NewKeys(events), operators=[op],
               sinks={"main": ParquetSink("first_seen", SCHEMA)}, parallelism=1, events_per_epoch=epoch_events)
     out = []
-    with JobRunner(job, None, root, dkv_options=OPTIONS) as runner:
+    with JobRunner(job, None, root, dkv_options=options) as runner:
         for r in runner.epochs():
             if r.events and r.watermark < (1 << 62):
                 out.append(state_bytes(runner, op.name))
@@ -122,19 +124,19 @@ def run(op: FirstSeen, events: int, epoch_events: int, root: str) -> list[int]:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--epochs", type=int, default=40)
     parser.add_argument("--epoch-events", type=int, default=20_000)
     parser.add_argument("--ttl-epochs", type=int, default=5)
     parser.add_argument("--plot")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     events = args.epochs * args.epoch_events
     ttl_ms = args.ttl_epochs * args.epoch_events
     print(f"load average before: {load_average()}")
     with tempfile.TemporaryDirectory() as tmp:
         plain = run(FirstSeen(), events, args.epoch_events, f"{tmp}/plain")
-        ttl = run(FirstSeenTtl.with_ttl(ttl_ms), events, args.epoch_events, f"{tmp}/ttl")
+        ttl = run(first_seen_with_ttl(ttl_ms), events, args.epoch_events, f"{tmp}/ttl")
     print(f"deduplication over {events:,} new keys, {args.epoch_events:,} per epoch, TTL {ttl_ms:,} ms "
           f"({args.ttl_epochs} epochs of event time)")
     print(f"{'epoch':>5} {'no TTL, KiB':>12} {'TTL, KiB':>10}")

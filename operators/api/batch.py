@@ -81,7 +81,8 @@ class BatchContext:
 
     def state(self, spec: ValueSpec | ListSpec | MapSpec) -> Any:
         """Bulk access to a declared state: ``BulkValueState``, ``BulkListState`` or
-        ``BulkMapState`` for a ``ValueSpec``, ``ListSpec`` or ``MapSpec``.
+        ``BulkMapState`` for a ``ValueSpec``, ``ListSpec`` or ``MapSpec``. A state with a
+        TTL reads and writes at ``state_clock``, as ``spec.state_for`` does in ``on_event``.
 
         Raises:
             TypeError: ``spec`` is not a state spec.
