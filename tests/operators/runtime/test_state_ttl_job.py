@@ -5,13 +5,15 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from dkvstream.operators import paths
 from dkvstream.operators.api.job import Job
 from dkvstream.operators.api.operator import Operator
 from dkvstream.operators.io.sinks import ParquetSink
 from dkvstream.operators.runtime.driver import JobRunner
 from dkvstream.storage import faults
-from dkvstream.storage.dkv import DKVOptions
+from dkvstream.storage.dkv import DKV, DKVOptions
 from dkvstream.storage.dkv.manifest import load_manifest
+from dkvstream.storage.dkv.remote_compaction import compact_checkpoint
 from tests.operators.ttl_probe import (
     EVENTS_PER_EPOCH,
     SCHEMA,
@@ -151,3 +153,35 @@ def test_ttl_state_on_spark_equals_model(spark, tmp_path) -> None:
     out, epochs = _run(_job(TtlProbe(), source), str(tmp_path / "store"), spark=spark, restart_at=4,
                        then=TtlProbeBatch())
     _check(out, _expected(source, epochs))
+
+
+def test_remote_compaction_drops_a_jobs_expired_state_physically(tmp_path) -> None:
+    # A live job (its watermark stays finite) with no inline compaction: its last
+    # checkpoint's tables hold expired entries; a remote full compaction of each range
+    # (what the Dagster op runs) drops exactly those, at the clocks the task recorded.
+    source = probe_source(EPOCHS, seed=3, bounded=False)
+    job = _job(TtlProbe(), source)
+    lazy = DKVOptions(**{**SMALL.__dict__, "max_inline_compaction_bytes": 0})
+    now = [1.0]
+    runner = JobRunner(job, None, str(tmp_path / "store"), dkv_options=lazy, clock=lambda: now[0])
+    for _ in range(EPOCHS):
+        now[0] += 1.0
+        runner.run(max_epochs=1)
+    ckpt = runner.latest()
+    dropped = kept = 0
+    for label, manifest_key in ckpt.operators[TtlProbe.name].items():
+        prefix = paths.state_prefix(job.prefix, TtlProbe.name, label, ckpt.layout)
+        f = load_manifest(runner.store, manifest_key).compaction_filter
+        db = DKV.open(runner.store, prefix, manifest_key, lazy)
+        db.flush_memtable()  # every entry in a table, for the count
+        before = dict(db.scan_range(b"", None))
+        expired = {k for k, v in before.items() if f.expired(k, v)}
+        base = db.checkpoint("flushed")
+        assert compact_checkpoint(runner.store, prefix, base, lazy, full=True) is not None
+        assert db.install_pending_compactions()["installed"] == 1
+        assert sum(t.entries for t in db.levels.all_tables()) == len(before) - len(expired)
+        assert dict(db.scan_range(b"", None)) == {k: v for k, v in before.items() if k not in expired}
+        dropped, kept = dropped + len(expired), kept + len(before) - len(expired)
+        db.close()
+    assert dropped > 0 and kept > 0
+    runner.close()
