@@ -10,13 +10,16 @@ from dkvstream.operators.api.job import Job
 from dkvstream.operators.api.operator import Operator
 from dkvstream.operators.io.sinks import ParquetSink
 from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.operators.tools.state_reader import read_state
 from dkvstream.storage import faults
 from dkvstream.storage.dkv import DKV, DKVOptions
 from dkvstream.storage.dkv.manifest import load_manifest
 from dkvstream.storage.dkv.remote_compaction import compact_checkpoint
 from tests.operators.ttl_probe import (
     EVENTS_PER_EPOCH,
+    PROC_TTL_MS,
     SCHEMA,
+    TTL_MS,
     TtlProbe,
     TtlProbeBatch,
     probe_model,
@@ -185,3 +188,19 @@ def test_remote_compaction_drops_a_jobs_expired_state_physically(tmp_path) -> No
         db.close()
     assert dropped > 0 and kept > 0
     runner.close()
+
+
+def test_state_reader_shows_ttl_state_with_its_expiry(tmp_path) -> None:
+    source = probe_source(3)
+    job = _job(TtlProbe(), source)
+    with JobRunner(job, None, str(tmp_path / "store"), clock=lambda: 5.0) as runner:
+        results = runner.run(max_epochs=2)
+        table = read_state(runner.store, job, "last").to_pylist()
+        procs = read_state(runner.store, job, "proc").to_pylist()
+    events = source.tables["p0"].slice(0, 2 * EVENTS_PER_EPOCH).to_pylist()
+    newest = {e["key"]: e["v"] for e in events}  # keys of epoch 2 written last
+    assert {r["subject_key"]: r["value"] for r in table} == newest
+    first = {e["key"] for e in events[:EVENTS_PER_EPOCH]} - {e["key"] for e in events[EVENTS_PER_EPOCH:]}
+    for r in table:  # written in epoch 1 or 2: the watermark that epoch reached, plus the TTL
+        assert r["expiry"] == results[0 if r["subject_key"] in first else 1].watermark + TTL_MS
+    assert {r["expiry"] for r in procs} == {5_000 + PROC_TTL_MS}
