@@ -445,7 +445,8 @@ class ValueSpec(_Spec, Generic[V]):
 
     def state_for(self, subject: Subject) -> ValueState[V]:
         """The state of ``subject.key``."""
-        return ValueState(self.store_for(subject._db, subject), self._key(subject), self)  # type: ignore[attr-defined]
+        db = subject._db if self.ttl is None else self.store_for(subject._db, subject)  # type: ignore[attr-defined]
+        return ValueState(db, self._key(subject), self)
 
 
 class ListState(Generic[V]):
@@ -493,7 +494,8 @@ class ListSpec(_Spec, Generic[V]):
 
     def state_for(self, subject: Subject) -> ListState[V]:
         """The state of ``subject.key``."""
-        return ListState(self.store_for(subject._db, subject), self._key(subject), self)  # type: ignore[attr-defined]
+        db = subject._db if self.ttl is None else self.store_for(subject._db, subject)  # type: ignore[attr-defined]
+        return ListState(db, self._key(subject), self)
 
 
 class MapState(Generic[K, V]):
@@ -591,4 +593,5 @@ class MapSpec(_Spec, Generic[K, V]):
 
     def state_for(self, subject: Subject) -> MapState[K, V]:
         """The state of ``subject.key``."""
-        return MapState(self.store_for(subject._db, subject), self._key(subject), self)  # type: ignore[attr-defined]
+        db = subject._db if self.ttl is None else self.store_for(subject._db, subject)  # type: ignore[attr-defined]
+        return MapState(db, self._key(subject), self)
