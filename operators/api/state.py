@@ -276,6 +276,7 @@ class TtlStore:
         self._refresh = ttl.update == "on_read_and_write"
 
     def get(self, key: bytes) -> bytes | None:
+        """The encoded value without its expiry; None if absent or expired."""
         raw = self._db.get(key)
         if raw is None or EXPIRY.unpack_from(raw)[0] <= self._now:
             return None
@@ -284,6 +285,7 @@ class TtlStore:
         return raw[8:]
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """``get`` of each key (refreshes in one write batch)."""
         now, unpack = self._now, EXPIRY.unpack_from
         out = [None if raw is None or unpack(raw)[0] <= now else raw[8:] for raw in self._db.get_many(keys)]
         if self._refresh:
@@ -292,12 +294,15 @@ class TtlStore:
         return out
 
     def put(self, key: bytes, value: bytes) -> None:
+        """Stores ``value`` with the expiry of a write now."""
         self._db.put(key, self._header + value)
 
     def delete(self, key: bytes) -> None:
+        """A tombstone, as without TTL."""
         self._db.delete(key)
 
     def write_batch(self, keys: Sequence[bytes], values: Sequence[bytes | None]) -> None:
+        """``put`` of each value, a tombstone for None, in one DKV write batch."""
         h = self._header
         self._db.write_batch(keys, [None if v is None else h + v for v in values])
 
@@ -309,9 +314,11 @@ class TtlStore:
         return iter(live)
 
     def scan_prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """The unexpired entries under ``prefix``, values without their expiry."""
         return self._live(self._db.scan_prefix(prefix))
 
     def scan_range(self, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        """The unexpired entries in ``[start, end)``, values without their expiry."""
         return self._live(self._db.scan_range(start, end))
 
 
