@@ -26,6 +26,18 @@ def _pyplot():
     return plt
 
 
+def _save(plt, fig, path: str, title: str, caption: str) -> None:
+    """Titles and captions ``fig``, writes it to ``path`` (PNG; its directory is
+    created) and closes it."""
+    fig.suptitle(title, fontsize=10)
+    if caption:
+        fig.text(0.01, 0.01, caption, fontsize=7, va="bottom", wrap=True)
+    fig.tight_layout(rect=(0, 0.05 if caption else 0, 1, 0.96))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def load_average() -> str:
     """The 1, 5 and 15 minute load averages as ``"1.2 / 0.9 / 0.7"``."""
     return " / ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -85,10 +97,28 @@ def bar_panels(path: str, title: str, panels: list[dict], caption: str = "",
         ax.margins(x=0.25)
         if p.get("title"):
             ax.set_title(p["title"], fontsize=9)
-    fig.suptitle(title, fontsize=10)
-    if caption:
-        fig.text(0.01, 0.01, caption, fontsize=7, va="bottom", wrap=True)
-    fig.tight_layout(rect=(0, 0.05 if caption else 0, 1, 0.96))
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path, title, caption)
+
+
+def line_chart(path: str, title: str, xs: list[float], series: dict[str, list[float]], xlabel: str,
+               ylabel: str, caption: str = "") -> None:
+    """Write one line per series against ``xs`` to ``path`` (PNG), for a quantity that
+    evolves over a run (e.g. state bytes per epoch).
+
+    Args:
+        path: output file; its directory is created.
+        title: figure title.
+        xs: x values, shared by every series.
+        series: ``{label: y values}``, each as long as ``xs``.
+        xlabel / ylabel: axis labels.
+        caption: text under the chart (clock, sizes, load).
+    """
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, ys in series.items():
+        ax.plot(xs, ys, marker=".", label=label)
+    ax.set_xlabel(xlabel, fontsize=8)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    _save(plt, fig, path, title, caption)

@@ -26,7 +26,7 @@ from dkvstream.operators.api.codecs import (
 )
 from dkvstream.operators.api.job import Job
 from dkvstream.operators.api.operator import KeyedEvent, Operator, Subject
-from dkvstream.operators.api.state import ListSpec, ListState, MapSpec, MapState, ValueSpec, ValueState
+from dkvstream.operators.api.state import ListSpec, ListState, MapSpec, MapState, StateTtl, ValueSpec, ValueState
 from dkvstream.operators.errors import (
     BadInputError,
     DkvstreamError,
@@ -92,6 +92,7 @@ __all__ = [
     "Sink",
     "SnapshotVacuumedError",
     "Source",
+    "StateTtl",
     "StrCodec",
     "Subject",
     "TableSink",

@@ -33,6 +33,7 @@ from dkvstream.operators.api.state import (
     ENCODE_ERRORS,
     ListSpec,
     MapSpec,
+    StateClock,
     StateStore,
     ValueSpec,
     bad_state_value,
@@ -63,6 +64,8 @@ class BatchContext:
     Attributes:
         watermark: ms. In ``on_batch``, the watermark reached before this epoch (events at
             or below it are late); in ``on_timers``, the watermark being advanced to.
+        state_clock: the clocks of TTL'd state (``state.StateClock``), set by the task;
+            None: made from ``watermark`` and the wall clock.
     """
 
     def __init__(self, db: StateStore, timers: BulkTimers, outputs: dict[str, pa.Schema],
@@ -72,22 +75,24 @@ class BatchContext:
         self._outputs = outputs
         self._operator = operator  # its name, for errors
         self.watermark = 0
+        self.state_clock: StateClock | None = None
         # output name -> list of (values table, keys, timestamps)
         self.emitted: dict[str, list[tuple[pa.Table, list, list]]] = {name: [] for name in outputs}
 
     def state(self, spec: ValueSpec | ListSpec | MapSpec) -> Any:
         """Bulk access to a declared state: ``BulkValueState``, ``BulkListState`` or
-        ``BulkMapState`` for a ``ValueSpec``, ``ListSpec`` or ``MapSpec``.
+        ``BulkMapState`` for a ``ValueSpec``, ``ListSpec`` or ``MapSpec``. A state with a
+        TTL reads and writes at ``state_clock``, as ``spec.state_for`` does in ``on_event``.
 
         Raises:
             TypeError: ``spec`` is not a state spec.
         """
         if isinstance(spec, ValueSpec):
-            return BulkValueState(self._db, spec)
+            return BulkValueState(spec.store_for(self._db, self), spec)
         if isinstance(spec, ListSpec):
-            return BulkListState(self._db, spec)
+            return BulkListState(spec.store_for(self._db, self), spec)
         if isinstance(spec, MapSpec):
-            return BulkMapState(self._db, spec)
+            return BulkMapState(spec.store_for(self._db, self), spec)
         raise TypeError(f"not a state spec: {spec!r}")
 
     def set_timers(self, keys: Sequence[bytes], key_groups: Sequence[int], timestamps: Sequence[int]) -> None:
@@ -219,12 +224,12 @@ def _encode_many(spec: Any, role: str, codec: Any, values: Sequence) -> list[byt
 
 
 def _prefixes(keys: Sequence[bytes] | pa.Array | pa.ChunkedArray, key_groups: Sequence[int],
-              id_bytes: bytes) -> list[bytes]:
-    """The DKV keys of a state of many subjects: from the Arrow buffers in one C loop
-    when ``keys`` is an Arrow column (``state_key_column``), else per key."""
+              spec: Any) -> list[bytes]:
+    """The DKV keys of state ``spec`` of many subjects: from the Arrow buffers in one C
+    loop when ``keys`` is an Arrow column (``state_key_column``), else per key."""
     if isinstance(keys, (pa.Array, pa.ChunkedArray)):
-        return state_key_column(keys, key_groups, id_bytes)
-    return state_keys(keys, key_groups, id_bytes)
+        return state_key_column(keys, key_groups, spec._id_bytes, schema=spec.schema)
+    return state_keys(keys, key_groups, spec._id_bytes, spec.schema)
 
 
 def _record_codec(codec: Any) -> Any:
@@ -242,7 +247,7 @@ class BulkValueState(Generic[V]):
 
     def get(self, keys: Sequence[bytes], key_groups: Sequence[int]) -> list[V | None]:
         """Returns each key's value, None where unset."""
-        return self._codec.decode_many(self._db.get_many(_prefixes(keys, key_groups, self._id)))
+        return self._codec.decode_many(self._db.get_many(_prefixes(keys, key_groups, self._spec)))
 
     def set(self, keys: Sequence[bytes], key_groups: Sequence[int], values: Sequence[V]) -> None:
         """Stores one value per key (one DKV write batch; a key given twice keeps its
@@ -251,12 +256,12 @@ class BulkValueState(Generic[V]):
         Raises:
             StateTypeError: the codec cannot encode a value (names operator, state, codec).
         """
-        self._db.write_batch(_prefixes(keys, key_groups, self._id),
+        self._db.write_batch(_prefixes(keys, key_groups, self._spec),
                              _encode_many(self._spec, "value", self._codec, values))
 
     def drop(self, keys: Sequence[bytes], key_groups: Sequence[int]) -> None:
         """Removes the values (tombstones, one DKV write batch)."""
-        dks = _prefixes(keys, key_groups, self._id)
+        dks = _prefixes(keys, key_groups, self._spec)
         self._db.write_batch(dks, [None] * len(dks))
 
     def get_columns(self, keys: pa.Array | Sequence[bytes], key_groups: Any) -> pa.StructArray:
@@ -272,7 +277,7 @@ class BulkValueState(Generic[V]):
             TypeError: the value codec has no columns form (not a ``RecordCodec``).
         """
         codec = _record_codec(self._codec)
-        return codec.decode_struct(self._db.get_many(_prefixes(keys, key_groups, self._id)))
+        return codec.decode_struct(self._db.get_many(_prefixes(keys, key_groups, self._spec)))
 
     def set_columns(self, keys: pa.Array | Sequence[bytes], key_groups: Any,
                     values: pa.StructArray | pa.Table | dict[str, Any]) -> None:
@@ -284,7 +289,7 @@ class BulkValueState(Generic[V]):
             ValueError: a field's column is missing, or the lengths differ.
         """
         codec = _record_codec(self._codec)
-        dks = _prefixes(keys, key_groups, self._id)
+        dks = _prefixes(keys, key_groups, self._spec)
         encoded = codec.encode_struct(values)
         if len(encoded) != len(dks):
             raise ValueError(f"{len(dks)} keys but {len(encoded)} records")
@@ -301,7 +306,7 @@ class BulkListState(Generic[V]):
         """Returns each key's list (empty if none)."""
         get, decode = self._db.get, self._codec.decode
         out = []
-        for dk in _prefixes(keys, key_groups, self._id):
+        for dk in _prefixes(keys, key_groups, self._spec):
             raw = get(dk)
             out.append([] if raw is None else [decode(e) for e in list_payload(raw)])
         return out
@@ -314,13 +319,13 @@ class BulkListState(Generic[V]):
                 no element is appended then.
         """
         db = self._db
-        for dk, enc in zip(_prefixes(keys, key_groups, self._id),
+        for dk, enc in zip(_prefixes(keys, key_groups, self._spec),
                            _encode_many(self._spec, "value", self._codec, values)):
             db.put(dk, (db.get(dk) or b"") + _U32.pack(len(enc)) + enc)
 
     def clear(self, keys: Sequence[bytes], key_groups: Sequence[int]) -> None:
         """Removes the lists (one DKV write batch)."""
-        dks = _prefixes(keys, key_groups, self._id)
+        dks = _prefixes(keys, key_groups, self._spec)
         self._db.write_batch(dks, [None] * len(dks))
 
 
@@ -353,8 +358,8 @@ class BulkMapState(Generic[K, V]):
                 values = map_keys.to_pylist() if isinstance(map_keys, (pa.Array, pa.ChunkedArray)) else \
                     list(map_keys)
                 raise bad_state_value(self._spec, "map key", self._kc, values, e) from e
-            return state_key_column(keys, key_groups, self._id, tail)
-        return list(map(bytes.__add__, _prefixes(keys, key_groups, self._id),
+            return state_key_column(keys, key_groups, self._id, tail, self._spec.schema)
+        return list(map(bytes.__add__, _prefixes(keys, key_groups, self._spec),
                         _encode_many(self._spec, "map key", self._kc, map_keys)))
 
     def get_at(self, dkv_keys: Sequence[bytes]) -> list[V | None]:
@@ -438,7 +443,7 @@ class BulkMapState(Generic[K, V]):
 
     def items(self, key: bytes, key_group: int) -> Iterator[tuple[K, V]]:
         """All entries of one subject key, in ascending encoded-map-key order."""
-        prefix = subject_prefix(key_group, key) + self._id
+        prefix = subject_prefix(key_group, key, self._spec.schema) + self._id
         n = len(prefix)
         kd, vd = self._kc.decode, self._vc.decode
         for k, v in self._db.scan_prefix(prefix):

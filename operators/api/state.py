@@ -3,7 +3,9 @@
 DKV key layout of a state entry (docs/design.md, "Key groups and keys")::
 
     key_group   u16 big-endian     one range = one contiguous key interval
-    schema      u8  = 0x00         0x00 state, 0x01 timer (dkvstream.operators.runtime.timers)
+    schema      u8                 0x00 state, 0x01 timer (dkvstream.operators.runtime.timers),
+                                   0x02 state with an event-time TTL,
+                                   0x03 state with a processing-time TTL
     key_len     u32 big-endian     length of the subject key
     key         key_len bytes      the subject key
     id_len      u16 big-endian     length of the state id
@@ -14,11 +16,20 @@ A ``ValueState`` is one entry. A ``ListState`` is one entry holding the whole li
 (u32 length + bytes per element), like Flink's RocksDB list state: ``append`` is a
 read-modify-write, fine for short lists. A ``MapState`` is one entry per map key under
 the state's prefix, so ``items()`` is a DKV ``scan_prefix`` in map-key byte order.
+
+A state declared with a ``StateTtl`` has schema byte 0x02 (event time) or 0x03
+(processing time), and each of its entries' values starts with the entry's expiry, ms,
+signed 64-bit big-endian, before the encoded value (a list's whole entry, a map's each
+entry). An entry is invisible once its clock reaches the expiry (``StateClock``); the
+task records both clocks in the DKV manifest at each checkpoint as an ``ExpiryFilter``
+(``dkvstream.storage.dkv.expiry``), with which DKV compaction drops expired entries.
 """
 from __future__ import annotations
 
 import struct
+import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import numpy as np
@@ -26,6 +37,7 @@ import pyarrow as pa
 
 from dkvstream.operators.api.codecs import Codec
 from dkvstream.operators.errors import StateTypeError
+from dkvstream.storage.dkv.expiry import EXPIRY, ExpiryFilter
 from dkvstream.storage.dkv.native import NATIVE
 
 if TYPE_CHECKING:
@@ -36,6 +48,10 @@ V = TypeVar("V")
 
 SCHEMA_STATE = 0x00
 SCHEMA_TIMER = 0x01
+SCHEMA_STATE_TTL_EVENT = 0x02
+SCHEMA_STATE_TTL_PROCESSING = 0x03
+STATE_SCHEMAS = (SCHEMA_STATE, SCHEMA_STATE_TTL_EVENT, SCHEMA_STATE_TTL_PROCESSING)
+_TIME_MAX = (1 << 63) - 1
 
 _U32 = struct.Struct(">I")
 _U16 = struct.Struct(">H")
@@ -57,20 +73,22 @@ class StateStore(Protocol):
     def write_batch(self, keys: Sequence[bytes], values: Sequence[bytes | None]) -> None: ...
 
 
-def subject_prefix(key_group: int, key: bytes) -> bytes:
-    """The DKV key prefix of every state entry of ``key`` (see module docstring)."""
-    return _U16.pack(key_group) + b"\x00" + _U32.pack(len(key)) + key
+def subject_prefix(key_group: int, key: bytes, schema: int = SCHEMA_STATE) -> bytes:
+    """The DKV key prefix of every state entry of ``key`` with schema byte ``schema``
+    (see module docstring)."""
+    return _U16.pack(key_group) + bytes((schema,)) + _U32.pack(len(key)) + key
 
 
-def state_keys(keys: Sequence[bytes], key_groups: Sequence[int], suffix: bytes) -> list[bytes]:
-    """``subject_prefix(key_groups[i], keys[i]) + suffix`` for every row (aligned
+def state_keys(keys: Sequence[bytes], key_groups: Sequence[int], suffix: bytes,
+               schema: int = SCHEMA_STATE) -> list[bytes]:
+    """``subject_prefix(key_groups[i], keys[i], schema) + suffix`` for every row (aligned
     sequences), without a function call and two ``struct`` calls per row."""
-    heads = {kg: _U16.pack(kg) + b"\x00" for kg in set(key_groups)}
+    heads = {kg: _U16.pack(kg) + bytes((schema,)) for kg in set(key_groups)}
     return [heads[kg] + len(k).to_bytes(4, "big") + k + suffix for k, kg in zip(keys, key_groups)]
 
 
 def state_key_column(keys: pa.Array | pa.ChunkedArray, key_groups: Any, suffix: bytes,
-                     tail: tuple[Any, Any] | None = None) -> list[bytes]:
+                     tail: tuple[Any, Any] | None = None, schema: int = SCHEMA_STATE) -> list[bytes]:
     """``state_keys`` from columns: ``subject_prefix(key_groups[i], keys[i]) + suffix +
     tail row i`` for every row, built in one C loop (``concat_rows``) from the Arrow
     buffers, without a Python object per subject key.
@@ -81,6 +99,7 @@ def state_key_column(keys: pa.Array | pa.ChunkedArray, key_groups: Any, suffix: 
         suffix: bytes after the subject prefix in every row (the encoded state id).
         tail: an encoded column appended to each row, as ``Codec.encode_column``
             returns it (the map keys of a ``MapState``), or None.
+        schema: the schema byte (``STATE_SCHEMAS``).
 
     Raises:
         TypeError: ``keys`` is not a binary column or holds nulls.
@@ -105,7 +124,7 @@ def state_key_column(keys: pa.Array | pa.ChunkedArray, key_groups: Any, suffix: 
     # The 7 bytes before the key: key group (u16 BE), the state schema byte, key length (u32 BE).
     head = np.empty((n, 7), np.uint8)
     head[:, :2] = kg.astype(">u2").view(np.uint8).reshape(n, 2)
-    head[:, 2] = SCHEMA_STATE
+    head[:, 2] = schema
     head[:, 3:] = np.diff(offsets).astype(">u4").view(np.uint8).reshape(n, 4)
     parts: list[Any] = [(head, 7), (data, offsets), suffix]
     if tail is not None:
@@ -148,7 +167,7 @@ def decode_state_key(dkv_key: bytes) -> tuple[int, bytes, str, bytes]:
     Raises:
         ValueError: if ``dkv_key`` is not a state key.
     """
-    if len(dkv_key) < 7 or dkv_key[2] != SCHEMA_STATE:
+    if len(dkv_key) < 7 or dkv_key[2] not in STATE_SCHEMAS:
         raise ValueError(f"not a state key: {dkv_key!r}")
     key_group = _U16.unpack_from(dkv_key, 0)[0]
     key_len = _U32.unpack_from(dkv_key, 3)[0]
@@ -159,13 +178,166 @@ def decode_state_key(dkv_key: bytes) -> tuple[int, bytes, str, bytes]:
     return key_group, key, state_id, dkv_key[pos + 2 + id_len :]
 
 
-class _Spec:
-    """Common part of state specs: the state id and its encoded form."""
+@dataclass(frozen=True)
+class StateTtl:
+    """A state's time-to-live: an entry not written (or, with ``update=
+    "on_read_and_write"``, not read either) for ``ttl_ms`` of its clock is expired:
+    invisible at once, as if never set, and dropped from storage by later compactions
+    (Flink's ``StateTtlConfig`` with ``NeverReturnExpired``; Spark's ``TTLConfig``).
 
-    def __init__(self, id: str | None) -> None:
+    Args:
+        ttl_ms: time to live, ms (> 0).
+        time: ``"event"``: the clock is the watermark; an entry written in an epoch
+            expires once the watermark passes that epoch's watermark plus ``ttl_ms``.
+            ``"processing"``: the clock is the epoch's processing time (wall clock, ms,
+            taken by the driver once per epoch).
+        update: when the expiry is reset to now plus ``ttl_ms``: ``"on_create_and_write"``
+            (every write: ``set``, ``append``, a map's ``set`` of that entry) or
+            ``"on_read_and_write"`` (reads that find the entry too).
+
+    Raises:
+        ValueError: ``ttl_ms`` not positive, or an unknown ``time`` or ``update``.
+    """
+
+    ttl_ms: int
+    time: str = "event"
+    update: str = "on_create_and_write"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.ttl_ms, int) or self.ttl_ms <= 0:
+            raise ValueError(f"StateTtl: ttl_ms must be a positive int (ms), got {self.ttl_ms!r}")
+        if self.time not in ("event", "processing"):
+            raise ValueError(f"StateTtl: time must be 'event' or 'processing', got {self.time!r}")
+        if self.update not in ("on_create_and_write", "on_read_and_write"):
+            raise ValueError("StateTtl: update must be 'on_create_and_write' or 'on_read_and_write', "
+                             f"got {self.update!r}")
+
+    @property
+    def schema(self) -> int:
+        """The schema byte of the state's DKV keys (module docstring)."""
+        return SCHEMA_STATE_TTL_EVENT if self.time == "event" else SCHEMA_STATE_TTL_PROCESSING
+
+
+@dataclass(frozen=True)
+class StateClock:
+    """The clocks TTL'd state is read and written at while a task handles one epoch.
+
+    Attributes:
+        watermark: the watermark reached before the epoch, ms: an event-time entry is
+            visible iff its expiry is above it.
+        epoch_watermark: the watermark the epoch reaches, ms: an event-time write sets
+            the expiry to it plus the TTL. It is the clock of the epoch's DKV checkpoint
+            (``compaction_filter``), so an entry is visible up to and including the first
+            epoch it has not expired before.
+        processing_time: the epoch's processing time, ms: processing-time entries are
+            visible iff their expiry is above it, and written with it plus the TTL.
+    """
+
+    watermark: int
+    epoch_watermark: int
+    processing_time: int
+
+    @classmethod
+    def of(cls, holder: Any) -> StateClock:
+        """The clock of a ``Subject`` or ``BatchContext`` (its ``state_clock``); one made
+        from its ``watermark`` and the wall clock if it has none (a hand-made subject)."""
+        clock = getattr(holder, "state_clock", None)
+        if clock is not None:
+            return clock
+        return cls(holder.watermark, holder.watermark, time.time_ns() // 1_000_000)
+
+    def now(self, ttl: StateTtl) -> int:
+        """The time ``ttl``'s entries are read at, ms."""
+        return self.watermark if ttl.time == "event" else self.processing_time
+
+    def expiry(self, ttl: StateTtl) -> int:
+        """The expiry a write of ``ttl``'s entries sets, ms (saturating at 2**63 - 1)."""
+        base = self.epoch_watermark if ttl.time == "event" else self.processing_time
+        return min(base + ttl.ttl_ms, _TIME_MAX)
+
+    def compaction_filter(self) -> ExpiryFilter:
+        """The DKV compaction filter of the epoch's checkpoint: entries expired at the
+        watermark the epoch reaches and at its processing time, by schema byte."""
+        return ExpiryFilter(2, ((SCHEMA_STATE_TTL_EVENT, self.epoch_watermark),
+                                (SCHEMA_STATE_TTL_PROCESSING, self.processing_time)))
+
+
+class TtlStore:
+    """The ``StateStore`` a TTL'd state's objects use: the DKV entries of one state
+    with their expiry header (module docstring) added on write, checked and removed on
+    read, expired entries read as absent; reads refresh the expiry if the TTL says so."""
+
+    __slots__ = ("_db", "_header", "_now", "_refresh")
+
+    def __init__(self, db: StateStore, ttl: StateTtl, clock: StateClock) -> None:
+        self._db = db
+        self._now = clock.now(ttl)
+        self._header = EXPIRY.pack(clock.expiry(ttl))
+        self._refresh = ttl.update == "on_read_and_write"
+
+    def get(self, key: bytes) -> bytes | None:
+        """The encoded value without its expiry; None if absent or expired."""
+        raw = self._db.get(key)
+        if raw is None or EXPIRY.unpack_from(raw)[0] <= self._now:
+            return None
+        if self._refresh:
+            self._db.put(key, self._header + raw[8:])
+        return raw[8:]
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """``get`` of each key (refreshes in one write batch)."""
+        now, unpack = self._now, EXPIRY.unpack_from
+        out = [None if raw is None or unpack(raw)[0] <= now else raw[8:] for raw in self._db.get_many(keys)]
+        if self._refresh:
+            live = [i for i, v in enumerate(out) if v is not None]
+            self._db.write_batch([keys[i] for i in live], [self._header + out[i] for i in live])  # type: ignore[operator]
+        return out
+
+    def put(self, key: bytes, value: bytes) -> None:
+        """Stores ``value`` with the expiry of a write now."""
+        self._db.put(key, self._header + value)
+
+    def delete(self, key: bytes) -> None:
+        """A tombstone, as without TTL."""
+        self._db.delete(key)
+
+    def write_batch(self, keys: Sequence[bytes], values: Sequence[bytes | None]) -> None:
+        """``put`` of each value, a tombstone for None, in one DKV write batch."""
+        h = self._header
+        self._db.write_batch(keys, [None if v is None else h + v for v in values])
+
+    def _live(self, pairs: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, bytes]]:
+        now, unpack = self._now, EXPIRY.unpack_from
+        live = [(k, v[8:]) for k, v in pairs if unpack(v)[0] > now]
+        if self._refresh and live:
+            self._db.write_batch([k for k, _ in live], [self._header + v for _, v in live])
+        return iter(live)
+
+    def scan_prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """The unexpired entries under ``prefix``, values without their expiry."""
+        return self._live(self._db.scan_prefix(prefix))
+
+    def scan_range(self, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        """The unexpired entries in ``[start, end)``, values without their expiry."""
+        return self._live(self._db.scan_range(start, end))
+
+
+class _Spec:
+    """Common part of state specs: the state id and its encoded form, and the TTL."""
+
+    def __init__(self, id: str | None, ttl: StateTtl | None = None) -> None:
+        if ttl is not None and not isinstance(ttl, StateTtl):
+            raise TypeError(f"ttl must be a StateTtl or None, got {ttl!r}")
         self.id = id
+        self.ttl = ttl
+        self.schema = SCHEMA_STATE if ttl is None else ttl.schema
         self._id_bytes = b"" if id is None else self._encode_id(id)
         self.owner: type | None = None  # the operator class declaring it, for errors
+
+    def store_for(self, db: StateStore, holder: Any) -> StateStore:
+        """``db`` as this state's objects see it: itself, or with a TTL a ``TtlStore`` at
+        the clock of ``holder`` (a ``Subject`` or ``BatchContext``)."""
+        return db if self.ttl is None else TtlStore(db, self.ttl, StateClock.of(holder))
 
     @staticmethod
     def _encode_id(state_id: str) -> bytes:
@@ -183,7 +355,10 @@ class _Spec:
     def _key(self, subject: Subject) -> bytes:
         if self.id is None:
             raise ValueError("state spec has no id: pass id=... or declare it as a class attribute")
-        return subject._state_prefix + self._id_bytes  # type: ignore[attr-defined]
+        prefix = subject._state_prefix  # type: ignore[attr-defined]
+        if self.ttl is not None:
+            prefix = prefix[:2] + bytes((self.schema,)) + prefix[3:]
+        return prefix + self._id_bytes
 
 
 def bad_state_value(spec: _Spec, role: str, codec: Codec, values: Sequence, error: Exception) -> StateTypeError:
@@ -268,15 +443,17 @@ class ValueSpec(_Spec, Generic[V]):
     Args:
         codec: the value codec.
         id: state id; defaults to the class attribute name it is assigned to.
+        ttl: the entries' time to live (``StateTtl``), or None: kept until dropped.
     """
 
-    def __init__(self, codec: Codec[V], id: str | None = None) -> None:
-        super().__init__(id)
+    def __init__(self, codec: Codec[V], id: str | None = None, ttl: StateTtl | None = None) -> None:
+        super().__init__(id, ttl)
         self.codec = codec
 
     def state_for(self, subject: Subject) -> ValueState[V]:
         """The state of ``subject.key``."""
-        return ValueState(subject._db, self._key(subject), self)  # type: ignore[attr-defined]
+        db = subject._db if self.ttl is None else self.store_for(subject._db, subject)  # type: ignore[attr-defined]
+        return ValueState(db, self._key(subject), self)
 
 
 class ListState(Generic[V]):
@@ -314,15 +491,18 @@ class ListState(Generic[V]):
 
 
 class ListSpec(_Spec, Generic[V]):
-    """Declares a ``ListState``; arguments as ``ValueSpec``."""
+    """Declares a ``ListState``; arguments as ``ValueSpec``. With a TTL the list is one
+    entry with one expiry: an ``append`` refreshes the whole list (Flink expires each
+    element on its own)."""
 
-    def __init__(self, codec: Codec[V], id: str | None = None) -> None:
-        super().__init__(id)
+    def __init__(self, codec: Codec[V], id: str | None = None, ttl: StateTtl | None = None) -> None:
+        super().__init__(id, ttl)
         self.codec = codec
 
     def state_for(self, subject: Subject) -> ListState[V]:
         """The state of ``subject.key``."""
-        return ListState(subject._db, self._key(subject), self)  # type: ignore[attr-defined]
+        db = subject._db if self.ttl is None else self.store_for(subject._db, subject)  # type: ignore[attr-defined]
+        return ListState(db, self._key(subject), self)
 
 
 class MapState(Generic[K, V]):
@@ -410,12 +590,15 @@ class MapSpec(_Spec, Generic[K, V]):
         key_codec: codec of map keys (order-preserving if ``items()`` order matters).
         value_codec: codec of map values.
         id: state id; defaults to the class attribute name.
+        ttl: each map entry's time to live (``StateTtl``), or None.
     """
 
-    def __init__(self, key_codec: Codec[K], value_codec: Codec[V], id: str | None = None) -> None:
-        super().__init__(id)
+    def __init__(self, key_codec: Codec[K], value_codec: Codec[V], id: str | None = None,
+                 ttl: StateTtl | None = None) -> None:
+        super().__init__(id, ttl)
         self.key_codec, self.value_codec = key_codec, value_codec
 
     def state_for(self, subject: Subject) -> MapState[K, V]:
         """The state of ``subject.key``."""
-        return MapState(subject._db, self._key(subject), self)  # type: ignore[attr-defined]
+        db = subject._db if self.ttl is None else self.store_for(subject._db, subject)  # type: ignore[attr-defined]
+        return MapState(db, self._key(subject), self)

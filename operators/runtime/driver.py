@@ -752,6 +752,7 @@ class JobRunner:
         cuts = event_time.cuts if event_time is not None else {}
         offset_limits = {part_index[p]: cut for p, cut in cuts.items()} or None
         input_schema = stage_input_schema(self.job.source.value_schema)
+        processing_time = self._now_ms()  # one per epoch: every task's TTL clock agrees
         self._task_dead_letters = []
         self._screened = None
         for i, op in enumerate(self.job.operators):
@@ -779,6 +780,7 @@ class JobRunner:
                     input_partitions=partitions if i == 0 else None,
                     offset_limits=offset_limits if i == 0 else None,
                     layout=ckpt.layout,
+                    processing_time=processing_time,
                 )
                 for r, kr in enumerate(ranges)
             ]

@@ -34,7 +34,7 @@ from dkvstream.operators.api.columns import (
 )
 from dkvstream.operators.api.keygroups import KeyGroupRange, key_groups_of, range_indexes_of
 from dkvstream.operators.api.operator import MAIN_OUTPUT, KeyedEvent, Operator, Subject
-from dkvstream.operators.api.state import subject_prefix
+from dkvstream.operators.api.state import StateClock, subject_prefix
 from dkvstream.operators.errors import OperatorError
 from dkvstream.operators.io import dead_letter
 from dkvstream.operators.io.sinks import Sink
@@ -83,6 +83,9 @@ class TaskSpec:
             or past it are dropped (the next epoch reads them again); None: no cut.
         layout: the job's key layout (``dkvstream.operators.paths``): where the range's DKV files
             and staged output go.
+        processing_time: the epoch's processing time, ms since the Unix epoch, taken by
+            the driver once per epoch: the clock of processing-time state TTL; None: the
+            task's wall clock at its start.
     """
 
     job_prefix: str
@@ -102,6 +105,7 @@ class TaskSpec:
     input_partitions: tuple[str, ...] | None = None
     offset_limits: dict[int, int] | None = None
     layout: int = paths.LAYOUT_FLAT
+    processing_time: int | None = None
 
 
 @dataclass
@@ -156,6 +160,7 @@ class _TaskSubject(Subject):
         "_timers",
         "key",
         "key_group",
+        "state_clock",
         "timestamp",
         "watermark",
     )
@@ -169,6 +174,7 @@ class _TaskSubject(Subject):
         self.key_group = -1
         self.timestamp = 0
         self.watermark = 0
+        self.state_clock: StateClock | None = None  # of TTL'd state (state.StateClock)
         self._state_prefix = b""
 
     def _point_at(self, key: bytes, key_group: int) -> None:
@@ -252,7 +258,10 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
         timers = TimerService(db, krange)
     else:
         timers.begin_epoch()
+    state_clock = StateClock(spec.watermark_before, spec.watermark_after,
+                             time.time_ns() // 1_000_000 if spec.processing_time is None else spec.processing_time)
     subject = _TaskSubject(db, timers, operator.outputs)
+    subject.state_clock = state_clock
 
     dead = None
     try:
@@ -264,7 +273,8 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
         # "dead_letter" rerun below is not paused: each caught exception is a cycle.
         with gc_paused():
             if isinstance(operator, BatchOperator):
-                n_events, timers_fired, emitted = _run_batch(operator, spec, events, db, timers)
+                n_events, timers_fired, emitted = _run_batch(operator, spec, events, db, timers,
+                                                             state_clock=state_clock)
             else:
                 n_events, timers_fired, emitted = _run_events(operator, spec, events, subject, timers)
     except Exception as e:
@@ -285,9 +295,10 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
         buffer = operator_errors.WriteBuffer(db)
         timers = TimerService(buffer, krange)  # not kept: it writes through the buffer
         if isinstance(operator, BatchOperator):
-            n_events, timers_fired, emitted = _run_batch(operator, spec, events, buffer, timers, dead)
+            n_events, timers_fired, emitted = _run_batch(operator, spec, events, buffer, timers, dead, state_clock)
         else:
             subject = _TaskSubject(buffer, timers, operator.outputs)
+            subject.state_clock = state_clock
             n_events, timers_fired, emitted = _run_events(operator, spec, events, subject, timers, dead)
         buffer.commit()
         timers = None
@@ -312,6 +323,9 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
         checksums[dead_letter_key] = checksum.to_json()
     if spec.flush:
         db.flush()
+    # Expired TTL'd state leaves storage as compaction rewrites it, at this checkpoint's
+    # clocks (state.py); the filter in the manifest makes remote compaction agree.
+    db.set_compaction_filter(state_clock.compaction_filter())
     fault_point("task_before_checkpoint")
     manifest_key = db.checkpoint(f"e{spec.epoch:010d}-{attempt}")
     dropped, unkept = db.dropped_at_checkpoint(), db.unkept_at_checkpoint()  # retention hook
@@ -619,8 +633,8 @@ def _batch_emitted(operator: BatchOperator, ctx: BatchContext) -> Emitted:
 
 
 def _run_batch(operator: BatchOperator, spec: TaskSpec, events: pa.Table, db: DKV,
-               timers: TimerService, dead: operator_errors.DeadLetterRows | None = None
-               ) -> tuple[int, int, Emitted]:
+               timers: TimerService, dead: operator_errors.DeadLetterRows | None = None,
+               state_clock: StateClock | None = None) -> tuple[int, int, Emitted]:
     """The vectorised form: ``on_batch`` once with the range's events sorted by (key,
     time), then ``on_timers`` with due timers until none is due.
 
@@ -631,6 +645,7 @@ def _run_batch(operator: BatchOperator, spec: TaskSpec, events: pa.Table, db: DK
     """
     events, value_columns, batch = _batch_input(spec, events)
     ctx = BatchContext(db, timers, operator.outputs, operator.name)
+    ctx.state_clock = state_clock
     calls = _DirectBatchCalls(operator, ctx) if dead is None else _IsolatingBatchCalls(operator, ctx, db, timers, dead)
     ctx.watermark = spec.watermark_before
     if batch.num_rows:

@@ -44,7 +44,6 @@ from dkvstream.operators import paths
 from dkvstream.operators.api.columns import KEY_GROUP_COLUMN
 from dkvstream.operators.api.job import Job
 from dkvstream.operators.api.state import (
-    SCHEMA_STATE,
     SCHEMA_TIMER,
     ListSpec,
     MapSpec,
@@ -57,6 +56,7 @@ from dkvstream.operators.runtime.recovery import check_checkpoint
 from dkvstream.operators.runtime.timers import decode_timer_key
 from dkvstream.storage.cli import UsageError, parse_bytes, render_bytes, run_command
 from dkvstream.storage.dkv import DKV
+from dkvstream.storage.dkv.expiry import EXPIRY
 from dkvstream.storage.errors import ObjectNotFoundError
 from dkvstream.storage.objectstore import ObjectStore
 
@@ -149,7 +149,9 @@ def read_state(store: ObjectStore, job: Job, state_id: str, operator: str | None
     Returns:
         Columns ``key_group`` (int32), ``subject_key`` (binary), ``state_id`` (string),
         ``map_key`` (MapSpec only, typed by the key codec) and ``value`` (typed by the
-        value codec; a list for ListSpec).
+        value codec; a list for ListSpec); for a state with a TTL, ``expiry`` (int64, ms
+        of its clock): an entry at or past it is invisible to the job, and stays in
+        storage until a compaction rewrites it.
 
     Raises:
         KeyError: unknown operator or state id. LookupError: no checkpoint, or
@@ -162,13 +164,17 @@ def read_state(store: ObjectStore, job: Job, state_id: str, operator: str | None
     spec = specs[state_id]
     is_map, is_list = isinstance(spec, MapSpec), isinstance(spec, ListSpec)
     value_codec = spec.value_codec if is_map else spec.codec
-    cols: dict[str, list] = {KEY_GROUP_COLUMN: [], "subject_key": [], "state_id": [], "map_key": [], "value": []}
+    cols: dict[str, list] = {KEY_GROUP_COLUMN: [], "subject_key": [], "state_id": [], "map_key": [], "value": [],
+                             "expiry": []}
     for _, _, k, v in checkpoint_entries(store, job.prefix, epoch, op.name):
-        if k[2] != SCHEMA_STATE:
+        if k[2] != spec.schema:
             continue
         kg, subject_key, sid, map_key = decode_state_key(k)
         if sid != state_id or not _in_range(subject_key, key_range):
             continue
+        if spec.ttl is not None:
+            cols["expiry"].append(EXPIRY.unpack_from(v)[0])
+            v = v[8:]
         cols[KEY_GROUP_COLUMN].append(kg)
         cols["subject_key"].append(subject_key)
         cols["state_id"].append(sid)
@@ -184,6 +190,10 @@ def read_state(store: ObjectStore, job: Job, state_id: str, operator: str | None
     else:
         del cols["map_key"]
     fields.append(pa.field("value", value_type))
+    if spec.ttl is not None:
+        fields.append(pa.field("expiry", pa.int64()))
+    else:
+        del cols["expiry"]
     return pa.table(cols, schema=pa.schema(fields))
 
 

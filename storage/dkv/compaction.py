@@ -21,6 +21,9 @@ Tombstones (and shadowed versions, which the merge always drops) may only be dro
 no table outside the inputs in a deeper level overlaps the inputs' key span: otherwise an
 older version below would resurface. ``drop_tombstones`` records that decision.
 
+A compaction filter (``expiry.py``), when the instance has one, is applied to each merged
+range: expired entries are dropped, or turned into tombstones when tombstones must stay.
+
 Compaction never changes an existing file. Its result names its inputs and outputs;
 ``LevelList.with_compaction`` installs it only if every input is still live, so a result
 computed elsewhere (``remote_compaction.py``) can be installed later or discarded safely.
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dkvstream.storage.dkv.expiry import ExpiryFilter
 from dkvstream.storage.dkv.levels import LevelList
 from dkvstream.storage.dkv.merge import ColumnBatch, merge_spans_columns
 from dkvstream.storage.dkv.options import DKVOptions
@@ -178,20 +182,24 @@ def plan_compaction(levels: LevelList, options: DKVOptions) -> CompactionPlan | 
     return _finish(levels, picked, best + 1, "level")
 
 
-def run_compaction(plan: CompactionPlan, tables: TableStore, target_bytes: int) -> CompactionResult:
+def run_compaction(plan: CompactionPlan, tables: TableStore, target_bytes: int,
+                   compaction_filter: ExpiryFilter | None = None) -> CompactionResult:
     """Executes ``plan``: merges its inputs and writes the output run.
 
     The inputs are merged one key range at a time (``MERGE_RANGE_BLOCKS``): each input's
     blocks of the range are read (decompressed, through the block cache) and merged in
     one C call that reads them in place and returns the newest version of each key as
     columns (``merge.merge_spans_columns``; without the C module, its pure-Python
-    reference), tombstones dropped if the plan allows. The columns go to the C block
-    encoder (``TableStore.write_run_chunks``), which splits the run into tables.
+    reference), tombstones dropped if the plan allows, then expired entries dropped (or
+    made tombstones) by ``compaction_filter``. The columns go to the C block encoder
+    (``TableStore.write_run_chunks``), which splits the run into tables.
 
     Args:
         plan: From ``plan_compaction`` (or ``plan_full``).
         tables: Reads inputs (clipped tables yield only their visible keys), writes outputs.
         target_bytes: Split size of output tables (uncompressed bytes).
+        compaction_filter: The filter of the manifest the plan was made from (its clocks
+            at that checkpoint), or None.
 
     Returns:
         The result to install with ``LevelList.with_compaction``.
@@ -202,6 +210,8 @@ def run_compaction(plan: CompactionPlan, tables: TableStore, target_bytes: int) 
     """
     chunks = (_merge_range(tables, plan.inputs, lo, hi, plan.drop_tombstones)
               for lo, hi in _merge_ranges(tables, plan.inputs))
+    if compaction_filter is not None:
+        chunks = (compaction_filter.apply(c, plan.drop_tombstones) for c in chunks)
     # The merge returns each range's keys strictly ascending (it checks its inputs' order).
     outputs = tables.write_run_chunks(chunks, target_bytes, sorted_unique=True)
     return CompactionResult(

@@ -44,6 +44,7 @@ from dkvstream.storage.dkv.compaction import (
     plan_full,
     run_compaction,
 )
+from dkvstream.storage.dkv.expiry import ExpiryFilter
 from dkvstream.storage.dkv.flush import wal_fits, write_l0, write_wal_object
 from dkvstream.storage.dkv.gc_pause import gc_paused
 from dkvstream.storage.dkv.levels import LevelList
@@ -94,6 +95,7 @@ class DKV:
         self._unkept: dict[str, int] = {}
         self._compactions: dict[str, int] = {}
         self._point = PointReader(self._tables)
+        self._filter: ExpiryFilter | None = None if manifest is None else manifest.compaction_filter
         if manifest is None:
             self._seq = 0
             self._flushed_seq = 0
@@ -229,6 +231,7 @@ class DKV:
         self._wal_refs = list(m.wal)
         self._seq = m.last_seq
         self._handled = set(m.handled_compactions)
+        self._filter = m.compaction_filter
         return True
 
     @property
@@ -419,7 +422,7 @@ class DKV:
 
     def _run_plan(self, plan: CompactionPlan) -> None:
         with gc_paused():
-            result = run_compaction(plan, self._tables, self._options.target_file_bytes)
+            result = run_compaction(plan, self._tables, self._options.target_file_bytes, self._filter)
         fault_point("dkv_compaction_written")
         self.install_compaction(result)
         self._compactions[plan.reason] = self._compactions.get(plan.reason, 0) + 1
@@ -428,15 +431,26 @@ class DKV:
         """Flushes the memtable, then merges every table into the last non-empty level.
 
         Afterwards the tree is one sorted run without tombstones (unless a level outside
-        this instance's tables could hold older versions, which cannot happen here). Not
-        bounded by ``max_inline_compaction_bytes``.
+        this instance's tables could hold older versions, which cannot happen here), and
+        without entries the compaction filter finds expired (a lone table is rewritten
+        then too). Not bounded by ``max_inline_compaction_bytes``.
         """
         self.flush_memtable()
         plan = plan_full(self._levels)
-        if plan is not None and not (
+        if plan is not None and (self._filter is not None or not (
             len(plan.inputs) == 1 and plan.input_levels[0] >= 1 and plan.inputs[0].clip is None
-        ):
+        )):
             self._run_plan(plan)
+
+    def set_compaction_filter(self, compaction_filter: ExpiryFilter | None) -> None:
+        """Sets the filter later compactions of this instance apply and its next
+        manifests record (``expiry.py``); None: none. Kept by ``DKV.open`` of those
+        manifests.
+
+        Its clocks must never go back: an entry is invisible to the DKV user from the time
+        it expires, and compaction may drop it from then on.
+        """
+        self._filter = compaction_filter
 
     def install_compaction(self, result: CompactionResult) -> None:
         """Installs a compaction result if all its inputs are still live.
@@ -556,6 +570,7 @@ class DKV:
             name=name, prefix=self._paths.prefix, last_seq=self._seq,
             flushed_seq=self._flushed_seq, levels=self._levels, wal=tuple(self._wal_refs),
             key_range=self._key_range, handled_compactions=tuple(sorted(self._handled)),
+            compaction_filter=self._filter,
         )
 
     # -- introspection and lifecycle ----------------------------------------------------

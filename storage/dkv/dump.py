@@ -192,6 +192,10 @@ def dump_manifest(loc: str, out: TextIO) -> None:
     if m.key_range is not None:
         w(f"key range: {fmt_key(m.key_range[0])} .. {fmt_key(m.key_range[1])}\n")
     w(f"handled compactions: {len(m.handled_compactions)}\n")
+    if m.compaction_filter is not None:
+        f = m.compaction_filter
+        w(f"compaction filter: expiry, marker at key byte {f.marker_offset}, clocks "
+          + ", ".join(f"0x{marker:02x} <= {clock}" for marker, clock in f.clocks) + "\n")
     w(f"wal objects: {len(m.wal)}, {sum(x.size for x in m.wal)} bytes, "
       f"{sum(x.records for x in m.wal)} records\n")
     for x in m.wal:

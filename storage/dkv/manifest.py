@@ -19,14 +19,19 @@ On-bucket format (``<prefix>/manifests/<checkpoint>.json``), two lines of UTF-8:
      "levels": [[table, ...], ...],   # L0 newest first, then sorted runs
      "wal": [{"key": str, "first_seq": int, "last_seq": int, "size": int, "records": int}, ...],
      "key_range": [lo hex, hi hex | null] | null,   # the instance's range (after a rescale)
-     "handled_compactions": [id, ...]}              # remote results installed or discarded
+     "handled_compactions": [id, ...],              # remote results installed or discarded
+     "compaction_filter": {"kind": "expiry", "marker_offset": int,
+                           "clocks": [[marker, clock], ...]}}   # optional, see expiry.py
     table := {"key": str, "min_key": hex, "max_key": hex, "min_seq": int, "max_seq": int,
               "size": int, "entries": int[, "clip": [lo hex, hi hex | null]]}
 
 ``key`` of a table or WAL object may lie under another prefix (a parent range's, after a
 rescale; see ``DKV.open_from_parents``). A table with ``clip`` is shared: only its keys in
 ``[min_key, max_key]`` (the file's keys inside the clip) are visible. Version 1 manifests
-(no ``key_range``, ``handled_compactions`` or ``clip``) are still read.
+(no ``key_range``, ``handled_compactions`` or ``clip``) are still read. Without
+``compaction_filter`` (absent or null) compaction drops no live entry; with it, every
+compaction planned from the manifest (inline after it, or remote) drops the entries the
+filter finds expired at the manifest's clocks (``expiry.py``).
 
 A remote compaction result (``<prefix>/compactions/<id>.json``, see
 ``remote_compaction.py``) uses the same two-line framing with this body::
@@ -49,6 +54,7 @@ from dataclasses import dataclass, field
 
 from crc32c import crc32c
 
+from dkvstream.storage.dkv.expiry import ExpiryFilter
 from dkvstream.storage.dkv.levels import LevelList
 from dkvstream.storage.dkv.sstable import TableInfo
 from dkvstream.storage.errors import CorruptionError, ManifestConflictError, ObjectExistsError
@@ -84,6 +90,7 @@ class Manifest:
     format_version: int = FORMAT_VERSION
     key_range: tuple[bytes, bytes | None] | None = None
     handled_compactions: tuple[str, ...] = ()
+    compaction_filter: ExpiryFilter | None = None
 
 
 @dataclass(frozen=True)
@@ -235,6 +242,8 @@ def encode_manifest(m: Manifest) -> bytes:
         "key_range": _range_to_json(m.key_range),
         "handled_compactions": list(m.handled_compactions),
     }
+    if m.compaction_filter is not None:
+        body["compaction_filter"] = m.compaction_filter.to_json()
     return frame(body)
 
 
@@ -266,6 +275,8 @@ def decode_manifest(data: bytes, uri: str) -> Manifest:
             format_version=int(body["format_version"]),
             key_range=_range_from_json(body.get("key_range")),
             handled_compactions=tuple(str(i) for i in body.get("handled_compactions", ())),
+            compaction_filter=(None if body.get("compaction_filter") is None
+                               else ExpiryFilter.from_json(body["compaction_filter"])),
         )
     except (ValueError, KeyError, TypeError) as e:
         end = data.find(b"\n")

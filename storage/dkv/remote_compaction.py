@@ -64,7 +64,9 @@ def compact_checkpoint(
     cid = new_compaction_id()
     paths = PathResolver(prefix, compaction_id=cid)
     tables = TableStore(store, paths, options)
-    result = run_compaction(plan, tables, options.target_file_bytes)
+    # The manifest's filter, at the clocks of its checkpoint: the same entries expire
+    # wherever and whenever the plan runs.
+    result = run_compaction(plan, tables, options.target_file_bytes, m.compaction_filter)
     remote = RemoteResult(
         id=cid, prefix=paths.prefix, base_manifest=manifest_key,
         inputs=tuple(zip(plan.input_levels, plan.inputs)), output_level=plan.output_level,

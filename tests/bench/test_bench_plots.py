@@ -42,3 +42,25 @@ def test_bar_panels_writes_a_grid_with_missing_values(tmp_path) -> None:
         {"labels": ["a"], "values": [2.0], "xlabel": "y", "hatched": ["a"]},
         {"labels": ["c"], "values": [3.0], "xlabel": "z"}], caption="c", columns=2)
     assert path.read_bytes()[:8] == PNG
+
+
+def test_state_ttl_bench_keeps_state_flat_only_with_a_ttl(tmp_path) -> None:
+    from bench.state_ttl import FirstSeen, first_seen_with_ttl, run
+    from dkvstream.storage.dkv import DKVOptions
+
+    tiny = DKVOptions(memtable_bytes=16 << 10, wal_flush_bytes=16 << 10, target_file_bytes=16 << 10,
+                      level_base_bytes=64 << 10, l0_compaction_trigger=2, block_bytes=1024)
+    plain = run(FirstSeen(), 24_000, 2_000, str(tmp_path / "plain"), tiny)
+    ttl = run(first_seen_with_ttl(4_000), 24_000, 2_000, str(tmp_path / "ttl"), tiny)
+    assert len(plain) == len(ttl) == 11  # the end-of-input epoch is left out
+    assert plain[-1] > 2 * plain[3]  # grows with the keys
+    assert max(ttl[5:]) < plain[-1] / 2 and max(ttl[5:]) < 2 * min(ttl[5:])  # flat
+
+
+def test_state_ttl_bench_plots(tmp_path, capsys) -> None:
+    from bench.state_ttl import main
+
+    path = tmp_path / "ttl.png"
+    main(["--epochs", "3", "--epoch-events", "500", "--ttl-epochs", "1", "--plot", str(path)])
+    assert "no TTL, KiB" in capsys.readouterr().out
+    assert path.read_bytes()[:8] == PNG
