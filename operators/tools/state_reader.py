@@ -52,6 +52,7 @@ from dkvstream.operators.api.state import (
     list_payload,
     state_specs,
 )
+from dkvstream.operators.api.state_schema import bound_value_codec, evolve
 from dkvstream.operators.runtime.checkpoints import JobCheckpoint, list_epochs, read_checkpoint
 from dkvstream.operators.runtime.recovery import check_checkpoint
 from dkvstream.operators.runtime.timers import decode_timer_key
@@ -154,6 +155,8 @@ def read_state(store: ObjectStore, job: Job, state_id: str, operator: str | None
     Raises:
         KeyError: unknown operator or state id. LookupError: no checkpoint, or
             ``epoch`` is not retained.
+        StateSchemaError: the spec's codecs cannot read the entries the checkpoint
+            holds (``dkvstream.operators.api.state_schema``).
     """
     op = _operator(job, operator)
     specs = state_specs(op)
@@ -161,7 +164,11 @@ def read_state(store: ObjectStore, job: Job, state_id: str, operator: str | None
         raise KeyError(f"operator {op.name} declares no state {state_id!r} (has {sorted(specs)})")
     spec = specs[state_id]
     is_map, is_list = isinstance(spec, MapSpec), isinstance(spec, ListSpec)
-    value_codec = spec.value_codec if is_map else spec.codec
+    # Entries of every schema version the checkpoint recorded, read in the declared fields.
+    ckpt = _checkpoint(store, job.prefix, epoch)
+    recorded = ckpt.state_schemas.get(op.name, {}).get(state_id)
+    value_codec = bound_value_codec(spec, evolve(op.name, state_id, recorded, spec, ckpt.epoch))
+    epoch = ckpt.epoch
     cols: dict[str, list] = {KEY_GROUP_COLUMN: [], "subject_key": [], "state_id": [], "map_key": [], "value": []}
     for _, _, k, v in checkpoint_entries(store, job.prefix, epoch, op.name):
         if k[2] != SCHEMA_STATE:
