@@ -29,6 +29,10 @@ _SIGN = 1 << 63
 # msgpack arrays as tuples: the rows of ``RecordCodec.decode_rows``, decoded without a
 # Python frame per value.
 _unpack_tuple = functools.partial(msgpack.unpackb, raw=False, use_list=False)
+# The C loops take a schema version's header themselves (their third argument) in a
+# module built from this source; one built before that takes two arguments, and the
+# header is then added and checked here, one Python step per value.
+_NATIVE_HEADERS = NATIVE is not None and "header" in (NATIVE.unpack_int_rows.__doc__ or "")
 
 
 class Codec(ABC, Generic[T]):
@@ -426,15 +430,17 @@ class RecordCodec(Codec[dict]):
         raws = raws if type(raws) is list else list(raws)
         n, f = len(raws), len(self._names)
         if NATIVE is not None and self._all_int64 and f <= 15:
-            if self._header:
+            if _NATIVE_HEADERS:  # the C loop checks and skips the current version's header
+                got = NATIVE.unpack_int_rows(raws, f, self._header)
+            elif not self._header:
+                got = NATIVE.unpack_int_rows(raws, f)
+            else:
                 present = [r for r in raws if r is not None]
                 bodies = self._current_bodies(present)
                 if bodies is not None and len(bodies) < n:
                     it = iter(bodies)
                     bodies = [None if r is None else next(it) for r in raws]
-            else:
-                bodies = raws
-            got = None if bodies is None else NATIVE.unpack_int_rows(bodies, f)
+                got = None if bodies is None else NATIVE.unpack_int_rows(bodies, f)
             if got is not None:
                 values, valid, present = got
                 values = np.frombuffer(values, np.int64).reshape(n, f)
@@ -476,7 +482,10 @@ class RecordCodec(Codec[dict]):
             arrays = [c for c in columns if isinstance(c, (pa.Array, pa.ChunkedArray))]
             if len(arrays) == len(columns) and all(a.type == pa.int64() and not a.null_count for a in arrays):
                 matrix = np.column_stack([a.to_numpy() for a in arrays]) if lengths != {0} else np.zeros((0, 1))
-                return self._headed(NATIVE.pack_int_rows(np.ascontiguousarray(matrix, np.int64), len(columns)))
+                matrix = np.ascontiguousarray(matrix, np.int64)
+                if _NATIVE_HEADERS:
+                    return NATIVE.pack_int_rows(matrix, len(columns), self._header)
+                return self._headed(NATIVE.pack_int_rows(matrix, len(columns)))
         lists = [c.to_pylist() if isinstance(c, (pa.Array, pa.ChunkedArray)) else list(c) for c in columns]
         return self.encode_rows(list(zip(*lists)))
 

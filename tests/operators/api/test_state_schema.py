@@ -160,3 +160,21 @@ def test_a_state_no_longer_declared_keeps_its_record() -> None:
 
     kept = evolve_job([Fewer()], recorded)
     assert kept["op"]["total"] == recorded["op"]["total"]
+
+
+def test_a_native_module_built_without_headers_gives_the_same_bytes(monkeypatch) -> None:
+    """A C module built before the loops took a header: the header is added and checked
+    in Python, with the same bytes and values."""
+    from dkvstream.operators.api import codecs
+
+    old = RecordCodec({"a": pa.int64()})
+    new = RecordCodec({"a": pa.int64(), "b": pa.int64()}, defaults={"b": 5})
+    bound = new.bind([old.schema_fields(), new.schema_fields()])
+    columns = {"a": pa.array([1, 2]), "b": pa.array([3, 4])}
+    raws = bound.encode_struct(columns) + [None, old.encode({"a": 9})]
+    want = bound.decode_struct(raws).to_pylist()
+    assert want == [{"a": 1, "b": 3}, {"a": 2, "b": 4}, None, {"a": 9, "b": 5}]
+    monkeypatch.setattr(codecs, "_NATIVE_HEADERS", False)
+    assert bound.encode_struct(columns) == raws[:2]
+    assert bound.decode_struct(raws).to_pylist() == want
+    assert bound.decode_struct(raws[:3]).to_pylist() == want[:3]

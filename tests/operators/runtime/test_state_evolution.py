@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from dkvstream.examples.keyed_count import keyed_count_oracle
-from dkvstream.operators.api.codecs import IntCodec, RecordCodec, StrCodec, VERSION_MARK
+from dkvstream.operators.api.codecs import VERSION_MARK, IntCodec, RecordCodec, StrCodec
 from dkvstream.operators.api.state import MapSpec, decode_state_key
 from dkvstream.operators.errors import StateSchemaError
 from dkvstream.operators.runtime.driver import JobRunner
