@@ -21,6 +21,7 @@ from dkvstream.operators.api.job import Job
 from dkvstream.operators.api.operator import KeyedEvent, Operator, Subject
 from dkvstream.operators.api.state import MapSpec
 from dkvstream.operators.io.sinks import ParquetSink
+from dkvstream.operators.io.sources import Source
 
 NAME = "evolving_count"
 TAG = 7
@@ -149,11 +150,13 @@ class CountV2Batch(_Batch):
                 "tag": pc.fill_null(old.field("tag"), TAG)}
 
 
-def job(operator: Operator, parallelism: int = 2) -> Job:
-    """The job of ``operator`` (either release, either form) over 2 partitions x 3,000
-    events of 1,000 keys, 500 events an epoch (12 epochs); each release has its own sink."""
+def job(operator: Operator, parallelism: int = 2, source: Source | None = None) -> Job:
+    """The job of ``operator`` (either release, either form) over ``source``, by default
+    2 partitions x 3,000 events of 1,000 keys, 500 events an epoch (12 epochs); each
+    release has its own sink."""
     release = 2 if isinstance(operator, (CountV2, CountV2Batch)) else 1
     schema = V2_SCHEMA if release == 2 else OUTPUT_SCHEMA
-    return Job(name=NAME, source=SyntheticSource(3_000, 1_000, partitions=2, step_ms=6_000),
+    source = source or SyntheticSource(3_000, 1_000, partitions=2, step_ms=6_000)
+    return Job(name=NAME, source=source,
                operators=[operator], sinks={"main": ParquetSink(f"counts_v{release}", schema)},
                parallelism=parallelism, events_per_epoch=500, max_out_of_orderness_ms=12_000)

@@ -31,13 +31,17 @@ def _published(runner: JobRunner, after: int = 0) -> pd.DataFrame:
                              if e > after]).to_pandas()
 
 
-def _check_output(v1: JobRunner, v2: JobRunner) -> None:
-    """Release 1's rows and release 2's together are the oracle's, each window once."""
-    old, new = _published(v1), _published(v2, after=FIRST_EPOCHS)
+def _check_output(v1: JobRunner, v2: JobRunner, last_v1: int = FIRST_EPOCHS,
+                  want: pd.DataFrame | None = None) -> None:
+    """Release 1's rows (up to its last epoch ``last_v1``) and release 2's together are
+    ``want`` (by default the oracle's over the whole source), each window once."""
+    old, new = _published(v1), _published(v2, after=last_v1)
     assert len(new) and (new["tag"] == ev.TAG).all(), "a window left by release 1 lost its default"
     new = new.assign(amount=new["amount"].astype("int64")).drop(columns="tag")
     got = pd.concat([old, new]).sort_values(["key", "window_start"]).reset_index(drop=True)
-    want = keyed_count_oracle(v2.job.source).sort_values(["key", "window_start"]).reset_index(drop=True)
+    if want is None:
+        want = keyed_count_oracle(v2.job.source)
+    want = want.sort_values(["key", "window_start"]).reset_index(drop=True)
     pd.testing.assert_frame_equal(got[want.columns.tolist()], want, check_dtype=False)
 
 
@@ -132,3 +136,47 @@ def test_a_release_reading_every_older_version(tmp_path) -> None:
 
     with pytest.raises(StateSchemaError, match="field 'last_start' was int64, is string.*schema version 0"):
         JobRunner(ev.job(Back()), None, store).run()
+
+
+class _Killed(Exception):
+    pass
+
+
+def _kill(point: str, epoch: int | None) -> None:
+    raise _Killed(f"{point} of epoch {epoch}")
+
+
+@pytest.mark.parametrize("v2_op", [ev.CountV2, ev.CountV2Batch], ids=["on_event", "batch"])
+def test_new_release_killed_in_its_first_epoch(tmp_path, v2_op) -> None:
+    """Release 2 dies after its first epoch's tasks wrote entries of the new version and
+    before the commit; the restart reads the checkpoint of release 1 again."""
+    from dkvstream.storage import faults
+
+    store = str(tmp_path / "store")
+    with JobRunner(ev.job(ev.CountV1()), None, store) as v1:
+        v1.run(max_epochs=FIRST_EPOCHS)
+    faults.arm("after_tasks", action=_kill, epoch=FIRST_EPOCHS + 1)
+    with JobRunner(ev.job(v2_op()), None, store) as crashed, pytest.raises(_Killed):
+        crashed.run()
+    assert crashed.latest().epoch == FIRST_EPOCHS
+    assert crashed.latest().state_schemas[ev.NAME]["windows"]["versions"] == [
+        [list(f) for f in ev.V1.schema_fields()]]
+    with JobRunner(ev.job(v2_op(), parallelism=3), None, store) as v2:
+        v2.run()
+    _check_output(v1, v2)
+
+
+def test_new_release_on_a_live_source(tmp_path) -> None:
+    """An unbounded source: release 1 reads what is there, release 2 goes on as more
+    arrives; the output is every window the final watermark closed."""
+    from tests.operators.live_sources import GrowingSource, oracle, reveal
+
+    visible, store = tmp_path / "visible.json", str(tmp_path / "store")
+    reveal(visible, {"p0": 1_200, "p1": 1_100})
+    with JobRunner(ev.job(ev.CountV1Batch(), source=GrowingSource(visible)), None, store) as v1:
+        last_v1 = v1.run()[-1].epoch
+    reveal(visible, {"p0": 2_500, "p1": 2_600})
+    with JobRunner(ev.job(ev.CountV2Batch(), parallelism=3, source=GrowingSource(visible)), None, store) as v2:
+        v2.run()
+        watermark = v2.latest().watermark
+    _check_output(v1, v2, last_v1, oracle(GrowingSource(visible), watermark))
