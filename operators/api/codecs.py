@@ -224,7 +224,8 @@ class RecordCodec(Codec[dict]):
             reads as for that field (null for an added field without one).
 
     Raises:
-        ValueError: no fields, or a default for a field not in ``fields``.
+        ValueError: no fields, or a default for a field not in ``fields`` or not a
+            value of its type.
     """
 
     name = "record"
@@ -238,6 +239,12 @@ class RecordCodec(Codec[dict]):
         if unknown:
             raise ValueError(f"RecordCodec defaults name fields it does not have: {', '.join(unknown)} "
                              f"(fields: {', '.join(self.fields)})")
+        for n, v in self.defaults.items():
+            try:
+                pa.array([v], self.fields[n])
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as e:
+                raise ValueError(f"RecordCodec default of field {n!r} ({self.fields[n]}): {v!r} is not "
+                                 f"a value of that type ({' '.join(str(e).split())})") from None
         self._names = tuple(self.fields)
         self.arrow_type = pa.struct([pa.field(n, t) for n, t in self.fields.items()])
         self.name = "record<" + ",".join(f"{n}:{t}" for n, t in self.fields.items()) + ">"

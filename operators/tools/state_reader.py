@@ -242,7 +242,8 @@ def describe(store: ObjectStore, job: Job, epoch: int | None = None) -> dict:
     Returns:
         ``{"job", "checkpoints" (URI), "epochs" (retained, ascending), "epoch" (the one
         described), "operators": [{"name", "ranges": {key-group range label: URI of its DKV
-        manifest at that epoch}, "states": {state id: kind and codecs}}]}``.
+        manifest at that epoch}, "states": {state id: kind and codecs, and the record
+        schema versions the checkpoint holds when more than one}}]}``.
 
     Raises:
         LookupError: no checkpoint, or ``epoch`` is not retained.
@@ -253,8 +254,16 @@ def describe(store: ObjectStore, job: Job, epoch: int | None = None) -> dict:
             "operators": [{"name": op.name,
                            "ranges": {label: store.uri(key) for label, key in
                                       sorted(ckpt.operators.get(op.name, {}).items())},
-                           "states": {sid: spec_kind(spec) for sid, spec in sorted(state_specs(op).items())}}
+                           "states": {sid: spec_kind(spec) + _versions(ckpt, op.name, sid)
+                                      for sid, spec in sorted(state_specs(op).items())}}
                           for op in job.operators]}
+
+
+def _versions(ckpt: JobCheckpoint, operator: str, state_id: str) -> str:
+    """`` (schema versions 0..N)`` when the checkpoint records more than one version of
+    the state's record fields (``dkvstream.operators.api.state_schema``), else ``""``."""
+    versions = ckpt.state_schemas.get(operator, {}).get(state_id, {}).get("versions", [])
+    return f" (schema versions 0..{len(versions) - 1})" if len(versions) > 1 else ""
 
 
 def verify(store: ObjectStore, job: Job, epoch: int | None = None) -> tuple[int, list[str]]:

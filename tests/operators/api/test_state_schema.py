@@ -84,6 +84,8 @@ def test_refused_changes_name_the_field() -> None:
         RecordCodec({"n": pa.string()}).bind([was, (("n", "string"),)])
     with pytest.raises(ValueError, match="defaults name fields it does not have: z"):
         RecordCodec({"n": pa.int64()}, defaults={"z": 1})
+    with pytest.raises(ValueError, match="default of field 'n' \\(int64\\): 'x' is not a value of that type"):
+        RecordCodec({"n": pa.int64()}, defaults={"n": "x"})
 
 
 class Old:

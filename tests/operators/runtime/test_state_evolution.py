@@ -15,7 +15,7 @@ from dkvstream.operators.api.codecs import VERSION_MARK, IntCodec, RecordCodec, 
 from dkvstream.operators.api.state import MapSpec, decode_state_key
 from dkvstream.operators.errors import StateSchemaError
 from dkvstream.operators.runtime.driver import JobRunner
-from dkvstream.operators.tools.state_reader import checkpoint_entries, read_state
+from dkvstream.operators.tools.state_reader import checkpoint_entries, describe, read_state
 from tests.operators import evolving_state as ev
 
 FIRST_EPOCHS = 3
@@ -80,6 +80,7 @@ def test_new_release_reads_old_state_across_restart_and_rescale(tmp_path, v1_op,
         assert recorded["versions"] == [[list(f) for f in ev.V1.schema_fields()],
                                         [list(f) for f in ev.V2.schema_fields()]]
         assert recorded["key_codec"] == "int64" and recorded["kind"] == "map"
+        assert describe(v2.store, v2.job)["operators"][0]["states"]["windows"].endswith("(schema versions 0..1)")
     _check_output(v1, v2)
 
 
