@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from dkvstream.operators.api.batch import BatchContext
@@ -180,3 +180,47 @@ def test_a_native_module_built_without_headers_gives_the_same_bytes(monkeypatch)
     assert bound.encode_struct(columns) == raws[:2]
     assert bound.decode_struct(raws).to_pylist() == want
     assert bound.decode_struct(raws[:3]).to_pylist() == want[:3]
+
+
+ALL_TYPES = [pa.int32(), pa.int64(), pa.float64(), pa.string()]
+
+
+@st.composite
+def history(draw):
+    """Two to four versions of random fields, with records written under each."""
+    versions = []
+    for _ in range(draw(st.integers(2, 4))):
+        names = draw(st.lists(st.sampled_from(POOL), min_size=1, max_size=5, unique=True))
+        versions.append({n: draw(st.sampled_from(ALL_TYPES)) for n in names})
+    values = {pa.int32(): st.integers(-2**31, 2**31 - 1), pa.int64(): st.integers(-2**63, 2**63 - 1),
+              pa.float64(): st.floats(allow_nan=False), pa.string(): st.text(max_size=3)}
+    records = [draw(st.lists(st.fixed_dictionaries({n: st.none() | values[t] for n, t in v.items()}), max_size=4))
+               for v in versions]
+    defaults = {n: draw(values[t]) for n, t in versions[-1].items() if draw(st.booleans())}
+    return versions, records, defaults
+
+
+@settings(max_examples=150, deadline=None)
+@given(history())
+def test_a_history_of_versions_reads_every_version_or_is_refused(case) -> None:
+    """Entries of every version read in the newest fields when each older version
+    resolves to them (``resolution_problem``); otherwise ``bind`` (and a restart's
+    ``evolve``) refuses."""
+    versions, records, defaults = case
+    reader = RecordCodec(versions[-1], defaults)
+    fields = [RecordCodec(v).schema_fields() for v in versions]
+    # Only histories whose every release was accepted in its turn exist.
+    assume(all(resolution_problem(f, RecordCodec(versions[w])) is None
+               for w in range(1, len(versions) - 1) for f in fields[:w]))
+    problems = [resolution_problem(f, reader) for f in fields[:-1]]
+    if any(problems):
+        with pytest.raises(ValueError, match="cannot read version"):
+            reader.bind(fields)
+        return
+    bound = reader.bind(fields)
+    for w, (v, rows) in enumerate(zip(versions, records)):
+        writer = RecordCodec(v).bind(fields[:w + 1])  # what release w wrote
+        raws = writer.encode_many(rows)
+        want = [_model(r, versions[-1], defaults) for r in rows]
+        assert bound.decode_many(raws) == want
+        assert bound.decode_struct(raws).to_pylist() == want
