@@ -16,7 +16,7 @@ from __future__ import annotations
 from dkvstream.storage.errors import CorruptionError, DkvstreamError
 
 __all__ = ["DkvstreamError", "InvalidJobError", "JobFailedError", "JobFencedError", "RecoveryRefusedError",
-           "StateTypeError", "BadInputError", "TooManyDeadLettersError", "OperatorError",
+           "StateTypeError", "StateSchemaError", "BadInputError", "TooManyDeadLettersError", "OperatorError",
            "SourceFileChangedError", "InsertConflictError", "SnapshotVacuumedError", "KafkaIOError",
            "JavaNotFoundError"]
 
@@ -46,6 +46,14 @@ class StateTypeError(DkvstreamError, TypeError):
     """Raised when an operator stores a value (or map key) its state's codec cannot
     encode; names the operator, the state id, the codec, the expected type and the value
     (``dkvstream.operators.api.state``)."""
+
+
+class StateSchemaError(InvalidJobError):
+    """Raised at a restart, before any epoch runs, when the job's state declarations
+    cannot read the state its checkpoint holds: a record field narrowed or of another
+    type, another map-key or value codec, another kind of state under the same id.
+    Names the operator, the state id and the field, and what to do
+    (``dkvstream.operators.api.state_schema``)."""
 
 
 class BadInputError(DkvstreamError, ValueError):

@@ -37,6 +37,12 @@ checkpoint exists. Layout::
             # (DKV.unkept_at_checkpoint): garbage once this checkpoint is committed
         "layout": int,                              # key layout of the tasks' files, fixed
             # at the job's first epoch (dkvstream.operators.paths: 1 flat, 2 hashed; absent: 1)
+        "state_schemas": {op_name: {state_id: {"kind": str, "key_codec": str | null,
+            "value_codec": str, "versions": [[[field, type], ...], ...]}}},
+            # each state's codecs and, for a RecordCodec, every version of its fields
+            # (dkvstream.operators.api.state_schema); a restart checks the job's
+            # declarations against it. Absent in checkpoints written before it (read as
+            # {}: the declared schemas are taken as version 0)
         "source_state": {...} | null,               # the source's record of what maps
             # source_offsets to events (Source.snapshot_state; a file source: how many
             # files its log held and their checksum), checked on restart
@@ -114,6 +120,7 @@ class JobCheckpoint:
     layout: int = paths.LAYOUT_FLAT  # the key layout of the tasks' files (dkvstream.operators.paths)
     source_state: dict | None = None  # Source.snapshot_state at source_offsets
     output_checksums: dict[str, list[int]] = field(default_factory=dict)
+    state_schemas: dict[str, dict[str, dict]] = field(default_factory=dict)  # api.state_schema
 
     def staged_checksums(self) -> dict[str, ObjectChecksum]:
         """``output_checksums`` as ``{staged key: ObjectChecksum}``."""

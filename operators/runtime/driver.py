@@ -68,6 +68,7 @@ from dataclasses import dataclass, field
 from dkvstream.operators.api.job import Job
 from dkvstream.operators.api.keygroups import KeyGroupRange, key_group_ranges
 from dkvstream.operators.api.operator import MAIN_OUTPUT, WATERMARK_MIN
+from dkvstream.operators.api.state_schema import StateSchemas, evolve_job
 from dkvstream.operators.errors import BadInputError, JobFailedError, JobFencedError, OperatorError
 from dkvstream.operators.io import dead_letter
 from dkvstream.operators.paths import LAYOUTS, checkpoint_key
@@ -253,6 +254,8 @@ class JobRunner:
         self._ahead: _ReadAhead | None = None  # the next epoch, planned and being read (pipelining)
         self._may_read_ahead: Callable[[], bool] = lambda: False
         self._epoch_read_ahead = False  # the epoch in flight was read ahead
+        # Each state's schema history (dkvstream.operators.api.state_schema), set by _restart.
+        self._state_schemas: StateSchemas = {}
 
     def close(self) -> None:
         """Closes the DKV instances in-process tasks kept open (a later epoch reopens
@@ -524,8 +527,11 @@ class JobRunner:
         if fallback is not None:
             self._recovery = fallback.as_metrics()
         if ckpt is None:
+            self._state_schemas = evolve_job(self.job.operators, {})
             return self._initial()
         self._check_compatible(ckpt)
+        # Before any epoch: new operator code must read the state the checkpoint holds.
+        self._state_schemas = evolve_job(self.job.operators, ckpt.state_schemas, ckpt.epoch)
         # Before any discovery: a source whose own metadata lost what the offsets refer
         # to must refuse, not read other events under them.
         restore_source(self.job, ckpt)
@@ -693,6 +699,7 @@ class JobRunner:
                 op: {res.range_label: res.unkept for res in rs} for op, rs in results.items()}, ckpt.layout),
             partition_active_at_ms=partition_activity(ckpt.partition_active_at_ms, plan),
             source_state=self.job.source.snapshot_state(offsets),
+            state_schemas=self._state_schemas,
         )
         key = self._commit(new)
         if self._retention is not None:  # retention hook
@@ -781,6 +788,7 @@ class JobRunner:
                     offset_limits=offset_limits if i == 0 else None,
                     layout=ckpt.layout,
                     processing_time=processing_time,
+                    state_schemas=self._state_schemas.get(op.name),
                 )
                 for r, kr in enumerate(ranges)
             ]

@@ -35,6 +35,7 @@ from dkvstream.operators.api.columns import (
 from dkvstream.operators.api.keygroups import KeyGroupRange, key_groups_of, range_indexes_of
 from dkvstream.operators.api.operator import MAIN_OUTPUT, KeyedEvent, Operator, Subject
 from dkvstream.operators.api.state import StateClock, subject_prefix
+from dkvstream.operators.api.state_schema import bind_operator
 from dkvstream.operators.errors import OperatorError
 from dkvstream.operators.io import dead_letter
 from dkvstream.operators.io.sinks import Sink
@@ -86,6 +87,9 @@ class TaskSpec:
         processing_time: the epoch's processing time, ms since the Unix epoch, taken by
             the driver once per epoch: the clock of processing-time state TTL; None: the
             task's wall clock at its start.
+        state_schemas: the operator's part of the checkpoint's ``state_schemas``
+            (``{state id: record}``, ``dkvstream.operators.api.state_schema``): the
+            schema versions its record codecs read; None: the declared ones only.
     """
 
     job_prefix: str
@@ -106,6 +110,7 @@ class TaskSpec:
     offset_limits: dict[int, int] | None = None
     layout: int = paths.LAYOUT_FLAT
     processing_time: int | None = None
+    state_schemas: dict[str, dict] | None = None
 
 
 @dataclass
@@ -234,6 +239,8 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
     """
     started = time.perf_counter()
     attempt = uuid.uuid4().hex[:12]
+    # Before any state access: record codecs read the versions the checkpoint recorded.
+    bind_operator(operator, spec.state_schemas)
     events = apply_cuts(events, spec.offset_limits)
     ingest = ingest_at_event_time = None
     if INGEST_TIME_COLUMN in events.column_names:  # for the latency metric only

@@ -51,6 +51,7 @@ from dkvstream.operators.api.state import (
     list_payload,
     state_specs,
 )
+from dkvstream.operators.api.state_schema import bound_value_codec, evolve
 from dkvstream.operators.runtime.checkpoints import JobCheckpoint, list_epochs, read_checkpoint
 from dkvstream.operators.runtime.recovery import check_checkpoint
 from dkvstream.operators.runtime.timers import decode_timer_key
@@ -156,6 +157,8 @@ def read_state(store: ObjectStore, job: Job, state_id: str, operator: str | None
     Raises:
         KeyError: unknown operator or state id. LookupError: no checkpoint, or
             ``epoch`` is not retained.
+        StateSchemaError: the spec's codecs cannot read the entries the checkpoint
+            holds (``dkvstream.operators.api.state_schema``).
     """
     op = _operator(job, operator)
     specs = state_specs(op)
@@ -163,7 +166,11 @@ def read_state(store: ObjectStore, job: Job, state_id: str, operator: str | None
         raise KeyError(f"operator {op.name} declares no state {state_id!r} (has {sorted(specs)})")
     spec = specs[state_id]
     is_map, is_list = isinstance(spec, MapSpec), isinstance(spec, ListSpec)
-    value_codec = spec.value_codec if is_map else spec.codec
+    # Entries of every schema version the checkpoint recorded, read in the declared fields.
+    ckpt = _checkpoint(store, job.prefix, epoch)
+    recorded = ckpt.state_schemas.get(op.name, {}).get(state_id)
+    value_codec = bound_value_codec(spec, evolve(op.name, state_id, recorded, spec, ckpt.epoch))
+    epoch = ckpt.epoch
     cols: dict[str, list] = {KEY_GROUP_COLUMN: [], "subject_key": [], "state_id": [], "map_key": [], "value": [],
                              "expiry": []}
     for _, _, k, v in checkpoint_entries(store, job.prefix, epoch, op.name):
@@ -245,7 +252,8 @@ def describe(store: ObjectStore, job: Job, epoch: int | None = None) -> dict:
     Returns:
         ``{"job", "checkpoints" (URI), "epochs" (retained, ascending), "epoch" (the one
         described), "operators": [{"name", "ranges": {key-group range label: URI of its DKV
-        manifest at that epoch}, "states": {state id: kind and codecs}}]}``.
+        manifest at that epoch}, "states": {state id: kind and codecs, and the record
+        schema versions the checkpoint holds when more than one}}]}``.
 
     Raises:
         LookupError: no checkpoint, or ``epoch`` is not retained.
@@ -256,8 +264,16 @@ def describe(store: ObjectStore, job: Job, epoch: int | None = None) -> dict:
             "operators": [{"name": op.name,
                            "ranges": {label: store.uri(key) for label, key in
                                       sorted(ckpt.operators.get(op.name, {}).items())},
-                           "states": {sid: spec_kind(spec) for sid, spec in sorted(state_specs(op).items())}}
+                           "states": {sid: spec_kind(spec) + _versions(ckpt, op.name, sid)
+                                      for sid, spec in sorted(state_specs(op).items())}}
                           for op in job.operators]}
+
+
+def _versions(ckpt: JobCheckpoint, operator: str, state_id: str) -> str:
+    """`` (schema versions 0..N)`` when the checkpoint records more than one version of
+    the state's record fields (``dkvstream.operators.api.state_schema``), else ``""``."""
+    versions = ckpt.state_schemas.get(operator, {}).get(state_id, {}).get("versions", [])
+    return f" (schema versions 0..{len(versions) - 1})" if len(versions) > 1 else ""
 
 
 def verify(store: ObjectStore, job: Job, epoch: int | None = None) -> tuple[int, list[str]]:

@@ -50,10 +50,11 @@
  *   memtable_get_many(d, keys) -> (values, missing)
  *       every key's memtable answer in one loop, and the indices to look up further
  *       (DKV.get_many; reference: memtable.get_many_py).
- *   pack_int_rows(values, fields) -> [bytes] / unpack_int_rows(raws, fields)
+ *   pack_int_rows(values, fields[, header]) -> [bytes] / unpack_int_rows(raws, fields[, header])
  *       msgpack arrays of int64 fields from and to a row-major int64 buffer: a record
  *       state of int fields read and written as columns (RecordCodec; msgpack-python is
- *       the reference, byte-identical).
+ *       the reference, byte-identical), each after `header` (a RecordCodec schema
+ *       version's header; empty by default).
  *
  * The pure-Python functions they replace stay in bloom.py, sstable.py, merge.py and memtable.py: they are the
  * reference the tests compare these with, and the fallback where no C compiler was found
@@ -1495,20 +1496,40 @@ static char *mp_int(char *w, int64_t v) {
     return w;
 }
 
-/* pack_int_rows(values, fields) -> list of bytes
+/* The optional `header` argument of pack_int_rows/unpack_int_rows: bytes of at most
+ * MAX_ROW_HEADER (RecordCodec's schema-version header is 3). 0 ok, -1 error set. */
+#define MAX_ROW_HEADER 16
+static int row_header(PyObject *const *args, Py_ssize_t nargs, const char *fn,
+                      const char **h, Py_ssize_t *hlen) {
+    *h = "";
+    *hlen = 0;
+    if (nargs < 3) return 0;
+    if (!PyBytes_Check(args[2]) || PyBytes_GET_SIZE(args[2]) > MAX_ROW_HEADER) {
+        PyErr_Format(PyExc_TypeError, "%s: header must be bytes of at most %d", fn, MAX_ROW_HEADER);
+        return -1;
+    }
+    *h = PyBytes_AS_STRING(args[2]);
+    *hlen = PyBytes_GET_SIZE(args[2]);
+    return 0;
+}
+
+/* pack_int_rows(values, fields[, header]) -> list of bytes
  * values: a C-contiguous buffer of native int64, row-major, fields per row (1..15);
- * row i becomes the msgpack array of its fields, byte for byte what msgpack-python's
- * packb([...]) writes (RecordCodec.encode_rows of int64 fields). */
+ * row i becomes `header` and the msgpack array of its fields, byte for byte what
+ * msgpack-python's packb([...]) writes after it (RecordCodec.encode_rows of int64 fields). */
 PyDoc_STRVAR(pack_int_rows_doc,
-"pack_int_rows(values, fields) -> list of bytes\n\n"
-"values: buffer of native int64, row-major, fields (1..15) per row. Row i: the msgpack\n"
-"array of its fields as msgpack.packb writes it. Raises ValueError for a bad field count\n"
-"or a buffer that is not whole rows.");
+"pack_int_rows(values, fields, header=b'') -> list of bytes\n\n"
+"values: buffer of native int64, row-major, fields (1..15) per row. Row i: header and the\n"
+"msgpack array of its fields as msgpack.packb writes it. Raises ValueError for a bad field\n"
+"count or a buffer that is not whole rows.");
 static PyObject *pack_int_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "pack_int_rows(buffer, int)");
+    if (nargs != 2 && nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "pack_int_rows(buffer, int[, bytes])");
         return NULL;
     }
+    const char *h;
+    Py_ssize_t hlen;
+    if (row_header(args, nargs, "pack_int_rows", &h, &hlen) < 0) return NULL;
     long f = PyLong_AsLong(args[1]);
     if (f == -1 && PyErr_Occurred()) return NULL;
     Py_buffer view;
@@ -1523,10 +1544,11 @@ static PyObject *pack_int_rows(PyObject *self, PyObject *const *args, Py_ssize_t
     Py_ssize_t n = view.len / row_bytes;
     out = PyList_New(n);
     if (out == NULL) goto done;
-    char buf[1 + 15 * 9];
+    char buf[MAX_ROW_HEADER + 1 + 15 * 9];
+    memcpy(buf, h, hlen);
     for (Py_ssize_t i = 0; i < n; i++) {
         const int64_t *r = (const int64_t *)view.buf + i * f;
-        char *w = buf;
+        char *w = buf + hlen;
         *w++ = (char)(0x90 | f);
         for (long j = 0; j < f; j++) {
             int64_t v;
@@ -1578,23 +1600,26 @@ static int mp_read_int(const unsigned char **pp, const unsigned char *e, int64_t
     return 0;
 }
 
-/* unpack_int_rows(raws, fields) -> (values, valid, present) | None
- * raws: list of bytes or None, each a msgpack array of `fields` ints or nils
+/* unpack_int_rows(raws, fields[, header]) -> (values, valid, present) | None
+ * raws: list of bytes or None, each `header` and a msgpack array of `fields` ints or nils
  * (pack_int_rows' rows, RecordCodec's encoding of int fields). values: bytes of
  * len(raws) * fields native int64 (0 where null), valid: bytes of one 0/1 per field
  * (0: the row is None or the field nil), present: one 0/1 per row (0: None). None if
  * some value is not such an array (the caller decodes those rows the general way). */
 PyDoc_STRVAR(unpack_int_rows_doc,
-"unpack_int_rows(raws, fields) -> (values, valid, present) | None\n\n"
-"raws: list of bytes or None, each a msgpack array of `fields` int or nil. values:\n"
+"unpack_int_rows(raws, fields, header=b'') -> (values, valid, present) | None\n\n"
+"raws: list of bytes or None, each header and a msgpack array of `fields` int or nil. values:\n"
 "bytes, len(raws) * fields native int64 (0 where null); valid: bytes, a 0/1 per field\n"
 "(0 for None rows and nil fields); present: bytes, a 0/1 per row (0 for None). None\n"
 "when a value is not such an array.");
 static PyObject *unpack_int_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyList_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "unpack_int_rows(list, int)");
+    if ((nargs != 2 && nargs != 3) || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "unpack_int_rows(list, int[, bytes])");
         return NULL;
     }
+    const char *h;
+    Py_ssize_t hlen;
+    if (row_header(args, nargs, "unpack_int_rows", &h, &hlen) < 0) return NULL;
     long f = PyLong_AsLong(args[1]);
     if (f == -1 && PyErr_Occurred()) return NULL;
     if (f < 1 || f > 15) {
@@ -1621,6 +1646,8 @@ static PyObject *unpack_int_rows(PyObject *self, PyObject *const *args, Py_ssize
         if (!PyBytes_Check(raw)) goto other;
         const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(raw);
         const unsigned char *e = p + PyBytes_GET_SIZE(raw);
+        if (e - p < hlen || memcmp(p, h, hlen) != 0) goto other;
+        p += hlen;
         if (p >= e || *p != (unsigned char)(0x90 | f)) goto other;
         p++;
         for (long j = 0; j < f; j++) {

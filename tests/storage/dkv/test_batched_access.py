@@ -169,3 +169,22 @@ def test_unpack_int_rows_nulls_absent_rows_and_other_records(c) -> None:
     assert c.unpack_int_rows([msgpack.packb([1, 2]) + b"\x00"], 2) is None
     assert c.unpack_int_rows([msgpack.packb([1, 2])[:-1] + b"\xcd"], 2) is None
     assert c.unpack_int_rows([], 2) == (b"", b"", b"")
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 15).flatmap(lambda f: st.lists(st.lists(int64_st, min_size=f, max_size=f),
+                                                     max_size=10).map(lambda r: (f, r))),
+       st.binary(max_size=16))
+def test_int_rows_after_a_header(c, case, header) -> None:
+    """With a header (a ``RecordCodec`` schema version's), each row is the header and then
+    what ``msgpack.packb`` writes, and only rows that start with it are read back."""
+    f, rows = case
+    packed = c.pack_int_rows(np.array(rows, np.int64).reshape(len(rows), f), f, header)
+    assert packed == [header + msgpack.packb(r) for r in rows]
+    values, valid, present = c.unpack_int_rows(packed + [None], f, header)
+    assert np.frombuffer(values, np.int64).reshape(len(rows) + 1, f)[:-1].tolist() == [list(r) for r in rows]
+    if rows and header:
+        assert c.unpack_int_rows([msgpack.packb(rows[0])], f, header) is None  # no header
+        assert c.unpack_int_rows([header[:-1] + msgpack.packb(rows[0])], f, header) is None
+    with pytest.raises(TypeError, match="header must be bytes of at most 16"):
+        c.unpack_int_rows([], f, b"x" * 17)
