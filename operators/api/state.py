@@ -35,7 +35,8 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 SCHEMA_STATE = 0x00
-SCHEMA_TIMER = 0x01
+SCHEMA_TIMER = 0x01  # event-time timers (dkvstream.operators.runtime.timers)
+SCHEMA_PROCESSING_TIMER = 0x02  # processing-time timers
 
 _U32 = struct.Struct(">I")
 _U16 = struct.Struct(">H")
