@@ -131,13 +131,18 @@ def test_timers_fire_by_processing_time_in_timestamp_order_within_an_epoch(tmp_p
         (TimeDomain.PROCESSING_TIME, 50, b"a")]
 
 
-def test_processing_time_timers_on_spark_with_task_retries_and_a_rescale(spark, tmp_path) -> None:
-    """Long-lived tasks on local[2]; every task fails once and its epoch is rerun (the
-    same processing time, the same timers); a restart with 3 ranges."""
+def test_processing_time_timers_on_spark_with_task_retries_and_a_rescale(spark, tmp_path, monkeypatch) -> None:
+    """Long-lived tasks on local[2]; with 4 attempts per task, every task fails once and
+    its epoch is rerun (the same processing time, the same timers); a restart with 3
+    ranges."""
+    from dkvstream.operators.spark import long_lived
+
+    monkeypatch.setattr(long_lived, "task_attempts", lambda sc: 4)
     log_dir = tmp_path / "marks"
     log_dir.mkdir()
     runner, looks = _run_script(tmp_path, pt.TimeoutFailsOnce(str(log_dir)), spark, restart_every=4,
                                 parallelism=(2, 3))
+    assert len(list(log_dir.iterdir())) >= len(SCRIPT) - len(looks)  # a failed attempt per epoch with input
     _check_against_model(runner, looks)
 
 
