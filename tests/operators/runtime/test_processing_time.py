@@ -15,6 +15,7 @@ from dkvstream.operators.runtime.checkpoints import read_checkpoint
 from dkvstream.operators.runtime.driver import JobRunner
 from dkvstream.operators.runtime.event_time import EpochPlan, quiet_since, quiet_watermark
 from dkvstream.operators.runtime.task import TaskSpec, run_task
+from dkvstream.operators.tools.state_reader import list_timers
 from dkvstream.storage.objectstore import open_object_store
 from tests.crashes import Crash, crash_at
 from tests.operators import live_sources
@@ -89,9 +90,12 @@ def _check_against_model(runner, looks) -> None:
 def test_processing_time_timers_fire_once_in_order_and_deleted_ones_never(tmp_path, operator) -> None:
     runner, looks = _run_script(tmp_path, operator)
     _check_against_model(runner, looks)
-    # The steps without input ran one epoch each, only where a timer was due.
     latest = runner.latest()
     assert latest.next_processing_timer_ms is not None and latest.next_event_timer_ms is None
+    # The state reader lists the pending ones, with their domain.
+    pending = list_timers(runner.store, runner.job).to_pydict()
+    assert set(pending["domain"]) == {"processing_time"} and len(pending["domain"]) == pt.model(runner)[1]["pending"]
+    assert min(t.timestamp() * 1000 for t in pending["timestamp"]) == latest.next_processing_timer_ms
 
 
 @pytest.mark.parametrize("operator", [pt.Timeout(), pt.TimeoutBatch()], ids=["on_event", "batch"])
