@@ -264,3 +264,49 @@ def test_quiet_since_and_quiet_watermark() -> None:
     plan = EpochPlan(offsets={"p0": (5, 5), "p1": (7, 7)}, ends=ends, idle=frozenset(), paused=frozenset(),
                      planned_at_ms=9_000, quiet_since_ms=4_000)
     assert quiet_watermark(plan, {"p0": 100, "p1": 300}, 50) == 300 + 5_000 - 50 - 1
+
+
+class _RaisesOnB(pt.Timeout):
+    """Sets a processing-time timer at 10 for every event, then raises on key ``b``."""
+
+    fired: list = []
+
+    def on_event(self, subject, event):
+        subject.set_processing_timer(10)
+        if subject.key == b"b":
+            raise ValueError("bad b")
+
+    def on_timer_expired(self, subject, timestamp):
+        _RaisesOnB.fired.append((subject.time_domain, timestamp, subject.key))
+
+
+class _RaisesOnBBatch(pt.TimeoutBatch):
+    """``_RaisesOnB`` in vectorised form."""
+
+    def on_batch(self, ctx, events):
+        keys, kgs = events.column("key").to_pylist(), events.column("key_group").to_pylist()
+        ctx.set_processing_timers(keys, kgs, [10] * len(keys))
+        if b"b" in keys:
+            raise ValueError("bad b")
+
+    def on_timers(self, ctx, timers):
+        _RaisesOnB.fired += [(d, t, k) for d, t, k in zip(timers.column("domain").to_pylist(),
+                                                         timers.column("timestamp").to_pylist(),
+                                                         timers.column("key").to_pylist())]
+
+
+@pytest.mark.parametrize("operator", [_RaisesOnB(), _RaisesOnBBatch()], ids=["on_event", "batch"])
+def test_a_dead_lettered_call_sets_no_processing_time_timer(tmp_path, operator) -> None:
+    """Under ``on_operator_error="dead_letter"`` the processing-time timer set by a call
+    that raised is discarded with the rest of what it did."""
+    _RaisesOnB.fired = []
+    events = pa.table({"amount": pa.array([1, 2, 3], pa.int64()), "key": pa.array([b"a", b"b", b"c"]),
+                       "timestamp": pa.array([1, 2, 3], pa.int64()), "_part": pa.array([0] * 3, pa.int32()),
+                       "_offset": pa.array(range(3), pa.int64()), "_kg": pa.array([0] * 3, pa.int32()),
+                       "_range": pa.array([0] * 3, pa.int32())})
+    spec = TaskSpec(job_prefix="jobs/t", epoch=1, op_index=0, range_index=0, key_group_range=KeyGroupRange(0, 4),
+                    manifest_key=None, watermark_before=0, watermark_after=0, processing_time=60,
+                    on_operator_error="dead_letter", input_name="test", input_partitions=("p0",))
+    result = run_task(operator, spec, events, open_object_store(str(tmp_path)), {"main": None})
+    assert result.metrics["dead_letter"] == 1
+    assert sorted(_RaisesOnB.fired) == [("processing_time", 10, b"a"), ("processing_time", 10, b"c")]
