@@ -123,8 +123,9 @@ class TaskResult:
     ingest times that are not and that are their event time, ``live.ingest_sketches``;
     None: none) and
     ``requests`` (object-store requests of the task), and ``next_timers``
-    (``{TimeDomain: earliest timer left, ms, or None}``, a lower bound: the driver runs an
-    epoch without input when one is due, ``Timers.next_timestamps``).
+    (``{"event_time": ms or None, "processing_time": ms or None}``: a lower bound of the
+    earliest timer of each domain left, None: none, ``Timers.next_timestamps``; the driver
+    runs an epoch without input when one is due).
 
     ``dead_letter_key``: the staged file of the task's dead-letter rows, or None.
 

@@ -278,8 +278,9 @@ class TimerService:
 
     def next_timestamp(self) -> int | None:
         """A lower bound of the stored timers' timestamps (ms), None when none is stored;
-        after a due pass it is the earliest timer left (``low``), or lower. Unknown (no
-        pass yet, or one abandoned): ``WATERMARK_MIN``-like ``-(2**63)``, due at once."""
+        after a due pass it is the earliest timer left (``low``), or lower. When the
+        service does not know (no due pass yet, or one abandoned): ``-2**63``, which is
+        due at any time."""
         if self.low is None:
             return -_OFFSET
         return None if self.low >= _NONE_STORED else self.low
