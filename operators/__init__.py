@@ -25,7 +25,7 @@ from dkvstream.operators.api.codecs import (
     StrCodec,
 )
 from dkvstream.operators.api.job import Job
-from dkvstream.operators.api.operator import KeyedEvent, Operator, Subject
+from dkvstream.operators.api.operator import KeyedEvent, Operator, Subject, TimeDomain
 from dkvstream.operators.api.state import ListSpec, ListState, MapSpec, MapState, StateTtl, ValueSpec, ValueState
 from dkvstream.operators.errors import (
     BadInputError,
@@ -96,6 +96,7 @@ __all__ = [
     "StrCodec",
     "Subject",
     "TableSink",
+    "TimeDomain",
     "TopicSink",
     "TopicSource",
     "ValueSpec",

@@ -11,9 +11,11 @@ and ``on_timer_expired``, batched:
   through ``BatchContext.state(spec)``;
 * events with ``timestamp <= ctx.watermark`` in ``on_batch`` are late, as in ``on_event``;
 * ``on_timers`` receives every timer due at the new watermark, sorted by (timestamp, key
-  group, key); timers it sets that are already due arrive in a following ``on_timers``
-  call of the same epoch (``on_timer_expired`` would see them within the same pass; the
-  set of outputs is the same, the order of rows within an epoch may differ).
+  group, key), then (in later calls) every processing-time timer due at the epoch's
+  processing time; its ``domain`` column says which (``TimeDomain``); timers it sets that
+  are already due arrive in a following ``on_timers`` call of the same epoch
+  (``on_timer_expired`` would see them within the same pass; the set of outputs is the
+  same, the order of rows within an epoch may differ).
 
 Flink's counterpart is a ``ProcessFunction`` over a bundle (``AbstractStreamOperator``
 with bundle processing); Spark's is ``applyInArrow`` over a group. Both forms are run on
@@ -66,16 +68,25 @@ class BatchContext:
             or below it are late); in ``on_timers``, the watermark being advanced to.
         state_clock: the clocks of TTL'd state (``state.StateClock``), set by the task;
             None: made from ``watermark`` and the wall clock.
+        processing_time: the epoch's processing time, ms since the Unix epoch
+            (``Subject.processing_time``).
+
+    Args:
+        db, outputs, operator: the task's state store, the operator's outputs and name.
+        timers: the event-time timers; processing_timers: the processing-time timers
+            (None: ``set_processing_timers`` raises ``NotImplementedError``).
     """
 
     def __init__(self, db: StateStore, timers: BulkTimers, outputs: dict[str, pa.Schema],
-                 operator: str = "operator") -> None:
+                 operator: str = "operator", processing_timers: BulkTimers | None = None) -> None:
         self._db = db
         self._timers = timers
+        self._processing_timers = processing_timers
         self._outputs = outputs
         self._operator = operator  # its name, for errors
         self.watermark = 0
         self.state_clock: StateClock | None = None
+        self.processing_time = 0
         # output name -> list of (values table, keys, timestamps)
         self.emitted: dict[str, list[tuple[pa.Table, list, list]]] = {name: [] for name in outputs}
 
@@ -108,6 +119,26 @@ class BatchContext:
     def delete_timers(self, keys: Sequence[bytes], key_groups: Sequence[int], timestamps: Sequence[int]) -> None:
         """Removes timers; no error for timers that are not set."""
         self._timers.delete_many(key_groups, timestamps, keys)
+
+    def set_processing_timers(self, keys: Sequence[bytes], key_groups: Sequence[int],
+                              timestamps: Sequence[int]) -> None:
+        """Registers one processing-time timer per row (as ``Subject.set_processing_timer``;
+        arguments as ``set_timers``, timestamps in ms of wall clock).
+
+        Raises:
+            NotImplementedError: the context has no processing-time timers.
+        """
+        self._processing().set_many(key_groups, timestamps, keys)
+
+    def delete_processing_timers(self, keys: Sequence[bytes], key_groups: Sequence[int],
+                                 timestamps: Sequence[int]) -> None:
+        """Removes processing-time timers; no error for timers that are not set."""
+        self._processing().delete_many(key_groups, timestamps, keys)
+
+    def _processing(self) -> BulkTimers:
+        if self._processing_timers is None:
+            raise NotImplementedError("this BatchContext has no processing-time timers")
+        return self._processing_timers
 
     def emit(self, values: pa.Table | dict[str, Any], *, output: str = MAIN_OUTPUT,
              keys: Sequence[bytes], timestamps: Sequence[int]) -> None:
@@ -469,12 +500,14 @@ class BatchOperator(Operator):
         """
 
     def on_timers(self, ctx: BatchContext, timers: pa.Table) -> None:
-        """Handle timers that the watermark passed.
+        """Handle timers that the watermark (event time) or the epoch's processing time
+        passed; one call holds timers of one domain, event time first.
 
         Args:
             ctx: as in ``on_batch``; ``ctx.watermark`` is the new watermark.
-            timers: columns ``key``, ``key_group``, ``timestamp``, sorted by (timestamp,
-                key group, key).
+            timers: columns ``key``, ``key_group``, ``timestamp``, ``domain`` (string:
+                ``"event_time"`` or ``"processing_time"``, ``TimeDomain``), sorted by
+                (timestamp, key group, key).
         """
 
     def on_event(self, subject: Subject, event: KeyedEvent) -> None:

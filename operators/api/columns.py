@@ -12,6 +12,9 @@ name                        column            written by                        
 ``KEY_GROUP_COLUMN``        ``key_group``     the runtime, in ``on_batch``/``on_timers``       int32
                                               tables; also the key group of the state
                                               reader's state and timer tables
+``DOMAIN_COLUMN``           ``domain``        the runtime, in ``on_timers`` tables: the        string
+                                              timers' ``TimeDomain`` (``event_time`` or
+                                              ``processing_time``)
 ``ERROR_COLUMN``            ``_error``        ``Source.read``, optional: why a row could not   string
                                               be decoded (null for a good row)
 ``RAW_VALUE_COLUMN``        ``_raw_value``    ``Source.read``, optional: the raw bytes of      binary
@@ -46,6 +49,7 @@ from __future__ import annotations
 KEY_COLUMN = "key"
 TIMESTAMP_COLUMN = "timestamp"
 KEY_GROUP_COLUMN = "key_group"
+DOMAIN_COLUMN = "domain"
 
 ERROR_COLUMN = "_error"
 RAW_VALUE_COLUMN = "_raw_value"

@@ -48,6 +48,13 @@ class Job:
         idle_timeout_ms: a source partition without new events for this long (wall
             clock, ms) stops holding back the watermark until it receives events again
             (Flink's ``withIdleness``); None: never idle.
+        quiet_timeout_ms: a live source none of whose partitions has received an event
+            for this long (wall clock, ms) is quiet: its watermark then advances with
+            processing time, from the largest event time read plus the time quiet, minus
+            ``max_out_of_orderness_ms`` and 1 ms, so the last windows of a stream that
+            went quiet are emitted (``dkvstream.operators.runtime.event_time.quiet_watermark``;
+            Kafka Streams' wall-clock punctuation). Events that arrive after it are late
+            if older than that watermark. None: the watermark waits for events.
         max_watermark_drift_ms: watermark alignment: a partition whose event time is
             more than this ahead of the slowest non-idle partition reads nothing until
             the others catch up (Flink's ``withWatermarkAlignment``); None: no alignment.
@@ -77,6 +84,7 @@ class Job:
     dead_letter: DeadLetter = field(default_factory=DeadLetter)
     trigger_interval_ms: int = 1_000
     idle_timeout_ms: int | None = None
+    quiet_timeout_ms: int | None = None
     max_watermark_drift_ms: int | None = None
     on_operator_error: str = "fail"
     operator_parallelism: dict[str, int] = field(default_factory=dict)

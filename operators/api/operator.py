@@ -3,12 +3,14 @@
 No PySpark here: an operator is plain Python, run by ``dkvstream.operators.runtime.task`` inside Spark
 tasks and directly by unit tests.
 
-Timestamps are event time in milliseconds since the Unix epoch (UTC), as int.
+Timestamps are event time in milliseconds since the Unix epoch (UTC), as int; processing
+time is the epoch's wall clock in the same unit (``Subject.processing_time``).
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, ClassVar
 
 import pyarrow as pa
@@ -16,6 +18,20 @@ import pyarrow as pa
 MAIN_OUTPUT = "main"
 WATERMARK_MIN = -(1 << 63)
 WATERMARK_MAX = (1 << 63) - 1  # end of input: every timer fires
+
+
+class TimeDomain(StrEnum):
+    """Which clock a timer follows (Flink's ``TimeDomain``): ``subject.time_domain`` in
+    ``on_timer_expired``, the ``domain`` column of ``on_timers``' table (its values are
+    these strings).
+
+    * ``EVENT_TIME``: the watermark; set with ``set_timer``.
+    * ``PROCESSING_TIME``: the epoch's processing time (``Subject.processing_time``); set
+      with ``set_processing_timer``.
+    """
+
+    EVENT_TIME = "event_time"
+    PROCESSING_TIME = "processing_time"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,12 +61,20 @@ class Subject(ABC):
             watermark reached before this epoch: an event with ``timestamp <=
             watermark`` is late. In ``on_timer_expired`` it is the watermark being
             advanced to.
+        processing_time: the epoch's processing time (ms since the Unix epoch, UTC): the
+            driver's wall clock when it planned the epoch, never below the previous
+            epoch's; the same for every event and timer of the epoch, and on every retry
+            of it (Flink's ``currentProcessingTime``).
+        time_domain: in ``on_timer_expired``, the domain of the timer firing
+            (``TimeDomain``); in ``on_event``, None.
     """
 
     key: bytes
     key_group: int
     timestamp: int
     watermark: int
+    processing_time: int
+    time_domain: TimeDomain | None
 
     @abstractmethod
     def set_timer(self, timestamp: int) -> None:
@@ -64,6 +88,29 @@ class Subject(ABC):
     @abstractmethod
     def delete_timer(self, timestamp: int) -> None:
         """Remove a timer of this key; no error if none is set."""
+
+    def set_processing_timer(self, timestamp: int) -> None:
+        """Register a processing-time timer for this key at ``timestamp`` (ms since the
+        Unix epoch, wall clock).
+
+        It fires (``on_timer_expired`` with ``subject.time_domain ==
+        TimeDomain.PROCESSING_TIME``) in the first epoch whose processing time reaches it,
+        after that epoch's event-time timers, in timestamp order across keys. Setting the
+        same timer twice registers it once; one already due fires in this epoch.
+
+        Raises:
+            NotImplementedError: this subject has no processing-time timers (a subject
+                not made by the runtime).
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no processing-time timers")
+
+    def delete_processing_timer(self, timestamp: int) -> None:
+        """Remove a processing-time timer of this key; no error if none is set.
+
+        Raises:
+            NotImplementedError: as ``set_processing_timer``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no processing-time timers")
 
     @abstractmethod
     def emit(self, value: dict, *, output: str = MAIN_OUTPUT, key: bytes | None = None,
@@ -100,4 +147,6 @@ class Operator(ABC):
         """Handle one event of ``subject.key``, in event-time order within an epoch."""
 
     def on_timer_expired(self, subject: Subject, timestamp: int) -> None:
-        """Handle a timer of ``subject.key`` at ``timestamp`` (ms) that the watermark passed."""
+        """Handle a timer of ``subject.key`` at ``timestamp`` (ms) that the watermark
+        (``subject.time_domain == TimeDomain.EVENT_TIME``) or the epoch's processing
+        time (``TimeDomain.PROCESSING_TIME``) passed."""

@@ -47,9 +47,10 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 SCHEMA_STATE = 0x00
-SCHEMA_TIMER = 0x01
+SCHEMA_TIMER = 0x01  # event-time timers (dkvstream.operators.runtime.timers)
 SCHEMA_STATE_TTL_EVENT = 0x02
 SCHEMA_STATE_TTL_PROCESSING = 0x03
+SCHEMA_PROCESSING_TIMER = 0x04  # processing-time timers
 STATE_SCHEMAS = (SCHEMA_STATE, SCHEMA_STATE_TTL_EVENT, SCHEMA_STATE_TTL_PROCESSING)
 _TIME_MAX = (1 << 63) - 1
 

@@ -153,6 +153,8 @@ def check_job(job: Job) -> None:
     _check_int(job, "trigger_interval_ms", job.trigger_interval_ms, 0)
     if job.idle_timeout_ms is not None:
         _check_int(job, "idle_timeout_ms", job.idle_timeout_ms, 1)
+    if job.quiet_timeout_ms is not None:
+        _check_int(job, "quiet_timeout_ms", job.quiet_timeout_ms, 1)
     if job.max_watermark_drift_ms is not None:
         _check_int(job, "max_watermark_drift_ms", job.max_watermark_drift_ms, 0)
     if job.on_operator_error not in ("fail", "dead_letter"):

@@ -16,6 +16,13 @@ checkpoint exists. Layout::
             # started it (no epoch read events since it appeared), nor has any in
             # checkpoints written before idleness existed (read as {})
         "finished": bool,                           # bounded source fully read, or drained
+        "processing_time_ms": int | null,           # the epoch's processing time (wall
+            # clock when planned, never below the previous epoch's): processing-time
+            # timers up to it fired; null in checkpoints written before it existed
+        "next_event_timer_ms": int | null,          # lower bounds of the timers left,
+        "next_processing_timer_ms": int | null,     # per domain, over every range (ms;
+            # null: none). The driver runs an epoch without input when one is due.
+            # Absent in checkpoints written before they existed: -2**63 (due at once)
         "key_groups": int, "parallelism": int,
         "operators": {op_name: {range_label: dkv manifest key}},
         "outputs": {output_name: [staged object keys]},
@@ -121,6 +128,9 @@ class JobCheckpoint:
     source_state: dict | None = None  # Source.snapshot_state at source_offsets
     output_checksums: dict[str, list[int]] = field(default_factory=dict)
     state_schemas: dict[str, dict[str, dict]] = field(default_factory=dict)  # api.state_schema
+    processing_time_ms: int | None = None
+    next_event_timer_ms: int | None = -(1 << 63)  # unknown: due at once
+    next_processing_timer_ms: int | None = -(1 << 63)
 
     def staged_checksums(self) -> dict[str, ObjectChecksum]:
         """``output_checksums`` as ``{staged key: ObjectChecksum}``."""

@@ -10,7 +10,9 @@ The design is in docs/design.md, "Epochs and checkpoints". Per epoch
    with nothing new ends the run, or, in a continuous run
    (``JobRunner.epochs(continuous=True)``), the driver waits for the next firing of the
    processing-time trigger and plans again; it runs an epoch without input only when
-   the watermark advances (a partition became idle). ``JobRunner.stop()`` ends the run
+   the watermark advances (a partition became idle), a processing-time timer is due, or
+   the watermark of a quiet source (``Job.quiet_timeout_ms``) reaches an event-time
+   timer (``_due_without_input``). ``JobRunner.stop()`` ends the run
    between epochs; ``stop(drain=True)`` first commits a drain epoch: nothing read,
    watermark +infinity (every timer fires), the job finished (Flink's ``stop --drain``).
 2. Read (``dkvstream.operators.runtime.splits``, ``dkvstream.operators.runtime.exchange``): one read task per
@@ -291,7 +293,7 @@ class JobRunner:
             partition_max_ts={p: WATERMARK_MIN for p in parts},
             finished=False, key_groups=self.job.key_groups, parallelism=self.job.parallelism,
             operators={op.name: {} for op in self.job.operators}, outputs={},
-            layout=LAYOUTS[self.job.key_layout],
+            layout=LAYOUTS[self.job.key_layout], next_event_timer_ms=None, next_processing_timer_ms=None,
         )
 
     def _check_compatible(self, ckpt: JobCheckpoint) -> None:
@@ -325,7 +327,36 @@ class JobRunner:
             committed, ends, self._partition_max_ts(ckpt, parts), ckpt.partition_active_at_ms, now_ms=now_ms,
             events_per_epoch=self.job.events_per_epoch, bounded=source.bounded,
             idle_timeout_ms=self.job.idle_timeout_ms, max_drift_ms=self.job.max_watermark_drift_ms,
-            ends_at_ms=ends_at_ms)
+            ends_at_ms=ends_at_ms, quiet_timeout_ms=self.job.quiet_timeout_ms)
+
+    @staticmethod
+    def _processing_time(ckpt: JobCheckpoint, plan: EpochPlan) -> int:
+        """The epoch's processing time, ms: the wall clock when it was planned, never below
+        the previous epoch's (a restarted driver's clock may be behind). Decided once per
+        epoch: every task and every retry of the epoch fires the same processing-time
+        timers, and the checkpoint records it."""
+        previous = ckpt.processing_time_ms
+        return plan.planned_at_ms if previous is None else max(previous, plan.planned_at_ms)
+
+    def _due_without_input(self, ckpt: JobCheckpoint, plan: EpochPlan, continuous: bool) -> bool:
+        """Whether an epoch that reads nothing is worth running: a processing-time timer
+        is due at its processing time, or the source is quiet and its watermark
+        (``event_time.quiet_watermark``) reaches an event-time timer (the checkpoint's
+        lower bounds of the timers left); in a continuous run also when the watermark
+        advances otherwise (a partition became idle)."""
+        due = ckpt.next_processing_timer_ms
+        if due is not None and self._processing_time(ckpt, plan) >= due:
+            return True
+        inputs = self._event_time_inputs(ckpt, plan)
+        if plan.quiet_since_ms is not None:
+            mark = epoch_event_time(inputs, []).watermark
+            if ckpt.next_event_timer_ms is not None and mark > ckpt.watermark and mark >= ckpt.next_event_timer_ms:
+                return True
+        if not continuous:
+            return False
+        # The quiet watermark moves with every look: only the reasons above run an epoch for it.
+        unquiet = dataclasses.replace(inputs, plan=dataclasses.replace(plan, quiet_since_ms=None))
+        return epoch_event_time(unquiet, []).watermark > ckpt.watermark
 
     def _warn_ends_behind(self, committed: dict[str, int], ends: dict[str, int]) -> None:
         """Logs a warning, once per partition until it recovers, when the source reports
@@ -404,6 +435,7 @@ class JobRunner:
                     "a new name to process them.", self.job.name, ckpt.epoch, ckpt.source_offsets)
             trigger = live.ProcessingTimeTrigger(self.job.trigger_interval_ms if continuous else 0)
             done = 0
+            ran_without_input = False  # a run that is not continuous runs at most one such epoch
             # Pipelining (long-lived tasks): epoch e+1 may be read while epoch e's operators
             # run when the trigger is due by then and the run goes on (_read_ahead).
             self._may_read_ahead = lambda: (not self._stop.requested and trigger.seconds_to_next() <= 0
@@ -419,13 +451,15 @@ class JobRunner:
                 else:
                     plan = self._plan(ckpt)
                 if not self.job.source.bounded and not plan.has_input:
-                    if not continuous:
+                    due = self._due_without_input(ckpt, plan, continuous)
+                    if not continuous and (not due or ran_without_input):
                         break
-                    if epoch_event_time(self._event_time_inputs(ckpt, plan), []).watermark <= ckpt.watermark:
+                    if not due:
                         trigger.nothing_new()
                         continue
-                    # No input, but a partition went idle and the watermark advances: an
-                    # epoch without events fires the timers it passes.
+                    # No input, but timers are due (processing time, or a watermark that
+                    # advances): an epoch without events fires them.
+                    ran_without_input = True
                 result, ckpt = self._run_leased(ckpt, plan)
                 done += 1
                 yield result
@@ -700,6 +734,9 @@ class JobRunner:
             partition_active_at_ms=partition_activity(ckpt.partition_active_at_ms, plan),
             source_state=self.job.source.snapshot_state(offsets),
             state_schemas=self._state_schemas,
+            processing_time_ms=self._processing_time(ckpt, plan),
+            next_event_timer_ms=_next_timer(results, "event_time"),
+            next_processing_timer_ms=_next_timer(results, "processing_time"),
         )
         key = self._commit(new)
         if self._retention is not None:  # retention hook
@@ -759,7 +796,8 @@ class JobRunner:
         cuts = event_time.cuts if event_time is not None else {}
         offset_limits = {part_index[p]: cut for p, cut in cuts.items()} or None
         input_schema = stage_input_schema(self.job.source.value_schema)
-        processing_time = self._now_ms()  # one per epoch: every task's TTL clock agrees
+        # One per epoch: every task's processing-time timers and TTL clock agree.
+        processing_time = self._processing_time(ckpt, inputs.plan)
         self._task_dead_letters = []
         self._screened = None
         for i, op in enumerate(self.job.operators):
@@ -1028,6 +1066,13 @@ def _staged_outputs(last_results: list[TaskResult]) -> tuple[dict[str, list[str]
             outputs.setdefault(name, []).append(key)
         checksums.update(res.staged_checksums)
     return outputs, checksums
+
+
+def _next_timer(results_by_op: dict[str, list[TaskResult]], domain: str) -> int | None:
+    """The earliest timer of ``domain`` left over every range (a lower bound, ms), None:
+    none (``TaskResult.metrics["next_timers"]``)."""
+    stamps = [res.metrics["next_timers"][domain] for rs in results_by_op.values() for res in rs]
+    return min((t for t in stamps if t is not None), default=None)
 
 
 def _task_message(e: BaseException) -> str:

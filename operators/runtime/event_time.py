@@ -5,6 +5,9 @@ live jobs alike (``dkvstream.operators.runtime.driver`` plans every epoch with t
   (``idle_partitions``, Flink's ``withIdleness``; ``partition_activity``: where a
   partition's quiet time counts from) and watermark alignment at planning
   (``paused_partitions``, Flink's ``withWatermarkAlignment``).
+* ``quiet_since``, ``quiet_watermark``: a live source none of whose partitions received
+  an event for ``Job.quiet_timeout_ms`` is quiet, and its watermark advances with
+  processing time (the whole job going quiet, where idleness is per partition).
 * ``epoch_event_time``: from the read tasks' split summaries, alignment's cuts within the
   epoch (``alignment_cuts``, over each split's ``EventTimeSteps``) and the watermark
   (``watermark``: bounded out-of-orderness, the min over the partitions that hold it back,
@@ -43,6 +46,8 @@ class EpochPlan:
         ends_at_ms: wall clock when ``ends`` were known (the source's answer came
             back), ms since the Unix epoch: every event the plan reads had entered the
             source by then. None: at ``planned_at_ms``.
+        quiet_since_ms: the source is quiet (``quiet_since``): wall clock, ms, since
+            which no partition has received an event; None: not quiet.
     """
 
     offsets: dict[str, tuple[int, int]]
@@ -51,6 +56,7 @@ class EpochPlan:
     paused: frozenset[str]
     planned_at_ms: int
     ends_at_ms: int | None = None
+    quiet_since_ms: int | None = None
 
     @property
     def has_input(self) -> bool:
@@ -86,6 +92,48 @@ def idle_partitions(committed: dict[str, int], ends: dict[str, int], active_at_m
         return frozenset()
     return frozenset(p for p in committed if committed[p] >= ends[p] and p in active_at_ms
                      and now_ms - active_at_ms[p] >= idle_timeout_ms)
+
+
+def quiet_since(committed: dict[str, int], ends: dict[str, int], active_at_ms: dict[str, int],
+                now_ms: int, quiet_timeout_ms: int | None) -> int | None:
+    """When the whole source went quiet, if it has been for ``quiet_timeout_ms``: every
+    partition read to its end, and the latest ``active_at_ms`` (``partition_activity``:
+    after it no partition received an event) at least ``quiet_timeout_ms`` before
+    ``now_ms``.
+
+    Args:
+        committed, ends, active_at_ms, now_ms: as ``idle_partitions``.
+        quiet_timeout_ms: ``Job.quiet_timeout_ms``; None: never quiet.
+
+    Returns:
+        The latest ``active_at_ms`` (ms), or None: not quiet (a partition has events to
+        read, the timeout has not passed, or no partition has received an event yet).
+    """
+    if quiet_timeout_ms is None or any(committed[p] < ends[p] for p in committed):
+        return None
+    latest = max((active_at_ms[p] for p in committed if p in active_at_ms), default=None)
+    if latest is None or now_ms - latest < quiet_timeout_ms:
+        return None
+    return latest
+
+
+def quiet_watermark(plan: EpochPlan, partition_max_ts: dict[str, int], bound_ms: int) -> int | None:
+    """The watermark of a quiet source (``EpochPlan.quiet_since_ms``): event time is taken
+    to go on at the pace of processing time while nothing arrives, so the watermark is
+    the largest event time read plus the time quiet (``planned_at_ms -
+    quiet_since_ms``), minus ``bound_ms`` and 1 ms as ``watermark``. A window whose end
+    is ``d`` ms past the last event is emitted once the source has been quiet for
+    ``max(quiet_timeout_ms, d + bound_ms)``.
+
+    Returns:
+        That watermark (ms), or None: the source is not quiet, or no event time is known.
+    """
+    if plan.quiet_since_ms is None:
+        return None
+    newest = max((t for t in partition_max_ts.values() if t != WATERMARK_MIN), default=None)
+    if newest is None:
+        return None
+    return newest + (plan.planned_at_ms - plan.quiet_since_ms) - bound_ms - 1
 
 
 def partition_activity(active_at_ms: dict[str, int], plan: EpochPlan) -> dict[str, int]:
@@ -163,7 +211,7 @@ def paused_partitions(open_partitions: list[str], candidates: list[str], partiti
 def plan_epoch(committed: dict[str, int], ends: dict[str, int], partition_max_ts: dict[str, int],
                active_at_ms: dict[str, int], *, now_ms: int, events_per_epoch: int, bounded: bool,
                idle_timeout_ms: int | None = None, max_drift_ms: int | None = None,
-               ends_at_ms: int | None = None) -> EpochPlan:
+               ends_at_ms: int | None = None, quiet_timeout_ms: int | None = None) -> EpochPlan:
     """The offsets the next epoch reads: ``events_per_epoch`` split equally over the
     partitions that have input and are not paused by watermark alignment (one with less
     than its share reads what it has). A paused partition's share goes to the others;
@@ -184,6 +232,8 @@ def plan_epoch(committed: dict[str, int], ends: dict[str, int], partition_max_ts
             hold back nothing).
         ends_at_ms: wall clock when ``ends`` were known, ms (``EpochPlan.ends_at_ms``;
             None: ``now_ms``).
+        quiet_timeout_ms: ``Job.quiet_timeout_ms`` (``quiet_since``; a bounded source is
+            never quiet).
 
     Returns:
         The ``EpochPlan``.
@@ -197,8 +247,9 @@ def plan_epoch(committed: dict[str, int], ends: dict[str, int], partition_max_ts
     share = -(-events_per_epoch // max(1, len(reading)))
     offsets = {p: (committed[p], min(ends[p], committed[p] + share) if p in reading else committed[p])
                for p in committed}
+    quiet = None if bounded else quiet_since(committed, ends, active_at_ms, now_ms, quiet_timeout_ms)
     return EpochPlan(offsets=offsets, ends=ends, idle=idle, paused=paused, planned_at_ms=now_ms,
-                     ends_at_ms=ends_at_ms)
+                     ends_at_ms=ends_at_ms, quiet_since_ms=quiet)
 
 
 def watermark_holders(committed: dict[str, int], ends: dict[str, int], idle: frozenset[str],
@@ -399,7 +450,8 @@ def epoch_event_time(inputs: EventTimeInputs, summaries: list) -> EpochEventTime
     Steps: max event time read per partition; alignment's cuts (``alignment_cuts``, with
     ``max_drift_ms``), which lower a cut partition's max to what it kept and end its
     offsets at the cut; then the watermark: min over the input partitions of their max
-    event time, minus the bound and 1 ms, never below the previous one (``watermark``). Input
+    event time, minus the bound and 1 ms, never below the previous one (``watermark``), and
+    on a quiet source at least its quiet watermark (``quiet_watermark``). Input
     partitions: a bounded source's partitions not read to the end (none left: finished,
     +infinity); a live source's partitions, caught up or not (they may still receive
     older events), except idle ones (Flink's ``withIdleness``: all idle, the watermark
@@ -435,5 +487,8 @@ def epoch_event_time(inputs: EventTimeInputs, summaries: list) -> EpochEventTime
             return EpochEventTime(WATERMARK_MAX, part_max, True, cuts, plan)
     else:
         holding = [p for p in plan.offsets if p not in plan.idle]
-    return EpochEventTime(watermark(inputs.previous_watermark, part_max, holding, inputs.out_of_orderness_ms),
-                          part_max, False, cuts, plan)
+    mark = watermark(inputs.previous_watermark, part_max, holding, inputs.out_of_orderness_ms)
+    quiet = quiet_watermark(plan, part_max, inputs.out_of_orderness_ms)
+    if quiet is not None and not max_ts:  # quiet: planned with nothing to read, and read nothing
+        mark = max(mark, quiet)
+    return EpochEventTime(mark, part_max, False, cuts, plan)

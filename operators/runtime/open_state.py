@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import NamedTuple
 
-from dkvstream.operators.runtime.timers import TimerService
+from dkvstream.operators.runtime.timers import Timers
 from dkvstream.storage.dkv import DKV, DKVOptions
 
 # Open ranges kept per worker process; older ones are closed. A worker usually runs the
@@ -36,16 +36,16 @@ DEFAULT_CAPACITY = 8
 
 class _Kept(NamedTuple):
     """One kept range: its DKV ``db`` checkpointed at ``manifest_key`` with ``options``,
-    and the timer service its last task used over it (or None)."""
+    and the timer services its last task used over it (or None)."""
     manifest_key: str
     options: DKVOptions | None
     db: DKV
-    timers: TimerService | None
+    timers: Timers | None
 
 
 class OpenState:
     """A small LRU map (store root, state prefix) -> ``_Kept`` (manifest key, DKV
-    options, DKV, timer service).
+    options, DKV, timer services).
 
     Args:
         capacity: open instances kept; the least recently kept one is closed beyond it.
@@ -57,10 +57,10 @@ class OpenState:
         self.hits = self.caught_up = self.misses = 0
 
     def take(self, store_root: str, state_prefix: str, manifest_key: str | None,
-             options: DKVOptions | None) -> tuple[DKV, TimerService | None] | None:
+             options: DKVOptions | None) -> tuple[DKV, Timers | None] | None:
         """The open DKV of this range at ``manifest_key`` with ``options`` (kept there, or
         caught up to it), removed from the cache (the caller owns it), with the range's
-        timer service if the instance is exactly as its last task left it (None after a
+        timer services if the instance is exactly as its last task left it (None after a
         catch-up: other tasks' timers are not in its lower bound); else None (a stale
         entry is closed).
 
@@ -87,9 +87,9 @@ class OpenState:
         return None
 
     def keep(self, store_root: str, state_prefix: str, manifest_key: str, options: DKVOptions | None,
-             db: DKV, timers: TimerService | None = None) -> None:
+             db: DKV, timers: Timers | None = None) -> None:
         """Keep ``db``, just checkpointed at ``manifest_key``, for the range's next task,
-        with the task's timer service (``timers``) over it. The service's set-dedup memory
+        with the task's timer services (``timers``) over it. The services' set-dedup memory
         of the epoch is dropped here rather than when the next task starts: it holds every
         timer key the task set, which is dead weight between epochs."""
         if timers is not None:

@@ -3,13 +3,15 @@
 Steps (docs/design.md, "Epochs and checkpoints", step 2): open DKV at the range's previous
 manifest, run ``on_event`` for the range's events in event-time order (ties broken by
 source partition and offset, so a replay is deterministic), advance the watermark and
-fire due timers in timestamp order, stage output files and DKV files under names unique
+fire due event-time timers in timestamp order, then the processing-time timers due at the
+epoch's processing time, stage output files and DKV files under names unique
 to (epoch, range, attempt), checkpoint DKV, and return a small result the driver commits.
 
 Runs in Spark's Python workers and, unchanged, in unit tests without Spark.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -22,6 +24,7 @@ from dkvstream.operators import paths
 from dkvstream.operators.api import batch as batch_api
 from dkvstream.operators.api.batch import BatchContext, BatchOperator
 from dkvstream.operators.api.columns import (
+    DOMAIN_COLUMN,
     INGEST_TIME_COLUMN,
     INTERNAL_COLUMNS,
     KEY_COLUMN,
@@ -33,7 +36,7 @@ from dkvstream.operators.api.columns import (
     TIMESTAMP_COLUMN,
 )
 from dkvstream.operators.api.keygroups import KeyGroupRange, key_groups_of, range_indexes_of
-from dkvstream.operators.api.operator import MAIN_OUTPUT, KeyedEvent, Operator, Subject
+from dkvstream.operators.api.operator import MAIN_OUTPUT, KeyedEvent, Operator, Subject, TimeDomain
 from dkvstream.operators.api.state import StateClock, subject_prefix
 from dkvstream.operators.api.state_schema import bind_operator
 from dkvstream.operators.errors import OperatorError
@@ -44,7 +47,7 @@ from dkvstream.operators.runtime import operator_errors
 from dkvstream.operators.runtime.live import ingest_sketches
 from dkvstream.operators.runtime.open_state import OpenState
 from dkvstream.operators.runtime.splits import apply_cuts
-from dkvstream.operators.runtime.timers import TimerService
+from dkvstream.operators.runtime.timers import Timers
 from dkvstream.storage.dkv import DKV, DKVOptions
 from dkvstream.storage.dkv.gc_pause import gc_paused
 from dkvstream.storage.faults import fault_point
@@ -68,6 +71,10 @@ class TaskSpec:
         watermark_before: watermark reached by the previous epoch (ms); events at or
             below it are late.
         watermark_after: watermark this epoch reaches (ms); timers up to it fire.
+        processing_time: the epoch's processing time (ms since the Unix epoch), decided
+            once by the driver (``JobRunner``): processing-time timers up to it fire (a
+            retry of the task fires the same ones), and it is the clock of
+            processing-time state TTL; None: the task's wall clock at its start.
         next_key_groups / next_parallelism: routing of ``main`` output to the next
             operator (None for the last operator).
         flush: write the memtable to level-0 SSTables before the DKV checkpoint (a
@@ -84,9 +91,6 @@ class TaskSpec:
             or past it are dropped (the next epoch reads them again); None: no cut.
         layout: the job's key layout (``dkvstream.operators.paths``): where the range's DKV files
             and staged output go.
-        processing_time: the epoch's processing time, ms since the Unix epoch, taken by
-            the driver once per epoch: the clock of processing-time state TTL; None: the
-            task's wall clock at its start.
         state_schemas: the operator's part of the checkpoint's ``state_schemas``
             (``{state id: record}``, ``dkvstream.operators.api.state_schema``): the
             schema versions its record codecs read; None: the declared ones only.
@@ -125,7 +129,10 @@ class TaskResult:
     ``ingest`` and ``ingest_at_event_time`` (the ``live.IngestSketch``es of its events'
     ingest times that are not and that are their event time, ``live.ingest_sketches``;
     None: none) and
-    ``requests`` (object-store requests of the task).
+    ``requests`` (object-store requests of the task), and ``next_timers``
+    (``{"event_time": ms or None, "processing_time": ms or None}``: a lower bound of the
+    earliest timer of each domain left, None: none, ``Timers.next_timestamps``; the driver
+    runs an epoch without input when one is due).
 
     ``dead_letter_key``: the staged file of the task's dead-letter rows, or None.
 
@@ -166,11 +173,13 @@ class _TaskSubject(Subject):
         "key",
         "key_group",
         "state_clock",
+        "processing_time",
+        "time_domain",
         "timestamp",
         "watermark",
     )
 
-    def __init__(self, db: DKV, timers: TimerService, outputs: dict[str, pa.Schema]) -> None:
+    def __init__(self, db: DKV, timers: Timers, outputs: dict[str, pa.Schema]) -> None:
         self._db = db
         self._timers = timers
         self._outputs = outputs
@@ -180,6 +189,8 @@ class _TaskSubject(Subject):
         self.timestamp = 0
         self.watermark = 0
         self.state_clock: StateClock | None = None  # of TTL'd state (state.StateClock)
+        self.processing_time = 0
+        self.time_domain: TimeDomain | None = None
         self._state_prefix = b""
 
     def _point_at(self, key: bytes, key_group: int) -> None:
@@ -188,10 +199,16 @@ class _TaskSubject(Subject):
             self._state_prefix = subject_prefix(key_group, key)
 
     def set_timer(self, timestamp: int) -> None:
-        self._timers.set(self.key_group, timestamp, self.key)
+        self._timers.event.set(self.key_group, timestamp, self.key)
 
     def delete_timer(self, timestamp: int) -> None:
-        self._timers.delete(self.key_group, timestamp, self.key)
+        self._timers.event.delete(self.key_group, timestamp, self.key)
+
+    def set_processing_timer(self, timestamp: int) -> None:
+        self._timers.processing.set(self.key_group, timestamp, self.key)
+
+    def delete_processing_timer(self, timestamp: int) -> None:
+        self._timers.processing.delete(self.key_group, timestamp, self.key)
 
     def emit(self, value: dict, *, output: str = MAIN_OUTPUT, key: bytes | None = None,
              timestamp: int | None = None) -> None:
@@ -262,11 +279,12 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
     compactions = db.install_pending_compactions()
     open_seconds = time.perf_counter() - started
     if timers is None:
-        timers = TimerService(db, krange)
+        timers = Timers.over(db, krange)
     else:
         timers.begin_epoch()
-    state_clock = StateClock(spec.watermark_before, spec.watermark_after,
-                             time.time_ns() // 1_000_000 if spec.processing_time is None else spec.processing_time)
+    if spec.processing_time is None:
+        spec = dataclasses.replace(spec, processing_time=time.time_ns() // 1_000_000)
+    state_clock = StateClock(spec.watermark_before, spec.watermark_after, spec.processing_time)
     subject = _TaskSubject(db, timers, operator.outputs)
     subject.state_clock = state_clock
 
@@ -284,6 +302,7 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
                                                              state_clock=state_clock)
             else:
                 n_events, timers_fired, emitted = _run_events(operator, spec, events, subject, timers)
+        next_timers = timers.next_timestamps()
     except Exception as e:
         if not operator_errors.attributable(e) or isinstance(e, OperatorError):
             raise
@@ -300,7 +319,7 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
         dead = operator_errors.DeadLetterRows(operator, spec.epoch, spec.input_name,
                                               spec.input_partitions)
         buffer = operator_errors.WriteBuffer(db)
-        timers = TimerService(buffer, krange)  # not kept: it writes through the buffer
+        timers = Timers.over(buffer, krange)  # not kept: it writes through the buffer
         if isinstance(operator, BatchOperator):
             n_events, timers_fired, emitted = _run_batch(operator, spec, events, buffer, timers, dead, state_clock)
         else:
@@ -308,6 +327,7 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
             subject.state_clock = state_clock
             n_events, timers_fired, emitted = _run_events(operator, spec, events, subject, timers, dead)
         buffer.commit()
+        next_timers = timers.next_timestamps()
         timers = None
 
     staging = staging_prefix(spec.job_prefix, spec.epoch, operator.name, krange.label, attempt, spec.layout)
@@ -360,6 +380,7 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
             "dead_letter": 0 if dead is None else dead.count,
             "ingest": ingest,
             "ingest_at_event_time": ingest_at_event_time,
+            "next_timers": next_timers,
         },
         forwarded=forwarded,
         dead_letter_key=dead_letter_key,
@@ -381,9 +402,11 @@ Emitted = dict[str, tuple[pa.Table, list, list]]
 
 
 def _run_events(operator: Operator, spec: TaskSpec, events: pa.Table, subject: _TaskSubject,
-                timers: TimerService, dead: operator_errors.DeadLetterRows | None = None
+                timers: Timers, dead: operator_errors.DeadLetterRows | None = None
                 ) -> tuple[int, int, Emitted]:
-    """The ``on_event`` form: one call per event in event-time order, then per due timer.
+    """The ``on_event`` form: one call per event in event-time order, then per due timer:
+    event time first, then processing time (a processing-time handler's event-time timer
+    that is already due fires in the next epoch, as Flink fires it at the next watermark).
 
     What happens when a handler raises is the policy's: without ``dead``, ``_RaiseEventErrors``
     (the plain path, which calls the handlers themselves); with ``dead``, ``_DeadLetterEvents``
@@ -402,6 +425,7 @@ def _run_events(operator: Operator, spec: TaskSpec, events: pa.Table, subject: _
     on_event = policy.handler(operator.on_event)
     point_at = subject._point_at
     subject.watermark = spec.watermark_before
+    subject.processing_time = spec.processing_time
     for key, ts, kg, value in zip(keys, stamps, groups, values):
         if kg not in krange:
             raise ValueError(f"key {key!r} (key group {kg}) routed to task of {krange.label}")
@@ -416,14 +440,17 @@ def _run_events(operator: Operator, spec: TaskSpec, events: pa.Table, subject: _
     on_timer = policy.handler(operator.on_timer_expired)
     timers_fired = 0
     subject.watermark = spec.watermark_after
-    for ts, kg, key in timers.due(spec.watermark_after):
-        point_at(key, kg)
-        subject.timestamp = ts
-        try:
-            on_timer(subject, ts)
-        except Exception as e:
-            policy.timer_raised(e, key, ts)
-        timers_fired += 1
+    for domain, service, until in _domains(spec, timers):
+        subject.time_domain = domain
+        for ts, kg, key in service.due(until):
+            point_at(key, kg)
+            subject.timestamp = ts
+            try:
+                on_timer(subject, ts)
+            except Exception as e:
+                policy.timer_raised(e, key, ts)
+            timers_fired += 1
+    subject.time_domain = None
     policy.timers_done()
     emitted = {
         name: (_emitted_table(operator, name, [r[2] for r in rows]),
@@ -473,7 +500,7 @@ class _DeadLetterEvents:
     (``dkvstream.operators.runtime.operator_errors``); an error that is not the event's
     (``operator_errors.attributable``) still ends the run."""
 
-    def __init__(self, operator: Operator, subject: _TaskSubject, timers: TimerService,
+    def __init__(self, operator: Operator, subject: _TaskSubject, timers: Timers,
                  dead: operator_errors.DeadLetterRows) -> None:
         self._operator, self._subject, self._timers, self._dead = operator, subject, timers, dead
         self._buffer: operator_errors.WriteBuffer = subject._db  # type: ignore[assignment]
@@ -547,7 +574,7 @@ def _batch_error(operator: BatchOperator, spec: TaskSpec, events: pa.Table, stor
     dead = operator_errors.DeadLetterRows(operator, spec.epoch, spec.input_name, spec.input_partitions)
     buffer = operator_errors.WriteBuffer(db)
     try:
-        _run_batch(operator, spec, events, buffer, TimerService(buffer, spec.key_group_range), dead)
+        _run_batch(operator, spec, events, buffer, Timers.over(buffer, spec.key_group_range), dead)
         found, why = dead.first(), "a rerun raised on none"
     except Exception as e:  # noqa: BLE001 - the search's own failure is reported with the original error
         found, why = None, f"{type(e).__name__}: {' '.join(str(e).split())}"
@@ -622,11 +649,18 @@ def _batch_input(spec: TaskSpec, events: pa.Table) -> tuple[pa.Table, list[str],
     return events, value_columns, batch
 
 
-def _timer_table(stamps: list, kgs: list, keys: list) -> pa.Table:
+def _domains(spec: TaskSpec, timers: Timers):
+    """``(domain, its timer service, time up to which its timers fire)`` in firing order."""
+    return ((TimeDomain.EVENT_TIME, timers.event, spec.watermark_after),
+            (TimeDomain.PROCESSING_TIME, timers.processing, spec.processing_time))
+
+
+def _timer_table(stamps: list, kgs: list, keys: list, domain: TimeDomain) -> pa.Table:
     return pa.table({
         KEY_COLUMN: pa.array(keys, pa.binary()),
         KEY_GROUP_COLUMN: pa.array(kgs, pa.int32()),
         TIMESTAMP_COLUMN: pa.array(stamps, pa.int64()),
+        DOMAIN_COLUMN: pa.array([domain.value] * len(stamps), pa.string()),
     })
 
 
@@ -640,10 +674,11 @@ def _batch_emitted(operator: BatchOperator, ctx: BatchContext) -> Emitted:
 
 
 def _run_batch(operator: BatchOperator, spec: TaskSpec, events: pa.Table, db: DKV,
-               timers: TimerService, dead: operator_errors.DeadLetterRows | None = None,
+               timers: Timers, dead: operator_errors.DeadLetterRows | None = None,
                state_clock: StateClock | None = None) -> tuple[int, int, Emitted]:
     """The vectorised form: ``on_batch`` once with the range's events sorted by (key,
-    time), then ``on_timers`` with due timers until none is due.
+    time), then ``on_timers`` with due timers until none is due, event time first, then
+    processing time.
 
     How the handlers are called is the policy's: without ``dead``, ``_DirectBatchCalls``
     (an exception propagates; ``run_task`` names its row); with ``dead``,
@@ -651,22 +686,24 @@ def _run_batch(operator: BatchOperator, spec: TaskSpec, events: pa.Table, db: DK
     previous checkpoint, and ``timers`` writes through it).
     """
     events, value_columns, batch = _batch_input(spec, events)
-    ctx = BatchContext(db, timers, operator.outputs, operator.name)
+    ctx = BatchContext(db, timers.event, operator.outputs, operator.name, timers.processing)
     ctx.state_clock = state_clock
     calls = _DirectBatchCalls(operator, ctx) if dead is None else _IsolatingBatchCalls(operator, ctx, db, timers, dead)
     ctx.watermark = spec.watermark_before
+    ctx.processing_time = spec.processing_time
     if batch.num_rows:
         calls.on_batch(batch, events, value_columns)
     ctx.watermark = spec.watermark_after
     timers_fired = 0
-    while True:
-        # Timers the handler sets show up next round.
-        stamps, due_kgs, due_keys = timers.pop_due_columns(spec.watermark_after)
-        calls.timers_consumed()
-        if not stamps:
-            break
-        timers_fired += len(stamps)
-        calls.on_timers(stamps, due_kgs, due_keys)
+    for domain, service, until in _domains(spec, timers):
+        while True:
+            # Timers the handler sets show up next round.
+            stamps, due_kgs, due_keys = service.pop_due_columns(until)
+            calls.timers_consumed()
+            if not stamps:
+                break
+            timers_fired += len(stamps)
+            calls.on_timers(stamps, due_kgs, due_keys, domain)
     return batch.num_rows, timers_fired, _batch_emitted(operator, ctx)
 
 
@@ -682,8 +719,8 @@ class _DirectBatchCalls:
     def timers_consumed(self) -> None:
         pass
 
-    def on_timers(self, stamps: list, due_kgs: list, due_keys: list) -> None:
-        self._operator.on_timers(self._ctx, _timer_table(stamps, due_kgs, due_keys))
+    def on_timers(self, stamps: list, due_kgs: list, due_keys: list, domain: TimeDomain) -> None:
+        self._operator.on_timers(self._ctx, _timer_table(stamps, due_kgs, due_keys, domain))
 
 
 class _IsolatingBatchCalls:
@@ -694,7 +731,7 @@ class _IsolatingBatchCalls:
     ends the run."""
 
     def __init__(self, operator: BatchOperator, ctx: BatchContext, buffer: operator_errors.WriteBuffer,
-                 timers: TimerService, dead: operator_errors.DeadLetterRows) -> None:
+                 timers: Timers, dead: operator_errors.DeadLetterRows) -> None:
         self._operator, self._ctx, self._buffer, self._timers, self._dead = operator, ctx, buffer, timers, dead
 
     def _call(self, handler, table: pa.Table, keep: bool) -> BaseException | None:
@@ -750,14 +787,14 @@ class _IsolatingBatchCalls:
     def timers_consumed(self) -> None:
         self._buffer.commit()  # the due timers are consumed whatever their handler does
 
-    def on_timers(self, stamps: list, due_kgs: list, due_keys: list) -> None:
+    def on_timers(self, stamps: list, due_kgs: list, due_keys: list, domain: TimeDomain) -> None:
         def timer_keys(rows: np.ndarray) -> list[np.ndarray]:
             by_key: dict[tuple[int, bytes], list[int]] = {}
             for r in rows.tolist():
                 by_key.setdefault((due_kgs[r], due_keys[r]), []).append(r)
             return [np.asarray(v) for v in by_key.values()]
 
-        bad = self._run_isolating(self._operator.on_timers, _timer_table(stamps, due_kgs, due_keys), timer_keys,
+        bad = self._run_isolating(self._operator.on_timers, _timer_table(stamps, due_kgs, due_keys, domain), timer_keys,
                                   "on_timers")
         order = sorted(bad)
         self._dead.timers([due_keys[i] for i in order], [stamps[i] for i in order], [bad[i] for i in order],

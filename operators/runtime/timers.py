@@ -1,13 +1,18 @@
-"""Event-time timers, stored in DKV so they survive checkpoints and restarts.
+"""Timers, stored in DKV so they survive checkpoints and restarts: event-time timers
+and processing-time timers, one ``TimerService`` per time domain (``Timers``).
 
 DKV key layout of a timer (no value; docs/design.md, "Key groups and keys")::
 
     key_group   u16 big-endian
-    schema      u8  = 0x01
+    schema      u8  = 0x01 (event time) or 0x04 (processing time)
     timestamp   u64 big-endian, ms + 2**63  (so negative times sort first)
     key         rest: the subject key
 
-Putting the timestamp before the subject key makes ``scan_prefix(key_group | 0x01)``
+The two domains differ only in the schema byte, so processing-time timers move with
+their key group on a rescale exactly as event-time timers and state do (a range's key
+interval holds every schema of its key groups).
+
+Putting the timestamp before the subject key makes ``scan_prefix(key_group | schema)``
 return a key group's timers in time order (the seed's timer query), so finding the due
 timers of a range is one short scan per key group that stops at the first timer past
 the watermark.
@@ -17,10 +22,12 @@ from __future__ import annotations
 import heapq
 import struct
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from dkvstream.operators.api.state import SCHEMA_TIMER, StateStore
+from dkvstream.operators.api.operator import TimeDomain
+from dkvstream.operators.api.state import SCHEMA_PROCESSING_TIMER, SCHEMA_TIMER, StateStore
 from dkvstream.storage.dkv.db import prefix_successor
 
 _U16 = struct.Struct(">H")
@@ -29,30 +36,41 @@ _OFFSET = 1 << 63
 _NONE_STORED = 1 << 64  # the lower bound when no timer is stored: above every timestamp
 
 
-def timer_key(key_group: int, timestamp: int, key: bytes) -> bytes:
-    """The DKV key of the timer of ``key`` at ``timestamp`` (ms)."""
-    return _U16.pack(key_group) + b"\x01" + _TS.pack(timestamp + _OFFSET) + key
+# The schema byte of each time domain's timers.
+SCHEMAS = {TimeDomain.EVENT_TIME: SCHEMA_TIMER, TimeDomain.PROCESSING_TIME: SCHEMA_PROCESSING_TIMER}
 
 
-def decode_timer_key(dkv_key: bytes) -> tuple[int, int, bytes]:
-    """Split a timer's DKV key into (key group, timestamp ms, subject key)."""
-    if len(dkv_key) < 11 or dkv_key[2] != SCHEMA_TIMER:
+def timer_key(key_group: int, timestamp: int, key: bytes, schema: int = SCHEMA_TIMER) -> bytes:
+    """The DKV key of the timer of ``key`` at ``timestamp`` (ms); ``schema``: its time
+    domain's schema byte (``SCHEMAS``)."""
+    return _U16.pack(key_group) + bytes((schema,)) + _TS.pack(timestamp + _OFFSET) + key
+
+
+def decode_timer_key(dkv_key: bytes, schema: int = SCHEMA_TIMER) -> tuple[int, int, bytes]:
+    """Split a timer's DKV key into (key group, timestamp ms, subject key).
+
+    Raises:
+        ValueError: not a timer key of the domain whose schema byte is ``schema``.
+    """
+    if len(dkv_key) < 11 or dkv_key[2] != schema:
         raise ValueError(f"not a timer key: {dkv_key!r}")
     return _U16.unpack_from(dkv_key, 0)[0], _TS.unpack_from(dkv_key, 3)[0] - _OFFSET, dkv_key[11:]
 
 
-def timer_keys(key_groups: Sequence[int], timestamps: Sequence[int], keys: Sequence[bytes]) -> list[bytes]:
+def timer_keys(key_groups: Sequence[int], timestamps: Sequence[int], keys: Sequence[bytes],
+               schema: int = SCHEMA_TIMER) -> list[bytes]:
     """``timer_key`` of every row (aligned sequences), without a call per row."""
-    heads = {kg: _U16.pack(kg) + b"\x01" for kg in set(key_groups)}
+    heads = {kg: _U16.pack(kg) + bytes((schema,)) for kg in set(key_groups)}
     return [heads[kg] + (ts + _OFFSET).to_bytes(8, "big") + k for kg, ts, k in zip(key_groups, timestamps, keys)]
 
 
 class TimerService:
-    """Timers of one task's key groups.
+    """Timers of one time domain of one task's key groups.
 
     Args:
         db: the task's DKV instance.
         key_groups: the key groups this task owns.
+        schema: the domain's schema byte (``SCHEMAS``; event time by default).
 
     Timers are written to DKV on ``set`` (deduplicated in memory within an epoch, so
     an operator may set the same timer on every event at the cost of a set lookup).
@@ -77,8 +95,9 @@ class TimerService:
     merged with that sorted list.
     """
 
-    def __init__(self, db: StateStore, key_groups: Iterable[int]) -> None:
+    def __init__(self, db: StateStore, key_groups: Iterable[int], schema: int = SCHEMA_TIMER) -> None:
         self._db = db
+        self._schema = schema
         self._key_groups = list(key_groups)
         self._set_this_epoch: set[bytes] = set()
         self._heap: list[tuple[int, int, bytes]] = []  # timers set while firing
@@ -97,7 +116,7 @@ class TimerService:
 
     def set(self, key_group: int, timestamp: int, key: bytes) -> None:
         """Register a timer (idempotent)."""
-        tk = timer_key(key_group, timestamp, key)
+        tk = timer_key(key_group, timestamp, key, self._schema)
         if tk in self._set_this_epoch:
             return
         self._set_this_epoch.add(tk)
@@ -108,7 +127,7 @@ class TimerService:
 
     def set_many(self, key_groups: Sequence[int], timestamps: Sequence[int], keys: Sequence[bytes]) -> None:
         """``set`` for every row of the aligned sequences, as one DKV write batch."""
-        tks = timer_keys(key_groups, timestamps, keys)
+        tks = timer_keys(key_groups, timestamps, keys, self._schema)
         seen = self._set_this_epoch
         new = list(dict.fromkeys(tk for tk in tks if tk not in seen))
         if not new:
@@ -124,14 +143,14 @@ class TimerService:
 
     def delete(self, key_group: int, timestamp: int, key: bytes) -> None:
         """Remove a timer; no error if absent."""
-        tk = timer_key(key_group, timestamp, key)
+        tk = timer_key(key_group, timestamp, key, self._schema)
         self._set_this_epoch.discard(tk)
         self._db.delete(tk)
         self._queued.discard((timestamp, key_group, key))  # skipped if already listed
 
     def delete_many(self, key_groups: Sequence[int], timestamps: Sequence[int], keys: Sequence[bytes]) -> None:
         """``delete`` for every row, as one DKV write batch."""
-        tks = timer_keys(key_groups, timestamps, keys)
+        tks = timer_keys(key_groups, timestamps, keys, self._schema)
         self._set_this_epoch.difference_update(tks)
         self._db.write_batch(tks, [None] * len(tks))
         if self._queued:
@@ -155,12 +174,12 @@ class TimerService:
         """
         until = self._firing_until
         for tk in dkv_keys:
-            if len(tk) < 11 or tk[2] != SCHEMA_TIMER:
+            if len(tk) < 11 or tk[2] != self._schema:
                 continue
             self._set_this_epoch.discard(tk)
             if until is None:
                 continue
-            kg, ts, key = decode_timer_key(tk)
+            kg, ts, key = decode_timer_key(tk, self._schema)
             if ts <= until:
                 if stored(tk):
                     self._queued.add((ts, kg, key))
@@ -182,7 +201,7 @@ class TimerService:
         end_ts = (watermark + 1 + _OFFSET).to_bytes(8, "big") if watermark + 1 + _OFFSET < 1 << 64 else None
         low = _NONE_STORED
         for kg in self._key_groups:
-            head = _U16.pack(kg) + b"\x01"
+            head = _U16.pack(kg) + bytes((self._schema,))
             last = prefix_successor(head)
             end = head + end_ts if end_ts is not None else last
             n = len(tks)
@@ -245,7 +264,7 @@ class TimerService:
                     continue  # deleted while queued, or already fired
                 queued.discard(entry)
                 ts, kg, key = entry
-                tk = timer_key(kg, ts, key)
+                tk = timer_key(kg, ts, key, self._schema)
                 self._db.delete(tk)
                 self._set_this_epoch.discard(tk)
                 yield entry
@@ -256,3 +275,43 @@ class TimerService:
             self._firing_until = None
             self._heap = []
             queued.clear()
+
+    def next_timestamp(self) -> int | None:
+        """A lower bound of the stored timers' timestamps (ms), None when none is stored;
+        after a due pass it is the earliest timer left (``low``), or lower. When the
+        service does not know (no due pass yet, or one abandoned): ``-2**63``, which is
+        due at any time."""
+        if self.low is None:
+            return -_OFFSET
+        return None if self.low >= _NONE_STORED else self.low
+
+
+@dataclass
+class Timers:
+    """A task's timer services, one per time domain, over the same DKV instance."""
+
+    event: TimerService
+    processing: TimerService
+
+    @classmethod
+    def over(cls, db: StateStore, key_groups: Iterable[int]) -> Timers:
+        """Both domains' services of ``key_groups`` over ``db``."""
+        key_groups = list(key_groups)
+        return cls(TimerService(db, key_groups, SCHEMA_TIMER), TimerService(db, key_groups, SCHEMA_PROCESSING_TIMER))
+
+    def begin_epoch(self) -> None:
+        """``TimerService.begin_epoch`` of both."""
+        self.event.begin_epoch()
+        self.processing.begin_epoch()
+
+    def next_timestamps(self) -> dict[str, int | None]:
+        """``{"event_time": ..., "processing_time": ...}``: each domain's
+        ``TimerService.next_timestamp`` (what a task reports to the driver)."""
+        return {TimeDomain.EVENT_TIME.value: self.event.next_timestamp(),
+                TimeDomain.PROCESSING_TIME.value: self.processing.next_timestamp()}
+
+    def undo(self, dkv_keys: Iterable[bytes], stored: Callable[[bytes], bool]) -> None:
+        """``TimerService.undo`` of both (each takes its own domain's keys)."""
+        dkv_keys = list(dkv_keys)
+        self.event.undo(dkv_keys, stored)
+        self.processing.undo(dkv_keys, stored)

@@ -41,10 +41,9 @@ from typing import TextIO
 import pyarrow as pa
 
 from dkvstream.operators import paths
-from dkvstream.operators.api.columns import KEY_GROUP_COLUMN
+from dkvstream.operators.api.columns import DOMAIN_COLUMN, KEY_GROUP_COLUMN
 from dkvstream.operators.api.job import Job
 from dkvstream.operators.api.state import (
-    SCHEMA_TIMER,
     ListSpec,
     MapSpec,
     decode_state_key,
@@ -54,7 +53,7 @@ from dkvstream.operators.api.state import (
 from dkvstream.operators.api.state_schema import bound_value_codec, evolve
 from dkvstream.operators.runtime.checkpoints import JobCheckpoint, list_epochs, read_checkpoint
 from dkvstream.operators.runtime.recovery import check_checkpoint
-from dkvstream.operators.runtime.timers import decode_timer_key
+from dkvstream.operators.runtime.timers import SCHEMAS, decode_timer_key
 from dkvstream.storage.cli import UsageError, parse_bytes, render_bytes, run_command
 from dkvstream.storage.dkv import DKV
 from dkvstream.storage.dkv.expiry import EXPIRY
@@ -211,22 +210,27 @@ def list_timers(store: ObjectStore, job: Job, operator: str | None = None, epoch
     Args: as ``read_state``.
 
     Returns:
-        Columns ``operator``, ``key_group`` (int32), ``timestamp`` (timestamp[ms, UTC])
-        and ``subject_key`` (binary).
+        Columns ``operator``, ``key_group`` (int32), ``timestamp`` (timestamp[ms, UTC]),
+        ``subject_key`` (binary) and ``domain`` (string: ``event_time`` or
+        ``processing_time``, the timer's ``TimeDomain``).
     """
-    rows: dict[str, list] = {"operator": [], KEY_GROUP_COLUMN: [], "timestamp": [], "subject_key": []}
+    rows: dict[str, list] = {"operator": [], KEY_GROUP_COLUMN: [], "timestamp": [], "subject_key": [],
+                             DOMAIN_COLUMN: []}
+    domains = {schema: domain.value for domain, schema in SCHEMAS.items()}
     op_name = None if operator is None else _operator(job, operator).name
     for op, _, k, _ in checkpoint_entries(store, job.prefix, epoch, op_name):
-        if k[2] != SCHEMA_TIMER:
+        domain = domains.get(k[2])
+        if domain is None:
             continue
-        kg, ts, subject_key = decode_timer_key(k)
+        kg, ts, subject_key = decode_timer_key(k, k[2])
         if not _in_range(subject_key, key_range):
             continue
-        for col, val in zip(rows, (op, kg, ts, subject_key)):
+        for col, val in zip(rows, (op, kg, ts, subject_key, domain)):
             rows[col].append(val)
     return pa.table(rows, schema=pa.schema([
         pa.field("operator", pa.string()), pa.field(KEY_GROUP_COLUMN, pa.int32()),
-        pa.field("timestamp", pa.timestamp("ms", tz="UTC")), pa.field("subject_key", pa.binary())]))
+        pa.field("timestamp", pa.timestamp("ms", tz="UTC")), pa.field("subject_key", pa.binary()),
+        pa.field(DOMAIN_COLUMN, pa.string())]))
 
 
 def to_spark(spark, table: pa.Table):
@@ -234,9 +238,12 @@ def to_spark(spark, table: pa.Table):
     return spark.createDataFrame(table)
 
 
+_TIMER_SCHEMAS = frozenset(SCHEMAS.values())
+
+
 def is_timer(dkv_key: bytes) -> bool:
-    """True if ``dkv_key`` is a timer entry."""
-    return len(dkv_key) > 2 and dkv_key[2] == SCHEMA_TIMER
+    """True if ``dkv_key`` is a timer entry (of either time domain)."""
+    return len(dkv_key) > 2 and dkv_key[2] in _TIMER_SCHEMAS
 
 
 def spec_kind(spec) -> str:

@@ -179,7 +179,8 @@ def test_in_process_runner_keeps_one_instance_per_range_and_closes_them(tmp_path
         assert cache.capacity == 8 and len(cache) == 8
         kept = list(cache._entries.values())
         assert all(not e.db._closed for e in kept)
-        assert all(e.timers is not None and not e.timers._set_this_epoch for e in kept)
+        assert all(e.timers is not None and not e.timers.event._set_this_epoch
+               and not e.timers.processing._set_this_epoch for e in kept)
     assert len(cache) == 0 and all(e.db._closed for e in kept)
     runner.close()  # idempotent
 
