@@ -141,7 +141,8 @@ def _expected(events: pd.DataFrame, fired: list[tuple], with_firing: bool) -> pd
         by_ts = w.sort_values("timestamp", kind="stable")
         row = {"key": key.decode(), "window_start": start, "window_end": end, "n": len(w),
                "nx": int(w.x.notna().sum()), "sx": x.sum(min_count=1), "lo": x.min(), "hi": x.max(),
-               "mean": x.mean(), "first": by_ts.s.iloc[0], "last": by_ts.s.iloc[-1], "big": int((x > 0.5).sum()) if w.x_valid.any() else None}
+               "mean": x.mean(), "first": by_ts.s.iloc[0], "last": by_ts.s.iloc[-1],
+               "big": int((x > 0.5).sum()) if w.x_valid.any() else None}
         if "bucket" in w.columns:
             row = {**{k: row[k] for k in ("key", "window_start", "window_end", "n")}, "buckets": w.bucket.nunique()}
         if with_firing:
@@ -235,3 +236,13 @@ def test_bad_configuration_is_named(tmp_path) -> None:
         window_operator("w", TumblingWindows(10), {"window_start": Count()})
     with pytest.raises(JobFailedError, match="does not evaluate on the events"):
         _run(_job(KINDS[0], "w", aggregates={"n": Sum("nope")}), str(tmp_path))
+
+
+def test_flights_windowed_equals_oracle(tmp_path, check_flights_output) -> None:
+    from dkvstream.examples.flights_windowed import flights_windowed_job
+
+    job = flights_windowed_job(events_per_epoch=60_000)
+    with JobRunner(job, None, str(tmp_path)) as runner:
+        runner.run()
+        check_flights_output(job.sinks["main"].read(runner.store, job.prefix))
+        assert job.sinks["late"].read(runner.store, job.prefix).num_rows == 0
