@@ -8,8 +8,9 @@ the same state, timers and output in both. The model is Flink's ``WindowOperator
 
 * a window is ``[window_start, window_end)`` of one subject key; its accumulator is
   stored in a ``MapSpec`` (state id ``windows``) keyed by window start (ms), as a
-  ``RecordCodec`` of the aggregates' accumulator fields; session windows also keep the
-  key's open sessions as ``[start, end]`` pairs (state id ``sessions``);
+  ``RecordCodec`` of the aggregates' accumulator fields; session windows are keyed by
+  their end instead, and the key's open sessions are listed as ``[start, end]`` pairs
+  (state id ``sessions``);
 * a window fires (``on_time``) when the watermark reaches ``window_end - 1`` (Flink's
   ``maxTimestamp``), through a timer at that time;
 * with ``allowed_lateness_ms`` L > 0 the window is kept until the watermark reaches
@@ -49,7 +50,7 @@ EARLY, ON_TIME, LATE = "early", "on_time", "late"  # values of the ``firing`` co
 LATE_OUTPUT = "late"
 _TS = pa.timestamp("ms", tz="UTC")
 # Accumulator fields every window keeps besides its aggregates'.
-_BASE_FIELDS = {"end": pa.int64(), "events": pa.int64(), "first_ts": pa.int64(), "last_ts": pa.int64()}
+_BASE_FIELDS = {"start": pa.int64(), "end": pa.int64(), "events": pa.int64(), "first_ts": pa.int64(), "last_ts": pa.int64()}
 _KG = "key_group"
 
 
@@ -334,7 +335,7 @@ class _WindowCore:
         merged = partial.append_column("fresh", partial.column("events"))
         if present.any():
             idx = np.flatnonzero(present)
-            stored = self._stored(partial.select([KEY_COLUMN, _KG, "start"]).take(idx), old.filter(pa.array(present)))
+            stored = self._stored(partial.select([KEY_COLUMN, _KG]).take(idx), old.filter(pa.array(present)))
             both = pa.concat_tables([stored.append_column("g", pa.array(idx)),
                                      merged.append_column("g", pa.array(np.arange(len(partial))))])
             merged = self._merge(both.take(pc.sort_indices(both, [("g", "ascending")])))
@@ -344,25 +345,27 @@ class _WindowCore:
     def _merge_sessions(self, ctx: BatchContext, partial: pa.Table) -> None:
         """Merges the epoch's sessions with the keys' stored ones (Flink's
         ``MergingWindowSet``): sorted by (key, start), a session joins the previous one
-        when it starts at or before the running end."""
+        when it starts at or before the running end. Sessions are stored by their end,
+        so that a timer (at end - 1) finds its session without reading the index."""
         index, state = ctx.state(self.sessions), ctx.state(self.windows)
         keys, kgs = partial.column(KEY_COLUMN), partial.column(_KG)
         first = np.flatnonzero(_changes(keys, None))
         ukeys, ukgs = keys.take(first).to_pylist(), kgs.take(first).to_pylist()
-        known = index.get(ukeys, ukgs)
-        old_k, old_g, old_s = [], [], []
-        for k, g, sessions in zip(ukeys, ukgs, known):
-            for s, _ in sessions or ():
+        old_k, old_g, old_e = [], [], []
+        for k, g, sessions in zip(ukeys, ukgs, index.get(ukeys, ukgs)):
+            for _, e in sessions or ():
                 old_k.append(k)
                 old_g.append(g)
-                old_s.append(s)
+                old_e.append(e)
         both = partial.append_column("fresh", partial.column("events"))
-        old_at: list[bytes] = []
         if old_k:
-            old_at = state.dkv_keys(old_k, old_g, old_s)
-            stored = self._stored(pa.table({KEY_COLUMN: pa.array(old_k, pa.binary()), _KG: pa.array(old_g, pa.int32()),
-                                            "start": pa.array(old_s, pa.int64())}), state.get_columns_at(old_at))
-            both = pa.concat_tables([stored, both.cast(stored.schema)])  # same columns, canonical order
+            old_at = state.dkv_keys(old_k, old_g, old_e)
+            acc = state.get_columns_at(old_at)
+            present = acc.is_valid()  # a session dropped by its timers may still be in the index
+            stored = self._stored(pa.table({KEY_COLUMN: pa.array(old_k, pa.binary()),
+                                            _KG: pa.array(old_g, pa.int32())}).filter(present), acc.filter(present))
+            state.delete_at(old_at)  # all rewritten below, under their (possibly merged) ends
+            both = pa.concat_tables([stored, both.cast(stored.schema)])
             both = both.take(pc.sort_indices(both, [(KEY_COLUMN, "ascending"), ("start", "ascending")]))
         starts, ends = both.column("start").to_numpy(), both.column("end").to_numpy()
         key_change = _changes(both.column(KEY_COLUMN), None)
@@ -370,17 +373,14 @@ class _WindowCore:
         new = key_change.copy()
         new[1:] |= starts[1:] > reach[:-1]
         merged = self._merge(both.append_column("g", pa.array(np.cumsum(new) - 1)))
-        touched = np.asarray(pc.greater(merged.column("fresh"), 0))
-        if old_at:
-            state.delete_at(old_at)  # all rewritten below, under their (possibly merged) starts
-        state.set_columns_at(state.dkv_keys(merged.column(KEY_COLUMN), merged.column(_KG), merged.column("start")),
+        state.set_columns_at(state.dkv_keys(merged.column(KEY_COLUMN), merged.column(_KG), merged.column("end")),
                              merged.select(list(self.windows.value_codec.fields)))
-        mk, mg, ms, me = (merged.column(c).to_pylist() for c in (KEY_COLUMN, _KG, "start", "end"))
         by_key: dict[tuple[bytes, int], list[list[int]]] = {}
-        for k, g, s, e in zip(mk, mg, ms, me):
+        for k, g, s, e in zip(*(merged.column(c).to_pylist() for c in (KEY_COLUMN, _KG, "start", "end"))):
             by_key.setdefault((k, g), []).append([s, e])
         index.set([k for k, _ in by_key], [g for _, g in by_key], list(by_key.values()))
-        self._after_update(ctx, merged.filter(pa.array(touched)) if not touched.all() else merged)
+        touched = pc.greater(merged.column("fresh"), 0)
+        self._after_update(ctx, merged.filter(touched))
 
     def _after_update(self, ctx: BatchContext, merged: pa.Table) -> None:
         """Timers, late and early firings of the windows an epoch's events updated."""
@@ -406,68 +406,48 @@ class _WindowCore:
     # -- timers
 
     def on_timers(self, ctx: BatchContext, timers: pa.Table) -> None:
-        if self.session:
-            self._session_timers(ctx, timers)
-            return
         state, L = ctx.state(self.windows), self.allowed_lateness_ms
         ts = timers.column("timestamp").to_numpy()
         keys, kgs = timers.column("key"), timers.column("key_group")
-        is_end, starts = self.spec.starts_ending_at(ts + 1)
-        if is_end.any():
-            hit = pa.array(is_end)
-            fk, fg, fs = keys.filter(hit), kgs.filter(hit), starts[is_end]
-            at = state.dkv_keys(fk, fg, fs)
+        fire, at_fire = self._stored_at(ts + 1)
+        if fire.any():
+            hit = pa.array(fire)
+            fk, fg = keys.filter(hit), kgs.filter(hit)
+            at = state.dkv_keys(fk, fg, at_fire[fire])
             acc = state.get_columns_at(at)
-            present = np.asarray(acc.is_valid())
-            if present.any():
-                p = pa.array(present)
-                windows = self._stored(pa.table({KEY_COLUMN: fk.filter(p), _KG: fg.filter(p),
-                                                 "start": pa.array(fs[present])}), acc.filter(p))
-                self._fire(ctx, windows, ON_TIME)
+            present = acc.is_valid()
+            if pc.any(present).as_py():
+                self._fire(ctx, self._stored(pa.table({KEY_COLUMN: fk, _KG: fg}).filter(present),
+                                             acc.filter(present)), ON_TIME)
                 if not L:
-                    state.delete_at([a for a, keep in zip(at, present) if keep])
+                    state.delete_at([a for a, keep in zip(at, present.to_pylist()) if keep])
         if L:
-            is_end, starts = self.spec.starts_ending_at(ts + 1 - L)
-            if is_end.any():
-                hit = pa.array(is_end)
-                state.delete_at(state.dkv_keys(keys.filter(hit), kgs.filter(hit), starts[is_end]))
+            drop, at_drop = self._stored_at(ts + 1 - L)
+            if drop.any():
+                hit = pa.array(drop)
+                state.delete_at(state.dkv_keys(keys.filter(hit), kgs.filter(hit), at_drop[drop]))
+        if self.session:
+            self._prune_sessions(ctx, keys, kgs)
 
-    def _session_timers(self, ctx: BatchContext, timers: pa.Table) -> None:
-        index, state, L = ctx.state(self.sessions), ctx.state(self.windows), self.allowed_lateness_ms
-        keys, kgs = timers.column("key").to_pylist(), timers.column("key_group").to_pylist()
-        open_: dict[tuple[bytes, int], list] = {}
-        pairs = list(dict.fromkeys(zip(keys, kgs)))
-        for pair, sessions in zip(pairs, index.get([k for k, _ in pairs], [g for _, g in pairs])):
-            open_[pair] = sessions or []
-        fire_k, fire_g, fire_s, gone_k, gone_g, gone_s = [], [], [], [], [], []
-        for k, g, t in zip(keys, kgs, timers.column("timestamp").to_pylist()):
-            left = []
-            for s, e in open_[(k, g)]:
-                if e - 1 == t:
-                    fire_k.append(k)
-                    fire_g.append(g)
-                    fire_s.append(s)
-                if e - 1 + L <= t:  # fired (L = 0) or past its lateness: drop it
-                    gone_k.append(k)
-                    gone_g.append(g)
-                    gone_s.append(s)
-                else:
-                    left.append([s, e])
-            open_[(k, g)] = left
-        if fire_k:
-            at = state.dkv_keys(fire_k, fire_g, fire_s)
-            acc = state.get_columns_at(at)
-            self._fire(ctx, self._stored(pa.table({KEY_COLUMN: pa.array(fire_k, pa.binary()),
-                                                   _KG: pa.array(fire_g, pa.int32()),
-                                                   "start": pa.array(fire_s, pa.int64())}), acc), ON_TIME)
-        if gone_k:
-            state.delete(gone_k, gone_g, gone_s)
-            left = [(k, g, v) for (k, g), v in open_.items() if v]
-            empty = [(k, g) for (k, g), v in open_.items() if not v]
-            if left:
-                index.set([k for k, _, _ in left], [g for _, g, _ in left], [v for _, _, v in left])
-            if empty:
-                index.drop([k for k, _ in empty], [g for _, g in empty])
+    def _stored_at(self, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For window ends (ms): whether a window can end there, and the map key it is
+        stored under (tumbling and sliding: its start; sessions: the end itself)."""
+        if self.session:
+            return np.ones(len(ends), np.bool_), ends
+        return self.spec.starts_ending_at(ends)
+
+    def _prune_sessions(self, ctx: BatchContext, keys: pa.ChunkedArray, kgs: pa.ChunkedArray) -> None:
+        """Removes the sessions the watermark has dropped from the keys' indexes."""
+        index, limit = ctx.state(self.sessions), ctx.watermark - self.allowed_lateness_ms + 1
+        pairs = list(dict.fromkeys(zip(keys.to_pylist(), kgs.to_pylist())))
+        pk, pg = [k for k, _ in pairs], [g for _, g in pairs]
+        left = [[p for p in sessions if p[1] > limit] for sessions in index.get(pk, pg) if sessions is not None]
+        kept = [i for i, v in enumerate(left) if v]
+        gone = [i for i, v in enumerate(left) if not v]
+        if kept:
+            index.set([pk[i] for i in kept], [pg[i] for i in kept], [left[i] for i in kept])
+        if gone:
+            index.drop([pk[i] for i in gone], [pg[i] for i in gone])
 
     # -- shared steps
 
@@ -522,7 +502,7 @@ class _WindowCore:
                     acc = agg.add(v, acc)
                 accs.append(msgpack.packb(acc, use_bin_type=True))
             out = out.append_column(name, pa.array(accs, pa.binary()))
-        return out.select([KEY_COLUMN, _KG, "start", *self.windows.value_codec.fields])
+        return out.select([KEY_COLUMN, _KG, *self.windows.value_codec.fields])
 
     def _merge(self, rows: pa.Table) -> pa.Table:
         """Merges accumulator rows by their group ``g`` (sorted; older rows first within a
@@ -562,11 +542,11 @@ class _WindowCore:
                         acc = agg.merge(acc, msgpack.unpackb(b, raw=False))
                     accs.append(msgpack.packb(acc, use_bin_type=True))
                 out = out.append_column(name, pa.array(accs, pa.binary()))
-        return out.select([KEY_COLUMN, _KG, "start", *self.windows.value_codec.fields, "fresh"])
+        return out.select([KEY_COLUMN, _KG, *self.windows.value_codec.fields, "fresh"])
 
     def _stored(self, ids: pa.Table, acc: pa.StructArray) -> pa.Table:
-        """Stored accumulators as rows: ``ids`` (key, key_group, start) beside the record
-        fields, with ``fresh`` 0 (no event of this epoch)."""
+        """Stored accumulators as rows: ``ids`` (key, key_group) beside the record fields,
+        with ``fresh`` 0 (no event of this epoch)."""
         table = ids
         for i, f in enumerate(acc.type):
             table = table.append_column(f.name, acc.field(i))
@@ -597,20 +577,20 @@ class _WindowCore:
                  timestamps=lt.column(TIMESTAMP_COLUMN).to_pylist())
 
     def fire_current(self, ctx: BatchContext, keys: Sequence[bytes], key_groups: Sequence[int],
-                     starts: Sequence[int], firing: str = EARLY) -> None:
+                     windows_at: Sequence[int], firing: str = EARLY) -> None:
         """Emits the current result of the given windows (absent ones are skipped), marked
         ``firing``: the hook for a trigger other than ``early_every`` (a processing-time
-        timer calls it from its handler).
+        timer's handler calls it).
 
         Args:
-            keys, key_groups, starts: the windows, aligned rows (start in ms).
+            keys, key_groups: the windows' subject keys, aligned rows.
+            windows_at: each window's start (tumbling, sliding) or end (sessions), ms.
             firing: the ``firing`` column's value.
         """
         state = ctx.state(self.windows)
-        acc = state.get_columns_at(state.dkv_keys(list(keys), list(key_groups), list(starts)))
+        acc = state.get_columns_at(state.dkv_keys(list(keys), list(key_groups), list(windows_at)))
         p = acc.is_valid()
-        ids = pa.table({KEY_COLUMN: pa.array(keys, pa.binary()), _KG: pa.array(key_groups, pa.int32()),
-                        "start": pa.array(starts, pa.int64())}).filter(p)
+        ids = pa.table({KEY_COLUMN: pa.array(keys, pa.binary()), _KG: pa.array(key_groups, pa.int32())}).filter(p)
         if ids.num_rows:
             self._fire(ctx, self._stored(ids, acc.filter(p)), firing)
 
