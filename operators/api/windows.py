@@ -9,8 +9,8 @@ the same state, timers and output in both. The model is Flink's ``WindowOperator
 * a window is ``[window_start, window_end)`` of one subject key; its accumulator is
   stored in a ``MapSpec`` (state id ``windows``) keyed by window start (ms), as a
   ``RecordCodec`` of the aggregates' accumulator fields; session windows are keyed by
-  their end instead, and the key's open sessions are listed as ``[start, end]`` pairs
-  (state id ``sessions``);
+  their end instead, and the ends of the key's open sessions are listed (state id
+  ``sessions``);
 * a window fires (``on_time``) when the watermark reaches ``window_end - 1`` (Flink's
   ``maxTimestamp``), through a timer at that time;
 * with ``allowed_lateness_ms`` L > 0 the window is kept until the watermark reaches
@@ -351,12 +351,13 @@ class _WindowCore:
         keys, kgs = partial.column(KEY_COLUMN), partial.column(_KG)
         first = np.flatnonzero(_changes(keys, None))
         ukeys, ukgs = keys.take(first).to_pylist(), kgs.take(first).to_pylist()
-        old_k, old_g, old_e = [], [], []
-        for k, g, sessions in zip(ukeys, ukgs, index.get(ukeys, ukgs)):
-            for _, e in sessions or ():
-                old_k.append(k)
-                old_g.append(g)
-                old_e.append(e)
+        old_k, old_g, old_e, old_code = [], [], [], []
+        for code, (k, g, ends) in enumerate(zip(ukeys, ukgs, index.get(ukeys, ukgs))):
+            if ends:
+                old_k += [k] * len(ends)
+                old_g += [g] * len(ends)
+                old_e += ends
+                old_code += [code] * len(ends)
         both = partial.append_column("fresh", partial.column("events"))
         if old_k:
             old_at = state.dkv_keys(old_k, old_g, old_e)
@@ -366,7 +367,10 @@ class _WindowCore:
                                             _KG: pa.array(old_g, pa.int32())}).filter(present), acc.filter(present))
             state.delete_at(old_at)  # all rewritten below, under their (possibly merged) ends
             both = pa.concat_tables([stored, both.cast(stored.schema)])
-            both = both.take(pc.sort_indices(both, [(KEY_COLUMN, "ascending"), ("start", "ascending")]))
+            # Sorted by (key, start): the keys' ranks (``ukeys`` is in key order) sort as the keys.
+            codes = np.concatenate([np.asarray(old_code, np.int64)[present.to_numpy(zero_copy_only=False)],
+                                    np.cumsum(_changes(keys, None)) - 1])
+            both = both.take(pa.array(np.lexsort((both.column("start").to_numpy(), codes))))
         starts, ends = both.column("start").to_numpy(), both.column("end").to_numpy()
         key_change = _changes(both.column(KEY_COLUMN), None)
         reach = pd.Series(ends).groupby(np.cumsum(key_change)).cummax().to_numpy()
@@ -375,10 +379,11 @@ class _WindowCore:
         merged = self._merge(both.append_column("g", pa.array(np.cumsum(new) - 1)))
         state.set_columns_at(state.dkv_keys(merged.column(KEY_COLUMN), merged.column(_KG), merged.column("end")),
                              merged.select(list(self.windows.value_codec.fields)))
-        by_key: dict[tuple[bytes, int], list[list[int]]] = {}
-        for k, g, s, e in zip(*(merged.column(c).to_pylist() for c in (KEY_COLUMN, _KG, "start", "end"))):
-            by_key.setdefault((k, g), []).append([s, e])
-        index.set([k for k, _ in by_key], [g for _, g in by_key], list(by_key.values()))
+        bounds = np.append(np.flatnonzero(_changes(merged.column(KEY_COLUMN), None)), merged.num_rows)
+        ends = merged.column("end").to_pylist()
+        index.set(merged.column(KEY_COLUMN).take(bounds[:-1]).to_pylist(),
+                  merged.column(_KG).take(bounds[:-1]).to_pylist(),
+                  [ends[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())])
         touched = pc.greater(merged.column("fresh"), 0)
         self._after_update(ctx, merged.filter(touched))
 
@@ -441,7 +446,7 @@ class _WindowCore:
         index, limit = ctx.state(self.sessions), ctx.watermark - self.allowed_lateness_ms + 1
         pairs = list(dict.fromkeys(zip(keys.to_pylist(), kgs.to_pylist())))
         pk, pg = [k for k, _ in pairs], [g for _, g in pairs]
-        left = [[p for p in sessions if p[1] > limit] for sessions in index.get(pk, pg) if sessions is not None]
+        left = [[e for e in ends if e > limit] if ends else [] for ends in index.get(pk, pg)]
         kept = [i for i, v in enumerate(left) if v]
         gone = [i for i, v in enumerate(left) if not v]
         if kept:
@@ -688,7 +693,7 @@ def window_operator(name: str, windows: TumblingWindows | SlidingWindows | Sessi
     attrs: dict[str, Any] = {"windows": MapSpec(IntCodec(), RecordCodec(fields)),
                              "_config": config, "__module__": __name__}
     if isinstance(windows, SessionWindows):
-        attrs["sessions"] = ValueSpec(MsgpackCodec())  # the key's sessions: [[start, end], ...]
+        attrs["sessions"] = ValueSpec(MsgpackCodec())  # the ends of the key's sessions, ascending
     base = WindowOperator if form == "batch" else EventWindowOperator
     cls = type(base.__name__, (base,), attrs)
     op = cls.__new__(cls)
