@@ -50,7 +50,8 @@ EARLY, ON_TIME, LATE = "early", "on_time", "late"  # values of the ``firing`` co
 LATE_OUTPUT = "late"
 _TS = pa.timestamp("ms", tz="UTC")
 # Accumulator fields every window keeps besides its aggregates'.
-_BASE_FIELDS = {"start": pa.int64(), "end": pa.int64(), "events": pa.int64(), "first_ts": pa.int64(), "last_ts": pa.int64()}
+_BASE_FIELDS = {"start": pa.int64(), "end": pa.int64(), "events": pa.int64(), "first_ts": pa.int64(),
+                "last_ts": pa.int64()}
 _KG = "key_group"
 
 

@@ -32,6 +32,7 @@ from dkvstream.operators.api.windows import (
 from dkvstream.operators.errors import JobFailedError
 from dkvstream.operators.io.sinks import ParquetSink
 from dkvstream.operators.runtime.driver import JobRunner
+from tests.crashes import Crash, crash_at
 from tests.operators.table_sources import TableSource
 
 BOUND_MS = 1_000
@@ -65,10 +66,10 @@ def _job(windows, name: str, form: str = "batch", lateness: int = 0, early: int 
                key_groups=16, parallelism=parallelism, events_per_epoch=150, max_out_of_orderness_ms=BOUND_MS)
 
 
-def _run(job: Job, store: str, max_epochs: int | None = None, parallelism: int | None = None):
+def _run(job: Job, store: str, max_epochs: int | None = None, parallelism: int | None = None, spark=None):
     if parallelism:
         job.parallelism = parallelism
-    with JobRunner(job, None, store) as runner:
+    with JobRunner(job, spark, store) as runner:
         results = runner.run(max_epochs=max_epochs)
         main = job.sinks["main"].read(runner.store, job.prefix).to_pandas()
         late = job.sinks["late"].read(runner.store, job.prefix).to_pandas()
@@ -194,11 +195,23 @@ def test_allowed_lateness_and_early_firings_equal_model(tmp_path, windows) -> No
 
 
 @pytest.mark.parametrize("windows", [KINDS[1], KINDS[2]], ids=repr)
-def test_windows_across_restart_and_rescale_equal_model(tmp_path, windows) -> None:
-    job = _job(windows, "w", lateness=2_000, parallelism=2)
-    first, _, _ = _run(job, str(tmp_path), max_epochs=4)
+def test_windows_across_crash_restart_and_rescale_equal_model(tmp_path, windows) -> None:
+    first = []
+    # The driver dies after epoch 4's tasks wrote their state, before its commit.
+    with crash_at("after_tasks", 4), pytest.raises(Crash), \
+            JobRunner(_job(windows, "w", lateness=2_000, parallelism=2), None, str(tmp_path)) as runner:
+        first.extend(runner.epochs())
+    assert [r.epoch for r in first] == [1, 2, 3]
     rest, main, late = _run(_job(windows, "w", lateness=2_000), str(tmp_path), parallelism=3)
+    assert rest[0].epoch == 4
     _check(main, late, first + rest, _events(), windows, lateness=2_000)
+
+
+def test_windows_on_spark_equal_model(spark, tmp_path) -> None:
+    # The operator travels to Spark's tasks pickled (rebuilt from its configuration).
+    windows = SessionWindows(500)
+    results, main, late = _run(_job(windows, "w", lateness=2_000, early=40), str(tmp_path), spark=spark)
+    _check(main, late, results, _events(), windows, lateness=2_000, early=40)
 
 
 class DistinctCount(AggregateFunction):
