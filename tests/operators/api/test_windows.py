@@ -7,6 +7,7 @@ aggregates are then computed by pandas over the events the model put in it.
 """
 from __future__ import annotations
 
+import msgpack
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -32,6 +33,8 @@ from dkvstream.operators.api.windows import (
 from dkvstream.operators.errors import JobFailedError
 from dkvstream.operators.io.sinks import ParquetSink
 from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.operators.tools.state_reader import read_state
+from dkvstream.storage.objectstore import open_object_store
 from tests.crashes import Crash, crash_at
 from tests.operators.table_sources import TableSource
 
@@ -77,8 +80,9 @@ def _run(job: Job, store: str, max_epochs: int | None = None, parallelism: int |
 
 
 def _model(events: pd.DataFrame, epochs: list[tuple[int, int]], windows, lateness: int,
-           early: int | None) -> tuple[list[tuple], list[int]]:
-    """Fired windows as (firing, key, start, end, event rows) and the late event rows."""
+           early: int | None, open_windows: set | None = None) -> tuple[list[tuple], list[int]]:
+    """Fired windows as (firing, key, start, end, event rows) and the late event rows;
+    ``open_windows`` receives the (key, start, end) the state holds after the epochs."""
     gap = getattr(windows, "gap_ms", None)
     state: dict[bytes, dict[int, list]] = {}  # key -> {start: [end, rows, fresh]}
     fired, late = [], []
@@ -131,6 +135,8 @@ def _model(events: pd.DataFrame, epochs: list[tuple[int, int]], windows, latenes
                 if end - 1 + lateness <= new_wm:
                     del windows_of[start]
         wm = new_wm
+    if open_windows is not None:
+        open_windows.update((k, s, w[0]) for k, ws in state.items() for s, w in ws.items())
     return fired, late
 
 
@@ -189,7 +195,19 @@ def test_windows_equal_model_with_late_events(tmp_path, windows, form) -> None:
 
 @pytest.mark.parametrize("windows", KINDS, ids=repr)
 def test_allowed_lateness_and_early_firings_equal_model(tmp_path, windows) -> None:
-    results, main, late = _run(_job(windows, "w", lateness=3_000, early=40), str(tmp_path))
+    job = _job(windows, "w", lateness=3_000, early=40)
+    first, _, _ = _run(job, str(tmp_path), max_epochs=6)
+    # The state holds the windows the model keeps (fired but within lateness, or open), no more.
+    expected: set = set()
+    _model(_events().to_pandas(), [(r.source_offsets["p"], r.watermark) for r in first], windows, 3_000, 40,
+           expected)
+    stored = read_state(open_object_store(str(tmp_path)), job, "windows").to_pylist()
+    assert {(e["subject_key"], e["value"]["start"], e["value"]["end"]) for e in stored} == expected
+    if isinstance(windows, SessionWindows):  # and the index lists exactly their ends
+        index = read_state(open_object_store(str(tmp_path)), job, "sessions").to_pylist()
+        assert {(e["subject_key"], end) for e in index for end in msgpack.unpackb(e["value"])} == {(k, e) for k, _, e in expected}
+    rest, main, late = _run(_job(windows, "w", lateness=3_000, early=40), str(tmp_path))
+    results = first + rest
     assert set(main.firing) == {"early", "on_time", "late"}
     _check(main, late, results, _events(), windows, lateness=3_000, early=40)
 
