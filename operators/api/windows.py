@@ -47,7 +47,7 @@ from dkvstream.operators.api.state import MapSpec, ValueSpec
 
 WINDOW_START, WINDOW_END, FIRING = "window_start", "window_end", "firing"
 EARLY, ON_TIME, LATE = "early", "on_time", "late"  # values of the ``firing`` column
-LATE_OUTPUT = "late"
+AGG_PREFIX = "@"  # of an aggregate's accumulator fields in state
 _TS = pa.timestamp("ms", tz="UTC")
 # Accumulator fields every window keeps besides its aggregates'.
 _BASE_FIELDS = {"start": pa.int64(), "end": pa.int64(), "events": pa.int64(), "first_ts": pa.int64(),
@@ -284,14 +284,17 @@ class _WindowCore:
     def _configure(self, name: str, windows: Any, aggregates: dict[str, Aggregate], *,
                    allowed_lateness_ms: int, late_output: str | None, late_columns: dict[str, pa.DataType],
                    early_every: int | None, key_column: str | None) -> None:
-        self.name, self.spec, self.aggregates = name, windows, dict(aggregates)
+        # Internally (state fields, working columns) an aggregate's name carries an "@"
+        # prefix, so that no output name can clash with the window's own fields.
+        self.name, self.spec = name, windows
+        self.aggregates = {AGG_PREFIX + n: a for n, a in aggregates.items()}
         self.allowed_lateness_ms, self.late_output = int(allowed_lateness_ms), late_output
         self.late_columns, self.early_every, self.key_column = dict(late_columns), early_every, key_column
         self.session = isinstance(windows, SessionWindows)
         self.with_firing = bool(early_every) or self.allowed_lateness_ms > 0
         cols = [pa.field(key_column, pa.string())] if key_column else []
         cols += [pa.field(WINDOW_START, _TS), pa.field(WINDOW_END, _TS)]
-        cols += [pa.field(n, a.type) for n, a in self.aggregates.items()]
+        cols += [pa.field(n, a.type) for n, a in aggregates.items()]
         if self.with_firing:
             cols.append(pa.field(FIRING, pa.string()))
         self.outputs = {MAIN_OUTPUT: pa.schema(cols)}
@@ -567,7 +570,7 @@ class _WindowCore:
         cols[WINDOW_START] = windows.column("start").cast(_TS)
         cols[WINDOW_END] = ends.cast(_TS)
         for name, agg in self.aggregates.items():
-            cols[name] = agg.result(windows, name)
+            cols[name[len(AGG_PREFIX):]] = agg.result(windows, name)
         if self.with_firing:
             cols[FIRING] = pa.array([firing] * len(windows), pa.string())
         ctx.emit(cols, keys=windows.column(KEY_COLUMN).to_pylist(), timestamps=pc.subtract(ends, 1).to_pylist())
@@ -674,15 +677,14 @@ def window_operator(name: str, windows: TumblingWindows | SlidingWindows | Sessi
     if not isinstance(windows, (TumblingWindows, SessionWindows)):
         raise ValueError(f"window operator {name!r}: windows must be TumblingWindows, SlidingWindows or "
                          f"SessionWindows, got {windows!r}")
-    reserved = {WINDOW_START, WINDOW_END, FIRING, key_column, KEY_COLUMN, _KG, "ts", "g", "start", "end", "fresh",
-                *_BASE_FIELDS}
+    reserved = {WINDOW_START, WINDOW_END, FIRING, key_column}
     for col, agg in aggregates.items():
         if not isinstance(agg, Aggregate):
             raise ValueError(f"window operator {name!r}: aggregate {col!r} is {agg!r}, not an Aggregate "
                              f"(Count(), Sum('x'), Mean('x'), ...)")
-        if col in reserved or col.split("__")[0] in reserved:
-            raise ValueError(f"window operator {name!r}: aggregate name {col!r} clashes with a window column; "
-                             f"rename it")
+        if col in reserved or not isinstance(col, str) or not col:
+            raise ValueError(f"window operator {name!r}: aggregate name {col!r} clashes with an output column "
+                             f"({sorted(c for c in reserved if c)}) or is not a name; rename it")
     if isinstance(allowed_lateness_ms, bool) or not isinstance(allowed_lateness_ms, int) or allowed_lateness_ms < 0:
         raise ValueError(f"window operator {name!r}: allowed_lateness_ms must be an int >= 0, got "
                          f"{allowed_lateness_ms!r}")
@@ -690,7 +692,7 @@ def window_operator(name: str, windows: TumblingWindows | SlidingWindows | Sessi
         _positive("early_every", early_every)
     fields = dict(_BASE_FIELDS)
     for col, agg in aggregates.items():
-        fields.update(agg.fields(col))
+        fields.update(agg.fields(AGG_PREFIX + col))
     attrs: dict[str, Any] = {"windows": MapSpec(IntCodec(), RecordCodec(fields)),
                              "_config": config, "__module__": __name__}
     if isinstance(windows, SessionWindows):
