@@ -231,6 +231,9 @@ def test_windows_on_spark_equal_model(spark, tmp_path) -> None:
     windows = SessionWindows(500)
     results, main, late = _run(_job(windows, "w", lateness=2_000, early=40), str(tmp_path), spark=spark)
     _check(main, late, results, _events(), windows, lateness=2_000, early=40)
+    table, windows = _events(600), KINDS[1]
+    results, main, late = _run(_job(windows, "e", "event", table=table), str(tmp_path / "event"), spark=spark)
+    _check(main, late, results, table, windows)
 
 
 class DistinctCount(AggregateFunction):
