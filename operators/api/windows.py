@@ -8,9 +8,8 @@ the same state, timers and output in both. The model is Flink's ``WindowOperator
 
 * a window is ``[window_start, window_end)`` of one subject key; its accumulator is
   stored in a ``MapSpec`` (state id ``windows``) keyed by window start (ms), as a
-  ``RecordCodec`` of the aggregates' accumulator fields; session windows are keyed by
-  their end instead, and the ends of the key's open sessions are listed (state id
-  ``sessions``);
+  ``RecordCodec`` of the aggregates' accumulator fields; a key's session windows are
+  one value (state id ``sessions``), a list of its sessions' fields;
 * a window fires (``on_time``) when the watermark reaches ``window_end - 1`` (Flink's
   ``maxTimestamp``), through a timer at that time;
 * with ``allowed_lateness_ms`` L > 0 the window is kept until the watermark reaches
@@ -343,53 +342,72 @@ class _WindowCore:
             both = pa.concat_tables([stored.append_column("g", pa.array(idx)),
                                      merged.append_column("g", pa.array(np.arange(len(partial))))])
             merged = self._merge(both.take(pc.sort_indices(both, [("g", "ascending")])))
-        state.set_columns_at(at, merged.select(list(self.windows.value_codec.fields)))
+        state.set_columns_at(at, merged.select(list(self._fields)))
         self._after_update(ctx, merged)
 
     def _merge_sessions(self, ctx: BatchContext, partial: pa.Table) -> None:
         """Merges the epoch's sessions with the keys' stored ones (Flink's
         ``MergingWindowSet``): sorted by (key, start), a session joins the previous one
-        when it starts at or before the running end. Sessions are stored by their end,
-        so that a timer (at end - 1) finds its session without reading the index."""
-        index, state = ctx.state(self.sessions), ctx.state(self.windows)
+        when it starts at or before the running end. A key's sessions are one state
+        value (few per key, read and written together), and the key has one timer, at
+        its earliest due time."""
+        sessions, wm = ctx.state(self.sessions), ctx.watermark
         keys, kgs = partial.column(KEY_COLUMN), partial.column(_KG)
         first = np.flatnonzero(_changes(keys, None))
         ukeys, ukgs = keys.take(first).to_pylist(), kgs.take(first).to_pylist()
-        old_k, old_g, old_e, old_code = [], [], [], []
-        for code, (k, g, ends) in enumerate(zip(ukeys, ukgs, index.get(ukeys, ukgs))):
-            if ends:
-                old_k += [k] * len(ends)
-                old_g += [g] * len(ends)
-                old_e += ends
-                old_code += [code] * len(ends)
+        old_rows, old_code = [], []
+        for code, rows in enumerate(sessions.get(ukeys, ukgs)):
+            if rows:
+                old_rows += rows
+                old_code += [code] * len(rows)
         both = partial.append_column("fresh", partial.column("events"))
-        if old_k:
-            old_at = state.dkv_keys(old_k, old_g, old_e)
-            acc = state.get_columns_at(old_at)
-            present = acc.is_valid()  # a session dropped by its timers may still be in the index
-            stored = self._stored(pa.table({KEY_COLUMN: pa.array(old_k, pa.binary()),
-                                            _KG: pa.array(old_g, pa.int32())}).filter(present), acc.filter(present))
-            state.delete_at(old_at)  # all rewritten below, under their (possibly merged) ends
+        if old_rows:
+            code = np.asarray(old_code, np.int64)
+            stored = self._stored(pa.table({KEY_COLUMN: pa.array(ukeys, pa.binary()).take(code),
+                                            _KG: pa.array(ukgs, pa.int32()).take(code)}), self._rows_struct(old_rows))
             both = pa.concat_tables([stored, both.cast(stored.schema)])
             # Sorted by (key, start): the keys' ranks (``ukeys`` is in key order) sort as the keys.
-            codes = np.concatenate([np.asarray(old_code, np.int64)[present.to_numpy(zero_copy_only=False)],
-                                    np.cumsum(_changes(keys, None)) - 1])
-            both = both.take(pa.array(np.lexsort((both.column("start").to_numpy(), codes))))
+            codes = np.concatenate([code, np.cumsum(_changes(keys, None)) - 1])
+            order = np.lexsort((both.column("start").to_numpy(), codes))
+            both = both.take(pa.array(order))
+            fired = np.concatenate([np.asarray([r[-1] for r in old_rows], np.int64),
+                                    np.zeros(len(partial), np.int64)])[order]
+        else:
+            fired = np.zeros(len(partial), np.int64)
         starts, ends = both.column("start").to_numpy(), both.column("end").to_numpy()
         key_change = _changes(both.column(KEY_COLUMN), None)
         reach = pd.Series(ends).groupby(np.cumsum(key_change)).cummax().to_numpy()
         new = key_change.copy()
         new[1:] |= starts[1:] > reach[:-1]
-        merged = self._merge(both.append_column("g", pa.array(np.cumsum(new) - 1)))
-        state.set_columns_at(state.dkv_keys(merged.column(KEY_COLUMN), merged.column(_KG), merged.column("end")),
-                             merged.select(list(self.windows.value_codec.fields)))
+        g = np.cumsum(new) - 1
+        merged = self._merge(both.append_column("g", pa.array(g)))
+        touched = merged.column("fresh").to_numpy() > 0
+        # Fired (on time or late): an untouched session keeps its flag (it merged with
+        # nothing); a touched one is due now if the watermark already passed its end.
+        flag = np.where(touched, merged.column("end").to_numpy() - 1 <= wm,
+                        np.maximum.reduceat(fired, np.flatnonzero(new)))
+        self._store_sessions(ctx, merged, flag.astype(np.int64))
+        self._after_update(ctx, merged.filter(pa.array(touched)))
+
+    def _store_sessions(self, ctx: BatchContext, merged: pa.Table, fired: np.ndarray) -> None:
+        """Writes the keys' sessions (``merged``: all of each key's, sorted by key) and
+        sets each key's timer at its earliest due time: a session's end - 1 until it has
+        fired, then end - 1 + allowed lateness (when it goes)."""
         bounds = np.append(np.flatnonzero(_changes(merged.column(KEY_COLUMN), None)), merged.num_rows)
-        ends = merged.column("end").to_pylist()
-        index.set(merged.column(KEY_COLUMN).take(bounds[:-1]).to_pylist(),
-                  merged.column(_KG).take(bounds[:-1]).to_pylist(),
-                  [ends[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())])
-        touched = pc.greater(merged.column("fresh"), 0)
-        self._after_update(ctx, merged.filter(touched))
+        rows = list(zip(*(merged.column(f).to_pylist() for f in self._fields), fired.tolist()))
+        due = np.where(fired > 0, merged.column("end").to_numpy() - 1 + self.allowed_lateness_ms,
+                       merged.column("end").to_numpy() - 1)
+        heads = bounds[:-1]
+        keys, kgs = merged.column(KEY_COLUMN).take(heads).to_pylist(), merged.column(_KG).take(heads).to_pylist()
+        ctx.state(self.sessions).set(keys, kgs, [rows[a:b] for a, b in zip(heads.tolist(), bounds[1:].tolist())])
+        ctx.set_timers(keys, kgs, np.minimum.reduceat(due, heads).tolist() if len(heads) else [])
+
+    def _rows_struct(self, rows: list) -> pa.StructArray:
+        """Stored session rows (field values in ``_fields`` order, then the fired flag)
+        as a struct column of the record fields."""
+        columns = list(zip(*rows))
+        return pa.StructArray.from_arrays([pa.array(columns[i], self._types[f]) for i, f in enumerate(self._fields)],
+                                          names=self._fields)
 
     def _after_update(self, ctx: BatchContext, merged: pa.Table) -> None:
         """Timers, late and early firings of the windows an epoch's events updated."""
@@ -398,7 +416,7 @@ class _WindowCore:
         due = end - 1 <= wm  # fired on time already: this update is a late firing
         keys, kgs = merged.column(KEY_COLUMN), merged.column(_KG)
         pending = np.flatnonzero(~due)
-        if len(pending):
+        if len(pending) and not self.session:  # (a key's sessions share one timer)
             pk, pg = keys.take(pending).to_pylist(), kgs.take(pending).to_pylist()
             ctx.set_timers(pk, pg, (end[pending] - 1).tolist())
             if L:
@@ -415,6 +433,9 @@ class _WindowCore:
     # -- timers
 
     def on_timers(self, ctx: BatchContext, timers: pa.Table) -> None:
+        if self.session:
+            self._session_timers(ctx, timers)
+            return
         state, L = ctx.state(self.windows), self.allowed_lateness_ms
         ts = timers.column("timestamp").to_numpy()
         keys, kgs = timers.column("key"), timers.column("key_group")
@@ -435,28 +456,45 @@ class _WindowCore:
             if drop.any():
                 hit = pa.array(drop)
                 state.delete_at(state.dkv_keys(keys.filter(hit), kgs.filter(hit), at_drop[drop]))
-        if self.session:
-            self._prune_sessions(ctx, keys, kgs)
 
     def _stored_at(self, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """For window ends (ms): whether a window can end there, and the map key it is
-        stored under (tumbling and sliding: its start; sessions: the end itself)."""
-        if self.session:
-            return np.ones(len(ends), np.bool_), ends
+        """For window ends (ms): whether a window can end there, and its start."""
         return self.spec.starts_ending_at(ends)
 
-    def _prune_sessions(self, ctx: BatchContext, keys: pa.ChunkedArray, kgs: pa.ChunkedArray) -> None:
-        """Removes the sessions the watermark has dropped from the keys' indexes."""
-        index, limit = ctx.state(self.sessions), ctx.watermark - self.allowed_lateness_ms + 1
-        pairs = list(dict.fromkeys(zip(keys.to_pylist(), kgs.to_pylist())))
+    def _session_timers(self, ctx: BatchContext, timers: pa.Table) -> None:
+        """A key's timer: fires its sessions the watermark has reached (once), drops those
+        past their lateness, and sets the key's next timer."""
+        state, wm, L = ctx.state(self.sessions), ctx.watermark, self.allowed_lateness_ms
+        pairs = list(dict.fromkeys(zip(timers.column("key").to_pylist(), timers.column("key_group").to_pylist())))
         pk, pg = [k for k, _ in pairs], [g for _, g in pairs]
-        left = [[e for e in ends if e > limit] if ends else [] for ends in index.get(pk, pg)]
-        kept = [i for i, v in enumerate(left) if v]
-        gone = [i for i, v in enumerate(left) if not v]
+        fire, fire_code, kept, kept_code, emptied = [], [], [], [], []
+        end_at = self._fields.index("end")
+        for code, rows in enumerate(state.get(pk, pg)):
+            left = 0
+            for row in rows or ():
+                end = row[end_at]
+                if not row[-1] and end - 1 <= wm:
+                    fire.append(row)
+                    fire_code.append(code)
+                    row = [*row[:-1], 1]
+                if end - 1 + L > wm:
+                    kept.append(row)
+                    kept_code.append(code)
+                    left += 1
+            if not left:
+                emptied.append(code)
+        if fire:
+            code = pa.array(fire_code)
+            self._fire(ctx, self._stored(pa.table({KEY_COLUMN: pa.array(pk, pa.binary()).take(code),
+                                                   _KG: pa.array(pg, pa.int32()).take(code)}),
+                                         self._rows_struct(fire)), ON_TIME)
         if kept:
-            index.set([pk[i] for i in kept], [pg[i] for i in kept], [left[i] for i in kept])
-        if gone:
-            index.drop([pk[i] for i in gone], [pg[i] for i in gone])
+            code = pa.array(kept_code)
+            merged = self._stored(pa.table({KEY_COLUMN: pa.array(pk, pa.binary()).take(code),
+                                            _KG: pa.array(pg, pa.int32()).take(code)}), self._rows_struct(kept))
+            self._store_sessions(ctx, merged, np.asarray([r[-1] for r in kept], np.int64))
+        if emptied:
+            state.drop([pk[i] for i in emptied], [pg[i] for i in emptied])
 
     # -- shared steps
 
@@ -511,7 +549,7 @@ class _WindowCore:
                     acc = agg.add(v, acc)
                 accs.append(msgpack.packb(acc, use_bin_type=True))
             out = out.append_column(name, pa.array(accs, pa.binary()))
-        return out.select([KEY_COLUMN, _KG, *self.windows.value_codec.fields])
+        return out.select([KEY_COLUMN, _KG, *self._fields])
 
     def _merge(self, rows: pa.Table) -> pa.Table:
         """Merges accumulator rows by their group ``g`` (sorted; older rows first within a
@@ -551,7 +589,7 @@ class _WindowCore:
                         acc = agg.merge(acc, msgpack.unpackb(b, raw=False))
                     accs.append(msgpack.packb(acc, use_bin_type=True))
                 out = out.append_column(name, pa.array(accs, pa.binary()))
-        return out.select([KEY_COLUMN, _KG, *self.windows.value_codec.fields, "fresh"])
+        return out.select([KEY_COLUMN, _KG, *self._fields, "fresh"])
 
     def _stored(self, ids: pa.Table, acc: pa.StructArray) -> pa.Table:
         """Stored accumulators as rows: ``ids`` (key, key_group) beside the record fields,
@@ -596,6 +634,15 @@ class _WindowCore:
             windows_at: each window's start (tumbling, sliding) or end (sessions), ms.
             firing: the ``firing`` column's value.
         """
+        if self.session:
+            wanted = set(zip(keys, key_groups, windows_at))
+            found = [(k, g, r) for k, g, rows in zip(keys, key_groups, ctx.state(self.sessions).get(keys, key_groups))
+                     for r in rows or () if (k, g, r[self._fields.index("end")]) in wanted]
+            if found:
+                ids = pa.table({KEY_COLUMN: pa.array([k for k, _, _ in found], pa.binary()),
+                                _KG: pa.array([g for _, g, _ in found], pa.int32())})
+                self._fire(ctx, self._stored(ids, self._rows_struct([r for _, _, r in found])), firing)
+            return
         state = ctx.state(self.windows)
         acc = state.get_columns_at(state.dkv_keys(list(keys), list(key_groups), list(windows_at)))
         p = acc.is_valid()
@@ -693,10 +740,12 @@ def window_operator(name: str, windows: TumblingWindows | SlidingWindows | Sessi
     fields = dict(_BASE_FIELDS)
     for col, agg in aggregates.items():
         fields.update(agg.fields(AGG_PREFIX + col))
-    attrs: dict[str, Any] = {"windows": MapSpec(IntCodec(), RecordCodec(fields)),
-                             "_config": config, "__module__": __name__}
+    attrs: dict[str, Any] = {"_config": config, "_fields": list(fields), "_types": fields, "__module__": __name__}
     if isinstance(windows, SessionWindows):
-        attrs["sessions"] = ValueSpec(MsgpackCodec())  # the ends of the key's sessions, ascending
+        # A key's sessions, ascending: [field values in _fields order..., fired (0/1)].
+        attrs["sessions"] = ValueSpec(MsgpackCodec())
+    else:
+        attrs["windows"] = MapSpec(IntCodec(), RecordCodec(fields))
     base = WindowOperator if form == "batch" else EventWindowOperator
     cls = type(base.__name__, (base,), attrs)
     op = cls.__new__(cls)
