@@ -318,7 +318,9 @@ class _WindowCore:
             rows, starts = rows[kept], starts[kept]
         if not len(rows):
             return
-        table = self._inputs(events).take(pa.array(rows))
+        table = self._inputs(events)
+        if not np.array_equal(rows, np.arange(len(ts))):  # (else: one window per event, as they are)
+            table = table.take(pa.array(rows))
         if self.session:
             partial = self._partial(table, _runs(table.column(KEY_COLUMN), ts[rows], self.spec.gap_ms))
             partial = partial.set_column(partial.schema.get_field_index("end"), "end",
