@@ -60,10 +60,11 @@ AGGREGATES = {"n": Count(), "nx": Count("x"), "sx": Sum("x"), "lo": Min("x"), "h
 
 
 def _job(windows, name: str, form: str = "batch", lateness: int = 0, early: int | None = None,
-         aggregates: dict | None = None, table: pa.Table | None = None, parallelism: int = 2) -> Job:
+         aggregates: dict | None = None, table: pa.Table | None = None, parallelism: int = 2,
+         bounded: bool = True) -> Job:
     op = window_operator("w", windows, aggregates or AGGREGATES, allowed_lateness_ms=lateness, early_every=early,
                          late_output="late", late_columns={"s": pa.string()}, form=form)
-    return Job(name=name, source=TableSource("t", {"p": table if table is not None else _events()}),
+    return Job(name=name, source=TableSource("t", {"p": table if table is not None else _events()}, bounded),
                operators=[op], sinks={"main": ParquetSink("windows", op.outputs["main"]),
                                       "late": ParquetSink("late", op.outputs["late"])},
                key_groups=16, parallelism=parallelism, events_per_epoch=150, max_out_of_orderness_ms=BOUND_MS)
@@ -191,6 +192,14 @@ def test_windows_equal_model_with_late_events(tmp_path, windows, form) -> None:
     results, main, late = _run(_job(windows, "w", form, table=table), str(tmp_path))
     assert len(late) > 0 and "firing" not in main.columns  # late events exist; one firing per window
     _check(main, late, results, table, windows)
+
+
+@pytest.mark.parametrize("windows", KINDS, ids=repr)
+def test_windows_on_a_live_source_equal_model(tmp_path, windows) -> None:
+    # The watermark never reaches +infinity: only the windows it closed are emitted.
+    results, main, late = _run(_job(windows, "w", lateness=2_000, bounded=False), str(tmp_path))
+    assert results[-1].watermark < 10**12 and len(main) > 0
+    _check(main, late, results, _events(), windows, lateness=2_000)
 
 
 @pytest.mark.parametrize("windows", KINDS, ids=repr)
