@@ -11,7 +11,8 @@ the same state, timers and output in both. The model is Flink's ``WindowOperator
   ``RecordCodec`` of the aggregates' accumulator fields; a key's session windows are
   one value (state id ``sessions``), a list of its sessions' fields;
 * a window fires (``on_time``) when the watermark reaches ``window_end - 1`` (Flink's
-  ``maxTimestamp``), through a timer at that time;
+  ``maxTimestamp``), through a timer at that time (a key's sessions share one timer, at
+  the earliest time one of them is due);
 * with ``allowed_lateness_ms`` L > 0 the window is kept until the watermark reaches
   ``window_end - 1 + L`` (a second timer): an event arriving in between updates it and
   fires it again at once (``late`` firing, the full updated aggregate);
@@ -441,7 +442,7 @@ class _WindowCore:
         state, L = ctx.state(self.windows), self.allowed_lateness_ms
         ts = timers.column("timestamp").to_numpy()
         keys, kgs = timers.column("key"), timers.column("key_group")
-        fire, at_fire = self._stored_at(ts + 1)
+        fire, at_fire = self.spec.starts_ending_at(ts + 1)
         if fire.any():
             hit = pa.array(fire)
             fk, fg = keys.filter(hit), kgs.filter(hit)
@@ -454,14 +455,10 @@ class _WindowCore:
                 if not L:
                     state.delete_at([a for a, keep in zip(at, present.to_pylist()) if keep])
         if L:
-            drop, at_drop = self._stored_at(ts + 1 - L)
+            drop, at_drop = self.spec.starts_ending_at(ts + 1 - L)
             if drop.any():
                 hit = pa.array(drop)
                 state.delete_at(state.dkv_keys(keys.filter(hit), kgs.filter(hit), at_drop[drop]))
-
-    def _stored_at(self, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """For window ends (ms): whether a window can end there, and its start."""
-        return self.spec.starts_ending_at(ends)
 
     def _session_timers(self, ctx: BatchContext, timers: pa.Table) -> None:
         """A key's timer: fires its sessions the watermark has reached (once), drops those

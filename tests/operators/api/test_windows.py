@@ -7,12 +7,16 @@ aggregates are then computed by pandas over the events the model put in it.
 """
 from __future__ import annotations
 
+import tempfile
+
 import msgpack
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dkvstream.operators.api.job import Job
 from dkvstream.operators.api.operator import WATERMARK_MIN
@@ -244,6 +248,20 @@ def test_windows_on_spark_equal_model(spark, tmp_path) -> None:
     table, windows = _events(600), KINDS[1]
     results, main, late = _run(_job(windows, "e", "event", table=table), str(tmp_path / "event"), spark=spark)
     _check(main, late, results, table, windows)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kind=st.sampled_from(["tumbling", "sliding", "session"]), size=st.integers(200, 3_000),
+       lateness=st.sampled_from([0, 700]), epoch=st.integers(20, 400), seed=st.integers(0, 1_000))
+def test_windows_equal_model_for_any_sizes_and_epochs(kind, size, lateness, epoch, seed) -> None:
+    windows = {"tumbling": TumblingWindows(size), "sliding": SlidingWindows(size, max(1, size // 3)),
+               "session": SessionWindows(size // 4)}[kind]
+    table = _events(400, keys=3, seed=seed)
+    job = _job(windows, "h", lateness=lateness, table=table)
+    job.events_per_epoch = epoch
+    with tempfile.TemporaryDirectory() as store:
+        results, main, late = _run(job, store)
+    _check(main, late, results, table, windows, lateness=lateness)
 
 
 class DistinctCount(AggregateFunction):
