@@ -36,8 +36,9 @@ WINDOWED_TARGET = 0.9  # the windowed flights job against the baseline, events/s
 SESSION_TARGET = 100_000  # events/s, sessions per aircraft
 
 
-def sessions_job(scale: int, events_per_epoch: int):
-    """Session windows per tail number, 6-hour gap: flights, mean delay, first origin."""
+def sessions_job(scale: int, events_per_epoch: int, days: int | None = None):
+    """Session windows per tail number, 6-hour gap: flights, mean delay, first origin
+    (``days``: only the first days of the replay, for tests)."""
     import pyarrow as pa
 
     from dkvstream.examples.aircraft_rotations import AircraftSource
@@ -48,7 +49,7 @@ def sessions_job(scale: int, events_per_epoch: int):
 
     op = window_operator("aircraft_sessions", SessionWindows(6 * HOUR_MS), {
         "flights": Count(), "dep_delay_mean": Mean("dep_delay"), "first_origin": First("origin", pa.string())})
-    return Job(name="sessions", source=AircraftSource(scale), operators=[op], max_out_of_orderness_ms=HOUR_MS,
+    return Job(name="sessions", source=AircraftSource(scale, days), operators=[op], max_out_of_orderness_ms=HOUR_MS,
                sinks={"main": ParquetSink("sessions", op.outputs["main"])}, events_per_epoch=events_per_epoch)
 
 
