@@ -763,7 +763,10 @@ class WindowOperator(_WindowCore, BatchOperator):
 
 class EventWindowOperator(_WindowCore, Operator):
     """The per-event window operator (``window_operator(..., form="event")``): the same
-    code as ``WindowOperator`` run on one event at a time."""
+    code as ``WindowOperator`` run on one event at a time. Also a helper for an
+    ``on_event`` operator of one's own: call its ``on_event``/``on_timer_expired`` from
+    that operator's, which declares the same state spec (``windows``, or ``sessions``)
+    and outputs as class attributes."""
 
     def on_event(self, subject: Subject, event: KeyedEvent) -> None:
         events = pa.table({KEY_COLUMN: pa.array([subject.key], pa.binary()),

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dkvstream.operators.api.job import Job
-from dkvstream.operators.api.operator import WATERMARK_MIN
+from dkvstream.operators.api.operator import WATERMARK_MIN, KeyedEvent, Operator, Subject
 from dkvstream.operators.api.windows import (
     AggregateFunction,
     Count,
@@ -85,15 +85,18 @@ def _run(job: Job, store: str, max_epochs: int | None = None, parallelism: int |
 
 
 def _model(events: pd.DataFrame, epochs: list[tuple[int, int]], windows, lateness: int,
-           early: int | None, open_windows: set | None = None) -> tuple[list[tuple], list[int]]:
+           early: int | None, open_windows: set | None = None, keep=None) -> tuple[list[tuple], list[int]]:
     """Fired windows as (firing, key, start, end, event rows) and the late event rows;
-    ``open_windows`` receives the (key, start, end) the state holds after the epochs."""
+    ``open_windows`` receives the (key, start, end) the state holds after the epochs;
+    ``keep``: a mask of the events the operator passes to the windows (None: all)."""
     gap = getattr(windows, "gap_ms", None)
     state: dict[bytes, dict[int, list]] = {}  # key -> {start: [end, rows, fresh]}
     fired, late = [], []
     wm, lo = WATERMARK_MIN, 0
     for end_offset, new_wm in epochs:
         for i in range(lo, end_offset):
+            if keep is not None and not keep[i]:
+                continue
             key, ts = events.key[i], int(events.timestamp[i])
             windows_of = state.setdefault(key, {})
             if gap is not None:
@@ -164,11 +167,11 @@ def _expected(events: pd.DataFrame, fired: list[tuple], with_firing: bool) -> pd
 
 
 def _check(main: pd.DataFrame, late: pd.DataFrame, results, events_table: pa.Table, windows, lateness=0,
-           early=None) -> None:
+           early=None, keep=None) -> None:
     events = events_table.to_pandas()
     events["x_valid"] = events_table.column("x").is_valid().to_numpy(zero_copy_only=False)  # null, not NaN
     epochs = [(r.source_offsets["p"], r.watermark) for r in results]
-    fired, late_rows = _model(events, epochs, windows, lateness, early)
+    fired, late_rows = _model(events, epochs, windows, lateness, early, keep=keep)
     exp = _expected(events, fired, "firing" in main.columns)
     got = main.copy()
     for c in ("window_start", "window_end"):
@@ -262,6 +265,35 @@ def test_windows_equal_model_for_any_sizes_and_epochs(kind, size, lateness, epoc
     with tempfile.TemporaryDirectory() as store:
         results, main, late = _run(job, store)
     _check(main, late, results, table, windows, lateness=lateness)
+
+
+WINDOWS_OF_OWN_OPERATOR = window_operator("own", SlidingWindows(10_000, 2_500), AGGREGATES, late_output="late",
+                                          late_columns={"s": pa.string()}, form="event")
+
+
+class FilterThenWindow(Operator):
+    """An on_event operator of one's own that hands some events to windows."""
+
+    name = "own"
+    outputs = WINDOWS_OF_OWN_OPERATOR.outputs
+    windows = WINDOWS_OF_OWN_OPERATOR.windows  # its state, declared here too
+
+    def on_event(self, subject: Subject, event: KeyedEvent) -> None:
+        if int(event.value["s"][1:]) % 3:  # (any per-event logic: two events in three)
+            WINDOWS_OF_OWN_OPERATOR.on_event(subject, event)
+
+    def on_timer_expired(self, subject: Subject, timestamp: int) -> None:
+        WINDOWS_OF_OWN_OPERATOR.on_timer_expired(subject, timestamp)
+
+
+def test_windows_inside_an_on_event_operator(tmp_path) -> None:
+    table, op = _events(600), FilterThenWindow()
+    job = Job(name="own", source=TableSource("t", {"p": table}), operators=[op], key_groups=16,
+              sinks={"main": ParquetSink("windows", op.outputs["main"]),
+                     "late": ParquetSink("late", op.outputs["late"])},
+              events_per_epoch=150, max_out_of_orderness_ms=BOUND_MS)
+    results, main, late = _run(job, str(tmp_path))
+    _check(main, late, results, table, WINDOWS_OF_OWN_OPERATOR.spec, keep=np.arange(600) % 3 != 0)
 
 
 class DistinctCount(AggregateFunction):
