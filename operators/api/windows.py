@@ -17,7 +17,9 @@ the same state, timers and output in both. The model is Flink's ``WindowOperator
   ``window_end - 1 + L`` (a second timer): an event arriving in between updates it and
   fires it again at once (``late`` firing, the full updated aggregate);
 * an event whose windows are all past ``window_end - 1 + L`` is late: it goes to the
-  ``late`` output when one is configured and is dropped otherwise;
+  ``late`` output when one is configured and is dropped otherwise (for sessions, its own
+  window ``[ts, ts + gap)``, even if it would merge into an open session: unlike Flink,
+  so that the result does not depend on the order of an epoch's events);
 * ``early_every=N`` also fires a window (``early``) each time its event count crosses a
   multiple of N before it fires on time.
 
