@@ -704,8 +704,9 @@ def window_operator(name: str, windows: TumblingWindows | SlidingWindows | Sessi
         late_columns: event columns (name -> type) copied into the late output.
         early_every: fire a window early each time its event count crosses a multiple of
             this; None: no early firings.
-        key_column: name of the output column holding the subject key as UTF-8 text, or
-            None for none (e.g. when ``First`` aggregates carry the key's parts).
+        key_column: name of the output column holding the subject key as UTF-8 text (a
+            key that is not UTF-8 fails the epoch naming it), or None for none (e.g. when
+            ``First`` aggregates carry the key's parts).
         form: ``"batch"`` (a ``BatchOperator``) or ``"event"`` (an ``Operator``, per event).
 
     Returns:
