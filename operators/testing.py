@@ -15,6 +15,9 @@ of a job:
   far (events at or below it are late), then every timer up to ``watermark``;
 * ``advance_watermark(ms)``: an epoch without events that moves the watermark and fires
   the timers it passes; ``finish()`` moves it to +infinity, as the end of a bounded input;
+* ``advance_processing_time(ms)``: an epoch without events whose processing time is
+  ``ms``: the processing-time timers up to it fire (and processing-time state TTL reads
+  that clock); processing time starts at 0 and, as in a job, is one value per epoch;
 * ``restart(parallelism=None)``: what a job restart does: every range's DKV is reopened
   from its checkpoint and the operator is a fresh copy of the one given (so attributes it
   set on ``self`` are gone, as on a new Spark worker); with ``parallelism``, the ranges are
@@ -22,7 +25,7 @@ of a job:
 
 Then read what it did: ``output(name)`` (rows as dicts), ``output_table(name)`` (Arrow),
 ``output_events()`` (the ``main`` rows with their emitted key and time, as a next operator
-gets them), ``timers(key)`` (pending timers), ``state(key, state_id)``, ``state_keys()``
+gets them), ``timers(key, domain)`` (pending timers of either time domain), ``state(key, state_id)``, ``state_keys()``
 and ``dead_letters()``. Keys are ``bytes``; a ``str`` key is taken as its UTF-8 bytes.
 """
 from __future__ import annotations
@@ -59,10 +62,16 @@ from dkvstream.operators.api.keygroups import (
     range_index_of,
     range_indexes_of,
 )
-from dkvstream.operators.api.operator import MAIN_OUTPUT, WATERMARK_MAX, WATERMARK_MIN, KeyedEvent, Operator
+from dkvstream.operators.api.operator import (
+    MAIN_OUTPUT,
+    WATERMARK_MAX,
+    WATERMARK_MIN,
+    KeyedEvent,
+    Operator,
+    TimeDomain,
+)
 from dkvstream.operators.api.state import (
     SCHEMA_STATE,
-    SCHEMA_TIMER,
     ListSpec,
     MapSpec,
     decode_state_key,
@@ -77,7 +86,7 @@ from dkvstream.operators.runtime.driver import parent_manifests
 from dkvstream.operators.runtime.open_state import OpenState
 from dkvstream.operators.runtime.splits import stage_input_schema
 from dkvstream.operators.runtime.task import TaskResult, TaskSpec, run_task
-from dkvstream.operators.runtime.timers import decode_timer_key
+from dkvstream.operators.runtime.timers import SCHEMAS, decode_timer_key
 from dkvstream.storage.dkv import DKV, DKVOptions
 from dkvstream.storage.objectstore.memory import MemoryObjectStore
 
@@ -164,6 +173,7 @@ class OperatorTestHarness:
         self._parents: dict[str, tuple[str, ...]] = {}  # after a rescale, until the next step
         self._epoch = 0
         self._watermark = WATERMARK_MIN
+        self._processing_time = 0  # ms: the epochs' processing time (a job's driver sets it per epoch)
         self._fed = 0  # events fed so far: the next event's offset
         self._outputs: dict[str, list[pa.Table]] = {name: [] for name in operator.outputs}
         self._emitted_at: list[tuple[pa.ChunkedArray, pa.ChunkedArray]] = []  # main's (keys, times)
@@ -175,6 +185,11 @@ class OperatorTestHarness:
     def watermark(self) -> int:
         """The watermark reached (ms); ``WATERMARK_MIN`` before the first advance."""
         return self._watermark
+
+    @property
+    def processing_time(self) -> int:
+        """The processing time of the last step (ms since the Unix epoch; 0 at first)."""
+        return self._processing_time
 
     @property
     def parallelism(self) -> int:
@@ -222,6 +237,30 @@ class OperatorTestHarness:
             ValueError: ``watermark`` is below the watermark reached.
         """
         self._run_epoch(None, self._check_watermark(watermark))
+
+    def advance_processing_time(self, processing_time: int) -> None:
+        """An epoch without events whose processing time is ``processing_time`` (ms since
+        the Unix epoch; the harness's processing time starts at 0): every processing-time
+        timer at or below it fires (``subject.time_domain`` / the ``domain`` column is
+        ``"processing_time"``), after any event-time timers at the watermark reached.
+        Later steps keep this processing time until it is advanced again.
+
+        Raises:
+            ValueError: ``processing_time`` is below the processing time reached (it never
+                goes back, as a job's driver never lets it).
+        """
+        if isinstance(processing_time, bool) or not isinstance(processing_time, (int, np.integer)):
+            raise TypeError(f"a processing time is an int (ms), got {type(processing_time).__name__} "
+                            f"{processing_time!r}")
+        if processing_time < self._processing_time:
+            raise ValueError(f"processing time only advances: it is at {self._processing_time}, asked for "
+                             f"{processing_time}")
+        before, self._processing_time = self._processing_time, int(processing_time)
+        try:
+            self._run_epoch(None, self._watermark)
+        except BaseException:
+            self._processing_time = before  # the step is not kept
+            raise
 
     def finish(self) -> None:
         """The end of a bounded input: the watermark goes to +infinity
@@ -320,22 +359,26 @@ class OperatorTestHarness:
             return DEAD_LETTER_FILE_SCHEMA.empty_table()
         return pa.concat_tables(self._dead, promote_options="default")
 
-    def timers(self, key: bytes | str | None = None) -> list[int] | list[tuple[int, bytes]]:
-        """Pending event-time timers.
+    def timers(self, key: bytes | str | None = None, domain: TimeDomain | str = TimeDomain.EVENT_TIME
+               ) -> list[int] | list[tuple[int, bytes]]:
+        """Pending timers of one time domain.
 
         Args:
             key: one subject key; None: every key's.
+            domain: ``TimeDomain.EVENT_TIME`` (default) or ``TimeDomain.PROCESSING_TIME``
+                (or their string values).
 
         Returns:
             For ``key``: its timers' timestamps (ms), ascending. Without: ``(timestamp,
             key)`` of every timer, in the order they fire in a range (timestamp, key
             group, key).
         """
+        schema = SCHEMAS[TimeDomain(domain)]
         found = []
         for r in range(len(self._ranges)):
             with self._reading(r) as db:
                 if db is not None:
-                    found += [decode_timer_key(k) for k, _ in db.scan_range(b"", None) if k[2] == SCHEMA_TIMER]
+                    found += [decode_timer_key(k, schema) for k, _ in db.scan_range(b"", None) if k[2] == schema]
         found.sort(key=lambda t: (t[1], t[0], t[2]))
         if key is None:
             return [(ts, k) for _, ts, k in found]
@@ -462,7 +505,7 @@ class OperatorTestHarness:
                         next_key_groups=self.key_groups if self._forward else None,
                         next_parallelism=1 if self._forward else None,
                         on_operator_error=self.on_operator_error, input_name=HARNESS_INPUT,
-                        input_partitions=(HARNESS_INPUT,))
+                        input_partitions=(HARNESS_INPUT,), processing_time=self._processing_time)
 
     def _run_epoch(self, events: pa.Table | None, watermark_after: int) -> None:
         """Runs every range's task of one step; keeps the step (manifests, output,

@@ -32,6 +32,7 @@ from tests.operators.harness_operators import (
     WindowCount,
     WindowCountBatch,
 )
+from tests.operators.processing_time import DELAY_MS, EVERY, Timeout, TimeoutBatch
 from tests.operators.table_sources import TableSource
 
 FORMS = pytest.mark.parametrize("form", [WindowCount, WindowCountBatch], ids=["on_event", "batch"])
@@ -328,3 +329,43 @@ def test_output_events_are_what_a_next_operator_receives(tmp_path) -> None:
                                                      .select(OUTPUT.names))
     with pytest.raises(ValueError, match="only an operator whose one output is 'main'"):
         OperatorTestHarness(WindowCount()).output_events()
+
+
+@pytest.mark.parametrize("operator", [Timeout(), TimeoutBatch()], ids=["on_event", "batch"])
+def test_processing_time_timers_fire_as_the_model_says(operator) -> None:
+    """Processing-time timers in the harness, against a plain-Python model of the
+    ``Timeout`` operator (a key's first event, and every fifth, sets its timer
+    ``DELAY_MS`` after the step's processing time; a due timer emits the key's count):
+    they fire once, when ``advance_processing_time`` reaches them, deleted ones never,
+    across a restart and a rescale, and time never goes back."""
+    h = OperatorTestHarness(operator, key_groups=16, parallelism=2)
+    counts: dict[str, int] = {}
+    due: dict[str, int] = {}
+    want: list[tuple] = []
+    now = 0
+    steps = [("events", ["a", "b", "a"]), ("time", 5_000), ("events", ["a", "a", "c"]), ("time", 10_000),
+             ("restart", 3), ("events", ["b"] * 6), ("time", 15_000), ("time", 40_000), ("events", ["d"]),
+             ("restart", 1), ("time", 50_000)]
+    for kind, arg in steps:
+        if kind == "events":
+            h.process_events([{"key": k, "timestamp": 1_000 + i} for i, k in enumerate(arg)])
+            for k in arg:
+                counts[k] = counts.get(k, 0) + 1
+                if k not in due or counts[k] % EVERY == 0:
+                    due[k] = now + DELAY_MS
+        elif kind == "time":
+            now = arg
+            h.advance_processing_time(now)
+            for k, t in sorted(due.items(), key=lambda kv: (kv[1], kv[0])):
+                if t <= now:
+                    want.append((k, counts[k], t, now, "processing_time"))
+                    del due[k]
+        else:
+            h.restart(parallelism=arg)
+        assert sorted(h.timers(domain="processing_time")) == sorted((t, k.encode()) for k, t in due.items())
+        assert h.timers() == [], "no event-time timer was set"
+    got = [(r["key"], r["count"], r["due"], r["fired_at"], r["domain"]) for r in h.output()]
+    assert sorted(got) == sorted(want) and len(want) == 5, (got, want)
+    assert h.processing_time == 50_000
+    with pytest.raises(ValueError, match="only advances"):
+        h.advance_processing_time(49_999)
