@@ -9,13 +9,18 @@ The checkpoint's ``state_schemas`` holds, per operator and state id::
     {"kind": "value" | "list" | "map",
      "key_codec": str | None,        # MapSpec: the map-key codec's name, never changes
      "value_codec": str,             # the value codec's name, or "record" for a RecordCodec
+     "ttl": None | "event" | "processing",   # the clock of its StateTtl (absent: None)
      "versions": [[[field, type], ...], ...]}   # RecordCodec only: its fields, oldest
                                                 # version first; [] for other codecs
 
 A restart (``evolve_job``, in the driver before the first epoch) compares each declared
 state with its record: the same record fields keep the newest version; fields that can
 read every recorded version (``codecs.resolution_problem``: add, drop, reorder, widen)
-become a new version; anything else is a ``StateSchemaError``. Nothing is rewritten:
+become a new version; anything else is a ``StateSchemaError``, and so is adding or
+removing a TTL or changing its clock (a TTL'd state's entries sit under another key
+schema byte, so the new declaration would never see the old entries, and they would
+never expire; Flink refuses such a restore too). Changing ``ttl_ms`` or ``update`` is
+allowed: an entry keeps the expiry it was written with. Nothing is rewritten:
 an entry keeps the version it was written with until the operator writes it again, and
 ``RecordCodec.bind`` reads it in the new fields. Each task binds its operator's specs to
 the history (``bind_operator``); a record of a state the code no longer declares is kept,
@@ -49,6 +54,7 @@ def describe(spec: Any) -> dict[str, Any]:
     return {"kind": _kind(spec),
             "key_codec": spec.key_codec.name if isinstance(spec, MapSpec) else None,
             "value_codec": "record" if is_record else value.name,
+            "ttl": spec.ttl.time if spec.ttl is not None else None,
             "versions": [[list(f) for f in value.schema_fields()]] if is_record else []}
 
 
@@ -87,6 +93,13 @@ def evolve(operator: str, state_id: str, recorded: dict[str, Any] | None, spec: 
     if recorded["value_codec"] != now["value_codec"]:
         raise StateSchemaError(f"{where}: its values were encoded by {recorded['value_codec']}, are declared "
                                f"with {now['value_codec']}: a new value codec." + fix)
+    if recorded.get("ttl") != now["ttl"]:
+        def said(ttl: str | None) -> str:
+            return "without a TTL" if ttl is None else f"with {'an' if ttl == 'event' else 'a'} {ttl}-time TTL"
+        raise StateSchemaError(f"{where}: was declared {said(recorded.get('ttl'))}, is declared "
+                               f"{said(now['ttl'])}: a TTL's clock decides where entries are stored, so "
+                               f"the new declaration would not see the old entries (and they would never "
+                               f"expire)." + fix)
     versions = recorded["versions"]
     if not now["versions"] or (versions and versions[-1] == now["versions"][0]):
         return recorded  # the same codec, or the same record fields as the newest version

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from dkvstream.operators.api.batch import BatchContext
 from dkvstream.operators.api.codecs import IntCodec, JsonCodec, RecordCodec, StrCodec, resolution_problem
-from dkvstream.operators.api.state import ListSpec, MapSpec, ValueSpec, subject_prefix
+from dkvstream.operators.api.state import ListSpec, MapSpec, StateTtl, ValueSpec, subject_prefix
 from dkvstream.operators.api.state_schema import bind_operator, describe, evolve, evolve_job
 from dkvstream.operators.errors import StateSchemaError
 from dkvstream.storage.dkv import DKV
@@ -151,6 +151,22 @@ def test_evolve_refuses_other_codecs_and_kinds() -> None:
         evolve("op", "s", rec, ListSpec(IntCodec()))
     assert evolve("op", "s", rec, ValueSpec(IntCodec())) is rec
     assert evolve("op", "s", None, ValueSpec(IntCodec())) == rec
+
+
+def test_evolve_refuses_a_ttl_added_removed_or_moved_to_another_clock() -> None:
+    """A TTL, or its clock, decides where entries are stored: changing it is refused at
+    restart (naming the state); its length and update policy may change."""
+    plain, event = describe(ValueSpec(IntCodec())), describe(ValueSpec(IntCodec(), ttl=StateTtl(10)))
+    with pytest.raises(StateSchemaError, match="state 's': was declared without a TTL, is declared with an "
+                                               "event-time TTL"):
+        evolve("op", "s", plain, ValueSpec(IntCodec(), ttl=StateTtl(10)))
+    with pytest.raises(StateSchemaError, match="was declared with an event-time TTL, is declared without a TTL"):
+        evolve("op", "s", event, ValueSpec(IntCodec()))
+    with pytest.raises(StateSchemaError, match="is declared with a processing-time TTL"):
+        evolve("op", "s", event, ValueSpec(IntCodec(), ttl=StateTtl(10, time="processing")))
+    assert evolve("op", "s", event, ValueSpec(IntCodec(), ttl=StateTtl(99, update="on_read_and_write"))) is event
+    legacy = {k: v for k, v in plain.items() if k != "ttl"}  # a checkpoint written before TTLs
+    assert evolve("op", "s", legacy, ValueSpec(IntCodec())) is legacy
 
 
 def test_a_state_no_longer_declared_keeps_its_record() -> None:
