@@ -36,6 +36,7 @@ from dkvstream.operators.errors import (
     JobFencedError,
     RecoveryRefusedError,
     SnapshotVacuumedError,
+    StateSchemaError,
 )
 from dkvstream.operators.io.dead_letter import DeadLetter
 from dkvstream.operators.io.sinks import ParquetSink, Sink
@@ -50,6 +51,7 @@ _LAZY = {
     "TopicSink": "dkvstream.operators.io.topics",
     "TableSink": "dkvstream.operators.io.table_sink",
     "get_spark": "dkvstream.operators.spark.session",
+    "OperatorTestHarness": "dkvstream.operators.testing",
 }
 
 
@@ -86,12 +88,14 @@ __all__ = [
     "MapState",
     "MsgpackCodec",
     "Operator",
+    "OperatorTestHarness",
     "ParquetSink",
     "RecordCodec",
     "RecoveryRefusedError",
     "Sink",
     "SnapshotVacuumedError",
     "Source",
+    "StateSchemaError",
     "StateTtl",
     "StrCodec",
     "Subject",
