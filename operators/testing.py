@@ -72,8 +72,12 @@ from dkvstream.operators.api.operator import (
 )
 from dkvstream.operators.api.state import (
     SCHEMA_STATE,
+    SCHEMA_STATE_TTL_EVENT,
+    SCHEMA_STATE_TTL_PROCESSING,
+    STATE_SCHEMAS,
     ListSpec,
     MapSpec,
+    StateClock,
     decode_state_key,
     state_specs,
     subject_prefix,
@@ -97,12 +101,35 @@ HARNESS_INPUT = "harness"
 _JOB = "harness"
 
 
-class _StateReader:
-    """What a state spec's ``state_for`` needs of a subject: the DKV and the key's prefix."""
+class _ReadOnly:
+    """A ``StateStore`` over a DKV that drops writes: reading state in the harness (a TTL
+    that refreshes on read writes a new expiry) must not change what the next step sees."""
 
-    def __init__(self, db: DKV, key: bytes, key_group: int) -> None:
-        self._db, self.key, self.key_group = db, key, key_group
+    def __init__(self, db: DKV) -> None:
+        self._db = db
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        pass
+
+    def delete(self, key: bytes) -> None:
+        pass
+
+    def write_batch(self, keys: Any, values: Any) -> None:
+        pass
+
+
+class _StateReader:
+    """What a state spec's ``state_for`` needs of a subject: the DKV (read only), the
+    key's prefix and the clocks TTL'd state is read at (those the next step reads at)."""
+
+    def __init__(self, db: DKV, key: bytes, key_group: int, clock: StateClock) -> None:
+        self._db, self.key, self.key_group = _ReadOnly(db), key, key_group
         self._state_prefix = subject_prefix(key_group, key)
+        self.state_clock = clock
+        self.watermark = clock.watermark
 
 
 def _key_bytes(key: bytes | str) -> bytes:
@@ -405,23 +432,32 @@ class OperatorTestHarness:
         with self._reading(range_index_of(kg, self.key_groups, len(self._ranges))) as db:
             if db is None:
                 return {} if isinstance(spec, MapSpec) else [] if isinstance(spec, ListSpec) else None
-            state = spec.state_for(_StateReader(db, key, kg))
+            state = spec.state_for(_StateReader(db, key, kg, self._state_clock()))
             return dict(state.items()) if isinstance(spec, MapSpec) else state.get()
 
     def state_keys(self, state_id: str | None = None) -> list[bytes]:
         """The subject keys that hold state (of ``state_id``, or of any state), sorted:
         a key missing here has none left, e.g. after its window was emitted and cleared."""
         keys: set[bytes] = set()
+        clock = self._state_clock()
+        now = {SCHEMA_STATE_TTL_EVENT: clock.watermark, SCHEMA_STATE_TTL_PROCESSING: clock.processing_time}
         for r in range(len(self._ranges)):
             with self._reading(r) as db:
                 if db is None:
                     continue
-                for k, _ in db.scan_range(b"", None):
-                    if k[2] == SCHEMA_STATE:
-                        _, subject, sid, _ = decode_state_key(k)
-                        if state_id is None or sid == state_id:
-                            keys.add(subject)
+                for k, v in db.scan_range(b"", None):
+                    if k[2] not in STATE_SCHEMAS:
+                        continue
+                    if k[2] != SCHEMA_STATE and int.from_bytes(v[:8], "big", signed=True) <= now[k[2]]:
+                        continue  # expired: invisible to the operator
+                    _, subject, sid, _ = decode_state_key(k)
+                    if state_id is None or sid == state_id:
+                        keys.add(subject)
         return sorted(keys)
+
+    def _state_clock(self) -> StateClock:
+        """The clocks the next step reads TTL'd state at."""
+        return StateClock(self._watermark, self._watermark, self._processing_time)
 
     # ----------------------------------------------------------------- internals
 

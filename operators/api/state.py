@@ -53,6 +53,7 @@ SCHEMA_STATE_TTL_PROCESSING = 0x03
 SCHEMA_PROCESSING_TIMER = 0x04  # processing-time timers
 STATE_SCHEMAS = (SCHEMA_STATE, SCHEMA_STATE_TTL_EVENT, SCHEMA_STATE_TTL_PROCESSING)
 _TIME_MAX = (1 << 63) - 1
+_TIME_MIN = -(1 << 63)  # the watermark before the job has one (WATERMARK_MIN)
 
 _U32 = struct.Struct(">I")
 _U16 = struct.Struct(">H")
@@ -232,11 +233,17 @@ class StateClock:
             epoch it has not expired before.
         processing_time: the epoch's processing time, ms: processing-time entries are
             visible iff their expiry is above it, and written with it plus the TTL.
+        newest_event_time: the newest event time of the task's input this epoch, ms, or
+            None: before the job has a watermark (``epoch_watermark`` is the minimum),
+            event-time writes count their TTL from it, so that an entry written then does
+            not expire at the first watermark (deterministic: a replay reads the same
+            input).
     """
 
     watermark: int
     epoch_watermark: int
     processing_time: int
+    newest_event_time: int | None = None
 
     @classmethod
     def of(cls, holder: Any) -> StateClock:
@@ -253,8 +260,13 @@ class StateClock:
 
     def expiry(self, ttl: StateTtl) -> int:
         """The expiry a write of ``ttl``'s entries sets, ms (saturating at 2**63 - 1)."""
-        base = self.epoch_watermark if ttl.time == "event" else self.processing_time
-        return min(base + ttl.ttl_ms, _TIME_MAX)
+        if ttl.time == "processing":
+            base = self.processing_time
+        elif self.epoch_watermark == _TIME_MIN and self.newest_event_time is not None:
+            base = self.newest_event_time  # no watermark yet (class docstring)
+        else:
+            base = self.epoch_watermark
+        return max(_TIME_MIN, min(base + ttl.ttl_ms, _TIME_MAX))
 
     def compaction_filter(self) -> ExpiryFilter:
         """The DKV compaction filter of the epoch's checkpoint: entries expired at the

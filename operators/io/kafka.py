@@ -292,8 +292,11 @@ class KafkaSource(Source):
         self._final_ends: dict[str, int] | None = None
 
     def __getstate__(self) -> dict:
+        # The ends found so far travel with the copy (small dicts): a read task then
+        # trusts the ends the driver planned with instead of asking the broker again,
+        # which would put an end probe per task back on every epoch's path.
         state = dict(self.__dict__)
-        state.update(_consumer=None, _readers={}, _probed={})
+        state.update(_consumer=None, _readers={}, _probed=dict(self._probed))
         return state
 
     def __setstate__(self, state: dict) -> None:

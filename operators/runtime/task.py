@@ -36,7 +36,14 @@ from dkvstream.operators.api.columns import (
     TIMESTAMP_COLUMN,
 )
 from dkvstream.operators.api.keygroups import KeyGroupRange, key_groups_of, range_indexes_of
-from dkvstream.operators.api.operator import MAIN_OUTPUT, KeyedEvent, Operator, Subject, TimeDomain
+from dkvstream.operators.api.operator import (
+    MAIN_OUTPUT,
+    WATERMARK_MIN,
+    KeyedEvent,
+    Operator,
+    Subject,
+    TimeDomain,
+)
 from dkvstream.operators.api.state import StateClock, subject_prefix
 from dkvstream.operators.api.state_schema import bind_operator
 from dkvstream.operators.errors import OperatorError
@@ -284,7 +291,10 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
         timers.begin_epoch()
     if spec.processing_time is None:
         spec = dataclasses.replace(spec, processing_time=time.time_ns() // 1_000_000)
-    state_clock = StateClock(spec.watermark_before, spec.watermark_after, spec.processing_time)
+    newest = None
+    if spec.watermark_after == WATERMARK_MIN and events.num_rows and TIMESTAMP_COLUMN in events.column_names:
+        newest = pc.max(events.column(TIMESTAMP_COLUMN)).as_py()
+    state_clock = StateClock(spec.watermark_before, spec.watermark_after, spec.processing_time, newest)
     subject = _TaskSubject(db, timers, operator.outputs)
     subject.state_clock = state_clock
 
@@ -309,7 +319,7 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
         if spec.on_operator_error != "dead_letter":
             if isinstance(operator, BatchOperator):  # the row is not known: found as "dead_letter" finds it
                 db.close()
-                raise _batch_error(operator, spec, events, store, state_prefix, dkv_options, e) from e
+                raise _batch_error(operator, spec, events, store, state_prefix, dkv_options, e, state_clock) from e
             raise
         # Every write of the failed run is in this instance's memory, never checkpointed:
         # drop it and run the epoch again from the previous checkpoint, guarded.
@@ -565,16 +575,18 @@ def _event_error(operator: Operator, spec: TaskSpec, handler: str, e: BaseExcept
 
 
 def _batch_error(operator: BatchOperator, spec: TaskSpec, events: pa.Table, store: ObjectStore, state_prefix: str,
-                 dkv_options: DKVOptions | None, error: BaseException) -> OperatorError:
+                 dkv_options: DKVOptions | None, error: BaseException,
+                 state_clock: StateClock | None = None) -> OperatorError:
     """The ``OperatorError`` of a vectorised handler that raised ``error`` under
     ``on_operator_error="fail"``: the range is reopened at the previous checkpoint and run
     as under ``"dead_letter"`` (``_IsolatingBatchCalls``), and the first event or timer set
-    aside is named. Nothing of that run is kept."""
+    aside is named, at the same clocks of TTL'd state (``state_clock``) as the run that
+    raised. Nothing of that run is kept."""
     db = _open_range(spec, store, state_prefix, dkv_options)
     dead = operator_errors.DeadLetterRows(operator, spec.epoch, spec.input_name, spec.input_partitions)
     buffer = operator_errors.WriteBuffer(db)
     try:
-        _run_batch(operator, spec, events, buffer, Timers.over(buffer, spec.key_group_range), dead)
+        _run_batch(operator, spec, events, buffer, Timers.over(buffer, spec.key_group_range), dead, state_clock)
         found, why = dead.first(), "a rerun raised on none"
     except Exception as e:  # noqa: BLE001 - the search's own failure is reported with the original error
         found, why = None, f"{type(e).__name__}: {' '.join(str(e).split())}"

@@ -14,9 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dkvstream.operators.api.codecs import IntCodec
 from dkvstream.operators.api.job import Job
 from dkvstream.operators.api.keygroups import key_group_of
 from dkvstream.operators.api.operator import WATERMARK_MAX, WATERMARK_MIN, Operator
+from dkvstream.operators.api.state import StateTtl, ValueSpec
 from dkvstream.operators.errors import InvalidJobError, OperatorError
 from dkvstream.operators.io.sinks import ParquetSink
 from dkvstream.operators.runtime.driver import JobRunner
@@ -369,3 +371,39 @@ def test_processing_time_timers_fire_as_the_model_says(operator) -> None:
     assert h.processing_time == 50_000
     with pytest.raises(ValueError, match="only advances"):
         h.advance_processing_time(49_999)
+
+
+class KeepLast(Operator):
+    """Emits the last timestamp seen for the key (None if none or expired), then keeps
+    the event's: a ``ValueSpec`` with a one-hour event-time TTL."""
+
+    name = "keep_last"
+    outputs = {"main": pa.schema([("key", pa.string()), ("seen", pa.int64())])}
+    last = ValueSpec(IntCodec(), ttl=StateTtl(3_600_000))
+
+    def on_event(self, subject, event) -> None:
+        state = self.last.state_for(subject)
+        subject.emit({"key": subject.key.decode(), "seen": state.get()})
+        state.set(event.timestamp)
+
+
+def test_event_time_ttl_counts_from_the_input_before_a_watermark_and_reads_in_the_harness() -> None:
+    """Event-time TTL by hand (the oracle: an entry written in an epoch expires once the
+    watermark reaches that epoch's watermark + TTL, or, before the job has a watermark,
+    the epoch's newest event time + TTL): an entry written before the first watermark
+    does not vanish at it; the harness's ``state`` and ``state_keys`` read TTL'd state as
+    the next step would, and reading changes nothing."""
+    hour = 3_600_000
+    h = OperatorTestHarness(KeepLast())
+    h.process_event("a", 1_000_000)                        # no watermark: expiry 1_000_000 + 1 h
+    h.process_event("b", 1_000_010, watermark=1_000_000)   # expiry 1_000_000 + 1 h
+    h.process_event("a", 1_000_020)                        # reads a's entry of the first step
+    assert [(r["key"], r["seen"]) for r in h.output()] == [("a", None), ("b", None), ("a", 1_000_000)]
+    assert h.state_keys() == [b"a", b"b"] and h.state("b", "last") == 1_000_010
+    h.advance_watermark(1_000_000 + hour - 1)
+    assert h.state("a", "last") == 1_000_020 and h.state_keys("last") == [b"a", b"b"]
+    h.advance_watermark(1_000_000 + hour)                  # both expiries reached
+    assert h.state("a", "last") is None and h.state("b", "last") is None
+    assert h.state_keys() == []
+    h.process_event("a", 5_000_000)
+    assert h.output()[-1] == {"key": "a", "seen": None}

@@ -555,3 +555,32 @@ def test_reads_continue_without_assigning_again(kafka_broker, monkeypatch, poole
     assert sum(c.assigns for c in counters) == 3
     source.close()
     kafka._close_task_consumers()
+
+
+def test_a_read_task_trusts_the_planned_ends(kafka_broker, monkeypatch) -> None:
+    """A read task's copy of the source (pickled after the driver's plan) reads the
+    planned ranges without asking the broker for the ends again: no ListOffsets, no end
+    probe per task and epoch. A range beyond what the driver found still asks."""
+    topic = new_topic(kafka_broker, partitions=2)
+    produce(kafka_broker, topic, [json_record(b"k", BASE_MS + i, {"amount": i}, partition=i % 2)
+                                  for i in range(40)])
+    driver = KafkaSource(kafka_broker.bootstrap, topic, value_schema=AMOUNT)
+    ends = driver.end_offsets()
+    task = pickle.loads(pickle.dumps(driver))
+    asked: list[str] = []
+    real = task._watermarks
+
+    def watermarks(p):
+        asked.append(p)
+        return real(p)
+    monkeypatch.setattr(task, "_watermarks", watermarks)
+    for p, end in ends.items():
+        assert task.read(p, 0, end).column("amount").to_pylist() == list(range(int(p[-1]), 40, 2))
+    assert asked == [], "a read within the planned ends asks the broker nothing"
+    with pytest.raises(IndexError, match="outside"):
+        task.read(f"{topic}-0", 0, ends[f"{topic}-0"] + 5)
+    assert asked, "a range beyond the planned ends asks"
+    task.close()
+    driver.close()
+    import dkvstream.operators.io.kafka as kafka
+    kafka._close_task_consumers()
