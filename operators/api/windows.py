@@ -832,8 +832,8 @@ def window_operator(name: str, windows: TumblingWindows | SlidingWindows | Sessi
     """
     config = dict(name=name, windows=windows, aggregates=dict(aggregates),
                   allowed_lateness_ms=allowed_lateness_ms, late_output=late_output,
-                  late_columns=dict(late_columns or {}), early_every=early_every, early_every_ms=early_every_ms, key_column=key_column,
-                  form=form)
+                  late_columns=dict(late_columns or {}), early_every=early_every, early_every_ms=early_every_ms,
+                  key_column=key_column, form=form)
     if form not in ("batch", "event"):
         raise ValueError(f"window operator {name!r}: form must be 'batch' or 'event', got {form!r}")
     if not isinstance(windows, (TumblingWindows, SessionWindows)):

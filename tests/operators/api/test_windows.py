@@ -35,8 +35,8 @@ from dkvstream.operators.api.windows import (
     window_operator,
 )
 from dkvstream.operators.errors import JobFailedError
-from dkvstream.operators.runtime.checkpoints import read_checkpoint
 from dkvstream.operators.io.sinks import ParquetSink
+from dkvstream.operators.runtime.checkpoints import read_checkpoint
 from dkvstream.operators.runtime.driver import JobRunner
 from dkvstream.operators.tools.state_reader import read_state
 from dkvstream.storage.objectstore import open_object_store
@@ -417,3 +417,20 @@ def test_processing_time_early_firings_on_spark_equal_model(spark, tmp_path) -> 
     results, main, late = _run(_job(windows, "w", lateness=2_000, early_ms=2_000), str(tmp_path), spark=spark,
                                clock=SteppingClock(0.1))
     _check(main, late, results, _events(), windows, lateness=2_000, early_ms=2_000)
+
+
+@settings(max_examples=6, deadline=None)
+@given(kind=st.sampled_from(["tumbling", "sliding", "session"]), interval=st.integers(300, 5_000),
+       step=st.sampled_from([0.01, 0.05, 0.3]), epoch=st.integers(30, 300), batch=st.booleans(),
+       seed=st.integers(0, 1_000))
+def test_processing_time_early_firings_equal_model_for_any_interval_and_clock(kind, interval, step, epoch, batch,
+                                                                              seed) -> None:
+    windows = {"tumbling": TumblingWindows(3_000), "sliding": SlidingWindows(3_000, 1_000),
+               "session": SessionWindows(400)}[kind]
+    table = _events(300, keys=3, seed=seed)
+    lateness = 700 if batch else 0  # (per-event late firings are not the model's)
+    job = _job(windows, "p", "batch" if batch else "event", lateness=lateness, early_ms=interval, table=table)
+    job.events_per_epoch = epoch
+    with tempfile.TemporaryDirectory() as store:
+        results, main, late = _run(job, store, clock=SteppingClock(step))
+    _check(main, late, results, table, windows, lateness=lateness, early_ms=interval)
