@@ -28,8 +28,10 @@ the same state, timers and output in both. The model is Flink's ``WindowOperator
   processing-time timer, at the next multiple of T after the epoch's processing time,
   set by its first event and re-set each time it fires while the key has windows the
   watermark has not closed. Processing time is the epoch's (``BatchContext.processing_time``),
-  decided by the driver and recorded in the checkpoint: an epoch replayed after a crash
-  or restart fires the same windows.
+  decided once by the driver and recorded in the checkpoint: a task retried, or an epoch
+  run again after a failed task, fires the same windows; an epoch a crashed driver had
+  not committed is planned again at the new clock reading (its first attempt published
+  nothing).
 
 In the vectorised form an epoch's events are assigned to windows and pre-aggregated per
 window with Arrow group-bys, then merged with the stored accumulators by another
