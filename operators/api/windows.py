@@ -21,7 +21,17 @@ the same state, timers and output in both. The model is Flink's ``WindowOperator
   window ``[ts, ts + gap)``, even if it would merge into an open session: unlike Flink,
   so that the result does not depend on the order of an epoch's events);
 * ``early_every=N`` also fires a window (``early``) each time its event count crosses a
-  multiple of N before it fires on time.
+  multiple of N before it fires on time;
+* ``early_every_ms=T`` (Flink's ``ContinuousProcessingTimeTrigger``) fires a window
+  (``early``) at most once per interval ``[k*T, (k+1)*T)`` of processing time, when it has
+  events since its last firing and has not fired on time: each key has one
+  processing-time timer, at the next multiple of T after the epoch's processing time,
+  set by its first event and re-set each time it fires while the key has windows the
+  watermark has not closed. Processing time is the epoch's (``BatchContext.processing_time``),
+  decided once by the driver and recorded in the checkpoint: a task retried, or an epoch
+  run again after a failed task, fires the same windows; an epoch a crashed driver had
+  not committed is planned again at the new clock reading (its first attempt published
+  nothing).
 
 In the vectorised form an epoch's events are assigned to windows and pre-aggregated per
 window with Arrow group-bys, then merged with the stored accumulators by another
@@ -44,7 +54,7 @@ import pyarrow.compute as pc
 from dkvstream.operators.api.batch import BatchContext, BatchOperator
 from dkvstream.operators.api.codecs import IntCodec, MsgpackCodec, RecordCodec
 from dkvstream.operators.api.columns import KEY_COLUMN, TIMESTAMP_COLUMN
-from dkvstream.operators.api.operator import MAIN_OUTPUT, KeyedEvent, Operator, Subject
+from dkvstream.operators.api.operator import MAIN_OUTPUT, KeyedEvent, Operator, Subject, TimeDomain
 from dkvstream.operators.api.state import MapSpec, ValueSpec
 
 WINDOW_START, WINDOW_END, FIRING = "window_start", "window_end", "firing"
@@ -285,15 +295,16 @@ class _WindowCore:
 
     def _configure(self, name: str, windows: Any, aggregates: dict[str, Aggregate], *,
                    allowed_lateness_ms: int, late_output: str | None, late_columns: dict[str, pa.DataType],
-                   early_every: int | None, key_column: str | None) -> None:
+                   early_every: int | None, key_column: str | None, early_every_ms: int | None = None) -> None:
         # Internally (state fields, working columns) an aggregate's name carries an "@"
         # prefix, so that no output name can clash with the window's own fields.
         self.name, self.spec = name, windows
         self.aggregates = {AGG_PREFIX + n: a for n, a in aggregates.items()}
         self.allowed_lateness_ms, self.late_output = int(allowed_lateness_ms), late_output
         self.late_columns, self.early_every, self.key_column = dict(late_columns), early_every, key_column
+        self.early_every_ms = early_every_ms
         self.session = isinstance(windows, SessionWindows)
-        self.with_firing = bool(early_every) or self.allowed_lateness_ms > 0
+        self.with_firing = bool(early_every) or bool(early_every_ms) or self.allowed_lateness_ms > 0
         cols = [pa.field(key_column, pa.string())] if key_column else []
         cols += [pa.field(WINDOW_START, _TS), pa.field(WINDOW_END, _TS)]
         cols += [pa.field(n, a.type) for n, a in aggregates.items()]
@@ -434,10 +445,108 @@ class _WindowCore:
             early = ~due & (before // n != events // n)
             if early.any():
                 self._fire(ctx, merged.filter(pa.array(early)), EARLY)
+        if self.early_every_ms and len(pending):
+            self._mark_dirty(ctx, merged.take(pa.array(pending)))
+
+    # -- processing-time early firings (early_every_ms)
+
+    def _next_tick(self, processing_time: int) -> int:
+        """The first multiple of ``early_every_ms`` after ``processing_time`` (ms), as
+        Flink's ``ContinuousProcessingTimeTrigger`` aligns its timers."""
+        t = self.early_every_ms
+        return processing_time - processing_time % t + t
+
+    def _mark_dirty(self, ctx: BatchContext, updated: pa.Table) -> None:
+        """Records, per key (state ``early``: ``[timer, max end, dirty window starts]``),
+        the open windows an epoch's events updated, and sets the key's processing-time
+        timer when it has none. A session is named by its start: merges only widen a
+        session, so the session that later holds that start is the one updated."""
+        keys, kgs = updated.column(KEY_COLUMN).to_pylist(), updated.column(_KG).to_pylist()
+        starts, ends = updated.column("start").to_pylist(), updated.column("end").to_pylist()
+        per_key: dict[tuple[bytes, int], tuple[set, int]] = {}
+        for k, g, s, e in zip(keys, kgs, starts, ends):  # one row per updated window, not per event
+            dirty, top = per_key.get((k, g), (set(), e))
+            dirty.add(s)
+            per_key[(k, g)] = (dirty, max(top, e))
+        pk, pg = [k for k, _ in per_key], [g for _, g in per_key]
+        state, tick = ctx.state(self.early), self._next_tick(ctx.processing_time)
+        values, new_k, new_g = [], [], []
+        for (k, g), old in zip(per_key, state.get(pk, pg)):
+            dirty, top = per_key[(k, g)]
+            timer, old_top, old_dirty = old if old else (None, top, [])
+            if timer is None:
+                timer = tick
+                new_k.append(k)
+                new_g.append(g)
+            values.append([timer, max(top, old_top), sorted(dirty | set(old_dirty))])
+        state.set(pk, pg, values)
+        if new_k:
+            ctx.set_processing_timers(new_k, new_g, [tick] * len(new_k))
+
+    def _early_timers(self, ctx: BatchContext, timers: pa.Table) -> None:
+        """A key's processing-time timer: fires its updated windows the watermark has not
+        closed (``early``), then sets the next timer while the key has such windows."""
+        wm, state = ctx.watermark, ctx.state(self.early)
+        pairs = list(dict.fromkeys(zip(timers.column("key").to_pylist(), timers.column("key_group").to_pylist())))
+        pk, pg = [k for k, _ in pairs], [g for _, g in pairs]
+        fk, fg, fat, again, values, gone = [], [], [], [], [], []
+        for k, g, value in zip(pk, pg, state.get(pk, pg)):
+            if not value:
+                continue
+            _, top, dirty = value
+            for s in dirty:
+                fk.append(k)
+                fg.append(g)
+                fat.append(s)
+            if top - 1 > wm:
+                again.append((k, g))
+                values.append([self._next_tick(ctx.processing_time), top, []])
+            else:
+                gone.append((k, g))
+        if fk:
+            self._fire_open(ctx, fk, fg, fat)
+        if again:
+            ak, ag = [k for k, _ in again], [g for _, g in again]
+            state.set(ak, ag, values)
+            ctx.set_processing_timers(ak, ag, [v[0] for v in values])
+        if gone:
+            state.drop([k for k, _ in gone], [g for _, g in gone])
+
+    def _fire_open(self, ctx: BatchContext, keys: list, key_groups: list, starts: list) -> None:
+        """Fires (``early``) the given windows (by start; for sessions, the unfired
+        session holding that start) that the watermark has not closed."""
+        wm = ctx.watermark
+        if not self.session:
+            starts_a = np.asarray(starts, np.int64)
+            keep = starts_a + self.spec.size_ms - 1 > wm
+            idx = np.flatnonzero(keep).tolist()
+            self.fire_current(ctx, [keys[i] for i in idx], [key_groups[i] for i in idx], starts_a[keep].tolist())
+            return
+        s_at, e_at = self._fields.index("start"), self._fields.index("end")
+        pairs = list(dict.fromkeys(zip(keys, key_groups)))
+        wanted: dict[tuple, list] = {}
+        for k, g, s in zip(keys, key_groups, starts):
+            wanted.setdefault((k, g), []).append(s)
+        ends: list = []
+        ek, eg = [], []
+        for (k, g), rows in zip(pairs, ctx.state(self.sessions).get([k for k, _ in pairs], [g for _, g in pairs])):
+            for r in rows or ():
+                if not r[-1] and r[e_at] - 1 > wm and any(r[s_at] <= s < r[e_at] for s in wanted[(k, g)]):
+                    ek.append(k)
+                    eg.append(g)
+                    ends.append(r[e_at])
+        if ek:
+            self.fire_current(ctx, ek, eg, ends)
 
     # -- timers
 
     def on_timers(self, ctx: BatchContext, timers: pa.Table) -> None:
+        # One call holds one domain's timers; processing time only drives early firings.
+        if "domain" in timers.column_names and timers.num_rows \
+                and timers.column("domain")[0].as_py() == TimeDomain.PROCESSING_TIME:
+            if self.early_every_ms:
+                self._early_timers(ctx, timers)
+            return
         if self.session:
             self._session_timers(ctx, timers)
             return
@@ -637,7 +746,9 @@ class _WindowCore:
         """
         if self.session:
             wanted = set(zip(keys, key_groups, windows_at))
-            found = [(k, g, r) for k, g, rows in zip(keys, key_groups, ctx.state(self.sessions).get(keys, key_groups))
+            pairs = list(dict.fromkeys(zip(keys, key_groups)))  # a key read once, however many of its sessions
+            pk, pg = [k for k, _ in pairs], [g for _, g in pairs]
+            found = [(k, g, r) for k, g, rows in zip(pk, pg, ctx.state(self.sessions).get(pk, pg))
                      for r in rows or () if (k, g, r[self._fields.index("end")]) in wanted]
             if found:
                 ids = pa.table({KEY_COLUMN: pa.array([k for k, _, _ in found], pa.binary()),
@@ -688,8 +799,8 @@ def _runs(keys: pa.ChunkedArray | pa.Array, values: np.ndarray, gap: int) -> np.
 def window_operator(name: str, windows: TumblingWindows | SlidingWindows | SessionWindows,
                     aggregates: dict[str, Aggregate], *, allowed_lateness_ms: int = 0,
                     late_output: str | None = None, late_columns: dict[str, pa.DataType] | None = None,
-                    early_every: int | None = None, key_column: str | None = "key",
-                    form: str = "batch") -> Operator:
+                    early_every: int | None = None, early_every_ms: int | None = None,
+                    key_column: str | None = "key", form: str = "batch") -> Operator:
     """A keyed event-time window operator (see the module docstring for the semantics).
 
     Args:
@@ -704,6 +815,9 @@ def window_operator(name: str, windows: TumblingWindows | SlidingWindows | Sessi
         late_columns: event columns (name -> type) copied into the late output.
         early_every: fire a window early each time its event count crosses a multiple of
             this; None: no early firings.
+        early_every_ms: fire a window early at most once per this many ms of processing
+            time while it has events since its last firing and the watermark has not
+            closed it (processing-time timers, one per key); None: none.
         key_column: name of the output column holding the subject key as UTF-8 text (a
             key that is not UTF-8 fails the epoch naming it), or None for none (e.g. when
             ``First`` aggregates carry the key's parts).
@@ -720,7 +834,8 @@ def window_operator(name: str, windows: TumblingWindows | SlidingWindows | Sessi
     """
     config = dict(name=name, windows=windows, aggregates=dict(aggregates),
                   allowed_lateness_ms=allowed_lateness_ms, late_output=late_output,
-                  late_columns=dict(late_columns or {}), early_every=early_every, key_column=key_column, form=form)
+                  late_columns=dict(late_columns or {}), early_every=early_every, early_every_ms=early_every_ms,
+                  key_column=key_column, form=form)
     if form not in ("batch", "event"):
         raise ValueError(f"window operator {name!r}: form must be 'batch' or 'event', got {form!r}")
     if not isinstance(windows, (TumblingWindows, SessionWindows)):
@@ -739,6 +854,8 @@ def window_operator(name: str, windows: TumblingWindows | SlidingWindows | Sessi
                          f"{allowed_lateness_ms!r}")
     if early_every is not None:
         _positive("early_every", early_every)
+    if early_every_ms is not None:
+        _positive("early_every_ms", early_every_ms)
     fields = dict(_BASE_FIELDS)
     for col, agg in aggregates.items():
         fields.update(agg.fields(AGG_PREFIX + col))
@@ -748,11 +865,15 @@ def window_operator(name: str, windows: TumblingWindows | SlidingWindows | Sessi
         attrs["sessions"] = ValueSpec(MsgpackCodec())
     else:
         attrs["windows"] = MapSpec(IntCodec(), RecordCodec(fields))
+    if early_every_ms is not None:
+        # Per key: [processing-time timer (ms), max window end, starts of updated windows].
+        attrs["early"] = ValueSpec(MsgpackCodec())
     base = WindowOperator if form == "batch" else EventWindowOperator
     cls = type(base.__name__, (base,), attrs)
     op = cls.__new__(cls)
     op._configure(name, windows, aggregates, allowed_lateness_ms=allowed_lateness_ms, late_output=late_output,
-                  late_columns=late_columns or {}, early_every=early_every, key_column=key_column)
+                  late_columns=late_columns or {}, early_every=early_every, key_column=key_column,
+                  early_every_ms=early_every_ms)
     return op
 
 
@@ -782,25 +903,29 @@ class EventWindowOperator(_WindowCore, Operator):
 
     def on_timer_expired(self, subject: Subject, timestamp: int) -> None:
         ctx = _SubjectContext(subject, self)
+        domain = getattr(subject, "time_domain", None) or TimeDomain.EVENT_TIME
         _WindowCore.on_timers(self, ctx, pa.table({"key": pa.array([subject.key], pa.binary()),
                                                    "key_group": pa.array([subject.key_group], pa.int32()),
-                                                   "timestamp": pa.array([timestamp], pa.int64())}))
+                                                   "timestamp": pa.array([timestamp], pa.int64()),
+                                                   "domain": pa.array([str(domain)], pa.string())}))
         ctx.forward()
 
 
 class _SubjectTimers:
-    """``BulkTimers`` on one subject (its key only)."""
+    """``BulkTimers`` on one subject (its key only), of event time or (``processing``)
+    processing time."""
 
-    def __init__(self, subject: Subject) -> None:
-        self._subject = subject
+    def __init__(self, subject: Subject, processing: bool = False) -> None:
+        self._set = subject.set_processing_timer if processing else subject.set_timer
+        self._delete = subject.delete_processing_timer if processing else subject.delete_timer
 
     def set_many(self, key_groups: Sequence[int], timestamps: Sequence[int], keys: Sequence[bytes]) -> None:
         for t in timestamps:
-            self._subject.set_timer(int(t))
+            self._set(int(t))
 
     def delete_many(self, key_groups: Sequence[int], timestamps: Sequence[int], keys: Sequence[bytes]) -> None:
         for t in timestamps:
-            self._subject.delete_timer(int(t))
+            self._delete(int(t))
 
 
 class _SubjectContext(BatchContext):
@@ -808,8 +933,10 @@ class _SubjectContext(BatchContext):
     emitted rows to ``subject.emit``."""
 
     def __init__(self, subject: Subject, op: Operator) -> None:
-        super().__init__(subject._db, _SubjectTimers(subject), op.outputs, op.name)  # type: ignore[attr-defined]
+        super().__init__(subject._db, _SubjectTimers(subject), op.outputs, op.name,  # type: ignore[attr-defined]
+                         _SubjectTimers(subject, processing=True))
         self.watermark = subject.watermark
+        self.processing_time = getattr(subject, "processing_time", 0)
         self._subject = subject
 
     def forward(self) -> None:

@@ -36,6 +36,7 @@ from dkvstream.operators.api.windows import (
 )
 from dkvstream.operators.errors import JobFailedError
 from dkvstream.operators.io.sinks import ParquetSink
+from dkvstream.operators.runtime.checkpoints import read_checkpoint
 from dkvstream.operators.runtime.driver import JobRunner
 from dkvstream.operators.tools.state_reader import read_state
 from dkvstream.storage.objectstore import open_object_store
@@ -65,35 +66,45 @@ AGGREGATES = {"n": Count(), "nx": Count("x"), "sx": Sum("x"), "lo": Min("x"), "h
 
 def _job(windows, name: str, form: str = "batch", lateness: int = 0, early: int | None = None,
          aggregates: dict | None = None, table: pa.Table | None = None, parallelism: int = 2,
-         bounded: bool = True) -> Job:
+         bounded: bool = True, early_ms: int | None = None) -> Job:
     op = window_operator("w", windows, aggregates or AGGREGATES, allowed_lateness_ms=lateness, early_every=early,
-                         late_output="late", late_columns={"s": pa.string()}, form=form)
+                         early_every_ms=early_ms, late_output="late", late_columns={"s": pa.string()}, form=form)
     return Job(name=name, source=TableSource("t", {"p": table if table is not None else _events()}, bounded),
                operators=[op], sinks={"main": ParquetSink("windows", op.outputs["main"]),
                                       "late": ParquetSink("late", op.outputs["late"])},
                key_groups=16, parallelism=parallelism, events_per_epoch=150, max_out_of_orderness_ms=BOUND_MS)
 
 
-def _run(job: Job, store: str, max_epochs: int | None = None, parallelism: int | None = None, spark=None):
+def _run(job: Job, store: str, max_epochs: int | None = None, parallelism: int | None = None, spark=None,
+         clock=None):
     if parallelism:
         job.parallelism = parallelism
-    with JobRunner(job, spark, store) as runner:
+    # With a (fake) clock, every checkpoint is kept: each records its epoch's processing time.
+    kept = {"clock": clock, "retain_checkpoints": None} if clock else {}
+    with JobRunner(job, spark, store, **kept) as runner:
         results = runner.run(max_epochs=max_epochs)
+        for r in results if clock else ():
+            r.processing_time_ms = read_checkpoint(runner.store, job.prefix, r.epoch).processing_time_ms
         main = job.sinks["main"].read(runner.store, job.prefix).to_pandas()
         late = job.sinks["late"].read(runner.store, job.prefix).to_pandas()
     return results, main, late
 
 
-def _model(events: pd.DataFrame, epochs: list[tuple[int, int]], windows, lateness: int,
-           early: int | None, open_windows: set | None = None, keep=None) -> tuple[list[tuple], list[int]]:
+def _model(events: pd.DataFrame, epochs: list[tuple], windows, lateness: int,
+           early: int | None, open_windows: set | None = None, keep=None,
+           early_ms: int | None = None) -> tuple[list[tuple], list[int]]:
     """Fired windows as (firing, key, start, end, event rows) and the late event rows;
-    ``open_windows`` receives the (key, start, end) the state holds after the epochs;
-    ``keep``: a mask of the events the operator passes to the windows (None: all)."""
+    ``epochs``: (end offset, watermark[, processing time]) per epoch; ``open_windows``
+    receives the (key, start, end) the state holds after the epochs; ``keep``: a mask of
+    the events the operator passes to the windows (None: all); ``early_ms``: the
+    processing-time trigger's interval (Flink's ``ContinuousProcessingTimeTrigger``)."""
     gap = getattr(windows, "gap_ms", None)
     state: dict[bytes, dict[int, list]] = {}  # key -> {start: [end, rows, fresh]}
+    # early_ms: key -> [timer (ms) or None, max end of its updated windows, starts updated since a firing]
+    ticking: dict[bytes, list] = {}
     fired, late = [], []
     wm, lo = WATERMARK_MIN, 0
-    for end_offset, new_wm in epochs:
+    for end_offset, new_wm, *pt in epochs:
         for i in range(lo, end_offset):
             if keep is not None and not keep[i]:
                 continue
@@ -134,6 +145,11 @@ def _model(events: pd.DataFrame, epochs: list[tuple[int, int]], windows, latenes
                     fired.append(("late", key, start, end, tuple(rows)))
                 elif fresh and early and (len(rows) - fresh) // early != len(rows) // early:
                     fired.append(("early", key, start, end, tuple(rows)))
+                if fresh and early_ms and end - 1 > wm:
+                    t = ticking.setdefault(key, [None, end, set()])
+                    if t[0] is None:
+                        t[0] = pt[0] - pt[0] % early_ms + early_ms
+                    t[1], t[2] = max(t[1], end), t[2] | {start}
                 w[2] = 0
         for key, windows_of in state.items():
             for start in list(windows_of):
@@ -142,6 +158,15 @@ def _model(events: pd.DataFrame, epochs: list[tuple[int, int]], windows, latenes
                     fired.append(("on_time", key, start, end, tuple(rows)))
                 if end - 1 + lateness <= new_wm:
                     del windows_of[start]
+        for key, t in ticking.items():  # processing-time timers, after the event-time ones
+            if t[0] is None or t[0] > pt[0]:
+                continue
+            for start, (end, rows, _) in sorted(state[key].items()):
+                if end - 1 > new_wm and any(start <= s < end for s in t[2]) \
+                        and (gap is not None or start in t[2]):
+                    fired.append(("early", key, start, end, tuple(rows)))
+            t[0] = pt[0] - pt[0] % early_ms + early_ms if t[1] - 1 > new_wm else None
+            t[2] = set()
         wm = new_wm
     if open_windows is not None:
         open_windows.update((k, s, w[0]) for k, ws in state.items() for s, w in ws.items())
@@ -167,11 +192,11 @@ def _expected(events: pd.DataFrame, fired: list[tuple], with_firing: bool) -> pd
 
 
 def _check(main: pd.DataFrame, late: pd.DataFrame, results, events_table: pa.Table, windows, lateness=0,
-           early=None, keep=None) -> None:
+           early=None, keep=None, early_ms=None) -> None:
     events = events_table.to_pandas()
     events["x_valid"] = events_table.column("x").is_valid().to_numpy(zero_copy_only=False)  # null, not NaN
-    epochs = [(r.source_offsets["p"], r.watermark) for r in results]
-    fired, late_rows = _model(events, epochs, windows, lateness, early, keep=keep)
+    epochs = [(r.source_offsets["p"], r.watermark, getattr(r, "processing_time_ms", None)) for r in results]
+    fired, late_rows = _model(events, epochs, windows, lateness, early, keep=keep, early_ms=early_ms)
     exp = _expected(events, fired, "firing" in main.columns)
     got = main.copy()
     for c in ("window_start", "window_end"):
@@ -341,3 +366,73 @@ def test_flights_windowed_equals_oracle(tmp_path, check_flights_output) -> None:
         runner.run()
         check_flights_output(job.sinks["main"].read(runner.store, job.prefix))
         assert job.sinks["late"].read(runner.store, job.prefix).num_rows == 0
+
+
+class SteppingClock:
+    """A wall clock (s) that moves ``step_s`` each time the driver reads it."""
+
+    def __init__(self, step_s: float, now: float = 1_700_000_000.0) -> None:
+        self.now, self.step_s = now, step_s
+
+    def __call__(self) -> float:
+        self.now += self.step_s
+        return self.now
+
+
+@pytest.mark.parametrize("windows", KINDS, ids=repr)
+@pytest.mark.parametrize("form", ["batch", "event"])
+def test_processing_time_early_firings_equal_model(tmp_path, windows, form) -> None:
+    """``early_every_ms``: epochs 0.5 s of processing time apart (a fake clock, moved
+    0.1 s at each reading), 2 s interval: early firings at most once per
+    interval, on-time and late ones as without the option."""
+    table = _events(900) if form == "event" else _events()
+    # (The per-event form re-fires a window for each late event: the model's late firings are per epoch.)
+    lateness = 2_000 if form == "batch" else 0
+    results, main, late = _run(_job(windows, "w", form, lateness=lateness, early_ms=2_000, table=table),
+                               str(tmp_path), clock=SteppingClock(0.1))
+    stamps = [r.processing_time_ms for r in results]
+    assert len({t // 2_000 for t in stamps}) < len(stamps) // 2  # several epochs per interval
+    assert {"early", "on_time"} <= set(main.firing)
+    _check(main, late, results, table, windows, lateness=lateness, early_ms=2_000)
+
+
+@pytest.mark.parametrize("windows", [KINDS[0], KINDS[2]], ids=repr)
+def test_processing_time_early_firings_across_a_crash_and_restart_equal_model(tmp_path, windows) -> None:
+    """The driver dies after epoch 4's tasks, before its commit; a new runner (3 ranges,
+    its clock read afresh) replays it: the firings are those of the committed epochs'
+    processing times."""
+    clock, first = SteppingClock(0.9), []
+    with crash_at("after_tasks", 4), pytest.raises(Crash), \
+            JobRunner(_job(windows, "w", lateness=2_000, early_ms=2_000), None, str(tmp_path), clock=clock) as runner:
+        first.extend(runner.epochs())
+    for r in first:
+        r.processing_time_ms = read_checkpoint(open_object_store(str(tmp_path)), runner.job.prefix,
+                                               r.epoch).processing_time_ms
+    rest, main, late = _run(_job(windows, "w", lateness=2_000, early_ms=2_000), str(tmp_path), parallelism=3,
+                            clock=clock)
+    assert rest[0].epoch == 4 and "early" in set(main.firing)
+    _check(main, late, first + rest, _events(), windows, lateness=2_000, early_ms=2_000)
+
+
+def test_processing_time_early_firings_on_spark_equal_model(spark, tmp_path) -> None:
+    windows = SlidingWindows(10_000, 2_500)
+    results, main, late = _run(_job(windows, "w", lateness=2_000, early_ms=2_000), str(tmp_path), spark=spark,
+                               clock=SteppingClock(0.1))
+    _check(main, late, results, _events(), windows, lateness=2_000, early_ms=2_000)
+
+
+@settings(max_examples=6, deadline=None)
+@given(kind=st.sampled_from(["tumbling", "sliding", "session"]), interval=st.integers(300, 5_000),
+       step=st.sampled_from([0.01, 0.05, 0.3]), epoch=st.integers(30, 300), batch=st.booleans(),
+       seed=st.integers(0, 1_000))
+def test_processing_time_early_firings_equal_model_for_any_interval_and_clock(kind, interval, step, epoch, batch,
+                                                                              seed) -> None:
+    windows = {"tumbling": TumblingWindows(3_000), "sliding": SlidingWindows(3_000, 1_000),
+               "session": SessionWindows(400)}[kind]
+    table = _events(300, keys=3, seed=seed)
+    lateness = 700 if batch else 0  # (per-event late firings are not the model's)
+    job = _job(windows, "p", "batch" if batch else "event", lateness=lateness, early_ms=interval, table=table)
+    job.events_per_epoch = epoch
+    with tempfile.TemporaryDirectory() as store:
+        results, main, late = _run(job, store, clock=SteppingClock(step))
+    _check(main, late, results, table, windows, lateness=lateness, early_ms=interval)
