@@ -937,6 +937,8 @@ class _SubjectContext(BatchContext):
                          _SubjectTimers(subject, processing=True))
         self.watermark = subject.watermark
         self.processing_time = getattr(subject, "processing_time", 0)
+        # The subject's clocks of TTL'd state (None: made from the watermark and the wall clock).
+        self.state_clock = getattr(subject, "state_clock", None)
         self._subject = subject
 
     def forward(self) -> None:
