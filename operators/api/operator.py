@@ -64,7 +64,8 @@ class Subject(ABC):
         processing_time: the epoch's processing time (ms since the Unix epoch, UTC): the
             driver's wall clock when it planned the epoch, never below the previous
             epoch's; the same for every event and timer of the epoch, and on every retry
-            of it (Flink's ``currentProcessingTime``).
+            of it while the driver runs (an epoch planned again after a driver restart
+            gets a new one) (Flink's ``currentProcessingTime``).
         time_domain: in ``on_timer_expired``, the domain of the timer firing
             (``TimeDomain``); in ``on_event``, None.
     """

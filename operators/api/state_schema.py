@@ -140,22 +140,32 @@ def bound_value_codec(spec: Any, record: dict[str, Any] | None) -> Codec:
         ValueError: the record's newest version is not the declared fields (the
             record was not made by ``evolve`` for this declaration).
     """
-    codec = getattr(spec, _value_attr(spec))
-    if not isinstance(codec, RecordCodec) or not record or not record.get("versions"):
-        return codec
+    declared = _declared(spec)
+    if not isinstance(declared, RecordCodec) or not record or not record.get("versions"):
+        return declared
     versions = tuple(tuple((n, t) for n, t in v) for v in record["versions"])
-    if codec.versions == versions:
-        return codec
-    return codec.bind(versions)
+    for codec in (getattr(spec, _value_attr(spec)), declared):  # already bound so: the same object
+        if isinstance(codec, RecordCodec) and codec.versions == versions:
+            return codec
+    return declared.bind(versions)
+
+
+def _declared(spec: Any) -> Codec:
+    """The value codec ``spec`` was declared with. Binding replaces it on the spec object,
+    which the operator class's instances share, so it is kept aside at the first look:
+    a later job in the same process (another history, or none) binds from it again."""
+    declared = spec.__dict__.get("_declared_value_codec")
+    if declared is None:
+        declared = spec.__dict__["_declared_value_codec"] = getattr(spec, _value_attr(spec))
+    return declared
 
 
 def bind_operator(operator: Any, schemas: dict[str, dict[str, Any]] | None) -> None:
     """Points each of ``operator``'s state specs at ``bound_value_codec`` of its record
     in ``schemas`` (``{state id: record}``, the operator's part of ``evolve_job``'s
-    result). Idempotent and cheap when already bound: a task calls it every epoch."""
-    if not schemas:
-        return
+    result; None or {}: the declared codecs, undoing a binding another job in this
+    process made). Idempotent and cheap when already bound: a task calls it every epoch."""
     for state_id, spec in state_specs(operator).items():
-        codec = bound_value_codec(spec, schemas.get(state_id))
+        codec = bound_value_codec(spec, (schemas or {}).get(state_id))
         if codec is not getattr(spec, _value_attr(spec)):
             setattr(spec, _value_attr(spec), codec)

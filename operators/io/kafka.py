@@ -146,7 +146,7 @@ _TASK_READERS: collections.OrderedDict[tuple[str, str], _PartitionReader] = coll
 _TASK_READERS_LOCK = threading.Lock()
 # The most partition readers a process keeps; the least recently used is closed beyond it
 # (a worker whose partitions changed, e.g. after a rescale, stops prefetching old ones).
-MAX_PARTITION_READERS = 64
+MAX_PARTITION_READERS = 32
 # A partition reader prefetches at most this much (librdkafka's default is 64 MiB per
 # consumer, i.e. per partition here); a user's ``config`` overrides it.
 _READER_DEFAULTS = {"queued.max.messages.kbytes": 16 * 1024}

@@ -44,7 +44,7 @@ from dkvstream.operators.api.operator import (
     Subject,
     TimeDomain,
 )
-from dkvstream.operators.api.state import StateClock, subject_prefix
+from dkvstream.operators.api.state import StateClock, state_specs, subject_prefix
 from dkvstream.operators.api.state_schema import bind_operator
 from dkvstream.operators.errors import OperatorError
 from dkvstream.operators.io import dead_letter
@@ -362,7 +362,8 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
         db.flush()
     # Expired TTL'd state leaves storage as compaction rewrites it, at this checkpoint's
     # clocks (state.py); the filter in the manifest makes remote compaction agree.
-    db.set_compaction_filter(state_clock.compaction_filter())
+    if any(s.ttl is not None for s in state_specs(operator).values()):
+        db.set_compaction_filter(state_clock.compaction_filter())
     fault_point("task_before_checkpoint")
     manifest_key = db.checkpoint(f"e{spec.epoch:010d}-{attempt}")
     dropped, unkept = db.dropped_at_checkpoint(), db.unkept_at_checkpoint()  # retention hook

@@ -240,3 +240,19 @@ def test_a_history_of_versions_reads_every_version_or_is_refused(case) -> None:
         want = [_model(r, versions[-1], defaults) for r in rows]
         assert bound.decode_many(raws) == want
         assert bound.decode_struct(raws).to_pylist() == want
+
+
+def test_binding_is_undone_for_a_job_without_a_history() -> None:
+    """Specs are class attributes, shared by every instance: a task binding them to one
+    job's schema history must not leave the next job in the same process (a new job,
+    another history) writing with that history's version header."""
+    old, new = Old(), New()
+    history = evolve_job([new], evolve_job([old], {}))["op"]
+    bind_operator(new, history)
+    assert New.total.codec.encode({"m": 1, "n": 2.0})[:1] == b"\xc1"   # version 1 of total
+    bind_operator(New(), None)                                          # a job from empty state
+    assert New.total.codec.encode({"m": 1, "n": 2.0})[:1] != b"\xc1"
+    assert New.total.codec.decode(New.total.codec.encode({"m": 1, "n": 2.0})) == {"m": 1, "n": 2.0}
+    bind_operator(new, history)
+    assert New.total.codec.encode({"m": 1, "n": 2.0})[:1] == b"\xc1"
+    bind_operator(New(), {})
