@@ -53,7 +53,7 @@ import pyarrow.compute as pc
 
 from dkvstream.operators.api.batch import BatchContext, BatchOperator
 from dkvstream.operators.api.codecs import IntCodec, MsgpackCodec, RecordCodec
-from dkvstream.operators.api.columns import KEY_COLUMN, TIMESTAMP_COLUMN
+from dkvstream.operators.api.columns import KEY_COLUMN, KEY_GROUP_COLUMN, TIMESTAMP_COLUMN
 from dkvstream.operators.api.operator import MAIN_OUTPUT, KeyedEvent, Operator, Subject, TimeDomain
 from dkvstream.operators.api.state import MapSpec, ValueSpec
 
@@ -64,7 +64,7 @@ _TS = pa.timestamp("ms", tz="UTC")
 # Accumulator fields every window keeps besides its aggregates'.
 _BASE_FIELDS = {"start": pa.int64(), "end": pa.int64(), "events": pa.int64(), "first_ts": pa.int64(),
                 "last_ts": pa.int64()}
-_KG = "key_group"
+_KG = KEY_GROUP_COLUMN  # the bulk state calls' key-group column
 
 
 # --- window kinds -------------------------------------------------------------------
