@@ -389,6 +389,11 @@ class _Encoder:
                 raise self._bad_value(VALUE_COLUMN, codec, py, keys, first_row, encode) from e
         if self.ttl_ms is None:
             return values
+        if self.default_expiry is None and EXPIRY_COLUMN not in table.column_names:
+            raise BootstrapError(f"{self.where}: column {EXPIRY_COLUMN!r} is missing: the state has an event-time "
+                                 f"TTL and no watermark exists before the first epoch; give each entry's expiry "
+                                 f"(int64 ms of event time), or pass ttl_from_ms (the event time its TTL counts "
+                                 f"from)")
         if EXPIRY_COLUMN in table.column_names:
             expiry = self._conform(table, EXPIRY_COLUMN, pa.int64(), first_row)
             self._no_nulls(expiry, EXPIRY_COLUMN, first_row, keys)
