@@ -661,7 +661,7 @@ def _write_on_spark(spark, plan: _Plan, items: list[tuple[_Encoder, Any]]) -> li
     frames = []
     for enc, source in items:
         frame = _spark_frame(spark, source, enc.where)
-        frames.append(frame.mapInArrow(carry_errors(enc.batches), _ENCODED))
+        frames.append(frame.mapInArrow(carry_errors(enc.batches), "part int, k binary, v binary"))
     union = functools.reduce(lambda a, b: a.unionByName(b), frames)
     n = len(plan.ranges)
     routed = union.rdd.map(lambda row: (row[0], (row[1], row[2]))).partitionBy(n, lambda part: part)

@@ -231,3 +231,26 @@ def test_record_fields_as_columns(tmp_path) -> None:
         "key": ["a", "b"], "name": ["x", None], "n": pa.array([1, 2], pa.int32())})}})
     got = read_state(JobRunner(job, None, str(tmp_path)).store, job, "record")
     assert _rows(got) == [(b"a", {"n": 1, "name": "x"}), (b"b", {"n": 2, "name": None})]
+
+
+def test_bootstrap_and_first_epochs_on_spark(spark, tmp_path) -> None:
+    """On local[2]: the tables encoded and each range written in Spark tasks (one per
+    range), the job run on Spark from the checkpoint; a bad table's error crosses Spark
+    with its type."""
+    job = count_job()
+    counts, timers = _initial_tables()
+    pq.write_table(timers, tmp_path / "timers.parquet")
+    frame = spark.createDataFrame(counts.to_pandas())
+    with pytest.raises(BootstrapError, match=r"state 'count': key b'k\d' appears twice"):
+        bootstrap(str(tmp_path / "bad"), job, {"running_count": {"count": frame.union(frame)}}, spark=spark)
+    result = bootstrap(str(tmp_path / "store"), job, {"running_count": {"count": frame}},
+                       timers={"running_count": str(tmp_path / "timers.parquet")}, spark=spark)
+    assert [w.range_label for w in result.ranges] == ["kg-0000-0007", "kg-0008-0015"]
+    assert result.entries == len(INITIAL) + sum(map(len, TIMERS.values()))
+    runner = JobRunner(job, spark, str(tmp_path / "store"))
+    try:
+        runner.run()
+    finally:
+        runner.close()
+    pd.testing.assert_frame_equal(_output(runner), count_oracle(job.source, INITIAL, TIMERS))
+    assert _final_counts(runner) == _expected_final(job)
