@@ -25,9 +25,12 @@ themselves:
   written. The next run of the job restarts from it as from any checkpoint, at the same
   or another parallelism.
 
-Until that commit nothing is visible: a bootstrap that fails leaves range files no
-checkpoint names, garbage for cleanup's full sweep, and can be run again (each run's
-manifests carry their own token). A job that has a checkpoint already is refused.
+Until that commit nothing is visible. In this process every table is encoded and every
+range checked before the first file is written, so a refused table leaves nothing; on
+Spark each range task checks its own entries, and a bootstrap that fails there (or
+while writing) leaves range files no checkpoint names, garbage for cleanup's full
+sweep. Either way it can be run again (each run's manifests carry their own token). A
+job that has a checkpoint already is refused.
 
 Table shapes (column names as the state reader's, so ``read_state``'s output can be
 written back as it is; ``state_id`` and ``key_group`` are then checked and otherwise
@@ -442,15 +445,15 @@ class _Plan:
     manifest_name: str
     options: DKVOptions
 
-    def write(self, store: ObjectStore, index: int, keys: list[bytes], values: list[bytes]) -> RangeWrite:
-        """Writes range ``index`` from its entries (any order) and publishes its manifest.
+    def sorted_entries(self, index: int, keys: list[bytes], values: list[bytes]
+                       ) -> tuple[list[bytes], list[bytes]]:
+        """Range ``index``'s entries (any order) sorted by DKV key, a repeated timer once.
 
         Raises:
             BootstrapError: a DKV key given twice (a key repeated in a ValueSpec or
-                ListSpec table, a (key, map key) in a MapSpec table); a repeated timer
-                is written once.
+                ListSpec table, a (key, map key) in a MapSpec table).
         """
-        operator, label = self.ranges[index]
+        operator, _ = self.ranges[index]
         order = sorted(range(len(keys)), key=keys.__getitem__)
         sorted_keys, sorted_values = [], []
         for i in order:
@@ -464,6 +467,13 @@ class _Plan:
                                      f"holds one row per key (per key and map key for a MapSpec): deduplicate it")
             sorted_keys.append(k)
             sorted_values.append(values[i])
+        return sorted_keys, sorted_values
+
+    def write(self, store: ObjectStore, index: int, sorted_keys: list[bytes], sorted_values: list[bytes]
+              ) -> RangeWrite:
+        """Writes range ``index`` from its ``sorted_entries`` (one write batch, flushed to
+        SSTables) and publishes its manifest."""
+        operator, label = self.ranges[index]
         next_timers: dict[str, int] = {}
         for domain, schema in SCHEMAS.items():
             stamps = [decode_timer_key(k, schema)[1] for k in sorted_keys if k[2] == schema]
@@ -488,7 +498,7 @@ class _Plan:
         for _, (k, v) in rows:
             keys.append(bytes(k))
             values.append(bytes(v))
-        yield self.write(open_object_store(self.store_uri), index, keys, values)
+        yield self.write(open_object_store(self.store_uri), index, *self.sorted_entries(index, keys, values))
 
 
 def bootstrap(store: ObjectStore | str, job: Job, states: Mapping[str, Mapping[str, Any]], *,
@@ -646,12 +656,12 @@ def _write_in_process(store: ObjectStore, plan: _Plan, items: list[tuple[_Encode
         parts = encoded.column("part").to_numpy()
         for part in np.unique(parts).tolist():
             by_range.setdefault(part, []).append(encoded.filter(pa.array(parts == part)))
-    written = []
+    entries = []  # every range checked before any is written: a refused table leaves no files
     for index in range(len(plan.ranges)):
         tables = by_range.get(index, [])
         t = pa.concat_tables(tables) if tables else _ENCODED.empty_table()
-        written.append(plan.write(store, index, t.column("k").to_pylist(), t.column("v").to_pylist()))
-    return written
+        entries.append(plan.sorted_entries(index, t.column("k").to_pylist(), t.column("v").to_pylist()))
+    return [plan.write(store, index, *sorted_kv) for index, sorted_kv in enumerate(entries)]
 
 
 def _write_on_spark(spark, plan: _Plan, items: list[tuple[_Encoder, Any]]) -> list[RangeWrite]:

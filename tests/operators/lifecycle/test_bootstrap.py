@@ -213,6 +213,7 @@ def pc_ms(column) -> list[int]:
 def test_bad_tables_are_refused_naming_column_and_row(tmp_path, states, match) -> None:
     with pytest.raises(BootstrapError, match=match):
         bootstrap(str(tmp_path), every_kind_job(), states)
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]  # refused before anything was written
     assert latest_checkpoint(JobRunner(every_kind_job(), None, str(tmp_path)).store, "jobs/boot_kinds") is None
 
 
