@@ -284,6 +284,10 @@ class _Encoder:
                                             mask=column.is_null())
         if pa.types.is_timestamp(have) and want == pa.int64() and name == TIMESTAMP_COLUMN:
             return column.cast(pa.timestamp("ms", have.tz)).cast(pa.int64())  # raises rather than truncate
+        if not lossless(have, want) and name in (KEY_COLUMN, SUBJECT_KEY_COLUMN):
+            raise BootstrapError(f"{self.where}: column {name!r} is {have}; a subject key is binary, or text taken "
+                                 f"as UTF-8, as sources key events: give the key as the job's source does (e.g. "
+                                 f"cast the column to string)")
         if not lossless(have, want):
             raise BootstrapError(f"{self.where}: column {name!r} is {have}, the state stores {want} "
                                  f"({self._shape()}); cast it (only lossless widenings such as int32 to int64 "

@@ -193,6 +193,7 @@ def pc_ms(column) -> list[int]:
     ({"nope": {}}, "has no operator 'nope'"),
     ({"every_kind": {"nope": pa.table({"key": [b"a"], "value": [1]})}}, "declares no state 'nope'"),
     ({"every_kind": {"total": pa.table({"key": [b"a"]})}}, "column 'value' is missing"),
+    ({"every_kind": {"total": pa.table({"key": [1], "value": [1]})}}, "column 'key' is int64; a subject key is binary"),
     ({"every_kind": {"total": pa.table({"key": [b"a"], "value": ["x"]})}}, "column 'value' is string, the state "
                                                                           "stores int64"),
     ({"every_kind": {"total": pa.table({"key": [b"a", b"b", b"a"], "value": [1, 2, 3]})}},
