@@ -4,6 +4,7 @@ the state reader reads back exactly what was written (Hypothesis round trips ove
 spec kind); bad tables are refused naming the column and the row or key."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 
@@ -17,8 +18,9 @@ from hypothesis import strategies as st
 from dkvstream.operators.errors import BootstrapError
 from dkvstream.operators.runtime.bootstrap import bootstrap
 from dkvstream.operators.runtime.checkpoints import latest_checkpoint
+from dkvstream.operators.runtime.cleanup import cleanup_job
 from dkvstream.operators.runtime.driver import JobRunner
-from dkvstream.operators.tools.state_reader import list_timers, read_state
+from dkvstream.operators.tools.state_reader import list_timers, read_state, verify
 from tests.operators.lifecycle.bootstrap_jobs import count_job, count_oracle, every_kind_job, sort_output
 
 INITIAL = {"k0": 100, "k3": 5, "k4": 0, "absent": 9}  # "absent" never occurs in the input
@@ -77,6 +79,30 @@ def test_restart_and_rescale_after_bootstrap(tmp_path) -> None:
     runner.run()
     assert len(latest_checkpoint(runner.store, job.prefix).operators["running_count"]) == 3
     pd.testing.assert_frame_equal(_output(runner), count_oracle(job.source, INITIAL, TIMERS))
+    assert _final_counts(runner) == _expected_final(job)
+
+
+def test_hashed_layout_and_a_later_epoch(tmp_path) -> None:
+    job = dataclasses.replace(count_job(), key_layout="hashed")
+    counts, timers = _initial_tables()
+    result = bootstrap(str(tmp_path), job, {"running_count": {"count": counts}}, timers={"running_count": timers},
+                       epoch=5)
+    assert all(w.manifest_key.startswith("jobs/boot_count/r/") for w in result.ranges)
+    runner = JobRunner(job, None, str(tmp_path))
+    assert runner.run()[0].epoch == 6
+    pd.testing.assert_frame_equal(_output(runner), count_oracle(job.source, INITIAL, TIMERS))
+
+
+def test_retention_collects_the_bootstrap_checkpoint_as_any_other(tmp_path) -> None:
+    job = count_job()
+    counts, timers = _initial_tables()
+    result = bootstrap(str(tmp_path), job, {"running_count": {"count": counts}}, timers={"running_count": timers})
+    runner = JobRunner(job, None, str(tmp_path), retain_checkpoints=1)
+    runner.run()
+    report = cleanup_job(runner.store, job.prefix, 1)
+    assert report.retained_epochs == [latest_checkpoint(runner.store, job.prefix).epoch]
+    assert not any(runner.store.exists(w.manifest_key) for w in result.ranges)  # garbage once expired
+    assert verify(runner.store, job)[1] == []
     assert _final_counts(runner) == _expected_final(job)
 
 
