@@ -14,7 +14,8 @@ themselves:
 * event- and processing-time timers as ``dkvstream.operators.runtime.timers`` stores them;
 * one DKV instance per key-group range of each operator named, at the job's parallelism
   for that operator: its entries sorted, written in one write batch, flushed to SSTables
-  by DKV itself and published as the range's first manifest (a range without entries
+  by DKV itself (merged once into one sorted run when they reach the level-0 trigger)
+  and published as the range's first manifest (a range without entries
   gets an empty manifest, so the checkpoint names every range and the first epoch opens
   them as any later epoch would);
 * then the job's first checkpoint, at ``epoch`` (1 by default: the commit log counts
@@ -57,6 +58,7 @@ event-time TTL needs one of the two, since no watermark exists yet).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import time
@@ -484,11 +486,15 @@ class _Plan:
             if stamps:
                 next_timers[domain.value] = min(stamps)
         prefix = paths.state_prefix(self.job_prefix, operator, label, self.layout)
-        db = DKV.open(store, prefix, None, self.options)
+        # No compaction while the memtable flushes: the entries come sorted, so the level-0
+        # tables do not overlap, and merging them step by step would rewrite them once per
+        # step. Past the level-0 trigger they are merged once, into one sorted run.
+        db = DKV.open(store, prefix, None, dataclasses.replace(self.options, max_inline_compaction_bytes=0))
         try:
             db.write_batch(sorted_keys, sorted_values)
-            if sorted_keys:
-                db.flush_memtable()
+            db.flush_memtable()
+            if len(db.levels.l0) >= self.options.l0_compaction_trigger:
+                db.compact_all()
             manifest_key = db.checkpoint(self.manifest_name)
             tables = list(db.levels.all_tables())
         finally:

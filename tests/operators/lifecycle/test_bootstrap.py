@@ -21,6 +21,8 @@ from dkvstream.operators.runtime.checkpoints import latest_checkpoint
 from dkvstream.operators.runtime.cleanup import cleanup_job
 from dkvstream.operators.runtime.driver import JobRunner
 from dkvstream.operators.tools.state_reader import list_timers, read_state, verify
+from dkvstream.storage.dkv import DKVOptions
+from dkvstream.storage.dkv.manifest import load_manifest
 from tests.operators.lifecycle.bootstrap_jobs import count_job, count_oracle, every_kind_job, sort_output
 
 INITIAL = {"k0": 100, "k3": 5, "k4": 0, "absent": 9}  # "absent" never occurs in the input
@@ -104,6 +106,19 @@ def test_retention_collects_the_bootstrap_checkpoint_as_any_other(tmp_path) -> N
     assert not any(runner.store.exists(w.manifest_key) for w in result.ranges)  # garbage once expired
     assert verify(runner.store, job)[1] == []
     assert _final_counts(runner) == _expected_final(job)
+
+
+def test_a_large_range_is_merged_once_into_one_sorted_run(tmp_path) -> None:
+    job = dataclasses.replace(count_job(), parallelism=1)
+    n = 3_000
+    counts = pa.table({"key": [f"key{i:05d}" for i in range(n)], "value": list(range(n))})
+    result = bootstrap(str(tmp_path), job, {"running_count": {"count": counts}},
+                       dkv_options=DKVOptions(memtable_bytes=4 << 10, target_file_bytes=16 << 10))
+    store = JobRunner(job, None, str(tmp_path)).store
+    levels = load_manifest(store, result.ranges[0].manifest_key).levels
+    assert levels.l0 == () and result.tables == len(list(levels.all_tables())) > 1
+    assert _rows(read_state(store, job, "count")) == sorted(
+        ((f"key{i:05d}".encode(), i) for i in range(n)), key=repr)
 
 
 def test_read_state_output_bootstraps_another_job(tmp_path) -> None:
