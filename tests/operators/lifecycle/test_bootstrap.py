@@ -285,7 +285,7 @@ def test_bootstrap_and_first_epochs_on_spark(spark, tmp_path) -> None:
     counts, timers = _initial_tables()
     pq.write_table(timers, tmp_path / "timers.parquet")
     frame = spark.createDataFrame(counts.to_pandas())
-    with pytest.raises(BootstrapError, match=r"state 'count': key b'k\d' appears twice"):
+    with pytest.raises(BootstrapError, match=r"state 'count': key b'\w+' appears twice"):
         bootstrap(str(tmp_path / "bad"), job, {"running_count": {"count": frame.union(frame)}}, spark=spark)
     result = bootstrap(str(tmp_path / "store"), job, {"running_count": {"count": frame}},
                        timers={"running_count": str(tmp_path / "timers.parquet")}, spark=spark)
