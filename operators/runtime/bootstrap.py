@@ -34,8 +34,8 @@ sweep. Either way it can be run again (each run's manifests carry their own toke
 job that has a checkpoint already is refused.
 
 Table shapes (column names as the state reader's, so ``read_state``'s output can be
-written back as it is; ``state_id`` and ``key_group`` are then checked and otherwise
-ignored):
+written back as it is, and ``list_timers``' as an operator's timers; ``state_id``,
+``operator`` and ``key_group`` are then checked and otherwise ignored):
 
 =========  ===================================================================
 spec       columns
@@ -100,6 +100,7 @@ from dkvstream.storage.objectstore import ObjectStore, open_object_store
 #: The column of a subject key in the state reader's tables, taken in place of ``key``.
 SUBJECT_KEY_COLUMN = "subject_key"
 STATE_ID_COLUMN = "state_id"
+OPERATOR_COLUMN = "operator"  # the state reader's timer tables
 MAP_KEY_COLUMN = "map_key"
 VALUE_COLUMN = "value"
 EXPIRY_COLUMN = "expiry"
@@ -177,10 +178,12 @@ class _Encoder:
             without an ``expiry`` column (None: the column is required).
         key_groups, parallelism: the job's K and the operator's P.
         range_base: the global index of the operator's first range (``_Plan.ranges``).
-        state_id: for the ``state_id`` column check (None for timers).
+        operator, state_id: for the ``operator`` and ``state_id`` column checks
+            (``state_id`` None for timers).
     """
 
     where: str
+    operator: str
     kind: str
     suffix: bytes
     schema: int
@@ -207,7 +210,8 @@ class _Encoder:
             raise BootstrapError(f"{self.where}: no column {KEY_COLUMN!r} (the subject key: binary, or text "
                                  f"taken as UTF-8); the table has {names}")
         expected = self._columns(names)
-        unknown = [n for n in names if n not in expected and n not in (key_name, KEY_GROUP_COLUMN, STATE_ID_COLUMN)]
+        checked = (key_name, KEY_GROUP_COLUMN, STATE_ID_COLUMN, OPERATOR_COLUMN)
+        unknown = [n for n in names if n not in expected and n not in checked]
         if unknown:
             raise BootstrapError(f"{self.where}: unknown column(s) {unknown}; a {self.kind} table has "
                                  f"{[key_name, *expected]} (drop the others)")
@@ -324,13 +328,16 @@ class _Encoder:
                     f"{self.where}: row {first_row + i} (key {keys[i].as_py()!r}): column {KEY_GROUP_COLUMN!r} "
                     f"says {given[i]}, this job's {self.key_groups} key groups give {kgs[i]}; the table was read "
                     f"from a job with other key_groups: drop the column (key groups are recomputed)")
-        if STATE_ID_COLUMN in table.column_names and self.state_id is not None:
-            ids = table.column(STATE_ID_COLUMN)
-            other = pc.invert(pc.fill_null(pc.equal(ids, self.state_id), False))
+        for column, want, what in ((STATE_ID_COLUMN, self.state_id, "state"),
+                                   (OPERATOR_COLUMN, self.operator, "operator")):
+            if column not in table.column_names or want is None:
+                continue
+            given = table.column(column)
+            other = pc.invert(pc.fill_null(pc.equal(given, want), False))
             if pc.any(other).as_py():
                 i = int(pc.index(other, True).as_py())
-                raise BootstrapError(f"{self.where}: row {first_row + i}: column {STATE_ID_COLUMN!r} says "
-                                     f"{ids[i].as_py()!r}, the table is given for state {self.state_id!r}")
+                raise BootstrapError(f"{self.where}: row {first_row + i}: column {column!r} says "
+                                     f"{given[i].as_py()!r}, the table is given for {what} {want!r}")
 
     # -- encoding ---------------------------------------------------------------------
 
@@ -599,7 +606,7 @@ def _encoders(job: Job, states: Mapping[str, Mapping[str, Any]], timers: Mapping
                 start = ttl_from_ms if ttl_from_ms is not None else now_ms if spec.ttl.time == "processing" else None
                 default_expiry = None if start is None else min(start + spec.ttl.ttl_ms, _TIME_MAX)
             out.setdefault(name, []).append((_Encoder(
-                where=where, kind=kind, suffix=spec._id_bytes, schema=spec.schema,
+                where=where, operator=name, kind=kind, suffix=spec._id_bytes, schema=spec.schema,
                 codec=bound_value_codec(spec, describe(spec)),
                 key_codec=spec.key_codec if isinstance(spec, MapSpec) else None,
                 ttl_ms=None if spec.ttl is None else spec.ttl.ttl_ms, default_expiry=default_expiry,
@@ -607,7 +614,7 @@ def _encoders(job: Job, states: Mapping[str, Mapping[str, Any]], timers: Mapping
                 state_id=state_id), source))
     for name, source in timers.items():
         out.setdefault(name, []).append((_Encoder(
-            where=f"operator {name!r} timers ({_describe_source(source)})", kind="timers", suffix=b"",
+            where=f"operator {name!r} timers ({_describe_source(source)})", operator=name, kind="timers", suffix=b"",
             schema=SCHEMA_TIMER, codec=None, key_codec=None, ttl_ms=None, default_expiry=None,
             key_groups=job.key_groups, parallelism=job.parallelism_of(name), range_base=base[name],
             state_id=None), source))

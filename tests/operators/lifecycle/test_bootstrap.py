@@ -222,6 +222,9 @@ def test_list_timers_reads_back_the_timers_written(stamps) -> None:
         ckpt = latest_checkpoint(JobRunner(job, None, root).store, job.prefix)
         events = [s[1] for s in stamps if s[2] == "event_time"]
         assert ckpt.next_event_timer_ms == (min(events) if events else None)
+        copy = count_job(name="boot_copy")  # the state reader's timer table, written back as it is
+        bootstrap(root, copy, {}, timers={"running_count": got})
+        assert list_timers(JobRunner(copy, None, root).store, copy).equals(got)
 
 
 def pc_ms(column) -> list[int]:
