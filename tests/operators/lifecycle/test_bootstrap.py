@@ -272,6 +272,19 @@ def test_a_job_with_a_checkpoint_is_refused(tmp_path) -> None:
         bootstrap(str(tmp_path / "other"), job, {}, epoch=0)
 
 
+def test_a_delta_table_and_a_pandas_frame_as_tables(tmp_path) -> None:
+    from deltalake import write_deltalake
+
+    write_deltalake(str(tmp_path / "names"), pa.table({"key": ["a", "b"], "value": [["x", "y"], []]}))
+    job = every_kind_job()
+    bootstrap(str(tmp_path / "store"), job, {"every_kind": {
+        "names": str(tmp_path / "names"),
+        "scores": pd.DataFrame({"key": ["a", "a"], "map_key": [2, 1], "value": [0.5, 1.5]})}})
+    store = JobRunner(job, None, str(tmp_path / "store")).store
+    assert _rows(read_state(store, job, "names")) == [(b"a", ["x", "y"]), (b"b", [])]
+    assert _rows(read_state(store, job, "scores")) == [(b"a", 1, 1.5), (b"a", 2, 0.5)]
+
+
 def test_record_fields_as_columns(tmp_path) -> None:
     job = every_kind_job()
     bootstrap(str(tmp_path), job, {"every_kind": {"record": pa.table({
