@@ -569,7 +569,9 @@ def bootstrap(store: ObjectStore | str, job: Job, states: Mapping[str, Mapping[s
     plan = _Plan(store.root_uri, job.prefix, paths.LAYOUTS[job.key_layout], tuple(ranges),
                  f"e{epoch:010d}-bootstrap-{uuid.uuid4().hex[:8]}", dkv_options or DKVOptions())
     items = [(enc, source) for per_op in encoders.values() for enc, source in per_op]
-    if spark is None:
+    if not items:
+        written = []
+    elif spark is None:
         written = _write_in_process(store, plan, items)
     else:
         written = _write_on_spark(spark, plan, items)
@@ -586,10 +588,13 @@ def _encoders(job: Job, states: Mapping[str, Mapping[str, Any]], timers: Mapping
     for name in [*states, *timers]:
         if name not in operators:
             raise BootstrapError(f"job {job.name} has no operator {name!r} (operators: {sorted(operators)})")
+    # The global range indexes: the ranges of each operator with a table, in job order
+    # (``bootstrap`` lists ``_Plan.ranges`` the same way).
+    named = {name for name, per_state in states.items() if per_state} | set(timers)
     base, range_base = {}, 0
     for op in job.operators:
         base[op.name] = range_base
-        if op.name in states or op.name in timers:
+        if op.name in named:
             range_base += job.parallelism_of(op.name)
     now_ms = time.time_ns() // 1_000_000
     out: dict[str, list[tuple[_Encoder, Any]]] = {}

@@ -23,7 +23,14 @@ from dkvstream.operators.runtime.driver import JobRunner
 from dkvstream.operators.tools.state_reader import list_timers, read_state, verify
 from dkvstream.storage.dkv import DKVOptions
 from dkvstream.storage.dkv.manifest import load_manifest
-from tests.operators.lifecycle.bootstrap_jobs import count_job, count_oracle, every_kind_job, sort_output
+from tests.operators.lifecycle.bootstrap_jobs import (
+    EveryKind,
+    RunningCount,
+    count_job,
+    count_oracle,
+    every_kind_job,
+    sort_output,
+)
 
 INITIAL = {"k0": 100, "k3": 5, "k4": 0, "absent": 9}  # "absent" never occurs in the input
 TIMERS = {"k1": [50, 60], "k5": [70], "absent": [10_000]}
@@ -283,6 +290,18 @@ def test_a_delta_table_and_a_pandas_frame_as_tables(tmp_path) -> None:
     store = JobRunner(job, None, str(tmp_path / "store")).store
     assert _rows(read_state(store, job, "names")) == [(b"a", ["x", "y"]), (b"b", [])]
     assert _rows(read_state(store, job, "scores")) == [(b"a", 1, 1.5), (b"a", 2, 0.5)]
+
+
+def test_two_operators_one_named_without_tables(tmp_path) -> None:
+    """Range indexes stay aligned when an operator is named with no table and another
+    operator of the job follows it."""
+    chain = dataclasses.replace(every_kind_job(), operators=[RunningCount(), EveryKind()])
+    bootstrap(str(tmp_path), chain, {"running_count": {}, "every_kind": {"total": pa.table({
+        "key": ["a", "b"], "value": [1, 2]})}})
+    ckpt = latest_checkpoint(JobRunner(chain, None, str(tmp_path)).store, chain.prefix)
+    assert ckpt.operators["running_count"] == {} and len(ckpt.operators["every_kind"]) == 3
+    got = read_state(JobRunner(chain, None, str(tmp_path)).store, chain, "total", operator="every_kind")
+    assert _rows(got) == [(b"a", 1), (b"b", 2)]
 
 
 def test_record_fields_as_columns(tmp_path) -> None:
