@@ -7,7 +7,8 @@ the repository's demo ``Definitions`` (the flights jobs) are ``dkvstream.example
 Per stream job: its assets (``job_assets``; the ``verified`` check on its checkpoint
 asset runs at the end of each run), an asset job running its epochs, and its
 compaction, cleanup and source sensors.
-Once for all stream jobs: the ``compaction``, ``flush`` and ``cleanup`` jobs.
+Once for all stream jobs: the ``compaction``, ``flush`` and ``cleanup`` jobs, and
+``bootstrap_state`` (a new job's initial state from tables, ``dkvstream.assets.bootstrap``).
 
 A stream job runs in one of two modes (``continuous``; default: continuous for a live
 source, short runs for a bounded one, ``dkvstream.assets.job_assets.continuous_by_default``):
@@ -29,6 +30,7 @@ from collections.abc import Callable, Mapping
 import pyarrow as pa
 from dagster import AssetSelection, Definitions, define_asset_job, in_process_executor
 
+from dkvstream.assets.bootstrap import bootstrap_state_job
 from dkvstream.assets.checkpoints import checkpoint_asset_key
 from dkvstream.assets.job_assets import asset_name, continuous_by_default, job_assets
 from dkvstream.assets.jobs import MAINTENANCE_JOBS
@@ -94,7 +96,7 @@ def dkvstream_definitions(*jobs: Job, resources: dict | None = None,
     parts = [stream_job_definitions(job, modes.get(job.name), sink_metadata) for job in jobs]
     return Definitions(
         assets=[a for p in parts for a in p["assets"]],
-        jobs=[*(j for p in parts for j in p["jobs"]), *MAINTENANCE_JOBS],
+        jobs=[*(j for p in parts for j in p["jobs"]), *MAINTENANCE_JOBS, bootstrap_state_job],
         sensors=[s for p in parts for s in p["sensors"]],
         resources=resources if resources is not None else default_resources(),
         executor=in_process_executor,  # module docstring
