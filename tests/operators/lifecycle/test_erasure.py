@@ -1,0 +1,98 @@
+"""Erasure of a key from a job's state, in process: served mid-run by the running job's
+next epoch, then by a stopped job's offline epoch; state of every other key unchanged
+(the model: a run without the erasure), restart and rescale after it, the report, and
+the scan of every object of the job."""
+from __future__ import annotations
+
+import pytest
+
+from dkvstream.operators.runtime import erasure
+from dkvstream.operators.runtime.checkpoints import list_epochs, read_checkpoint
+from dkvstream.operators.runtime.erasure_scan import scan_store
+from dkvstream.storage.objectstore import open_object_store
+from tests.operators import small_keyed_count as skc
+from tests.operators.lifecycle.erasure_model import checkpoint_state, subject_of
+
+KEY = b"k199"  # no other key of the job contains it (k0 .. k199)
+
+
+def _without(state: dict, key: bytes) -> dict:
+    return {k: v for k, v in state.items() if subject_of(k[1]) != key}
+
+
+def test_running_job_serves_the_request_and_other_keys_keep_their_state(tmp_path):
+    ref_root, root = str(tmp_path / "ref"), str(tmp_path / "erased")
+    with skc.runner(ref_root) as ref:
+        ref.run(max_epochs=4)
+        model = _without(checkpoint_state(ref.store, ref.job.prefix, 4), KEY)
+        assert len(model) < len(checkpoint_state(ref.store, ref.job.prefix, 4))  # the key had state
+    with skc.runner(root) as r:
+        r.run(max_epochs=3)
+        store, prefix = r.store, r.job.prefix
+        before = scan_store(store, KEY, f"{prefix}/state/")
+        assert any(h.how == "sstable" for h in before.holding)  # compressed: found decoded only
+        rid = erasure.request_erasure(store, prefix, KEY, reason="ticket 42")
+        assert erasure.read_report(store, prefix, rid).status == "pending"
+        [result] = r.run(max_epochs=1)
+    assert result.epoch == 4
+    assert checkpoint_state(store, prefix, 4) == model  # every other key as without the erasure
+    assert list_epochs(store, prefix) == [4]  # checkpoints before the erasure expired
+    assert scan_store(store, KEY, f"{prefix}/state/").holding == []
+    assert scan_store(store, KEY, f"{prefix}/checkpoints/").holding == []
+    report = erasure.read_report(store, prefix, rid)
+    assert (report.status, report.applied_epoch) == ("applied", 4)
+    rewritten = {old for s in report.state.values() for old in s["tables_rewritten"]}
+    assert rewritten and {h.key for h in before.holding} <= set(report.objects_that_held())
+    assert report.retention["still_present"] == []
+    assert erasure.pending_erasures(store, prefix) == []
+    assert KEY not in store.get(f"{prefix}/erasures/{rid}.json")  # the record holds a hash
+
+    # A restart after the erasure, with another parallelism (a rescale): runs to the end,
+    # and every other key's output is the oracle's.
+    with skc.runner(root, parallelism=3) as again:
+        again.run()
+        got = skc.output(again)
+    want = skc.oracle()
+    other = got[got.key != KEY.decode()].reset_index(drop=True)
+    assert other.equals(want[want.key != KEY.decode()].reset_index(drop=True))
+
+
+def test_stopped_job_offline_epoch_report_and_whole_store_scan(tmp_path):
+    root = str(tmp_path / "job")
+    with skc.runner(root) as r:
+        r.run()
+        store, prefix, sinks = r.store, r.job.prefix, dict(r.job.sinks)
+        last = list_epochs(store, prefix)[-1]
+        before = read_checkpoint(store, prefix, last)
+    assert scan_store(store, KEY).holding  # the key is there before
+    rid = erasure.request_erasure(store, prefix, KEY)
+    [record] = erasure.apply_offline(store, prefix)
+    assert record["applied_epoch"] == last + 1
+    after = read_checkpoint(store, prefix, last + 1)
+    assert (after.source_offsets, after.watermark, after.finished) == (
+        before.source_offsets, before.watermark, before.finished)
+    assert checkpoint_state(store, prefix, last + 1) == _without(checkpoint_state_of_ref(tmp_path, last), KEY)
+    report = erasure.complete_erasure(store, prefix, rid, KEY, sinks=sinks, key_column="key")
+    assert report.status == "complete"
+    # What still holds it: the published sink files only (until sinks erase rows).
+    for h in report.scan["holding"]:
+        assert h["key"].startswith(f"{prefix}/sinks/"), h
+    assert all(isinstance(v, list) or "skipped" in v for v in report.sinks.values())
+    assert erasure.apply_offline(store, prefix) == []  # nothing pending
+    with skc.runner(root) as again:  # a restart of the finished job runs nothing, fails nothing
+        assert again.run() == []
+
+
+def checkpoint_state_of_ref(tmp_path, epoch: int) -> dict:
+    """The state at ``epoch`` of the same job run without an erasure."""
+    with skc.runner(str(tmp_path / "ref")) as ref:
+        ref.run()
+        return checkpoint_state(ref.store, ref.job.prefix, epoch)
+
+
+def test_request_of_an_empty_key_and_unknown_report_are_refused(tmp_path):
+    store = open_object_store(str(tmp_path))
+    with pytest.raises(ValueError, match="non-empty bytes"):
+        erasure.request_erasure(store, "jobs/x", b"")
+    with pytest.raises(KeyError, match="no erasure request or record"):
+        erasure.read_report(store, "jobs/x", "nope")
