@@ -8,6 +8,7 @@ import pytest
 
 from dkvstream.operators.runtime import erasure
 from dkvstream.operators.runtime.checkpoints import list_epochs, read_checkpoint
+from dkvstream.operators.runtime.driver import JobRunner
 from dkvstream.operators.runtime.erasure_scan import scan_store
 from dkvstream.storage.objectstore import open_object_store
 from tests.operators import small_keyed_count as skc
@@ -96,3 +97,20 @@ def test_request_of_an_empty_key_and_unknown_report_are_refused(tmp_path):
         erasure.request_erasure(store, "jobs/x", b"")
     with pytest.raises(KeyError, match="no erasure request or record"):
         erasure.read_report(store, "jobs/x", "nope")
+
+
+def test_running_job_on_spark_serves_the_request(tmp_path, spark):
+    """The same on Spark ``local[2]``: the request is served in the Spark task of the key's
+    range; the state equals the in-process model's without the key."""
+    with skc.runner(str(tmp_path / "ref")) as ref:
+        ref.run(max_epochs=3)
+        model = _without(checkpoint_state(ref.store, ref.job.prefix, 3), KEY)
+    r = JobRunner(skc.job(), spark, str(tmp_path / "spark"), dkv_options=skc.OPTIONS, retain_checkpoints=2)
+    with r:
+        r.run(max_epochs=2)
+        rid = erasure.request_erasure(r.store, r.job.prefix, KEY)
+        [result] = r.run(max_epochs=1)
+        store, prefix = r.store, r.job.prefix
+    assert result.epoch == 3 and erasure.read_report(store, prefix, rid).applied_epoch == 3
+    assert checkpoint_state(store, prefix, 3) == model
+    assert scan_store(store, KEY, f"{prefix}/state/").holding == []
