@@ -67,7 +67,7 @@ log = logging.getLogger(__name__)
 
 _TIMER_SCHEMAS = (SCHEMA_TIMER, SCHEMA_PROCESSING_TIMER)
 _TIMER_KEY_HEAD = 11  # key group u16, schema u8, timestamp u64 (dkvstream.operators.runtime.timers)
-SAVEPOINT_DROP = "python -m dkvstream.operators.tools.savepoints drop {job} {name}"
+SAVEPOINT_DROP = "python -m dkvstream.operators.tools.savepoints --store {store} drop {job} {name}"
 
 
 # ----------------------------------------------------------------------------- requests
@@ -454,7 +454,8 @@ def savepoints_holding(store: ObjectStore, job_prefix: str, key: bytes) -> list[
         objects = sorted(_holding(store, sorted(_named_by(store, ranges)), key))
         if objects:
             out.append({"name": name, "objects": objects,
-                        "drop": SAVEPOINT_DROP.format(job=job_prefix.split("/", 1)[1], name=name)})
+                        "drop": SAVEPOINT_DROP.format(store=store.root_uri, job=job_prefix.split("/", 1)[1],
+                                                      name=name)})
     return out
 
 

@@ -4,6 +4,8 @@ next epoch, then by a stopped job's offline epoch; state of every other key unch
 the scan of every object of the job."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from dkvstream.operators.runtime import erasure
@@ -114,3 +116,17 @@ def test_running_job_on_spark_serves_the_request(tmp_path, spark):
     assert result.epoch == 3 and erasure.read_report(store, prefix, rid).applied_epoch == 3
     assert checkpoint_state(store, prefix, 3) == model
     assert scan_store(store, KEY, f"{prefix}/state/").holding == []
+
+
+def test_report_names_a_savepoint_still_holding_the_key_and_how_to_drop_it(tmp_path):
+    with skc.runner(str(tmp_path)) as r:
+        r.run(max_epochs=3)
+        store, prefix = r.store, r.job.prefix
+    # The savepoint record's form: the checkpoint object as JobCheckpoint.encode writes it.
+    ckpt = json.loads(store.get(f"{prefix}/checkpoints/epoch-0000000003.json"))
+    store.put(f"{prefix}/savepoints/nightly.json", json.dumps({"checkpoint": ckpt, "pins": []}).encode())
+    [held] = erasure.savepoints_holding(store, prefix, KEY)
+    assert held["name"] == "nightly" and held["objects"]
+    assert held["drop"] == (f"python -m dkvstream.operators.tools.savepoints --store {store.root_uri} "
+                            "drop small_count nightly")
+    assert erasure.savepoints_holding(store, prefix, b"no-such-subject") == []
