@@ -117,6 +117,30 @@ class Sink(ABC):
         to checkpoint ``epoch`` only when nothing is (``dkvstream.operators.runtime.recovery``)."""
         return None
 
+    def erase_rows(self, store: ObjectStore, job_prefix: str, column: str, values: list) -> list[str]:
+        """Erasure (a GDPR request): removes every row whose ``column`` equals one of
+        ``values`` from this sink's published output and from the job's staged files of
+        it, so that no object the sink wrote holds them and a restart does not publish
+        them again. Idempotent: a second call finds nothing and returns ``[]``.
+
+        Args:
+            store: the job's object store.
+            job_prefix: the job's prefix (``dkvstream.operators.paths.job_prefix``).
+            column: the column to match (the sink's key column, e.g. ``key``).
+            values: the values to erase (Python values of the column's type; ``str``
+                and ``bytes`` are taken for each other).
+
+        Returns:
+            The keys of the objects that held a matching row (before the rewrite),
+            sorted.
+
+        Raises:
+            NotImplementedError: the sink cannot erase rows (names the sink).
+            ValueError: no object of the sink has ``column``.
+        """
+        raise NotImplementedError(f"sink {self.name} ({type(self).__name__}) cannot erase rows; "
+                                  f"remove them from its output by hand")
+
 
 class ParquetSink(Sink):
     """A Parquet table: one zstd-compressed file per (epoch, range) under
