@@ -18,15 +18,15 @@ import struct
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dkvstream.operators.api.codecs import IntCodec
 from dkvstream.operators.api.job import Job
 from dkvstream.operators.api.operator import KeyedEvent, Operator, Subject
 from dkvstream.operators.api.state import ValueSpec
+from dkvstream.operators.io.arrow_input import arrow_input
 from dkvstream.operators.io.sinks import ParquetSink
 from dkvstream.operators.io.sources import Source
-from dkvstream.operators.io.arrow_input import arrow_input
 from dkvstream.operators.io.table_sink import TableSink
 from dkvstream.storage.objectstore import ObjectStore
-from dkvstream.operators.api.codecs import IntCodec
 
 ERASED = "user-erase-me-7q2zx"
 USERS = [ERASED, *(f"user-{i:03d}-keep" for i in range(7))]
