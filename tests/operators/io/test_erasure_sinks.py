@@ -119,3 +119,72 @@ def test_erase_rows_names_a_missing_column(tmp_path) -> None:
     runner.run(max_epochs=1)
     with pytest.raises(ValueError, match="no file of .* has a column 'usr'"):
         job.sinks["main"].erase_rows(runner.store, job.prefix, "usr", [ej.ERASED])
+
+
+def totals_of(sink, store, prefix) -> dict[str, int]:
+    t = sink.read(store, prefix)
+    users = t.column("user").to_pylist()
+    assert len(users) == len(set(users)), "a primary key twice in the table"
+    return dict(zip(users, t.column("total").to_pylist()))
+
+
+def test_delta_table_erasure_leaves_no_byte_and_keeps_exactly_once(tmp_path) -> None:
+    import duckdb
+
+    root = str(tmp_path / "store")
+    job = ej.job()
+    runner = JobRunner(job, None, root, retain_checkpoints=2)
+    runner.run(max_epochs=2)
+    store, prefix = runner.store, job.prefix
+    sink = job.sinks["totals"]
+    before = totals_of(sink, store, prefix)
+    assert ej.ERASED in before
+    held = ej.holders(store, sink_objects(store, prefix, "totals", "totals.changes"), ej.ERASED)
+    # The key is in data files, in the log's statistics and in staged change objects.
+    dirs = {k.split("/")[4] for k in held if "/sinks/" in k}
+    assert "_delta_log" in dirs and any(d.startswith("_bucket=") for d in dirs)
+    assert any("/staging/" in k for k in held)
+    app = sink.app_id(prefix)
+    assert sink.open(store, prefix).transaction_version(app) == 2
+
+    assert sink.erase_rows(store, prefix, "user", [ej.ERASED]) == held
+    assert ej.holders(store, sink_objects(store, prefix, "totals", "totals.changes"), ej.ERASED) == []
+    want = {u: t for u, t in before.items() if u != ej.ERASED}
+    assert totals_of(sink, store, prefix) == want
+    con = duckdb.connect()
+    con.register("totals", sink.dataset(store, prefix))
+    assert dict(con.execute("SELECT user, total FROM totals").fetchall()) == want
+    dt = sink.open(store, prefix)
+    assert dt.transaction_version(app) == 2  # the checkpoint kept the job's epoch
+    version = dt.version()
+    assert sink.erase_rows(store, prefix, "user", [ej.ERASED]) == []  # idempotent: no commit either
+    assert sink.open(store, prefix).version() == version
+    # Publishing epoch 2 again (a restart after its publish) applies nothing.
+    ckpt = latest_checkpoint(store, prefix)
+    assert sink.publish(store, prefix, 2, ckpt.outputs["totals"]) == []
+    assert totals_of(sink, store, prefix) == want
+    # A restart: epochs 3 and 4 publish once each (their totals build on the job's state,
+    # which the sink's erasure does not touch).
+    assert [r.epoch for r in JobRunner(ej.job(), None, root, retain_checkpoints=2).run()] == [3, 4]
+    assert totals_of(sink, store, prefix) == ej.expected_totals()
+    assert sink.open(store, prefix).transaction_version(app) == 4
+
+
+def test_delta_erasure_of_an_epoch_committed_but_not_yet_published(tmp_path) -> None:
+    """A crash between an epoch's commit and its publish, then the erasure: the restart
+    publishes the epoch from its staged changes, without the key."""
+    from tests.crashes import Crash, crash_at
+
+    root = str(tmp_path / "store")
+    with crash_at("after_commit", 2), pytest.raises(Crash):
+        JobRunner(ej.job(), None, root, retain_checkpoints=2).run()
+    runner = JobRunner(ej.job(), None, root, retain_checkpoints=2)
+    store, prefix, sink = runner.store, runner.job.prefix, runner.job.sinks["totals"]
+    assert sink.open(store, prefix).transaction_version(sink.app_id(prefix)) == 1
+    sink.erase_rows(store, prefix, "user", [ej.ERASED])
+    runner.job.sinks["main"].erase_rows(store, prefix, "user", [ej.ERASED])
+    runner.run(max_epochs=0)  # the restart publishes epoch 2
+    got = totals_of(sink, store, prefix)
+    assert ej.ERASED not in got and sink.open(store, prefix).transaction_version(sink.app_id(prefix)) == 2
+    assert ej.holders(store, sink_objects(store, prefix, "totals", "totals.changes"), ej.ERASED) == []
+    assert ej.holders(store, sink_objects(store, prefix, "events", "events.parquet"), ej.ERASED) == []
