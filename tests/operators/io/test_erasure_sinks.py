@@ -19,6 +19,7 @@ from dkvstream.operators.io.arrow_input import arrow_input
 from dkvstream.operators.io.sinks import ParquetSink
 from dkvstream.operators.runtime.checkpoints import latest_checkpoint
 from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.storage.log.segment import chunk_batches, read_directory
 from tests.operators.io import erasure_job as ej
 from tests.operators.io.test_sink_directories import by_duckdb, by_pyarrow
 
@@ -188,3 +189,40 @@ def test_delta_erasure_of_an_epoch_committed_but_not_yet_published(tmp_path) -> 
     assert ej.ERASED not in got and sink.open(store, prefix).transaction_version(sink.app_id(prefix)) == 2
     assert ej.holders(store, sink_objects(store, prefix, "totals", "totals.changes"), ej.ERASED) == []
     assert ej.holders(store, sink_objects(store, prefix, "events", "events.parquet"), ej.ERASED) == []
+
+
+def test_topic_sink_erasure_from_the_topic_and_staged_segments(tmp_path) -> None:
+    from dkvstream.storage.log import Log
+    from dkvstream.storage.objectstore import open_object_store
+    from tests.operators.io.test_topic_operators import make_input, make_job, oracle, output
+    from tests.storage.log.test_log_erasure import topics_holding
+
+    root = str(tmp_path / "store")
+    expected = oracle(make_input(root))
+    job = make_job(root)
+    runner = JobRunner(job, None, root, retain_checkpoints=2)
+    runner.run(max_epochs=2)
+    store, prefix, sink = runner.store, job.prefix, job.sinks["main"]
+    before = output(root)
+    erased = "k5"
+    staged = [k for k in store.list(prefix + "/") if k.endswith("/out.seg")]
+    log = Log(open_object_store(root))
+    assert "out" in topics_holding(log, erased.encode()) and (before["key"] == erased).any()
+    assert any(erased.encode() in b.keys() for k in staged for c in read_directory(store, k, store.get(k))
+               for _, b in chunk_batches(store.get(k), c, 0, k))
+
+    held = sink.erase_rows(store, prefix, "key", [erased])
+    assert held and set(staged) & set(held)
+    assert topics_holding(log, erased.encode()) == {"in"}  # the job's input topic is not the sink's
+    assert not any(erased.encode() in b.keys() for k in staged for c in read_directory(store, k, store.get(k))
+                   for _, b in chunk_batches(store.get(k), c, 0, k))
+    assert output(root).equals(before[before["key"] != erased].reset_index(drop=True))
+    assert sink.erase_rows(store, prefix, "key", [erased]) == []
+    with pytest.raises(ValueError, match="erased by their key"):
+        sink.erase_rows(store, prefix, "seq", [1])
+    # A restart: the newest epoch is not published again, the next ones once.
+    JobRunner(make_job(root), None, root, retain_checkpoints=2).run()
+    gone = before[before["key"] == erased]
+    want = expected.merge(gone, how="left", indicator=True)
+    want = want[want["_merge"] == "left_only"].drop(columns="_merge").reset_index(drop=True)
+    assert output(root).equals(want)
