@@ -226,3 +226,27 @@ def test_topic_sink_erasure_from_the_topic_and_staged_segments(tmp_path) -> None
     want = expected.merge(gone, how="left", indicator=True)
     want = want[want["_merge"] == "left_only"].drop(columns="_merge").reset_index(drop=True)
     assert output(root).equals(want)
+
+
+def test_erasure_on_spark_then_the_job_goes_on(spark, tmp_path) -> None:
+    """The job on Spark local[2]: the sinks' erasure between its epochs, then a restart on
+    Spark; Spark reads the Parquet table by its directory."""
+    root = str(tmp_path / "store")
+    runner = JobRunner(ej.job(), spark, root, retain_checkpoints=2)
+    runner.run(max_epochs=2)
+    store, job = runner.store, runner.job
+    prefix = job.prefix
+    directory = f"{root}/{prefix}/sinks/events"
+    before = rows_by(by_pyarrow, directory)
+    for sink, column in ((job.sinks["main"], "user"), (job.sinks["totals"], "user"), (job.dead_letter.sink, "key")):
+        assert sink.erase_rows(store, prefix, column, [ej.ERASED])
+    for sink, staged in (("events", "events.parquet"), ("totals", "totals.changes"),
+                         ("dead_letter", "dead_letter.parquet")):
+        assert ej.holders(store, sink_objects(store, prefix, sink, staged), ej.ERASED) == []
+    assert [r.epoch for r in JobRunner(ej.job(), spark, root, retain_checkpoints=2).run()] == [3, 4]
+    df = spark.read.parquet(directory).toPandas()
+    final = Counter(zip(df["user"], df["ts"].astype("int64"), df["amount"].astype("int64"), df["epoch"].astype("int64")))
+    assert Counter({r: n for r, n in final.items() if r[3] <= 2}) == erased_rows(before)
+    assert Counter(r[:3] for r in final.elements()) == \
+        Counter(ej.expected_events()) - Counter(r[:3] for r in before.elements() if r[0] == ej.ERASED)
+    assert totals_of(job.sinks["totals"], store, prefix) == ej.expected_totals()
