@@ -21,7 +21,7 @@ from dkvstream.operators.runtime.checkpoints import latest_checkpoint
 from dkvstream.operators.runtime.driver import JobRunner
 from dkvstream.storage.log.segment import chunk_batches, read_directory
 from tests.operators.io import erasure_job as ej
-from tests.operators.io.test_sink_directories import by_duckdb, by_pyarrow
+from tests.operators.io.test_sink_directories import by_duckdb, by_pyarrow, by_spark
 
 
 def sink_objects(store, prefix: str, sink: str, staged_name: str) -> list[str]:
@@ -244,8 +244,7 @@ def test_erasure_on_spark_then_the_job_goes_on(spark, tmp_path) -> None:
                          ("dead_letter", "dead_letter.parquet")):
         assert ej.holders(store, sink_objects(store, prefix, sink, staged), ej.ERASED) == []
     assert [r.epoch for r in JobRunner(ej.job(), spark, root, retain_checkpoints=2).run()] == [3, 4]
-    df = spark.read.parquet(directory).toPandas()
-    final = Counter(zip(df["user"], df["ts"].astype("int64"), df["amount"].astype("int64"), df["epoch"].astype("int64")))
+    final = rows_by(lambda d: by_spark(spark, d), directory)
     assert Counter({r: n for r, n in final.items() if r[3] <= 2}) == erased_rows(before)
     assert Counter(r[:3] for r in final.elements()) == \
         Counter(ej.expected_events()) - Counter(r[:3] for r in before.elements() if r[0] == ej.ERASED)
