@@ -12,6 +12,7 @@ from dkvstream.operators.runtime import erasure
 from dkvstream.operators.runtime.checkpoints import list_epochs, read_checkpoint
 from dkvstream.operators.runtime.driver import JobRunner
 from dkvstream.operators.runtime.erasure_scan import scan_store
+from dkvstream.storage import faults
 from dkvstream.storage.objectstore import open_object_store
 from tests.operators import small_keyed_count as skc
 from tests.operators.lifecycle.erasure_model import checkpoint_state, subject_of
@@ -129,3 +130,45 @@ def test_report_names_a_savepoint_still_holding_the_key_and_how_to_drop_it(tmp_p
     assert held["drop"] == (f"python -m dkvstream.operators.tools.savepoints --store {store.root_uri} "
                             "drop small_count nightly")
     assert erasure.savepoints_holding(store, prefix, b"no-such-subject") == []
+
+
+def test_a_rescale_epoch_serves_the_request(tmp_path):
+    """The erasure epoch is also a rescale (2 -> 3 ranges): the new ranges open from the
+    old ones' shared tables, and the one holding the key rewrites them as its own."""
+    with skc.runner(str(tmp_path / "ref")) as ref:
+        ref.run(max_epochs=4)
+        model = _without(checkpoint_state(ref.store, ref.job.prefix, 4), KEY)
+    with skc.runner(str(tmp_path / "job")) as r:
+        r.run(max_epochs=3)
+        store, prefix = r.store, r.job.prefix
+    rid = erasure.request_erasure(store, prefix, KEY)
+    with skc.runner(str(tmp_path / "job"), parallelism=3) as rescaled:
+        [result] = rescaled.run(max_epochs=1)
+    assert erasure.read_report(store, prefix, rid).applied_epoch == result.epoch == 4
+    assert checkpoint_state(store, prefix, 4) == model
+    assert scan_store(store, KEY, f"{prefix}/state/").holding == []
+
+
+class _Crash(Exception):
+    pass
+
+
+def test_a_crash_after_the_commit_has_the_next_epoch_serve_the_request_again(tmp_path):
+    def crash(point, epoch):
+        raise _Crash(point)
+
+    with skc.runner(str(tmp_path)) as r:
+        r.run(max_epochs=3)
+        store, prefix = r.store, r.job.prefix
+    rid = erasure.request_erasure(store, prefix, KEY)
+    faults.arm("after_cleanup", 1, crash, epoch=4)  # committed, the request not yet replaced
+    with skc.runner(str(tmp_path)) as r, pytest.raises(_Crash):
+        r.run(max_epochs=1)
+    assert erasure.read_report(store, prefix, rid).status == "pending"
+    with skc.runner(str(tmp_path)) as r:
+        [result] = r.run(max_epochs=1)
+    report = erasure.read_report(store, prefix, rid)
+    assert (report.status, report.applied_epoch) == ("applied", result.epoch) and result.epoch == 5
+    assert list_epochs(store, prefix) == [5]
+    assert scan_store(store, KEY, f"{prefix}/state/").holding == []
+    assert scan_store(store, KEY, f"{prefix}/checkpoints/").holding == []
