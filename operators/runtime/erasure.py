@@ -397,11 +397,12 @@ class ErasureReport:
     scan: dict | None = None
 
     def objects_that_held(self) -> list[str]:
-        """Every object named as having held the key, sorted."""
+        """Every object named as having held the key (or holding it still: savepoints),
+        sorted. WAL objects the erasure epoch stopped naming count only if ``held_before``
+        found the key in them."""
         out = set()
         for s in self.state.values():
             out.update(s.get("tables_rewritten", {}))
-            out.update(s.get("wal_dropped", []))
         out.update(self.held_before)
         for objs in self.sinks.values():
             if isinstance(objs, list):
