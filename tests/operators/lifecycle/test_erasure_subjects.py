@@ -39,7 +39,7 @@ def test_every_entry_of_the_subject_goes_and_nothing_else(n, flush_at, deleted):
     mine = _entries(KG, SUBJECT, n)
     others = [k for kg, key in NEIGHBOURS for k in _entries(kg, key, n)]
     model = {}
-    for i, k in enumerate(sorted(mine + others, key=hash)):
+    for i, k in enumerate(sorted(mine + others, key=lambda k: k[::-1])):  # not in key order
         db.put(k, b"v" + k)
         model[k] = b"v" + k
         if i in flush_at:
@@ -47,7 +47,7 @@ def test_every_entry_of_the_subject_goes_and_nothing_else(n, flush_at, deleted):
     for k in mine[:deleted]:  # tombstones of the subject too
         db.delete(k)
     summary = erase_subjects(db, [(KG, SUBJECT)])
-    assert summary["entries"] >= len(mine)
+    assert summary["entries"] >= len(mine) - deleted  # a deleted key may be compacted away already
     assert dict(db.scan_range(b"", None)) == {k: v for k, v in model.items() if k not in set(mine)}
     for t in db.levels.all_tables():
         assert not [k for k, _s, _v in db._tables.iter_table(t) if subject_of(k) == SUBJECT
