@@ -488,6 +488,10 @@ def complete_erasure(store: ObjectStore, job_prefix: str, request_id: str, key: 
         raise ValueError(f"{job_prefix}: erasure {request_id} is of another key (SHA-256 {report.key_sha256})")
     if report.status == "pending":
         return report
+    if report.retention.get("still_present"):  # the sweep after the epoch was deferred: again
+        cleanup = expire_before(store, job_prefix, report.applied_epoch)
+        report.retention["deferred"] = cleanup.deferred
+        report.retention["still_present"] = [k for k in report.retention["still_present"] if store.exists(k)]
     for name, sink in sorted((sinks or {}).items()):
         erase_rows = getattr(sink, "erase_rows", None)
         if key_column is None:

@@ -10,6 +10,7 @@ import pytest
 
 from dkvstream.operators.runtime import erasure
 from dkvstream.operators.runtime.checkpoints import list_epochs, read_checkpoint
+from dkvstream.operators.runtime.control import acquire_lease, release_lease
 from dkvstream.operators.runtime.driver import JobRunner
 from dkvstream.operators.runtime.erasure_scan import scan_store
 from dkvstream.storage import faults
@@ -172,3 +173,26 @@ def test_a_crash_after_the_commit_has_the_next_epoch_serve_the_request_again(tmp
     assert list_epochs(store, prefix) == [5]
     assert scan_store(store, KEY, f"{prefix}/state/").holding == []
     assert scan_store(store, KEY, f"{prefix}/checkpoints/").holding == []
+
+
+def test_a_deferred_sweep_is_finished_by_complete_erasure(tmp_path, monkeypatch):
+    """Another epoch in flight when the erasure's retention runs (a live lease): the old
+    files stay and the record says so; ``complete_erasure`` sweeps again once it is over."""
+    with skc.runner(str(tmp_path)) as r:
+        r.run(max_epochs=3)
+        store, prefix = r.store, r.job.prefix
+    rid = erasure.request_erasure(store, prefix, KEY)
+    real = erasure.expire_before
+    leases = []
+
+    def with_an_epoch_in_flight(store_, prefix_, epoch):
+        leases.append(acquire_lease(store_, prefix_, epoch + 1))
+        return real(store_, prefix_, epoch)
+
+    monkeypatch.setattr(erasure, "expire_before", with_an_epoch_in_flight)
+    [record] = erasure.apply_offline(store, prefix)
+    assert record["retention"]["deferred"] and record["retention"]["still_present"]
+    monkeypatch.setattr(erasure, "expire_before", real)
+    release_lease(store, prefix, leases[0])
+    report = erasure.complete_erasure(store, prefix, rid, KEY, scan_prefix=f"{prefix}/state/")
+    assert report.retention["still_present"] == [] and report.scan["holding"] == []
