@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from dkvstream.operators import paths
 from dkvstream.operators.api.keygroups import KeyGroupRange, key_group_of
 from dkvstream.operators.api.state import SCHEMA_PROCESSING_TIMER, SCHEMA_TIMER, STATE_SCHEMAS, subject_prefix
+from dkvstream.operators.errors import JobFailedError
 from dkvstream.operators.runtime.checkpoints import (
     JobCheckpoint,
     commit_checkpoint,
@@ -310,10 +311,9 @@ def apply_offline(store: ObjectStore, job_prefix: str, dkv_options=None) -> list
     Raises:
         JobFailedError: the job has no committed checkpoint, or an epoch is in flight
             (a live lease: the running job serves the requests).
-        JobFencedError: a driver committed the epoch first.
+        JobFencedError / ObjectExistsError: a driver committed the epoch first (nothing
+            of this one counts; its files are garbage for the next cleanup).
     """
-    from dkvstream.operators.errors import JobFailedError
-
     requests = pending_erasures(store, job_prefix)
     if not requests:
         return []
