@@ -399,7 +399,7 @@ def erased_from(store: ObjectStore, key: str) -> ObjectChecksum | None:
     Parquet. One GET."""
     try:
         meta = pq.read_metadata(arrow_input(store.get(key))).metadata or {}
-    except (ObjectNotFoundError, pa.ArrowException):
+    except (ObjectNotFoundError, pa.ArrowException, OSError):  # damaged: not an erasure
         return None
     raw = meta.get(ERASED_FROM)
     return None if raw is None else ObjectChecksum.from_json(json.loads(raw))
