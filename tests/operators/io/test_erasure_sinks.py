@@ -37,16 +37,22 @@ def rows_by(read, directory: str) -> Counter:
                        df["epoch"].astype("int64")))
 
 
+def two_epochs(tmp_path, spark=None) -> tuple[str, JobRunner]:
+    """``(store root, runner)`` of ``erasure_job`` after its first two epochs."""
+    root = str(tmp_path / "store")
+    runner = JobRunner(ej.job(), spark, root, retain_checkpoints=2)
+    runner.run(max_epochs=2)
+    return root, runner
+
+
 def erased_rows(rows: Counter) -> Counter:
     return Counter({r: n for r, n in rows.items() if r[0] != ej.ERASED})
 
 
 def test_parquet_and_dead_letter_erasure_on_a_running_job_and_its_restart(tmp_path) -> None:
-    root = str(tmp_path / "store")
-    job = ej.job()
-    runner = JobRunner(job, None, root, retain_checkpoints=2)
-    runner.run(max_epochs=2)
-    store, prefix = runner.store, job.prefix
+    root, runner = two_epochs(tmp_path)
+    job, store = runner.job, runner.store
+    prefix = job.prefix
     events, dead = job.sinks["main"], job.dead_letter.sink
     directory = f"{root}/{prefix}/sinks/events"
     before = {read: rows_by(read, directory) for read in (by_pyarrow, by_duckdb)}
@@ -132,11 +138,9 @@ def totals_of(sink, store, prefix) -> dict[str, int]:
 def test_delta_table_erasure_leaves_no_byte_and_keeps_exactly_once(tmp_path) -> None:
     import duckdb
 
-    root = str(tmp_path / "store")
-    job = ej.job()
-    runner = JobRunner(job, None, root, retain_checkpoints=2)
-    runner.run(max_epochs=2)
-    store, prefix = runner.store, job.prefix
+    root, runner = two_epochs(tmp_path)
+    job, store = runner.job, runner.store
+    prefix = job.prefix
     sink = job.sinks["totals"]
     before = totals_of(sink, store, prefix)
     assert ej.ERASED in before
@@ -231,9 +235,7 @@ def test_topic_sink_erasure_from_the_topic_and_staged_segments(tmp_path) -> None
 def test_erasure_on_spark_then_the_job_goes_on(spark, tmp_path) -> None:
     """The job on Spark local[2]: the sinks' erasure between its epochs, then a restart on
     Spark; Spark reads the Parquet table by its directory."""
-    root = str(tmp_path / "store")
-    runner = JobRunner(ej.job(), spark, root, retain_checkpoints=2)
-    runner.run(max_epochs=2)
+    root, runner = two_epochs(tmp_path, spark)
     store, job = runner.store, runner.job
     prefix = job.prefix
     directory = f"{root}/{prefix}/sinks/events"
