@@ -251,3 +251,43 @@ def test_erasure_on_spark_then_the_job_goes_on(spark, tmp_path) -> None:
     assert Counter(r[:3] for r in final.elements()) == \
         Counter(ej.expected_events()) - Counter(r[:3] for r in before.elements() if r[0] == ej.ERASED)
     assert totals_of(job.sinks["totals"], store, prefix) == ej.expected_totals()
+
+
+@pytest.mark.parametrize("policy", ["compact", "delete"])
+def test_kafka_sink_erasure_rewrites_staged_files_and_tombstones_a_compacted_topic(
+        kafka_broker, tmp_path, policy) -> None:
+    import time
+
+    import pyarrow as pa
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from dkvstream.operators.io.kafka import KafkaSink, KafkaSource
+    from dkvstream.operators.paths import staging_prefix
+    from dkvstream.storage.objectstore.local import LocalObjectStore
+
+    topic = f"erase-{policy}-{time.time_ns() % 10**9}"
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+    for future in admin.create_topics([NewTopic(topic, 2, 1, config={"cleanup.policy": policy})]).values():
+        future.result(10)
+    store, prefix = LocalObjectStore(str(tmp_path)), "jobs/kafka_erasure"
+    sink = KafkaSink(kafka_broker.bootstrap, topic, ej.EVENTS_SCHEMA, key_column="user")
+    rows = pa.Table.from_pylist([{"user": u, "ts": i, "amount": i} for i, u in enumerate(ej.USERS * 2)],
+                                schema=ej.EVENTS_SCHEMA)
+    staged = [sink.write_staged(store, staging_prefix(prefix, 1, "op", label, "a1"), rows)
+              for label in ("kg-0000-0007", "kg-0008-0015")]
+    sink.publish(store, prefix, 1, staged)
+
+    held = sink.erase_rows(store, prefix, "user", [ej.ERASED])
+    assert held == sorted(staged) + [f"kafka://{kafka_broker.bootstrap}/{topic}"]
+    for key in staged:
+        users = pq.read_table(arrow_input(store.get(key))).column("user").to_pylist()
+        assert ej.ERASED not in users and len(users) == len(rows) - 2
+    source = KafkaSource(kafka_broker.bootstrap, topic, value_format="bytes")
+    records = [r for p, end in source.end_offsets().items() for r in source.read(p, 0, end).to_pylist()]
+    source.close()
+    erased = [r["value"] for r in records if r["key"] == ej.ERASED.encode()]
+    # Four records of the key, then a tombstone in the compacted topic only.
+    assert None not in erased[:4] and erased[4:] == ([None] if policy == "compact" else [])
+    assert sink.erase_rows(store, prefix, "user", [ej.ERASED]) == [f"kafka://{kafka_broker.bootstrap}/{topic}"]
+    with pytest.raises(ValueError, match="erased by their key"):
+        sink.erase_rows(store, prefix, "amount", [1])
