@@ -106,3 +106,22 @@ def test_erasing_every_record_of_a_partition_keeps_its_offsets(tmp_path) -> None
     prod.send("c", b"other", b"x")
     prod.flush()
     assert [(r.offset, r.key) for r in log.read("c", 0)] == [(6, b"other")]
+
+
+def test_several_keys_in_one_rewrite(tmp_path) -> None:
+    from dkvstream.storage.log.cleaner import erase_keys
+
+    log = Log(LocalObjectStore(tmp_path))
+    log.create_topic("d", TopicConfig(partitions=3))
+    fill_keys = [ERASED, b"second-subject-x1", b"kept-a", b"kept-b"]
+    prod = log.producer()
+    for i in range(40):
+        prod.send("d", fill_keys[i % 4], b"v%d" % i)
+        if i % 10 == 9:
+            prod.flush()
+    before = everything(log)
+    files = log.store.list(log.prefix + "/files/")
+    held = erase_keys(log, "d", [ERASED, b"second-subject-x1"])
+    assert held == sorted(files)  # every flush held both keys
+    assert everything(log) == {tp: [r for r in rs if r[1] in (b"kept-a", b"kept-b")] for tp, rs in before.items()}
+    assert holders(log, ERASED) == [] and holders(log, b"second-subject-x1") == []
