@@ -340,34 +340,13 @@ class ParquetSink(Sink):
         staged = [k for k in staged_keys(store, job_prefix) if k.endswith(name)]
         found: list[tuple[bool, bool]] = []
         for keys in (staged, published):  # staged first (docstring)
-            found += map_requests(lambda k: self._erase_file(store, k, column, values), keys, REQUEST_THREADS)
+            found += map_requests(lambda k: erase_from_parquet(store, k, column, values, f"sink {self.name}"),
+                                  keys, REQUEST_THREADS)
         if published + staged and not any(has for has, _ in found):
             raise ValueError(f"sink {self.name}: no file of {store.uri(self.table_prefix(job_prefix))} has a "
                              f"column {column!r}; erase by one of the sink's columns")
         return sorted(k for k, (_, held) in zip(staged + published, found) if held)
 
-    def _erase_file(self, store: ObjectStore, key: str, column: str, values: list) -> tuple[bool, bool]:
-        """Rewrites Parquet file ``key`` without the rows whose ``column`` is in
-        ``values``; returns ``(the file has the column, it held a matching row)``."""
-        try:
-            data = store.get(key)
-        except ObjectNotFoundError:  # a staged file collected meanwhile
-            return False, False
-        table = pq.read_table(arrow_input(data))
-        if column not in table.column_names:
-            return False, False
-        col = table.column(column)
-        hit = pc.fill_null(pc.is_in(col, value_set=erase_value_set(values, col.type, f"sink {self.name}", column)),
-                           False)
-        if not pc.any(hit).as_py():
-            return True, False
-        meta = dict(table.schema.metadata or {})
-        # The first erasure's checksum is the staged file's: a later one keeps it.
-        meta.setdefault(ERASED_FROM, json.dumps(ObjectChecksum.of(data).to_json()).encode())
-        buf = io.BytesIO()
-        pq.write_table(table.filter(pc.invert(hit)).replace_schema_metadata(meta), buf, compression="zstd")
-        store.put(key, buf.getvalue())
-        return True, True
 
     def read_published(self, store: ObjectStore, key: str, epoch: int) -> pa.Table:
         """The rows of one published file ``key`` of epoch ``epoch`` (for ``read``)."""
@@ -393,13 +372,48 @@ def staged_keys(store: ObjectStore, job_prefix: str) -> list[str]:
     return flat + [k for k in hashed if paths.is_staged_key(job_prefix, k)]
 
 
+def erase_from_parquet(store: ObjectStore, key: str, column: str, values: list, where: str) -> tuple[bool, bool]:
+    """Rewrites Parquet file ``key`` without the rows whose ``column`` is one of
+    ``values`` (one GET; one PUT over the same name if it held one), recording in its
+    footer the checksum of its bytes before the first such rewrite (``ERASED_FROM``).
+
+    Args:
+        where: who asks, for errors (``"sink <name>"``).
+
+    Returns:
+        ``(the file has the column, it held a matching row)``; ``(False, False)`` for a
+        missing file.
+
+    Raises:
+        ValueError: a value does not convert to the column's type (``erase_value_set``).
+    """
+    try:
+        data = store.get(key)
+    except ObjectNotFoundError:  # a staged file collected meanwhile
+        return False, False
+    table = pq.read_table(arrow_input(data))
+    if column not in table.column_names:
+        return False, False
+    col = table.column(column)
+    hit = pc.fill_null(pc.is_in(col, value_set=erase_value_set(values, col.type, where, column)), False)
+    if not pc.any(hit).as_py():
+        return True, False
+    meta = dict(table.schema.metadata or {})
+    # The first erasure's checksum is the staged file's: a later one keeps it.
+    meta.setdefault(ERASED_FROM, json.dumps(ObjectChecksum.of(data).to_json()).encode())
+    buf = io.BytesIO()
+    pq.write_table(table.filter(pc.invert(hit)).replace_schema_metadata(meta), buf, compression="zstd")
+    store.put(key, buf.getvalue())
+    return True, True
+
+
 def erased_from(store: ObjectStore, key: str) -> ObjectChecksum | None:
     """The checksum of Parquet file ``key``'s bytes before an erasure rewrote it
     (``ParquetSink.erase_rows``), or None if it was not rewritten, is missing or is not
     Parquet. One GET."""
     try:
         meta = pq.read_metadata(arrow_input(store.get(key))).metadata or {}
-    except (ObjectNotFoundError, pa.ArrowException):
+    except (ObjectNotFoundError, pa.ArrowException, OSError):  # damaged: not an erasure
         return None
     raw = meta.get(ERASED_FROM)
     return None if raw is None else ObjectChecksum.from_json(json.loads(raw))

@@ -528,17 +528,13 @@ class TableSink(TableReader, Sink):
                             dt.vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False))
                 if store.exists(k)]
         held = [k for k in gone if self._file_holds(store, k, column, value_set)]
-        texts = [str(v).encode() for v in value_set.to_pylist()]
+        values = value_set.to_pylist()
 
         def log_holds(key: str) -> bool:
-            name = key.rsplit("/", 1)[1]
             try:
-                data = store.get(key)
+                return _history_holds(store.get(key), key, column, values)
             except ObjectNotFoundError:
                 return False
-            if name.endswith(".json"):
-                return any(t in data for t in texts)
-            return name.endswith(".parquet") and self._file_holds(store, key, column, value_set, data)
 
         def log_before(version: int) -> list[str]:
             return [k for k in store.list(f"{table_prefix}/_delta_log/")
@@ -556,9 +552,8 @@ class TableSink(TableReader, Sink):
 
     def _file_holds(self, store: ObjectStore, key: str, column: str, value_set: pa.Array,
                     data: bytes | None = None) -> bool:
-        """Whether Parquet object ``key`` (a data file, or a log checkpoint: its add
-        actions' statistics) holds a value of ``value_set``; its partition directory
-        counts for a range column."""
+        """Whether data file ``key`` holds a value of ``value_set`` in ``column`` (its
+        partition directory counts for the range column)."""
         try:
             data = store.get(key) if data is None else data
         except ObjectNotFoundError:
@@ -567,10 +562,7 @@ class TableSink(TableReader, Sink):
                                                for v in value_set.to_pylist()):
             return True
         table = pq.read_table(arrow_input(data))
-        if column in table.column_names:
-            return pc.any(_matches(table, column, value_set)).as_py() or False
-        texts = [str(v) for v in value_set.to_pylist()]
-        return any(t in str(table.to_pylist()) for t in texts)  # a checkpoint's statistics
+        return column in table.column_names and bool(pc.any(_matches(table, column, value_set)).as_py())
 
     def published_after(self, store: ObjectStore, job_prefix: str, epoch: int) -> list[str]:
         from deltalake import DeltaTable
@@ -677,6 +669,34 @@ def _merge_bucket(sink: TableSink, store: ObjectStore, table_prefix: str, uri: s
 
 def _in_process(fn: Callable, items: list) -> list:
     return [fn(item) for item in items]
+
+
+def _history_holds(data: bytes, key: str, column: str, values: list) -> bool:
+    """Whether a Delta log entry (``<v>.json``) or checkpoint (``<v>.checkpoint*.parquet``)
+    holds one of ``values`` of ``column``: as the min or max of an add or remove
+    action's statistics, as its partition value, or (text values, in a log entry) in
+    any text, such as another writer's DELETE predicate in its commit info."""
+    texts = {_partition_text(v) for v in values}
+    if key.endswith(".json"):
+        if any(isinstance(v, str) and json.dumps(v)[1:-1].encode() in data for v in values):
+            return True
+        actions = [json.loads(line) for line in data.splitlines() if line.strip()]
+    elif key.endswith(".parquet"):
+        actions = pq.read_table(arrow_input(data)).to_pylist()
+    else:
+        return False
+    for action in actions:
+        for kind in ("add", "remove"):
+            f = action.get(kind)
+            if not f:
+                continue
+            parts = f.get("partitionValues") or {}
+            if (dict(parts) if isinstance(parts, list) else parts).get(column) in texts - {None}:
+                return True
+            stats = json.loads(f["stats"]) if f.get("stats") else {}
+            if any((stats.get(bound) or {}).get(column) in values for bound in ("minValues", "maxValues")):
+                return True
+    return False
 
 
 def _matches(table: pa.Table, column: str, value_set: pa.Array) -> pa.ChunkedArray:

@@ -50,7 +50,7 @@ from dkvstream.operators.io.sinks import Sink, staged_keys
 from dkvstream.operators.io.sources import Source
 from dkvstream.storage.errors import ObjectNotFoundError
 from dkvstream.storage.log import Log, TopicConfig
-from dkvstream.storage.log.cleaner import erase_key
+from dkvstream.storage.log.cleaner import erase_keys
 from dkvstream.storage.log.consumer import fetch, with_fresh_metadata
 from dkvstream.storage.log.errors import InvalidRecordError
 from dkvstream.storage.log.metadata import NO_CHANGE, LogMetadata
@@ -464,13 +464,13 @@ class TopicSink(Sink):
         """Erasure: removes the records whose key is one of ``values`` from the job's
         staged segments of this sink (rewritten without them, first: a publish racing
         with the erasure copies a rewritten one) and from the topic
-        (``dkvstream.storage.log.cleaner.erase_key``: a tombstone for a compacted
+        (``dkvstream.storage.log.cleaner.erase_keys``: a tombstone for a compacted
         topic, then a rewrite of the topic and of the files it shares; every topic of
         the log, not only this job's records of the key). Records of the key other
         producers append meanwhile stay.
 
         Cost: one LIST of the job's staging prefixes, one GET per staged segment of the
-        sink and one PUT per rewritten one; then ``erase_key``'s, per value.
+        sink and one PUT per rewritten one; then ``erase_keys``'s, once for all values.
 
         Args and returns: as ``Sink.erase_rows``; ``column`` must be the sink's key
         column, ``values`` keys as ``str`` (UTF-8) or ``bytes``.
@@ -485,10 +485,7 @@ class TopicSink(Sink):
         staged = [k for k in staged_keys(store, job_prefix) if k.endswith(f"/{self.name}.seg")]
         held = [k for k in map_requests(lambda k: k if _erase_from_segment(store, k, keys) else None, staged)
                 if k is not None]
-        log = Log(store, self.log_prefix)
-        for key in sorted(keys):
-            held += erase_key(log, self.topic, key)
-        return sorted(held)
+        return sorted(held + erase_keys(Log(store, self.log_prefix), self.topic, sorted(keys)))
 
     def published_after(self, store: ObjectStore, job_prefix: str, epoch: int) -> list[str]:
         applied = Log(store, self.log_prefix).metadata().producers.get(self.producer_id(job_prefix), -1)

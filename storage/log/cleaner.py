@@ -248,14 +248,21 @@ def plan_erasure(md: LogMetadata, topic: str, store) -> list[PartitionPlan]:
 
 def erase_key(log, topic: str, key: bytes, clock=now_ms, config: CleanerConfig | None = None,
               attempts: int = 3) -> list[str]:
-    """Erasure (a GDPR request): removes every record of ``key`` from ``topic``, so that
-    no segment file of the log holds it (module docstring, "Erasure").
+    """``erase_keys`` of one key."""
+    return erase_keys(log, topic, [key], clock, config, attempts)
 
-    A compacted topic first gets a tombstone of the key (one commit), then every
-    partition of the topic is rewritten without the key's records, the tombstone
+
+def erase_keys(log, topic: str, keys: list[bytes], clock=now_ms, config: CleanerConfig | None = None,
+               attempts: int = 3) -> list[str]:
+    """Erasure (a GDPR request): removes every record of each of ``keys`` from ``topic``,
+    so that no segment file of the log holds one (module docstring, "Erasure"); the
+    keys of a batch of requests together cost one rewrite.
+
+    A compacted topic first gets a tombstone of each key (one commit), then every
+    partition of the topic is rewritten without the keys' records, the tombstones
     included, whatever ``delete.retention.ms`` and ``min.compaction.lag.ms`` say; a
     ``delete`` topic is rewritten the same way, without a tombstone. Offsets do not
-    change. Records of the key appended after the rewrite planned stay: stop producing
+    change. Records of a key appended after the rewrite planned stay: stop producing
     the key first. A rewrite that lost a race with a cleaning is redone, ``attempts``
     times at most. Idempotent: a second call finds nothing, appends a tombstone again
     for a compacted topic and erases it, and returns ``[]``.
@@ -269,38 +276,40 @@ def erase_key(log, topic: str, key: bytes, clock=now_ms, config: CleanerConfig |
     Args:
         log: the ``Log``.
         topic: the topic.
-        key: the record key to erase.
+        keys: the record keys to erase.
         clock: ms clock (tests pass a fake one).
         config: the cleaner's settings.
         attempts: rewrites to try before giving up.
 
     Returns:
-        The keys of the segment files that held a record of ``key`` (deleted now),
-        sorted; not the file of the tombstone this call appended.
+        The keys of the segment files that held a record of a key (deleted now),
+        sorted; not the file of the tombstones this call appended.
 
     Raises:
         UnknownTopicError: no such topic.
         RuntimeError: a concurrent cleaning came first ``attempts`` times (names the
             partitions left; run it again).
     """
+    keys = set(keys)
     tombstone_file = None
-    if log.metadata().topic(topic).config.compacted:
+    if keys and log.metadata().topic(topic).config.compacted:
         producer = log.producer(clock=clock)
-        producer.send(topic, key, None)
-        (p, (offset, _)), = producer.flush().items()
-        tombstone_file = next(e.file for e in log.metadata().partition(topic, p[1]).entries
+        for key in sorted(keys):
+            producer.send(topic, key, None)
+        (_, p), (offset, _) = next(iter(producer.flush().items()))  # one flush: one file
+        tombstone_file = next(e.file for e in log.metadata().partition(topic, p).entries
                               if e.start <= offset < e.end)
     cleaner = Cleaner(log, config, clock)
     erased: set[str] = set()
     for _ in range(attempts):
-        report = cleaner.erase(topic, {key})
+        report = cleaner.erase(topic, keys)
         if report is None:
             break
         erased.update(report.erased_files)
         if not report.skipped:
             break
     else:
-        raise RuntimeError(f"erasure of a key from topic {topic!r}: a concurrent cleaning rewrote partitions "
+        raise RuntimeError(f"erasure of keys from topic {topic!r}: a concurrent cleaning rewrote partitions "
                            f"{report.skipped} first, {attempts} times; run the erasure again")
     return sorted(erased - {tombstone_file})
 

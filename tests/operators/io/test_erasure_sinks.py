@@ -37,16 +37,22 @@ def rows_by(read, directory: str) -> Counter:
                        df["epoch"].astype("int64")))
 
 
+def two_epochs(tmp_path, spark=None) -> tuple[str, JobRunner]:
+    """``(store root, runner)`` of ``erasure_job`` after its first two epochs."""
+    root = str(tmp_path / "store")
+    runner = JobRunner(ej.job(), spark, root, retain_checkpoints=2)
+    runner.run(max_epochs=2)
+    return root, runner
+
+
 def erased_rows(rows: Counter) -> Counter:
     return Counter({r: n for r, n in rows.items() if r[0] != ej.ERASED})
 
 
 def test_parquet_and_dead_letter_erasure_on_a_running_job_and_its_restart(tmp_path) -> None:
-    root = str(tmp_path / "store")
-    job = ej.job()
-    runner = JobRunner(job, None, root, retain_checkpoints=2)
-    runner.run(max_epochs=2)
-    store, prefix = runner.store, job.prefix
+    root, runner = two_epochs(tmp_path)
+    job, store = runner.job, runner.store
+    prefix = job.prefix
     events, dead = job.sinks["main"], job.dead_letter.sink
     directory = f"{root}/{prefix}/sinks/events"
     before = {read: rows_by(read, directory) for read in (by_pyarrow, by_duckdb)}
@@ -132,11 +138,9 @@ def totals_of(sink, store, prefix) -> dict[str, int]:
 def test_delta_table_erasure_leaves_no_byte_and_keeps_exactly_once(tmp_path) -> None:
     import duckdb
 
-    root = str(tmp_path / "store")
-    job = ej.job()
-    runner = JobRunner(job, None, root, retain_checkpoints=2)
-    runner.run(max_epochs=2)
-    store, prefix = runner.store, job.prefix
+    root, runner = two_epochs(tmp_path)
+    job, store = runner.job, runner.store
+    prefix = job.prefix
     sink = job.sinks["totals"]
     before = totals_of(sink, store, prefix)
     assert ej.ERASED in before
@@ -231,9 +235,7 @@ def test_topic_sink_erasure_from_the_topic_and_staged_segments(tmp_path) -> None
 def test_erasure_on_spark_then_the_job_goes_on(spark, tmp_path) -> None:
     """The job on Spark local[2]: the sinks' erasure between its epochs, then a restart on
     Spark; Spark reads the Parquet table by its directory."""
-    root = str(tmp_path / "store")
-    runner = JobRunner(ej.job(), spark, root, retain_checkpoints=2)
-    runner.run(max_epochs=2)
+    root, runner = two_epochs(tmp_path, spark)
     store, job = runner.store, runner.job
     prefix = job.prefix
     directory = f"{root}/{prefix}/sinks/events"
@@ -249,3 +251,43 @@ def test_erasure_on_spark_then_the_job_goes_on(spark, tmp_path) -> None:
     assert Counter(r[:3] for r in final.elements()) == \
         Counter(ej.expected_events()) - Counter(r[:3] for r in before.elements() if r[0] == ej.ERASED)
     assert totals_of(job.sinks["totals"], store, prefix) == ej.expected_totals()
+
+
+@pytest.mark.parametrize("policy", ["compact", "delete"])
+def test_kafka_sink_erasure_rewrites_staged_files_and_tombstones_a_compacted_topic(
+        kafka_broker, tmp_path, policy) -> None:
+    import time
+
+    import pyarrow as pa
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from dkvstream.operators.io.kafka import KafkaSink, KafkaSource
+    from dkvstream.operators.paths import staging_prefix
+    from dkvstream.storage.objectstore.local import LocalObjectStore
+
+    topic = f"erase-{policy}-{time.time_ns() % 10**9}"
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+    for future in admin.create_topics([NewTopic(topic, 2, 1, config={"cleanup.policy": policy})]).values():
+        future.result(10)
+    store, prefix = LocalObjectStore(str(tmp_path)), "jobs/kafka_erasure"
+    sink = KafkaSink(kafka_broker.bootstrap, topic, ej.EVENTS_SCHEMA, key_column="user")
+    rows = pa.Table.from_pylist([{"user": u, "ts": i, "amount": i} for i, u in enumerate(ej.USERS * 2)],
+                                schema=ej.EVENTS_SCHEMA)
+    staged = [sink.write_staged(store, staging_prefix(prefix, 1, "op", label, "a1"), rows)
+              for label in ("kg-0000-0007", "kg-0008-0015")]
+    sink.publish(store, prefix, 1, staged)
+
+    held = sink.erase_rows(store, prefix, "user", [ej.ERASED])
+    assert held == sorted(staged) + [f"kafka://{kafka_broker.bootstrap}/{topic}"]
+    for key in staged:
+        users = pq.read_table(arrow_input(store.get(key))).column("user").to_pylist()
+        assert ej.ERASED not in users and len(users) == len(rows) - 2
+    source = KafkaSource(kafka_broker.bootstrap, topic, value_format="bytes")
+    records = [r for p, end in source.end_offsets().items() for r in source.read(p, 0, end).to_pylist()]
+    source.close()
+    erased = [r["value"] for r in records if r["key"] == ej.ERASED.encode()]
+    # Four records of the key, then a tombstone in the compacted topic only.
+    assert None not in erased[:4] and erased[4:] == ([None] if policy == "compact" else [])
+    assert sink.erase_rows(store, prefix, "user", [ej.ERASED]) == [f"kafka://{kafka_broker.bootstrap}/{topic}"]
+    with pytest.raises(ValueError, match="erased by their key"):
+        sink.erase_rows(store, prefix, "amount", [1])

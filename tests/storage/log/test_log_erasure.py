@@ -91,3 +91,37 @@ def test_erasure_from_a_compacted_topic_leaves_every_other_record(tmp_path, seed
     prod.send("c", ERASED, b"new")
     prod.flush()
     assert [r[2] for rs in everything(log).values() for r in rs if r[1] == ERASED] == [b"new"]
+
+
+def test_erasing_every_record_of_a_partition_keeps_its_offsets(tmp_path) -> None:
+    log = Log(LocalObjectStore(tmp_path))
+    log.create_topic("c", TopicConfig(partitions=1, cleanup_policy=COMPACT))
+    prod = log.producer()
+    for i in range(5):
+        prod.send("c", ERASED, b"v%d" % i)
+    prod.flush()
+    assert len(erase_key(log, "c", ERASED)) == 1
+    assert log.read("c", 0) == [] and log.end_offsets("c") == [6]  # 5 records and the tombstone
+    assert log.store.list(log.prefix + "/files/") == []
+    prod.send("c", b"other", b"x")
+    prod.flush()
+    assert [(r.offset, r.key) for r in log.read("c", 0)] == [(6, b"other")]
+
+
+def test_several_keys_in_one_rewrite(tmp_path) -> None:
+    from dkvstream.storage.log.cleaner import erase_keys
+
+    log = Log(LocalObjectStore(tmp_path))
+    log.create_topic("d", TopicConfig(partitions=3))
+    fill_keys = [ERASED, b"second-subject-x1", b"kept-a", b"kept-b"]
+    prod = log.producer()
+    for i in range(40):
+        prod.send("d", fill_keys[i % 4], b"v%d" % i)
+        if i % 10 == 9:
+            prod.flush()
+    before = everything(log)
+    files = log.store.list(log.prefix + "/files/")
+    held = erase_keys(log, "d", [ERASED, b"second-subject-x1"])
+    assert held == sorted(files)  # every flush held both keys
+    assert everything(log) == {tp: [r for r in rs if r[1] in (b"kept-a", b"kept-b")] for tp, rs in before.items()}
+    assert holders(log, ERASED) == [] and holders(log, b"second-subject-x1") == []
