@@ -32,6 +32,7 @@ from dagster import AssetSelection, Definitions, define_asset_job, in_process_ex
 
 from dkvstream.assets.bootstrap import bootstrap_state_job
 from dkvstream.assets.checkpoints import checkpoint_asset_key
+from dkvstream.assets.erasure import erasure_job
 from dkvstream.assets.job_assets import asset_name, continuous_by_default, job_assets
 from dkvstream.assets.jobs import MAINTENANCE_JOBS
 from dkvstream.assets.resources import default_resources
@@ -96,7 +97,7 @@ def dkvstream_definitions(*jobs: Job, resources: dict | None = None,
     parts = [stream_job_definitions(job, modes.get(job.name), sink_metadata) for job in jobs]
     return Definitions(
         assets=[a for p in parts for a in p["assets"]],
-        jobs=[*(j for p in parts for j in p["jobs"]), *MAINTENANCE_JOBS, bootstrap_state_job],
+        jobs=[*(j for p in parts for j in p["jobs"]), *MAINTENANCE_JOBS, bootstrap_state_job, erasure_job],
         sensors=[s for p in parts for s in p["sensors"]],
         resources=resources if resources is not None else default_resources(),
         executor=in_process_executor,  # module docstring
