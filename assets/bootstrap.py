@@ -1,7 +1,7 @@
 """The Dagster op and job that write a new stream job's initial state from tables
 (``dkvstream.operators.runtime.bootstrap``; docs/bootstrap.md).
 
-``bootstrap_state`` (job ``bootstrap_state``) takes the stream job as ``module:attribute``
+``write_initial_state`` (job ``bootstrap_state``) takes the stream job as ``module:attribute``
 and each state's table as a Parquet or Delta path, writes one DKV instance per key-group
 range and the job's first checkpoint on the ``object_store`` resource's store, and
 reports what each range holds. The stream job's epochs job then runs on from it. The
@@ -18,7 +18,7 @@ from dkvstream.operators.tools.state_reader import load_job
 
 
 class BootstrapConfig(Config):
-    """Config of ``bootstrap_state``.
+    """Config of ``write_initial_state``.
 
     Attributes:
         job: ``module:attribute`` of the stream Job (or a function returning it).
@@ -36,7 +36,7 @@ class BootstrapConfig(Config):
 
 
 @op(description="Write a new stream job's initial state from Parquet/Delta tables as its first checkpoint")
-def bootstrap_state(context: OpExecutionContext, config: BootstrapConfig,
+def write_initial_state(context: OpExecutionContext, config: BootstrapConfig,
                     object_store: ObjectStoreResource) -> Output[dict]:
     states: dict[str, dict[str, str]] = {}
     for name, path in config.states.items():
@@ -63,4 +63,4 @@ def bootstrap_state(context: OpExecutionContext, config: BootstrapConfig,
 
 @job(name="bootstrap_state", description="Write a new stream job's initial state from tables")
 def bootstrap_state_job():
-    bootstrap_state()
+    write_initial_state()

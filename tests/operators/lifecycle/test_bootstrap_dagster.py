@@ -19,12 +19,12 @@ def test_bootstrap_state_job_writes_the_table(tmp_path) -> None:
     pq.write_table(pa.table({"key": ["a", "b"], "value": [7, 8]}), tmp_path / "counts.parquet")
     store = str(tmp_path / "store")
     run = bootstrap_state_job.execute_in_process(
-        run_config={"ops": {"bootstrap_state": {"config": {
+        run_config={"ops": {"write_initial_state": {"config": {
             "job": "tests.operators.lifecycle.bootstrap_jobs:count_job",
             "states": {"running_count.count": str(tmp_path / "counts.parquet")}}}}},
         resources={"object_store": ObjectStoreResource(root_uri=store)}, instance=DagsterInstance.ephemeral())
     assert run.success
-    done = run.output_for_node("bootstrap_state")
+    done = run.output_for_node("write_initial_state")
     assert done["epoch"] == 1 and done["entries"] == 2 and done["checkpoint"].endswith("epoch-0000000001.json")
     state = read_state(open_object_store(store), count_job(), "count")
     assert sorted(zip(state.column("subject_key").to_pylist(), state.column("value").to_pylist())) == [
