@@ -163,6 +163,11 @@ def test_delta_table_erasure_leaves_no_byte_and_keeps_exactly_once(tmp_path) -> 
     assert dt.transaction_version(app) == 2  # the checkpoint kept the job's epoch
     version = dt.version()
     assert sink.erase_rows(store, prefix, "user", [ej.ERASED]) == []  # idempotent: no commit either
+    # Time travel: the table's epoch reads the erased table; the history before it is gone.
+    assert dict(zip(*(sink.scan(store, prefix, as_of_epoch=2).column(c).to_pylist() for c in ("user", "total")))) \
+        == want
+    with pytest.raises(LookupError, match="as of epoch 1"):
+        sink.scan(store, prefix, as_of_epoch=1)
     assert sink.open(store, prefix).version() == version
     # Publishing epoch 2 again (a restart after its publish) applies nothing.
     ckpt = latest_checkpoint(store, prefix)
