@@ -220,6 +220,7 @@ def test_topic_sink_erasure_from_the_topic_and_staged_segments(tmp_path) -> None
     assert any(erased.encode() in b.keys() for k in staged for c in read_directory(store, k, store.get(k))
                for _, b in chunk_batches(store.get(k), c, 0, k))
 
+    assert sink.erasure_column("user") == "key"
     held = sink.erase_rows(store, prefix, "key", [erased])
     assert held and set(staged) & set(held)
     assert topics_holding(log, erased.encode()) == {"in"}  # the job's input topic is not the sink's
@@ -245,8 +246,8 @@ def test_erasure_on_spark_then_the_job_goes_on(spark, tmp_path) -> None:
     prefix = job.prefix
     directory = f"{root}/{prefix}/sinks/events"
     before = rows_by(by_pyarrow, directory)
-    for sink, column in ((job.sinks["main"], "user"), (job.sinks["totals"], "user"), (job.dead_letter.sink, "key")):
-        assert sink.erase_rows(store, prefix, column, [ej.ERASED])
+    for sink in (job.sinks["main"], job.sinks["totals"], job.dead_letter.sink):
+        assert sink.erase_rows(store, prefix, sink.erasure_column("user"), [ej.ERASED])
     for sink, staged in (("events", "events.parquet"), ("totals", "totals.changes"),
                          ("dead_letter", "dead_letter.parquet")):
         assert ej.holders(store, sink_objects(store, prefix, sink, staged), ej.ERASED) == []
