@@ -112,6 +112,11 @@ class DeadLetterSink(ParquetSink):
     def staged_file_name(self) -> str:
         return STAGED_FILE_NAME
 
+    def erasure_column(self, column: str) -> str:
+        """``key``: a dead letter keeps its source record's key there, whatever the
+        outputs call it."""
+        return "key"
+
     def erase_key(self, store: ObjectStore, job_prefix: str, keys: list[bytes | str]) -> list[str]:
         """Erasure: the dead-letter rows whose ``key`` is one of ``keys`` (``erase_rows``
         on the ``key`` column: published and staged files rewritten without them).

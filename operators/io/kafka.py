@@ -745,6 +745,10 @@ class KafkaSink(Sink):
                          "acks": "all", "linger.ms": 5, "partitioner": "murmur2_random",
                          **self.config})
 
+    def erasure_column(self, column: str) -> str:
+        """The sink's key column: its records are erased by key."""
+        return self.key_column or column  # keyless: erase_rows refuses it
+
     def erase_rows(self, store: ObjectStore, job_prefix: str, column: str, values: list) -> list[str]:
         """Erasure by record key: the job's staged files of the sink are rewritten
         without the key's rows (so a restart does not produce them again), then, if the

@@ -131,6 +131,12 @@ class Sink(ABC):
         to checkpoint ``epoch`` only when nothing is (``dkvstream.operators.runtime.recovery``)."""
         return None
 
+    def erasure_column(self, column: str) -> str:
+        """The column this sink erases by when the job's subject key is in ``column``
+        of its outputs: ``column`` itself, but the record key's column for a sink whose
+        rows are keyed records (a topic, the dead-letter table)."""
+        return column
+
     def erase_rows(self, store: ObjectStore, job_prefix: str, column: str, values: list) -> list[str]:
         """Erasure (a GDPR request): removes every row whose ``column`` equals one of
         ``values`` from this sink's published output and from the job's staged files of

@@ -423,8 +423,9 @@ class TableSink(TableReader, Sink):
            then a checkpoint of the newest version, and every log entry and checkpoint
            before it is deleted (their add actions' statistics may hold the key as a
            min or max). The checkpoint keeps the app transactions, so exactly-once
-           publishing goes on. Time travel (``as_of_epoch``) then reaches no version
-           before the erasure.
+           publishing goes on. Time travel then reaches no version before the
+           erasure: ``as_of_epoch`` of the table's epoch reads the erased table (one
+           commit without changes names it), of an earlier epoch raises ``LookupError``.
 
         Files a publish wrote and never committed (a crash) are not read: the usual
         vacuum (``vacuum_table``) deletes them once ``UNCOMMITTED_FILE_HOURS`` old. Erase
@@ -519,7 +520,7 @@ class TableSink(TableReader, Sink):
         file to vacuum nor log entry holds a matching value: the erasure is
         idempotent): of the deleted data files, log entries and checkpoints, those that
         held a matching value."""
-        from deltalake import DeltaTable
+        from deltalake import CommitProperties, DeltaTable
 
         table_prefix = self.table_prefix(job_prefix)
         dt = DeltaTable(uri, storage_options=opts)
@@ -548,6 +549,15 @@ class TableSink(TableReader, Sink):
         dt.create_checkpoint()
         for key in log_before(dt.version()):
             store.delete(key)
+        dt = DeltaTable(uri, storage_options=opts)  # from the checkpoint: the old log is gone
+        applied = dt.transaction_version(self.app_id(job_prefix))
+        if applied is not None:
+            # The commits naming epochs are gone: one without changes names the table's
+            # epoch again, so reads as of that epoch (``as_of_epoch``) find this version.
+            dt.create_write_transaction([], mode="append", schema=self.stored_schema(),
+                                        partition_by=self.partition_columns,
+                                        commit_properties=CommitProperties(
+                                            custom_metadata={EPOCH_METADATA: str(applied)}))
         return held
 
     def _file_holds(self, store: ObjectStore, key: str, column: str, value_set: pa.Array,

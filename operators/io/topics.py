@@ -460,6 +460,10 @@ class TopicSink(Sink):
             return []
         return published
 
+    def erasure_column(self, column: str) -> str:
+        """The sink's key column: its records are erased by key."""
+        return self.key_column or column  # keyless: erase_rows refuses it
+
     def erase_rows(self, store: ObjectStore, job_prefix: str, column: str, values: list) -> list[str]:
         """Erasure: removes the records whose key is one of ``values`` from the job's
         staged segments of this sink (rewritten without them, first: a publish racing

@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dkvstream.storage.log import COMPACT, Log, TopicConfig
 from dkvstream.storage.log.cleaner import erase_key
@@ -125,3 +127,38 @@ def test_several_keys_in_one_rewrite(tmp_path) -> None:
     assert held == sorted(files)  # every flush held both keys
     assert everything(log) == {tp: [r for r in rs if r[1] in (b"kept-a", b"kept-b")] for tp, rs in before.items()}
     assert holders(log, ERASED) == [] and holders(log, b"second-subject-x1") == []
+
+
+ops_st = st.lists(st.one_of(
+    # a record: topic, key (0: ERASED, drawn often), tombstone
+    st.tuples(st.sampled_from(["c", "d"]), st.sampled_from([0, 0, 1, 2, 3, 4, 5, 6]), st.booleans()),
+    st.just(("flush", 0, False)),
+    st.just(("clean", 0, False)),
+), max_size=60)
+
+
+@given(ops_st, st.sampled_from(["c", "d"]))
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_erasure_matches_model(tmp_path_factory, ops, topic) -> None:
+    """Any history of appends, flushes (files shared by both topics) and cleanings, then
+    an erasure from one topic: every record but the key's of that topic stays at its
+    offset, and no chunk of that topic in any file holds the key."""
+    log = Log(LocalObjectStore(tmp_path_factory.mktemp("erase")))
+    log.create_topic("c", TopicConfig(partitions=2, cleanup_policy=COMPACT, min_cleanable_dirty_ratio=0.0))
+    log.create_topic("d", TopicConfig(partitions=2))
+    prod = log.producer()
+    keys = [ERASED, *(b"key-%d" % i for i in range(6))]
+    # Both topics' records of the key in one file, whatever the draw.
+    for what, k, tombstone in [("c", 0, False), ("d", 0, False), *ops]:
+        if what == "flush":
+            prod.flush()
+        elif what == "clean":
+            prod.flush()
+            log.clean()
+        else:
+            prod.send(what, keys[k], None if tombstone and what == "c" else b"v%d" % k)
+    prod.flush()
+    before = everything(log)
+    erase_key(log, topic, ERASED)
+    assert everything(log) == {tp: [r for r in rs if tp[0] != topic or r[1] != ERASED] for tp, rs in before.items()}
+    assert topic not in topics_holding(log, ERASED)
