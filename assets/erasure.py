@@ -69,8 +69,7 @@ def erase_key(context: OpExecutionContext, config: ErasureConfig, object_store: 
         time.sleep(0.5)
     sinks = {}
     if config.job_spec:
-        spec = load_job(config.job_spec)
-        sinks = {**spec.sinks, "dead_letter": spec.dead_letter.sink}
+        sinks = erasure.job_sinks(load_job(config.job_spec))
     report = erasure.complete_erasure(store, prefix, rid, key, sinks=sinks, key_column=config.key_column or None,
                                       scan_prefix=config.scan_prefix if config.scan else None)
     if report.status == "pending":

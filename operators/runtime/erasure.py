@@ -23,8 +23,8 @@ Steps (docs/erasure.md):
    before it), and its sweep deletes their files. The request is replaced by the
    record ``jobs/<job>/erasures/<id>.json``, which holds the key's SHA-256, never the key.
 4. **Sinks** (``complete_erasure``): each sink of the job and the dead-letter table
-   erase the rows whose key column holds the key (``Sink.erase_rows``; a sink without
-   it is reported as skipped).
+   erase the rows whose key column holds the key (``Sink.erase_rows``, by the column
+   ``Sink.erasure_column`` names; a sink that cannot is reported as skipped).
 5. **Savepoints**: never rewritten. The report names each savepoint whose files still
    hold the key and the command that drops it; once dropped, its files are garbage.
 6. **Scan** (``erasure_scan.scan_store``): every object under a prefix, raw and decoded.
@@ -43,6 +43,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from dkvstream.operators import paths
 from dkvstream.operators.api.keygroups import KeyGroupRange, key_group_of
@@ -63,6 +64,9 @@ from dkvstream.storage.dkv import DKV
 from dkvstream.storage.dkv.manifest import files_of, load_manifest
 from dkvstream.storage.errors import CorruptionError, ObjectNotFoundError
 from dkvstream.storage.objectstore import ObjectStore, map_requests
+
+if TYPE_CHECKING:
+    from dkvstream.operators.api.job import Job
 
 log = logging.getLogger(__name__)
 
@@ -460,6 +464,12 @@ def savepoints_holding(store: ObjectStore, job_prefix: str, key: bytes) -> list[
     return out
 
 
+def job_sinks(job: Job) -> dict:
+    """``{name: Sink}`` of everything ``job`` publishes rows to: its sinks and its
+    dead-letter table (as ``"dead_letter"``), the ``sinks`` of ``complete_erasure``."""
+    return {**job.sinks, "dead_letter": job.dead_letter.sink}
+
+
 def complete_erasure(store: ObjectStore, job_prefix: str, request_id: str, key: bytes, *,
                      sinks: dict | None = None, key_column: str | None = None,
                      scan_prefix: str | None = "") -> ErasureReport:
@@ -493,16 +503,13 @@ def complete_erasure(store: ObjectStore, job_prefix: str, request_id: str, key: 
         report.retention["deferred"] = cleanup.deferred
         report.retention["still_present"] = [k for k in report.retention["still_present"] if store.exists(k)]
     for name, sink in sorted((sinks or {}).items()):
-        erase_rows = getattr(sink, "erase_rows", None)
         if key_column is None:
             report.sinks[name] = {"skipped": "no key column given"}
-        elif erase_rows is None:
-            report.sinks[name] = {"skipped": f"{type(sink).__name__} cannot erase rows"}
-        else:
-            try:
-                report.sinks[name] = erase_rows(store, job_prefix, key_column, [key])
-            except NotImplementedError as e:
-                report.sinks[name] = {"skipped": str(e)}
+            continue
+        try:  # a topic's or the dead-letter table's rows are keyed records: their key column
+            report.sinks[name] = sink.erase_rows(store, job_prefix, sink.erasure_column(key_column), [key])
+        except (NotImplementedError, ValueError) as e:  # a sink of its own; no such column
+            report.sinks[name] = {"skipped": str(e)}
     report.savepoints = savepoints_holding(store, job_prefix, key)
     if scan_prefix is not None:
         report.scan = scan_store(store, key, scan_prefix).to_json()

@@ -39,7 +39,7 @@ def _job(spec: str) -> tuple[str, dict]:
     if ":" not in spec:
         return paths.job_prefix(spec), {}
     job = load_job(spec)
-    return job.prefix, {**job.sinks, "dead_letter": job.dead_letter.sink}
+    return job.prefix, erasure.job_sinks(job)
 
 
 def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:

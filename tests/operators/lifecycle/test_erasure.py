@@ -66,7 +66,7 @@ def test_stopped_job_offline_epoch_report_and_whole_store_scan(tmp_path):
     root = str(tmp_path / "job")
     with skc.runner(root) as r:
         r.run()
-        store, prefix, sinks = r.store, r.job.prefix, dict(r.job.sinks)
+        store, prefix, sinks = r.store, r.job.prefix, erasure.job_sinks(r.job)
         last = list_epochs(store, prefix)[-1]
         before = read_checkpoint(store, prefix, last)
     assert scan_store(store, KEY).holding  # the key is there before
