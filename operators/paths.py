@@ -20,6 +20,7 @@ Layout under the store root::
       control/flush/<id>.json, control/lease.json
                                                  flush requests and the epoch lease
       quarantine/<UTC stamp>/epoch-<epoch>.json  checkpoints a recovery fell back from
+      branch.json, promoted.json                 a branch job's origin; a main job's promotion
       sources/<source>/...                       a source's own metadata (``Source.attach``),
                                                  e.g. a file source's list of discovered files
 
@@ -110,6 +111,19 @@ def epoch_of_retired(key: str) -> int | None:
 def quarantine_key(job: str, stamp: str, checkpoint: str) -> str:
     """Where a recovery moves checkpoint manifest ``checkpoint`` (its key) that it fell back from."""
     return f"{job}/quarantine/{stamp}/{checkpoint.rsplit('/', 1)[1]}"
+
+
+# -------------------------------------------------------------------------------- branches
+def branch_record_key(job: str) -> str:
+    """``<job>/branch.json``: which job and checkpoint a branch job was forked from
+    (``dkvstream.operators.runtime.branches``)."""
+    return f"{job}/branch.json"
+
+
+def promotion_key(job: str) -> str:
+    """``<job>/promoted.json``: the branch whose state and code the job continues with
+    since a promotion (``dkvstream.operators.runtime.branches``)."""
+    return f"{job}/promoted.json"
 
 
 # ----------------------------------------------------------------------------------- state

@@ -1,0 +1,159 @@
+"""Branch, shadow run, diff and promote on the flights job, against oracles.
+
+The oracles: pandas over the replay (which windows a bug fix changes, known before
+anything runs), and replays from scratch (a promotion's output is the old code's up to
+the promotion and the new code's after it; the operators keep the same state).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from datetime import datetime
+
+import pytest
+
+from dkvstream.operators.runtime.branches import (
+    BranchError,
+    branch,
+    diff,
+    promote,
+    promoted_job,
+    read_branch,
+    read_promotion,
+    run_branch,
+)
+from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.storage.objectstore import open_object_store
+from tests.operators.branch_jobs import (
+    KEY_COLUMNS,
+    BuggyRouteDailyDelays,
+    FirstFlights,
+    RouteDailyDelays,
+    RouteDailyDelaysWithSum,
+    expected_mean_changes,
+    flights_variant,
+)
+
+PER_PARTITION = 8_000
+KEYS = {"main": KEY_COLUMNS, "late": ["key", "event_time"]}
+
+
+def _run(job, store, max_epochs=None):
+    with JobRunner(job, None, store, retain_checkpoints=None) as runner:
+        return runner.run(max_epochs)
+
+
+def _rows_by_epoch(store, job, output="main") -> dict[int, Counter]:
+    """``{epoch: Counter of rows}`` of a job's published output."""
+    from dkvstream.operators.runtime.branches import _read_epoch, published_by_epoch
+
+    out = {}
+    for epoch, keys in published_by_epoch(store, job, output).items():
+        t = _read_epoch(store, job, output, keys, epoch)
+        out[epoch] = Counter(tuple(r.values()) for r in t.to_pylist())
+    return out
+
+
+@pytest.fixture
+def store(tmp_path):
+    return open_object_store(str(tmp_path / "store"))
+
+
+def test_bug_fix_diff_is_the_windows_known_in_advance(store) -> None:
+    main = flights_variant("flights", BuggyRouteDailyDelays())
+    fixed = flights_variant("flights_fix", RouteDailyDelays())
+    _run(main, store, max_epochs=2)
+    record = branch(store, main, fixed)
+    assert (record.main, record.fork_epoch) == ("flights", 2)
+    main_results = _run(main, store)
+    results = run_branch(fixed, None, store, retain_checkpoints=None)
+    assert [r.epoch for r in results] == [r.epoch for r in main_results]  # the shadow followed every epoch
+    assert [r.source_offsets for r in results] == [r.source_offsets for r in main_results]
+    assert [r.watermark for r in results] == [r.watermark for r in main_results]
+
+    d = diff(store, main, fixed, key_columns=KEYS)
+    assert d.epochs == (3, main_results[-1].epoch)
+    # Known in advance: the windows with flights without a reported delay, among those
+    # emitted after the fork.
+    emitted = {(r[0], r[1], int(r[2].timestamp() * 1000)): e
+               for e, rows in _rows_by_epoch(store, main).items() if e > 2 for r in rows}
+    expected = expected_mean_changes(PER_PARTITION) & set(emitted)
+    out = d.outputs["main"]
+    assert (out.columns_added, out.columns_removed) == ([], [])
+    assert out.totals()["changed"] == len(expected) > 0
+    assert out.totals()["only_in_main"] == out.totals()["only_in_branch"] == 0
+    per_epoch = Counter(emitted[k] for k in expected)
+    assert {e.epoch: e.changed for e in out.epochs if e.changed} == dict(per_epoch)
+    assert all(e.changed_columns == {"dep_delay_mean": e.changed} for e in out.epochs if e.changed)
+    for e in out.epochs:
+        for s in e.samples.get("changed", []):  # samples are keys of changed rows
+            ms = int(datetime.fromisoformat(s["window_start"]).timestamp() * 1000)
+            assert (s["origin"], s["dest"], ms) in expected
+        assert len(e.samples.get("changed", [])) == min(e.changed, 5)
+    assert not d.outputs["late"].totals()["changed"]
+
+
+def test_new_output_column_diff_is_that_column(store) -> None:
+    main = flights_variant("flights", RouteDailyDelays())
+    more = flights_variant("flights_sum", RouteDailyDelaysWithSum())
+    _run(main, store, max_epochs=1)
+    branch(store, main, more)
+    _run(main, store)
+    run_branch(more, None, store)
+    d = diff(store, main, more, key_columns=KEYS)
+    out = d.outputs["main"]
+    assert (out.columns_added, out.columns_removed) == (["dep_delay_sum"], [])
+    assert d.differs
+    assert not any(e.differs for o in d.outputs.values() for e in o.epochs)
+    assert out.totals()["main_rows"] == out.totals()["branch_rows"] > 0
+
+
+def test_promote_continues_with_the_branch_exactly_once(store) -> None:
+    old = flights_variant("flights", BuggyRouteDailyDelays())
+    new = flights_variant("flights_fix", RouteDailyDelays())
+    _run(old, store, max_epochs=1)
+    branch(store, old, new)
+    _run(old, store, max_epochs=2)  # main at epoch 3
+    run_branch(new, None, store, max_epochs=1)  # branch at epoch 2: behind
+    with pytest.raises(BranchError, match="run the branch further"):
+        promote(store, old, new)
+    run_branch(new, None, store)
+    promotion = promote(store, old, new)
+    assert (promotion.epoch, promotion.branch_epoch) == (4, 3)
+    assert promote(store, old, new).epoch == 4  # idempotent
+    assert read_promotion(store, "flights").branch == "flights_fix"
+    assert read_branch(store, new).promoted_at_epoch == 4
+    with pytest.raises(BranchError, match="promoted_job"):
+        _run(old, store)  # the old code no longer runs the main
+    with pytest.raises(BranchError, match="was promoted"):
+        run_branch(new, None, store)
+    _run(promoted_job(old, new), store)
+
+    # Oracle: replays from scratch of the old and the new code, same epochs.
+    _run(flights_variant("ref_old", BuggyRouteDailyDelays()), store)
+    _run(flights_variant("ref_new", RouteDailyDelays()), store)
+    got = _rows_by_epoch(store, old)
+    ref_old = _rows_by_epoch(store, flights_variant("ref_old", BuggyRouteDailyDelays()))
+    ref_new = _rows_by_epoch(store, flights_variant("ref_new", RouteDailyDelays()))
+    assert {e: got[e] for e in got if e <= 3} == {e: ref_old[e] for e in ref_old if e <= 3}
+    assert 4 not in got or not got[4]  # the promotion epoch reads and writes nothing
+    assert {e - 1: got[e] for e in got if e > 4} == {e: ref_new[e] for e in ref_new if e > 3}
+    # Each window exactly once over the whole table.
+    windows = Counter(r[:3] for rows in got.values() for r in rows.elements())
+    assert windows and max(windows.values()) == 1
+
+
+def test_branch_refusals(store) -> None:
+    main = flights_variant("flights", RouteDailyDelays())
+    with pytest.raises(BranchError, match="no checkpoint"):
+        branch(store, main, flights_variant("b", RouteDailyDelays()))
+    _run(main, store, max_epochs=1)
+    with pytest.raises(BranchError, match="name of its own"):
+        branch(store, main, flights_variant("flights", RouteDailyDelays()))
+    with pytest.raises(BranchError, match="same input"):
+        branch(store, main, flights_variant("b", RouteDailyDelays(), source=_Other()))
+    with pytest.raises(BranchError, match="not a branch"):
+        diff(store, main, flights_variant("b", RouteDailyDelays()))
+
+
+class _Other(FirstFlights):
+    name = "other"
