@@ -132,7 +132,7 @@ def test_fork_copies_nothing_runs_other_code_and_parallelism_and_equals_the_orac
     assert_reachable_exist(c.store, ["parent", "child"], "after both swept")
 
 
-def test_fork_refuses_a_taken_name_and_a_state_the_code_cannot_read(tmp_path) -> None:
+def test_fork_refuses_a_taken_name_and_opens_ranges_from_the_parent(tmp_path) -> None:
     root = str(tmp_path)
     fork_jobs.runner(root, "parent").run(max_epochs=1)
     fork_job(root, "parent", "child")
@@ -140,6 +140,11 @@ def test_fork_refuses_a_taken_name_and_a_state_the_code_cannot_read(tmp_path) ->
         fork_job(root, "parent", "child")
     with pytest.raises(ValueError, match="not retained"):
         fork_job(root, "parent", "other", epoch=99)
+    # Same parallelism: the child's ranges open from the parent's manifests (new files
+    # under its own prefix, its retention told nothing about the parent's files).
+    c = fork_jobs.runner(root, "child")
+    c.run(max_epochs=1)
+    assert read_checkpoint(c.store, "jobs/child", 2).dropped == {"keyed_window_count": None}
 
 
 class _Crash(Exception):
@@ -213,3 +218,21 @@ def test_collector_killed_at_every_step_never_deletes_a_reachable_file(tmp_path)
             for name, parallelism in (("parent", 2), ("child", 2), ("grandchild", 1)):
                 fork_jobs.runner(root, name, parallelism, retain_checkpoints=1).run(max_epochs=1)
             assert_reachable_exist(store, JOBS, f"after {point}#{hit} and an epoch of each")
+
+
+def test_fork_runs_on_spark_with_other_parallelism(spark, tmp_path) -> None:
+    """(e): a child forked from a savepoint runs its epochs as Spark tasks (local[2]),
+    3 ranges opened from the parent's 2, and outputs what the oracle says."""
+    root = str(tmp_path)
+    p = fork_jobs.runner(root, "parent")
+    p.run(max_epochs=4)
+    at_fork = fork_jobs.output(p)
+    savepoint(root, "parent", "sp")
+    fork_job(root, "parent", "child", savepoint="sp")
+    c = fork_jobs.runner(root, "child", 3, doubled=True, spark=spark)
+    c.run()
+    want = small.oracle()
+    want = want[~want.set_index(["key", "window_start"]).index.isin(
+        at_fork.set_index(["key", "window_start"]).index)].assign(amount=lambda d: d["amount"] * 2)
+    pd.testing.assert_frame_equal(fork_jobs.output(c), small._sorted(want), obj="child output on Spark")
+    assert_reachable_exist(c.store, ["parent", "child"], "after the Spark run")
