@@ -876,9 +876,12 @@ class JobRunner:
             last = i == len(self.job.operators) - 1
             previous = ckpt.operators.get(op.name, {})
             ranges = key_group_ranges(self.job.key_groups, self.job.parallelism_of(op.name))
-            # Rescaled: the previous checkpoint's ranges of this operator are others.
+            # Rescaled: the previous checkpoint's ranges of this operator are others. A
+            # range whose previous manifest is another job's (a fork's first epoch) opens
+            # from it the same way: its new files go under this job's prefix.
             old_ranges = sorted(KeyGroupRange.from_label(label) for label in previous)
-            rescaled = bool(previous) and old_ranges != ranges
+            rescaled = bool(previous) and (old_ranges != ranges or any(
+                not m.startswith(f"{self.job.prefix}/") for m in previous.values()))
             next_parallelism = None if last else self.job.parallelism_of(self.job.operators[i + 1].name)
             specs = [
                 TaskSpec(
