@@ -261,7 +261,7 @@ def branch(store: ObjectStore, main: Job | str, branch_job: Job, *, epoch: int |
         epoch = newest.epoch
     from dkvstream.operators.runtime.forks import fork_job
 
-    fork_job(store, main_name, branch_job.name, epoch=epoch)
+    fork_job(store, main_name, branch_job, epoch=epoch)  # checks the branch reads the main's state
     record = BranchRecord(main=main_name, branch=branch_job.name, fork_epoch=epoch,
                           created_at_ms=time.time_ns() // 1_000_000)
     store.put(paths.branch_record_key(branch_prefix), record.encode())

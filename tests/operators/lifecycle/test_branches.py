@@ -21,7 +21,9 @@ from dkvstream.operators.runtime.branches import (
     read_promotion,
     run_branch,
 )
+from dkvstream.operators.runtime.checkpoints import read_checkpoint
 from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.operators.runtime.pins import pinned_keys
 from dkvstream.storage.objectstore import open_object_store
 from tests.operators.branch_jobs import (
     KEY_COLUMNS,
@@ -119,6 +121,10 @@ def test_promote_continues_with_the_branch_exactly_once(store) -> None:
     run_branch(new, None, store)
     promotion = promote(store, old, new)
     assert (promotion.epoch, promotion.branch_epoch) == (4, 3)
+    # The main pins the branch's files it now names (the branch's retention keeps off them).
+    assert promotion.pins and all(k.startswith("jobs/flights_fix/pins/flights--promote-") for k in promotion.pins)
+    named = {m for ranges in read_checkpoint(store, "jobs/flights", 4).operators.values() for m in ranges.values()}
+    assert named and {k for k in named if k.startswith("jobs/flights_fix/")} <= pinned_keys(store, "jobs/flights_fix")
     assert promote(store, old, new).epoch == 4  # idempotent
     assert read_promotion(store, "flights").branch == "flights_fix"
     assert read_branch(store, new).promoted_at_epoch == 4
