@@ -213,3 +213,24 @@ def test_live_kafka_branch_follows_the_mains_epochs(kafka_broker, store) -> None
 def _dicts(job, rows: Counter) -> list[dict]:
     names = job.sinks["main"].schema.names
     return [dict(zip(names, r)) for r in rows.elements()]
+
+
+def test_branch_and_promote_on_spark(spark, store) -> None:
+    """The shadow run and the promoted main on Spark local[2] (tasks open the other job's
+    ranges from its manifests); the oracle is the in-process replay from scratch."""
+    old = flights_variant("flights", BuggyRouteDailyDelays())
+    new = flights_variant("flights_fix", RouteDailyDelays())
+    _run(old, store, max_epochs=3)
+    branch(store, old, new, epoch=1)
+    results = run_branch(new, spark, store)
+    assert [r.epoch for r in results] == [2, 3]
+    promote(store, old, new)
+    with JobRunner(promoted_job(old, new), spark, store) as runner:
+        runner.run()
+    _run(flights_variant("ref_old", BuggyRouteDailyDelays()), store)
+    _run(flights_variant("ref_new", RouteDailyDelays()), store)
+    got = _rows_by_epoch(store, old)
+    ref_old = _rows_by_epoch(store, flights_variant("ref_old", BuggyRouteDailyDelays()))
+    ref_new = _rows_by_epoch(store, flights_variant("ref_new", RouteDailyDelays()))
+    assert {e: got[e] for e in got if e <= 3} == {e: ref_old[e] for e in ref_old if e <= 3}
+    assert {e - 1: got[e] for e in got if e > 4} == {e: ref_new[e] for e in ref_new if e > 3}
