@@ -111,3 +111,13 @@ def expected_mean_changes(per_partition: int) -> set[tuple[str, str, int]]:
     s = window_stats(per_partition)
     changed = s[(s["flights"] != s["delay_count"]) & ((s["delay_count"] == 0) | (s["delay_sum"] != 0))]
     return set(zip(changed["origin"], changed["dest"], changed["window_start"].astype(int)))
+
+
+def buggy_flights() -> Job:
+    """The main job of the CLI tests (``module:function`` for ``--main``)."""
+    return flights_variant("flights", BuggyRouteDailyDelays())
+
+
+def fixed_flights() -> Job:
+    """The branch of the CLI tests."""
+    return flights_variant("flights_fix", RouteDailyDelays())
