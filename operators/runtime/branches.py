@@ -614,9 +614,7 @@ def promote(store: ObjectStore, main_job: Job | str, branch_job: Job) -> Promoti
     try:
         commit_checkpoint(store, main_prefix, new)
     except (ObjectExistsError, JobFailedError) as e:  # JobFencedError is a JobFailedError
-        from dkvstream.operators.runtime.pins import delete_pins
-
-        delete_pins(store, pins)
+        # The pins stay: they keep the branch's files only until the main's next full sweep.
         raise BranchError(f"job {main} committed epoch {n + 1} meanwhile (it is running): stop it, run the "
                           f"branch to its newest epoch, then promote again ({e})") from None
     return _record_promotion(store, main, branch_job, n + 1, n, code, pins)
@@ -637,15 +635,13 @@ def _promotion_checkpoint(main: JobCheckpoint, branch: JobCheckpoint, branch_job
 
 
 def _pin_branch_state(store: ObjectStore, main: str, branch: str, epoch: int, new: JobCheckpoint) -> list[str]:
-    """Pins, for the main, the files the promotion checkpoint names outside the main's
-    prefix (the branch's and, through the fork, its ancestors'), then re-checks the
+    """Pins, for the main's checkpoints, the files the promotion checkpoint names outside
+    the main's prefix (the branch's and, through the fork, its ancestors'; the main's full
+    sweep shrinks these pins as its checkpoints stop naming them), then re-checks the
     branch's checkpoint ``epoch`` still exists."""
-    from dkvstream.operators.runtime.pins import files_by_owner, require_still_there, write_pins
+    from dkvstream.operators.runtime.pins import files_by_owner, hold_for_checkpoints, require_still_there
 
-    by_owner = {owner: files for owner, files in files_by_owner(store, new).items()
-                if owner != paths.job_prefix(main)}
-    keys = write_pins(store, main, f"promote-{branch}", f"job {main} continues from branch {branch}'s "
-                      f"checkpoint {epoch}", by_owner)
+    keys = hold_for_checkpoints(store, main, files_by_owner(store, new))
     require_still_there(store, paths.checkpoint_key(paths.job_prefix(branch), epoch), keys,
                         f"branch {branch}'s checkpoint {epoch}")
     return keys

@@ -122,7 +122,7 @@ def test_promote_continues_with_the_branch_exactly_once(store) -> None:
     promotion = promote(store, old, new)
     assert (promotion.epoch, promotion.branch_epoch) == (4, 3)
     # The main pins the branch's files it now names (the branch's retention keeps off them).
-    assert promotion.pins and all(k.startswith("jobs/flights_fix/pins/flights--promote-") for k in promotion.pins)
+    assert promotion.pins and all(k.startswith("jobs/flights_fix/pins/flights--") for k in promotion.pins)
     named = {m for ranges in read_checkpoint(store, "jobs/flights", 4).operators.values() for m in ranges.values()}
     assert named and {k for k in named if k.startswith("jobs/flights_fix/")} <= pinned_keys(store, "jobs/flights_fix")
     assert promote(store, old, new).epoch == 4  # idempotent
