@@ -234,3 +234,16 @@ def test_branch_and_promote_on_spark(spark, store) -> None:
     ref_new = _rows_by_epoch(store, flights_variant("ref_new", RouteDailyDelays()))
     assert {e: got[e] for e in got if e <= 3} == {e: ref_old[e] for e in ref_old if e <= 3}
     assert {e - 1: got[e] for e in got if e > 4} == {e: ref_new[e] for e in ref_new if e > 3}
+
+
+def test_promote_refuses_a_running_main(store) -> None:
+    from dkvstream.operators.runtime.control import acquire_lease
+
+    main = flights_variant("flights", RouteDailyDelays())
+    more = flights_variant("flights_sum", RouteDailyDelaysWithSum())
+    _run(main, store, max_epochs=1)
+    branch(store, main, more)
+    acquire_lease(store, main.prefix, 2)  # a driver has epoch 2 in flight
+    with pytest.raises(BranchError, match="is running"):
+        promote(store, main, more)
+    assert read_promotion(store, main) is None
