@@ -7,7 +7,9 @@ the repository's demo ``Definitions`` (the flights jobs) are ``dkvstream.example
 Per stream job: its assets (``job_assets``; the ``verified`` check on its checkpoint
 asset runs at the end of each run), an asset job running its epochs, and its
 compaction, cleanup and source sensors.
-Once for all stream jobs: the ``compaction``, ``flush`` and ``cleanup`` jobs.
+Once for all stream jobs: the ``compaction``, ``flush`` and ``cleanup`` jobs, and the
+``savepoint``, ``savepoint_drop`` and ``fork_stream_job`` jobs (``dkvstream.assets.savepoints``;
+each stream job has a ``<job>_savepoints`` asset they materialize).
 Per branch (``branches``): its branch and diff assets and its branch, diff and promote
 jobs (``dkvstream.assets.branches``); a main job promoted to a branch runs the branch's code.
 
@@ -36,6 +38,7 @@ from dkvstream.assets.checkpoints import checkpoint_asset_key
 from dkvstream.assets.job_assets import asset_name, continuous_by_default, job_assets
 from dkvstream.assets.jobs import MAINTENANCE_JOBS
 from dkvstream.assets.resources import default_resources
+from dkvstream.assets.savepoints import SAVEPOINT_JOBS, savepoints_asset_spec
 from dkvstream.assets.sensors import (
     STREAM_JOB_TAG,
     make_cleanup_sensor,
@@ -67,7 +70,7 @@ def stream_job_definitions(job: Job, continuous: bool | None = None,
         tags={STREAM_JOB_TAG: job.name}, executor_def=in_process_executor,
         description=f"Run the epochs of stream job {job.name} ({mode})")
     return {
-        "assets": assets,
+        "assets": [*assets, savepoints_asset_spec(job)],
         "jobs": [epochs_job],
         "sensors": [make_compaction_sensor(job), make_cleanup_sensor(job),
                     make_source_sensor(job, epochs_job, continuous=continuous),
@@ -108,7 +111,7 @@ def dkvstream_definitions(*jobs: Job, resources: dict | None = None,
     parts += [branch_definitions(by_name[b.main], b.job, b.key_columns) for b in branches]
     return Definitions(
         assets=[a for p in parts for a in p["assets"]],
-        jobs=[*(j for p in parts for j in p["jobs"]), *MAINTENANCE_JOBS],
+        jobs=[*(j for p in parts for j in p["jobs"]), *MAINTENANCE_JOBS, *SAVEPOINT_JOBS],
         sensors=[s for p in parts for s in p.get("sensors", [])],
         resources=resources if resources is not None else default_resources(),
         executor=in_process_executor,  # module docstring

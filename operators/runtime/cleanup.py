@@ -58,6 +58,16 @@ if the checkpoint object itself is damaged), and the damage is reported in
 ``CleanupReport.damaged`` and logged as a warning. A restart falling back to that
 checkpoint would refuse it; the Dagster ``verified`` check reports it.
 
+**Other jobs' files and pins** (``dkvstream.operators.runtime.pins``): neither way ever
+deletes an object outside the job's own prefix (a fork's checkpoints name its parent's
+files, which are the parent's to collect), and both list the job's ``pins/`` after
+deleting the expired checkpoint manifests and before deleting any file, and keep every
+pinned file (a savepoint's, a fork's); a pin that does not read stops the collection
+(reported as damage). A forked job's full sweep then shrinks the pins it holds at other
+jobs to what its retained checkpoints and savepoints still name, and deletes a pin that
+names nothing. Cost: one LIST of ``pins/`` and one GET per pin per collection that
+deletes files.
+
 Last, writes abandoned by killed writers (a local temp file, an S3 multipart upload
 never completed) under the job's prefix are removed once ``ABANDONED_WRITE_AGE_S`` old:
 no write of a live writer takes that long (an epoch's lease lasts at most 30 minutes).

@@ -12,7 +12,9 @@ The design is in docs/design.md, "Epochs and checkpoints". Per epoch
    processing-time trigger and plans again; it runs an epoch without input only when
    the watermark advances (a partition became idle), a processing-time timer is due, or
    the watermark of a quiet source (``Job.quiet_timeout_ms``) reaches an event-time
-   timer (``_due_without_input``). ``JobRunner.stop()`` ends the run
+   timer (``_due_without_input``). A runner that follows another job (``follow``: a
+   branch's shadow run, ``dkvstream.operators.runtime.branches``) plans instead exactly
+   the offsets of that job's checkpoint of the same epoch. ``JobRunner.stop()`` ends the run
    between epochs; ``stop(drain=True)`` first commits a drain epoch: nothing read,
    watermark +infinity (every timer fires), the job finished (Flink's ``stop --drain``).
 2. Read (``dkvstream.operators.runtime.splits``, ``dkvstream.operators.runtime.exchange``): one read task per

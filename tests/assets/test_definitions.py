@@ -94,4 +94,4 @@ def test_sources_and_sinks_named_with_characters_dagster_refuses_get_valid_asset
                      "late": ParquetSink("late")})
     defs = dkvstream_definitions(job)
     keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
-    assert keys == {"kafka_pay_ments", "window_counts", "late", "totals_checkpoint"}
+    assert keys == {"kafka_pay_ments", "window_counts", "late", "totals_checkpoint", "totals_savepoints"}

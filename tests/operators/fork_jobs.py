@@ -51,3 +51,8 @@ def runner(root, name: str, parallelism: int = 2, doubled: bool = False, spark=N
 def output(r: JobRunner) -> pd.DataFrame:
     """The job's published ``main`` output, sorted (duplicates kept)."""
     return small.output(r)
+
+
+def parent_job() -> Job:
+    """``job("parent")`` (for ``--job tests.operators.fork_jobs:parent_job``)."""
+    return job("parent")
