@@ -181,17 +181,23 @@ def check_promoted_code(store: ObjectStore, job: Job, newest: JobCheckpoint | No
     """Refuses to run ``job`` with other code than the branch it was promoted to.
 
     Called by ``JobRunner`` before a run; ``newest`` is the checkpoint it continues from.
-    The promotion's checkpoint (``metrics["promoted"]``) says so while it is the newest,
-    and ``promoted.json`` after it (promote writes the checkpoint first).
+    ``promote`` writes ``promoted.json`` before it commits the promotion's checkpoint, so
+    a record naming an epoch newer than ``newest`` is a promotion not finished (the
+    promote crashed or runs now): no code may run until it is.
 
     Raises:
-        BranchError: the code differs, naming the branch and the helper to use.
+        BranchError: the code differs, naming the branch and the helper to use; or a
+            promotion is not finished.
     """
-    promoted = (newest.metrics.get("promoted") if newest is not None else None) or None
-    if promoted is None:
-        record = read_promotion(store, job)
-        promoted = None if record is None else {"branch": record.branch, "epoch": record.epoch, "code": record.code}
-    if promoted is None or code_fingerprint(job) == promoted["code"]:
+    record = read_promotion(store, job)
+    if record is None:
+        return
+    if newest is None or newest.epoch < record.epoch:
+        raise BranchError(
+            f"job {job.name} is being promoted to branch {record.branch} (its checkpoint {record.epoch} is not "
+            f"committed yet): run promote again to finish it ({store.uri(paths.promotion_key(job.prefix))})")
+    promoted = {"branch": record.branch, "epoch": record.epoch, "code": record.code}
+    if code_fingerprint(job) == promoted["code"]:
         return
     raise BranchError(
         f"job {job.name} was promoted to the state and code of branch {promoted['branch']} at epoch "
@@ -401,7 +407,8 @@ def published_by_epoch(store: ObjectStore, job: Job, output: str) -> dict[int, l
     return out
 
 
-def _read_epoch(store: ObjectStore, job: Job, output: str, keys: list[str], epoch: int) -> pa.Table:
+def read_epoch(store: ObjectStore, job: Job, output: str, keys: list[str], epoch: int) -> pa.Table:
+    """The rows of ``output`` published in ``epoch`` (``keys``: its files, ``published_by_epoch``)."""
     sink = job.output_sink(output)
     tables = [sink.read_published(store, k, epoch) for k in sorted(keys)]
     if tables:
@@ -538,8 +545,8 @@ def _diff_output(store: ObjectStore, main_job: Job, branch_job: Job, output: str
     branch_cols = list(branch_schema.names) if branch_schema is not None else None
     per_epoch = []
     for epoch in range(epochs[0], epochs[1] + 1):
-        m = _read_epoch(store, main_job, output, main_files.get(epoch, []), epoch)
-        b = _read_epoch(store, branch_job, output, branch_files.get(epoch, []), epoch)
+        m = read_epoch(store, main_job, output, main_files.get(epoch, []), epoch)
+        b = read_epoch(store, branch_job, output, branch_files.get(epoch, []), epoch)
         mc = main_cols if main_cols is not None else m.column_names
         bc = branch_cols if branch_cols is not None else b.column_names
         common = [c for c in mc if c in bc]
@@ -611,10 +618,15 @@ def promote(store: ObjectStore, main_job: Job | str, branch_job: Job) -> Promoti
     new = _promotion_checkpoint(newest, source, branch_job, code)
     pins = _pin_branch_state(store, main, branch_job.name, n, new)
     new.metrics["promoted"]["pins"] = pins
+    # First the record: from here no driver of the main starts until the commit below
+    # (check_promoted_code), so neither the old code nor the new runs on the wrong state.
+    promotion_key = paths.promotion_key(main_prefix)
+    store.put(promotion_key, _promotion(main, branch_job, n + 1, n, code, pins).encode())
     try:
         commit_checkpoint(store, main_prefix, new)
     except (ObjectExistsError, JobFailedError) as e:  # JobFencedError is a JobFailedError
         # The pins stay: they keep the branch's files only until the main's next full sweep.
+        store.delete(promotion_key)
         raise BranchError(f"job {main} committed epoch {n + 1} meanwhile (it is running): stop it, run the "
                           f"branch to its newest epoch, then promote again ({e})") from None
     return _record_promotion(store, main, branch_job, n + 1, n, code, pins)
@@ -647,11 +659,16 @@ def _pin_branch_state(store: ObjectStore, main: str, branch: str, epoch: int, ne
     return keys
 
 
+def _promotion(main: str, branch_job: Job, epoch: int, branch_epoch: int, code: dict, pins: list[str]) -> Promotion:
+    return Promotion(main=main, branch=branch_job.name, epoch=epoch, branch_epoch=branch_epoch,
+                     code=code, pins=pins, promoted_at_ms=time.time_ns() // 1_000_000)
+
+
 def _record_promotion(store: ObjectStore, main: str, branch_job: Job, epoch: int, branch_epoch: int,
                       code: dict, pins: list[str]) -> Promotion:
-    """After the commit: ``promoted.json`` for the main, the branch record marked promoted."""
-    promotion = Promotion(main=main, branch=branch_job.name, epoch=epoch, branch_epoch=branch_epoch,
-                          code=code, pins=pins, promoted_at_ms=time.time_ns() // 1_000_000)
+    """After the commit: ``promoted.json`` for the main (again, after a crash), the branch
+    record marked promoted."""
+    promotion = _promotion(main, branch_job, epoch, branch_epoch, code, pins)
     store.put(paths.promotion_key(paths.job_prefix(main)), promotion.encode())
     record = read_branch(store, branch_job)
     store.put(paths.branch_record_key(paths.job_prefix(branch_job.name)),

@@ -75,7 +75,7 @@ def test_branch_diff_promote_in_dagster(tmp_path) -> None:
 
 
 def _by_epoch(store, job) -> dict[int, list]:
-    from dkvstream.operators.runtime.branches import _read_epoch, published_by_epoch
+    from dkvstream.operators.runtime.branches import published_by_epoch, read_epoch
 
-    return {e: sorted(map(repr, _read_epoch(store, job, "main", keys, e).to_pylist()))
+    return {e: sorted(map(repr, read_epoch(store, job, "main", keys, e).to_pylist()))
             for e, keys in published_by_epoch(store, job, "main").items()}

@@ -46,11 +46,11 @@ def _run(job, store, max_epochs=None):
 
 def _rows_by_epoch(store, job, output="main") -> dict[int, Counter]:
     """``{epoch: Counter of rows}`` of a job's published output."""
-    from dkvstream.operators.runtime.branches import _read_epoch, published_by_epoch
+    from dkvstream.operators.runtime.branches import published_by_epoch, read_epoch
 
     out = {}
     for epoch, keys in published_by_epoch(store, job, output).items():
-        t = _read_epoch(store, job, output, keys, epoch)
+        t = read_epoch(store, job, output, keys, epoch)
         out[epoch] = Counter(tuple(r.values()) for r in t.to_pylist())
     return out
 
@@ -247,3 +247,25 @@ def test_promote_refuses_a_running_main(store) -> None:
     with pytest.raises(BranchError, match="is running"):
         promote(store, main, more)
     assert read_promotion(store, main) is None
+
+
+def test_promote_interrupted_before_its_commit_blocks_every_driver_until_run_again(store, monkeypatch) -> None:
+    from dkvstream.operators.runtime import branches
+
+    old = flights_variant("flights", BuggyRouteDailyDelays())
+    new = flights_variant("flights_fix", RouteDailyDelays())
+    _run(old, store, max_epochs=2)
+    branch(store, old, new)
+
+    def crash(*_args, **_kwargs):
+        raise RuntimeError("killed before the commit")
+
+    monkeypatch.setattr(branches, "commit_checkpoint", crash)
+    with pytest.raises(RuntimeError, match="killed"):
+        promote(store, old, new)
+    monkeypatch.undo()
+    for code in (old, promoted_job(old, new)):  # neither code may run on the main now
+        with pytest.raises(BranchError, match="run promote again"):
+            _run(code, store)
+    assert promote(store, old, new).epoch == 3
+    assert _run(promoted_job(old, new), store)[0].epoch == 4
