@@ -16,8 +16,8 @@ The user's view is ``docs/branches.md``. The steps, on a main job M and a branch
    out of the row comparison, so a new output column is exactly that in the diff.
 4. ``promote(store, M, B)``, with M stopped at checkpoint N and B at its checkpoint N
    (the same offsets): commits M's checkpoint N + 1 (no input read, no output) naming
-   B's state (B's range manifests, pinned for M), records at ``jobs/M/promoted.json``
-   that M runs B's code from now on, and marks B promoted. M's next epoch, run with
+   B's state (B's range manifests, pinned for M), having recorded at
+   ``jobs/M/promoted.json`` that M runs B's code from then on, and marks B promoted. M's next epoch, run with
    ``promoted_job(M, B)`` (B's code under M's name), reads from M's offsets N on. A
    reader of M's sinks sees every input event's output once: epochs up to N from the old
    code, epochs after N + 1 from the new code. A driver that starts M with other
@@ -28,7 +28,7 @@ one LIST and one GET of M's checkpoint more than a plain epoch; ``diff`` one LIS
 output and side and one GET per published file compared (bytes: the outputs compared,
 read once); ``promote`` a few GETs, one GET per range manifest of B (its files, for the
 pins), one PUT per pin, one PUT for the checkpoint (put-if-absent), a LIST and a PUT for
-the commit record, and two PUTs of records. No state byte is copied.
+the commit record, and three PUTs of records. No state byte is copied.
 """
 from __future__ import annotations
 
