@@ -11,8 +11,8 @@ For a main job M and a branch job B (``dkvstream.operators.runtime.branches``),
   Metadata per output: rows of each side, only in main / only in branch / changed, the
   columns added and removed, the changed columns, a table per epoch that differs with
   key samples, and the whole diff as JSON.
-- jobs ``<B>_branch`` and ``<B>_diff`` (materialize each asset) and ``<B>_promote`` (op
-  ``promote``: M continues from B's state and code; M must be stopped).
+- jobs ``branch_<B>`` and ``diff_<B>`` (materialize each asset) and ``promote_<B>`` (op
+  ``promote_branch_<B>``: M continues from B's state and code; M must be stopped).
 
 M's own epochs job runs B's code once M was promoted to it (``job_to_run``), when the
 Definitions know B (``dkvstream_definitions(..., branches=[...])``).
@@ -121,7 +121,7 @@ def branch_definitions(main_job: Job, branch_job: Job,
         d = branches.diff(object_store.open(), main_job, branch_job, key_columns=key_columns)
         return MaterializeResult(metadata=diff_metadata(d))
 
-    @op(name=f"promote_{branch_job.name}",
+    @op(name=f"promote_branch_{branch_job.name}",
         description=f"Job {main_job.name} continues from branch {branch_job.name}'s state and code")
     def promote_op(context: OpExecutionContext, object_store: ObjectStoreResource) -> Output[dict]:
         promotion = branches.promote(object_store.open(), main_job, branch_job)
@@ -133,7 +133,7 @@ def branch_definitions(main_job: Job, branch_job: Job,
             "operators": MetadataValue.json(promotion.code["operators"]),
             "pins": MetadataValue.json(promotion.pins)})
 
-    @job(name=f"{branch_job.name}_promote", executor_def=in_process_executor,
+    @job(name=f"promote_{branch_job.name}", executor_def=in_process_executor,
          description=f"Promote branch {branch_job.name} into job {main_job.name} (stop {main_job.name} first)")
     def promote_job():
         promote_op()
@@ -141,10 +141,10 @@ def branch_definitions(main_job: Job, branch_job: Job,
     return {
         "assets": [branch_asset, diff_asset],
         "jobs": [
-            define_asset_job(f"{branch_job.name}_branch", selection=[branch_asset_key(branch_job)],
+            define_asset_job(f"branch_{branch_job.name}", selection=[branch_asset_key(branch_job)],
                              executor_def=in_process_executor,
                              description=f"Fork (once) and run branch {branch_job.name} as {main_job.name}'s shadow"),
-            define_asset_job(f"{branch_job.name}_diff", selection=[diff_asset_key(branch_job)],
+            define_asset_job(f"diff_{branch_job.name}", selection=[diff_asset_key(branch_job)],
                              executor_def=in_process_executor,
                              description=f"Diff {main_job.name}'s and {branch_job.name}'s outputs"),
             promote_job,

@@ -3,7 +3,7 @@ epochs job running the promoted code; checked against the library's own results 
 windows the bug fix is known to change."""
 from __future__ import annotations
 
-from dagster import DagsterInstance, materialize
+from dagster import DagsterInstance, Definitions, materialize
 
 from dkvstream.assets.branches import BranchSpec, branch_definitions
 from dkvstream.assets.definitions import dkvstream_definitions
@@ -57,13 +57,14 @@ def test_branch_diff_promote_in_dagster(tmp_path) -> None:
     assert "dep_delay_mean" in diff["main_epochs"]
 
     # Promote, then the main's epochs job (Definitions that know the branch) runs the fix.
-    [promote_job] = [j for j in defs["jobs"] if getattr(j, "name", None) == "flights_fix_promote"]
+    [promote_job] = [j for j in defs["jobs"] if getattr(j, "name", None) == "promote_flights_fix"]
     assert promote_job.execute_in_process(resources={"object_store": resources["object_store"]},
                                           instance=instance).success
     assert read_promotion(store, "flights").epoch == 5
     full = dkvstream_definitions(main, branches=[BranchSpec("flights", fixed, {"main": KEY_COLUMNS})],
                                  resources=resources)
-    assert {"flights", "flights_fix_branch", "flights_fix_diff", "flights_fix_promote"} <= {j.name for j in full.jobs}
+    Definitions.validate_loadable(full)
+    assert {"flights", "branch_flights_fix", "diff_flights_fix", "promote_flights_fix"} <= {j.name for j in full.jobs}
     assert full.resolve_job_def("flights").execute_in_process(instance=instance).success
     # Oracle: the fixed code from scratch; the main's epochs after the promotion are its
     # epochs after 4, one epoch later.

@@ -27,6 +27,8 @@ def test_definitions_are_loadable() -> None:
         "flights_weather_compaction_sensor", "flights_weather_cleanup_sensor", "flights_weather_source_sensor"}
     assert {"flights", "aircraft_rotations", "flights_weather", "compaction", "memtable_flush", "garbage_collection",
             "table_compaction"} <= {j.name for j in defs.jobs}
+    assert {"flights_v2_branch", "flights_v2_diff"} <= keys
+    assert {"branch_flights_v2", "diff_flights_v2", "promote_flights_v2"} <= {j.name for j in defs.jobs}
 
 
 def test_materialize_records_one_checkpoint_per_epoch(spark, tmp_path) -> None:

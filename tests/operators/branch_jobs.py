@@ -3,7 +3,7 @@
 ``BuggyRouteDailyDelays`` is the flights operator with a known bug (the delay mean
 divides by all flights, cancelled and unreported ones included); ``RouteDailyDelays``
 (the example's) is its fix, and ``RouteDailyDelaysWithSum`` adds an output column
-(``dep_delay_sum``). All three keep the same state, so a fork of one's state is the
+(``dep_delay_sum``, ``dkvstream.examples.flights_v2``). All three keep the same state, so a fork of one's state is the
 state the other would have built: the replay oracle of a promotion is the old code from
 scratch up to the promotion and the new code from scratch after it.
 ``expected_mean_changes`` says in advance which windows the fix changes.
@@ -11,12 +11,10 @@ scratch up to the promotion and the new code from scratch after it.
 from __future__ import annotations
 
 import pandas as pd
-import pyarrow as pa
 
 from dkvstream.examples.flights import (
     HOUR_MS,
     LATE_SCHEMA,
-    OUTPUT_SCHEMA,
     FlightsSource,
     RouteDailyDelays,
 )
@@ -28,7 +26,6 @@ from dkvstream.operators.io.sinks import ParquetSink
 from dkvstream.operators.io.sources import Source
 
 KEY_COLUMNS = ["origin", "dest", "window_start"]
-SUM_SCHEMA = OUTPUT_SCHEMA.append(pa.field("dep_delay_sum", pa.float64()))
 
 
 class FirstFlights(FlightsSource):
@@ -58,22 +55,6 @@ class BuggyRouteDailyDelays(RouteDailyDelays):
         if agg is None:
             return
         subject.emit(_window_row(subject, timestamp, agg, agg["delay_sum"] / agg["flights"]))
-        windows.delete(timestamp - DAY_MS)
-
-
-class RouteDailyDelaysWithSum(RouteDailyDelays):
-    """The fixed operator with a new output column, ``dep_delay_sum`` (null without delays)."""
-
-    outputs = {"main": SUM_SCHEMA, "late": LATE_SCHEMA}
-
-    def on_timer_expired(self, subject: Subject, timestamp: int) -> None:
-        windows = self.windows.state_for(subject)
-        agg = windows.get(timestamp - DAY_MS)
-        if agg is None:
-            return
-        n = agg["delay_count"]
-        row = _window_row(subject, timestamp, agg, agg["delay_sum"] / n if n else None)
-        subject.emit({**row, "dep_delay_sum": agg["delay_sum"] if n else None})
         windows.delete(timestamp - DAY_MS)
 
 

@@ -11,6 +11,7 @@ from datetime import datetime
 
 import pytest
 
+from dkvstream.examples.flights_v2 import RouteDailyDelaysWithSum
 from dkvstream.operators.runtime.branches import (
     BranchError,
     branch,
@@ -30,7 +31,6 @@ from tests.operators.branch_jobs import (
     BuggyRouteDailyDelays,
     FirstFlights,
     RouteDailyDelays,
-    RouteDailyDelaysWithSum,
     expected_mean_changes,
     flights_variant,
 )
