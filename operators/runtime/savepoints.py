@@ -47,7 +47,7 @@ from dkvstream.operators.runtime.checkpoints import (
 )
 from dkvstream.operators.runtime.control import read_lease
 from dkvstream.operators.runtime.recovery import _check_files, _visible_output_after
-from dkvstream.storage.errors import ObjectExistsError, ObjectNotFoundError
+from dkvstream.storage.errors import CorruptionError, ObjectExistsError, ObjectNotFoundError
 from dkvstream.storage.objectstore import ObjectStore, map_requests, open_object_store
 
 
@@ -84,8 +84,6 @@ class Savepoint:
         Raises:
             CorruptionError: a bad record or checkpoint body, naming ``uri``.
         """
-        from dkvstream.storage.errors import CorruptionError
-
         try:
             doc = json.loads(data)
             ckpt = JobCheckpoint.decode(json.dumps(doc.pop("checkpoint")).encode(), uri)

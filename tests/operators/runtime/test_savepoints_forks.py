@@ -10,9 +10,12 @@ from __future__ import annotations
 import random
 import re
 import shutil
+import tempfile
 
 import pandas as pd
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from dkvstream.operators import paths
 from dkvstream.operators.errors import RecoveryRefusedError
@@ -21,6 +24,7 @@ from dkvstream.operators.runtime.cleanup import IncrementalRetention, cleanup_jo
 from dkvstream.operators.runtime.control import acquire_lease
 from dkvstream.operators.runtime.forks import fork_job
 from dkvstream.operators.runtime.pins import files_by_owner, read_pins
+from dkvstream.operators.runtime.remote_compaction import compact_job
 from dkvstream.operators.runtime.savepoints import drop_savepoint, list_savepoints, restore, savepoint
 from dkvstream.storage import faults
 from dkvstream.storage.objectstore import open_object_store
@@ -181,11 +185,14 @@ def _collect(root: str) -> None:
         cleanup_job(store, paths.job_prefix(name), 1, concurrent=True)
 
 
-def test_collector_killed_at_every_step_never_deletes_a_reachable_file(tmp_path) -> None:
+@pytest.mark.parametrize("every", [False, pytest.param(True, marks=pytest.mark.slow("every pass: 15 s"))],
+                         ids=["sampled", "every-pass"])
+def test_collector_killed_at_every_step_never_deletes_a_reachable_file(tmp_path, every: bool) -> None:
     """(c): the collector (incremental retention and full sweep of parent, child and
-    grandchild) is killed at passes of each of its fault points (first, last and two
-    more of each); after each kill, and after it runs again to the end, every file a
-    retained checkpoint or savepoint of any job names exists, and the jobs still run."""
+    grandchild) is killed at every pass of each of its fault points (``every``; else at
+    the first, the last and a tenth of the others), one kill per copy of the store;
+    after each kill, and after it runs again to the end, every file a retained
+    checkpoint or savepoint of any job names exists, and the jobs still run."""
     base = str(tmp_path / "base")
     _scenario(base)
     passes: dict[str, int] = {}
@@ -195,8 +202,8 @@ def test_collector_killed_at_every_step_never_deletes_a_reachable_file(tmp_path)
         _collect(dry)
     assert all(passes.get(pt, 0) >= 1 for pt in POINTS), passes
     rng = random.Random(7)
-    cases = sorted({(pt, h) for pt in POINTS for h in
-                    {1, passes[pt], rng.randint(1, passes[pt]), rng.randint(1, passes[pt])}})
+    cases = sorted({(pt, h) for pt in POINTS for h in range(1, passes[pt] + 1)
+                    if every or h in (1, passes[pt]) or rng.random() < 0.1})
     for i, (point, hit) in enumerate(cases):
         root = str(tmp_path / f"case{i}")
         shutil.copytree(base, root)
@@ -236,3 +243,73 @@ def test_fork_runs_on_spark_with_other_parallelism(spark, tmp_path) -> None:
         at_fork.set_index(["key", "window_start"]).index)].assign(amount=lambda d: d["amount"] * 2)
     pd.testing.assert_frame_equal(fork_jobs.output(c), small._sorted(want), obj="child output on Spark")
     assert_reachable_exist(c.store, ["parent", "child"], "after the Spark run")
+
+
+PARALLELISM = {"a": 2, "b": 3, "c": 1}
+FORK_OF = {"b": "a", "c": "b"}
+JOB = st.integers(0, 2)  # an index into the jobs existing at the step (modulo their number)
+STEP = st.one_of(
+    st.tuples(st.just("run"), JOB),
+    st.tuples(st.just("savepoint"), JOB, st.sampled_from(["s1", "s2"])),
+    st.tuples(st.just("drop"), JOB, st.sampled_from(["s1", "s2"])),
+    st.tuples(st.just("retain"), JOB),
+    st.tuples(st.just("sweep"), JOB),
+    st.tuples(st.just("compact"), JOB),
+    st.tuples(st.just("fork"), JOB),
+)
+
+
+@settings(max_examples=12, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.lists(STEP, min_size=4, max_size=12))
+@example([("savepoint", 0, "s1"), ("run", 0), ("retain", 0), ("sweep", 0)])
+@example([("fork", 0), ("run", 0), ("retain", 0), ("run", 1), ("sweep", 1), ("compact", 1), ("run", 1),
+          ("fork", 1), ("savepoint", 1, "s1"), ("run", 1), ("retain", 1), ("run", 2), ("sweep", 0)])
+def test_random_savepoints_forks_drops_retention_and_compaction_keep_every_reachable_file(steps) -> None:
+    """Random sequences over a job, its fork and a fork of the fork (other parallelism):
+    after every step, every file a retained checkpoint or savepoint of any job names
+    exists, and the savepoints listed are the model's; at the end, after dropping
+    every savepoint and sweeping each job (forks first), each job's pins name exactly
+    what the other jobs' retained checkpoints still name of its files."""
+    with tempfile.TemporaryDirectory() as root:
+        store = open_object_store(root)
+        fork_jobs.runner(root, "a", retain_checkpoints=None).run(max_epochs=1)
+        jobs, model = ["a"], {"a": set(), "b": set(), "c": set()}
+        for step in steps:
+            kind, name = step[0], jobs[step[1] % len(jobs)]
+            if kind == "fork":
+                if len(jobs) == 3:
+                    continue
+                name = "bc"[len(jobs) - 1]
+            prefix = paths.job_prefix(name)
+            if kind == "run":
+                fork_jobs.runner(root, name, PARALLELISM[name], retain_checkpoints=None).run(max_epochs=2)
+            elif kind == "savepoint" and step[2] not in model[name]:
+                savepoint(store, name, step[2])
+                model[name].add(step[2])
+            elif kind == "drop" and step[2] in model[name]:
+                drop_savepoint(store, name, step[2])
+                model[name].discard(step[2])
+            elif kind == "retain":
+                IncrementalRetention(store, prefix, 1).apply()
+            elif kind == "sweep":
+                cleanup_job(store, prefix, 1, concurrent=True)
+            elif kind == "compact":
+                compact_job(store, prefix, small.OPTIONS)
+            elif kind == "fork":
+                fork_job(store, FORK_OF[name], name)
+                jobs.append(name)
+            assert_reachable_exist(store, jobs, f"after {step}")
+            assert {sp.name for sp in list_savepoints(store, name)} == model.get(name, set())
+        for name in jobs:
+            for sp in list(model[name]):
+                drop_savepoint(store, name, sp)
+        for name in reversed(jobs):
+            cleanup_job(store, paths.job_prefix(name), 1)
+        assert_reachable_exist(store, jobs, "at the end")
+        named = reachable(store, jobs)
+        for owner in jobs:
+            pinned = {k for pin in read_pins(store, paths.job_prefix(owner)) for k in pin.keys}
+            others = {k for holder in jobs if holder != owner for k in named[holder]
+                      if k.startswith(f"jobs/{owner}/")}
+            assert pinned == others, f"pins of {owner}: extra {sorted(pinned - others)[:3]}"
