@@ -7,9 +7,11 @@ the repository's demo ``Definitions`` (the flights jobs) are ``dkvstream.example
 Per stream job: its assets (``job_assets``; the ``verified`` check on its checkpoint
 asset runs at the end of each run), an asset job running its epochs, and its
 compaction, cleanup and source sensors.
-Once for all stream jobs: the ``compaction``, ``flush`` and ``cleanup`` jobs, and the
-``savepoint``, ``savepoint_drop`` and ``fork_stream_job`` jobs (``dkvstream.assets.savepoints``;
-each stream job has a ``<job>_savepoints`` asset they materialize).
+Once for all stream jobs: the ``compaction``, ``flush`` and ``cleanup`` jobs,
+``bootstrap_state`` (a new job's initial state from tables, ``dkvstream.assets.bootstrap``),
+and the ``savepoint``, ``savepoint_drop`` and ``fork_stream_job`` jobs
+(``dkvstream.assets.savepoints``; each stream job has a ``<job>_savepoints`` asset they
+materialize).
 Per branch (``branches``): its branch and diff assets and its branch, diff and promote
 jobs (``dkvstream.assets.branches``); a main job promoted to a branch runs the branch's code.
 
@@ -33,8 +35,10 @@ from collections.abc import Callable, Mapping, Sequence
 import pyarrow as pa
 from dagster import AssetSelection, Definitions, define_asset_job, in_process_executor
 
+from dkvstream.assets.bootstrap import bootstrap_state_job
 from dkvstream.assets.branches import BranchSpec, branch_definitions
 from dkvstream.assets.checkpoints import checkpoint_asset_key
+from dkvstream.assets.erasure import erasure_job
 from dkvstream.assets.job_assets import asset_name, continuous_by_default, job_assets
 from dkvstream.assets.jobs import MAINTENANCE_JOBS
 from dkvstream.assets.resources import default_resources
@@ -111,7 +115,8 @@ def dkvstream_definitions(*jobs: Job, resources: dict | None = None,
     parts += [branch_definitions(by_name[b.main], b.job, b.key_columns) for b in branches]
     return Definitions(
         assets=[a for p in parts for a in p["assets"]],
-        jobs=[*(j for p in parts for j in p["jobs"]), *MAINTENANCE_JOBS, *SAVEPOINT_JOBS],
+        jobs=[*(j for p in parts for j in p["jobs"]), *MAINTENANCE_JOBS, *SAVEPOINT_JOBS, bootstrap_state_job,
+              erasure_job],
         sensors=[s for p in parts for s in p.get("sensors", [])],
         resources=resources if resources is not None else default_resources(),
         executor=in_process_executor,  # module docstring

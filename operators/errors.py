@@ -18,7 +18,7 @@ from dkvstream.storage.errors import CorruptionError, DkvstreamError
 __all__ = ["DkvstreamError", "InvalidJobError", "JobFailedError", "JobFencedError", "RecoveryRefusedError",
            "StateTypeError", "StateSchemaError", "BadInputError", "TooManyDeadLettersError", "OperatorError",
            "SourceFileChangedError", "InsertConflictError", "SnapshotVacuumedError", "KafkaIOError",
-           "JavaNotFoundError"]
+           "JavaNotFoundError", "BootstrapError"]
 
 
 class InvalidJobError(DkvstreamError, ValueError):
@@ -58,6 +58,13 @@ class StateSchemaError(InvalidJobError):
 
 class BadInputError(DkvstreamError, ValueError):
     """Raised with ``tolerance="none"`` on the first bad row; names partition, offset, reason."""
+
+
+class BootstrapError(DkvstreamError, ValueError):
+    """Raised when a job's initial state cannot be written from the tables given
+    (``dkvstream.operators.runtime.bootstrap``): the job has a checkpoint already, an
+    unknown operator or state id, a missing or mistyped column, a repeated key; names
+    the table, the column and the row or key, and what to do."""
 
 
 class TooManyDeadLettersError(JobFailedError):

@@ -19,6 +19,8 @@ Layout under the store root::
       sinks/<name>/...                           published output (Parquet, Delta table)
       control/flush/<id>.json, control/lease.json
                                                  flush requests and the epoch lease
+      control/erase/<id>.json                    erasure requests (the key, hex) until served
+      erasures/<id>.json                         erasure records and reports (the key's SHA-256)
       quarantine/<UTC stamp>/epoch-<epoch>.json  checkpoints a recovery fell back from
       branch.json, promoted.json                 a branch job's origin; a main job's promotion
       sources/<source>/...                       a source's own metadata (``Source.attach``),
@@ -296,3 +298,18 @@ def flush_request_prefix(job: str) -> str:
 def lease_key(job: str) -> str:
     """Key of the job's epoch lease."""
     return f"{control_prefix(job)}lease.json"
+
+
+def erase_request_prefix(job: str) -> str:
+    """``<job>/control/erase/``: pending erasure requests (``dkvstream.operators.runtime.erasure``)."""
+    return f"{control_prefix(job)}erase/"
+
+
+def erasures_prefix(job: str) -> str:
+    """``<job>/erasures/``: the records and reports of served erasure requests."""
+    return f"{job}/erasures/"
+
+
+def erasure_key(job: str, request_id: str) -> str:
+    """Key of the record (and report) of erasure request ``request_id``."""
+    return f"{erasures_prefix(job)}{request_id}.json"

@@ -43,12 +43,8 @@ import pyarrow.parquet as pq
 
 from dkvstream.operators import paths
 from dkvstream.operators.api.columns import (
-    INGEST_TIME_COLUMN,
     INTERNAL_COLUMNS,
     KEY_COLUMN,
-    KG_COLUMN,
-    OFFSET_COLUMN,
-    PART_COLUMN,
     RANGE_COLUMN,
     TIMESTAMP_COLUMN,
 )
@@ -58,9 +54,7 @@ from dkvstream.operators.api.keygroups import (
     KeyGroupRange,
     key_group_of,
     key_group_ranges,
-    key_groups_of_column,
     range_index_of,
-    range_indexes_of,
 )
 from dkvstream.operators.api.operator import (
     MAIN_OUTPUT,
@@ -88,7 +82,7 @@ from dkvstream.operators.io.dead_letter import DEAD_LETTER_FILE_SCHEMA
 from dkvstream.operators.io.sinks import ParquetSink
 from dkvstream.operators.runtime.driver import parent_manifests
 from dkvstream.operators.runtime.open_state import OpenState
-from dkvstream.operators.runtime.splits import stage_input_schema
+from dkvstream.operators.runtime.splits import stage_input_schema, tag_events
 from dkvstream.operators.runtime.task import TaskResult, TaskSpec, run_task
 from dkvstream.operators.runtime.timers import SCHEMAS, decode_timer_key
 from dkvstream.storage.dkv import DKV, DKVOptions
@@ -510,18 +504,10 @@ class OperatorTestHarness:
             value_columns = {f.name: (value_columns[f.name].cast(f.type) if f.name in value_columns
                                       else pa.nulls(events.num_rows, f.type)) for f in self.value_schema}
         n = events.num_rows
-        kgs = key_groups_of_column(keys, self.key_groups) if n else np.zeros(0, np.int32)
-        table = pa.table({
-            KEY_COLUMN: keys.cast(pa.binary()),
-            TIMESTAMP_COLUMN: events.column(TIMESTAMP_COLUMN).cast(pa.int64()),
-            **value_columns,
-            PART_COLUMN: pa.array(np.zeros(n, np.int32)),
-            OFFSET_COLUMN: pa.array(np.arange(self._fed, self._fed + n, dtype=np.int64)),
-            INGEST_TIME_COLUMN: pa.nulls(n, pa.int64()),
-            KG_COLUMN: pa.array(kgs, pa.int32()),
-            RANGE_COLUMN: pa.array(range_indexes_of(kgs, self.key_groups, len(self._ranges)), pa.int32()),
-        })
-        return table
+        table = pa.table({KEY_COLUMN: keys.cast(pa.binary()),
+                          TIMESTAMP_COLUMN: events.column(TIMESTAMP_COLUMN).cast(pa.int64()), **value_columns})
+        return tag_events(table, 0, np.arange(self._fed, self._fed + n, dtype=np.int64),
+                          pa.nulls(n, pa.int64()), self.key_groups, len(self._ranges))[0]
 
     def _schema_of(self, rows: list[dict]) -> pa.Schema | None:
         """The schema of event dicts: key and timestamp, then ``value_schema`` (None:

@@ -73,6 +73,7 @@ from dkvstream.storage.objectstore import ObjectStore
 from dkvstream.storage.objectstore.checksum import ObjectChecksum
 
 DEAD_LETTER_OUTPUT = "_dead_letter"  # its key in JobCheckpoint.outputs
+STAGED_FILE_NAME = "dead_letter.parquet"  # every staged dead-letter file's name (``stage``)
 DAY_MS = 86_400_000
 # The screen's reasons in the order it checks them, then ``operator_error``: an event or
 # timer an operator raised on, under ``Job.on_operator_error="dead_letter"``
@@ -108,6 +109,20 @@ class DeadLetterSink(ParquetSink):
         t = super().read(store, job_prefix)
         return t if t.num_rows else DEAD_LETTER_SCHEMA.empty_table()
 
+    def staged_file_name(self) -> str:
+        return STAGED_FILE_NAME
+
+    def erase_key(self, store: ObjectStore, job_prefix: str, keys: list[bytes | str]) -> list[str]:
+        """Erasure: the dead-letter rows whose ``key`` is one of ``keys`` (``erase_rows``
+        on the ``key`` column: published and staged files rewritten without them).
+        Rows whose key is unknown (``missing_key``, an ``unparseable_value`` whose key
+        did not decode) cannot be found by key; their ``value`` may still hold the key's
+        data.
+
+        Returns:
+            The keys of the objects that held such a row (before the rewrite), sorted.
+        """
+        return self.erase_rows(store, job_prefix, "key", list(keys))
 
 
 @dataclass(frozen=True)
@@ -257,7 +272,7 @@ def stage(store: ObjectStore, job_prefix: str, epoch: int, dead: pa.Table, attem
         raise ValueError(f"dead-letter rows of epochs {epochs} staged for epoch {epoch}")
     buf = io.BytesIO()
     pq.write_table(dead.drop_columns([EPOCH_COLUMN]), buf, compression="zstd")
-    key = f"{staging_prefix(job_prefix, epoch, DEAD_LETTER_OUTPUT, label, attempt, layout)}/dead_letter.parquet"
+    key = f"{staging_prefix(job_prefix, epoch, DEAD_LETTER_OUTPUT, label, attempt, layout)}/{STAGED_FILE_NAME}"
     data = buf.getvalue()
     store.put(key, data)
     return key, ObjectChecksum.of(data)

@@ -71,7 +71,7 @@ from dkvstream.operators.api.columns import (
 )
 from dkvstream.operators.errors import KafkaIOError
 from dkvstream.operators.io.arrow_input import arrow_input
-from dkvstream.operators.io.sinks import Sink
+from dkvstream.operators.io.sinks import Sink, erase_from_parquet, staged_keys
 from dkvstream.operators.io.sources import Source
 from dkvstream.operators.io.topics import VALUE_COLUMN, columns_of_rows, decode_json_values
 from dkvstream.operators.paths import range_label_of
@@ -708,11 +708,7 @@ class KafkaSink(Sink):
                 or the topic's metadata (its partition count, for a keyless record) was
                 not found.
         """
-        from confluent_kafka import Producer
-
-        producer = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True,
-                             "acks": "all", "linger.ms": 5, "partitioner": "murmur2_random",
-                             **self.config})
+        producer = self._producer()
         partitions = functools.cache(lambda: len(_topic_partitions(
             producer, self.topic, self.bootstrap, f"kafka sink {self.name}", self.timeout_s)))
         failed: list[str] = []
@@ -740,6 +736,72 @@ class KafkaSink(Sink):
                                f"{' (' + failed[0] + ')' if failed else ''}; the epoch is produced "
                                f"again on restart")
         return count
+
+    def _producer(self):
+        """An idempotent producer placing keys as the sink does (murmur2)."""
+        from confluent_kafka import Producer
+
+        return Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True,
+                         "acks": "all", "linger.ms": 5, "partitioner": "murmur2_random",
+                         **self.config})
+
+    def erase_rows(self, store: ObjectStore, job_prefix: str, column: str, values: list) -> list[str]:
+        """Erasure by record key: the job's staged files of the sink are rewritten
+        without the key's rows (so a restart does not produce them again), then, if the
+        topic is compacted (``cleanup.policy`` contains ``compact``), a tombstone of
+        each key is produced to the partition the key's records are in. The broker's
+        log cleaner removes the key's records, and later the tombstones, on its own
+        schedule: its ``min.compaction.lag.ms``/``max.compaction.lag.ms``, the active
+        segment (never cleaned before ``segment.ms``/``segment.bytes`` rolls it) and
+        ``delete.retention.ms``; a client cannot force it. A topic of
+        ``cleanup.policy=delete`` gets no tombstone (it would be a record like any
+        other): its records of the key stay until ``retention.ms`` expires them.
+
+        Cost: one LIST of the staging prefixes, one GET per staged file of the sink
+        and one PUT per rewritten one; a DescribeConfigs request and one produced
+        record per key.
+
+        Args and returns: as ``Sink.erase_rows``; ``column`` must be the sink's key
+        column. The returned list names the staged files that held a row and, always,
+        the topic as ``kafka://<bootstrap>/<topic>``: its records of the key stay until
+        the broker removes them, as above.
+
+        Raises:
+            ValueError: ``column`` is not the key column.
+            KafkaIOError: the topic's configuration could not be read, or a tombstone
+                was not acknowledged within ``timeout_s``.
+        """
+        if column != self.key_column:
+            raise ValueError(f"kafka sink {self.name}: records are erased by their key, column "
+                             f"{self.key_column!r}, not {column!r}")
+        staged = [k for k in staged_keys(store, job_prefix) if k.endswith(f"/{self.name}.parquet")]
+        held = [k for k in staged if erase_from_parquet(store, k, column, values, f"kafka sink {self.name}")[1]]
+        if self._compacted():
+            producer = self._producer()
+            for v in values:
+                producer.produce(self.topic, key=v.encode() if isinstance(v, str) else bytes(v), value=None)
+            if producer.flush(self.timeout_s):
+                raise KafkaIOError(f"kafka sink {self.name}: tombstones for topic {self.topic} at "
+                                   f"{self.bootstrap} unacknowledged after {self.timeout_s} s; erase again")
+        return sorted(held) + [f"kafka://{self.bootstrap}/{self.topic}"]
+
+    def _compacted(self) -> bool:
+        """Whether the topic's ``cleanup.policy`` includes ``compact`` (DescribeConfigs).
+
+        Raises:
+            KafkaIOError: the request failed.
+        """
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AdminClient, ConfigResource
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, **self.config})
+        try:
+            (future,) = admin.describe_configs([ConfigResource("topic", self.topic)]).values()
+            entry = future.result(self.timeout_s).get("cleanup.policy")
+        except KafkaException as e:
+            raise KafkaIOError(f"kafka sink {self.name}: configuration of topic {self.topic!r} from "
+                               f"{self.bootstrap}: {e}") from e
+        return entry is not None and "compact" in (entry.value or "")
 
     def published_after(self, store: ObjectStore, job_prefix: str, epoch: int) -> list[str]:
         prefix = f"{paths.sink_prefix(job_prefix, self.name)}/published/"

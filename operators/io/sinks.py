@@ -10,15 +10,26 @@ A sink whose publish copies the staged object byte for byte (``ParquetSink``) re
 its checksum when staging (``Sink.stage``), and the checkpoint keeps it, so a restart
 leaves a published file that is already correct alone and never publishes a staged file
 damaged since (``Sink.check_staged``, ``Sink.republish``).
+
+Erasure (``Sink.erase_rows``, a GDPR request) removes a key's rows from a sink's
+published output and from the job's staged files of it. A ``ParquetSink`` rewrites
+each file holding a matching row in place (one atomic PUT over the same name, so a
+reader of the directory sees every other row exactly once at every moment) and
+records in the rewritten file's footer (``ERASED_FROM``) the checksum of the bytes it
+replaced: that is the checksum the checkpoint recorded when the file was staged, so a
+restart takes the rewritten file for the published copy it expects and neither copies
+the staged file again nor refuses it (``ParquetSink.check_staged``).
 """
 from __future__ import annotations
 
 import io
+import json
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dkvstream.operators import paths
@@ -33,6 +44,9 @@ from dkvstream.storage.objectstore.checksum import ObjectChecksum
 # by its directory (pyarrow, DuckDB, Spark: hive partitioning) turns into this column.
 EPOCH_COLUMN = "epoch"
 _EPOCH_DIR = re.compile(r"/epoch=(\d+)/")
+# Footer key of a Parquet file rewritten by an erasure: the ``[size, crc32c]`` of the
+# file's bytes before its first erasure (``ParquetSink.erase_rows``).
+ERASED_FROM = b"dkvstream.erased_from"
 
 
 class Sink(ABC):
@@ -116,6 +130,30 @@ class Sink(ABC):
         description; empty if nothing), or None if it cannot tell. A restart falls back
         to checkpoint ``epoch`` only when nothing is (``dkvstream.operators.runtime.recovery``)."""
         return None
+
+    def erase_rows(self, store: ObjectStore, job_prefix: str, column: str, values: list) -> list[str]:
+        """Erasure (a GDPR request): removes every row whose ``column`` equals one of
+        ``values`` from this sink's published output and from the job's staged files of
+        it, so that no object the sink wrote holds them and a restart does not publish
+        them again. Idempotent: a second call finds nothing and returns ``[]``.
+
+        Args:
+            store: the job's object store.
+            job_prefix: the job's prefix (``dkvstream.operators.paths.job_prefix``).
+            column: the column to match (the sink's key column, e.g. ``key``).
+            values: the values to erase (Python values of the column's type; ``str``
+                and ``bytes`` are taken for each other).
+
+        Returns:
+            The keys of the objects that held a matching row (before the rewrite),
+            sorted.
+
+        Raises:
+            NotImplementedError: the sink cannot erase rows (names the sink).
+            ValueError: no object of the sink has ``column``.
+        """
+        raise NotImplementedError(f"sink {self.name} ({type(self).__name__}) cannot erase rows; "
+                                  f"remove them from its output by hand")
 
 
 class ParquetSink(Sink):
@@ -221,10 +259,10 @@ class ParquetSink(Sink):
                 return "copy", None
             return "refuse", f"{store.uri(key)}: staged output named by epoch {epoch} is missing"
         published = expected.mismatch(store, final, full)
-        if published is None:
-            return "keep", None
+        if published is None or erased_from(store, final) == expected:
+            return "keep", None  # as published, or as an erasure rewrote it
         damage = expected.mismatch(store, key, full=True)
-        if damage is None:
+        if damage is None or erased_from(store, key) == expected:
             return "copy", None
         return "refuse", (f"{store.uri(key)}: staged output of epoch {epoch} {damage} (the checkpoint "
                           f"recorded it as written), and its published copy {store.uri(final)} "
@@ -269,6 +307,47 @@ class ParquetSink(Sink):
         return [store.uri(k) for k in store.list(self.table_prefix(job_prefix))
                 if (m := _EPOCH_DIR.search(k)) and int(m.group(1)) > epoch]
 
+    def staged_file_name(self) -> str:
+        """The name of this sink's staged files (the last part of their keys)."""
+        return f"{self.name}.parquet"
+
+    def erase_rows(self, store: ObjectStore, job_prefix: str, column: str, values: list) -> list[str]:
+        """Erasure: rewrites every published file of the table and every staged file of
+        the sink (under the job's staging prefixes, named by a retained checkpoint or
+        not) that holds a row whose ``column`` is in ``values``, without those rows.
+
+        Each rewrite is one PUT over the same name (atomic, no temporary object in the
+        table's directory): a reader of the directory sees the file before or after,
+        so every other row exactly once. A file left without rows stays as an empty
+        file of the same schema, so the epoch's published names do not change. Staged
+        files are rewritten before published ones: a publish racing with the erasure
+        copies an erased staged file. The rewritten file's footer keeps the checksum
+        the checkpoint recorded (``ERASED_FROM``), so a restart keeps it
+        (``check_staged``).
+
+        Cost: one LIST of the table, one LIST of the job's staging prefixes, one GET
+        per file (published and staged), one PUT per file rewritten.
+
+        Args and returns: as ``Sink.erase_rows``.
+
+        Raises:
+            ValueError: no file of the sink has ``column``, or a value cannot be
+                converted to the column's type.
+        """
+        published = [k for k in store.list(self.table_prefix(job_prefix))
+                     if k.endswith(".parquet") and _EPOCH_DIR.search(k)]
+        name = "/" + self.staged_file_name()
+        staged = [k for k in staged_keys(store, job_prefix) if k.endswith(name)]
+        found: list[tuple[bool, bool]] = []
+        for keys in (staged, published):  # staged first (docstring)
+            found += map_requests(lambda k: erase_from_parquet(store, k, column, values, f"sink {self.name}"),
+                                  keys, REQUEST_THREADS)
+        if published + staged and not any(has for has, _ in found):
+            raise ValueError(f"sink {self.name}: no file of {store.uri(self.table_prefix(job_prefix))} has a "
+                             f"column {column!r}; erase by one of the sink's columns")
+        return sorted(k for k, (_, held) in zip(staged + published, found) if held)
+
+
     def read_published(self, store: ObjectStore, key: str, epoch: int) -> pa.Table:
         """The rows of one published file ``key`` of epoch ``epoch`` (for ``read``)."""
         return pq.read_table(arrow_input(store.get(key)))
@@ -284,3 +363,76 @@ class ParquetSink(Sink):
                 return pa.table({})
             return self.schema.empty_table()
         return pa.concat_tables(tables, promote_options="default")
+
+
+def staged_keys(store: ObjectStore, job_prefix: str) -> list[str]:
+    """Every staged file of a job, in either key layout (``dkvstream.operators.paths``):
+    one LIST of ``staging/`` and one of ``r/``."""
+    flat, hashed = map_requests(store.list, [paths.staging_root(job_prefix), paths.hashed_root(job_prefix)])
+    return flat + [k for k in hashed if paths.is_staged_key(job_prefix, k)]
+
+
+def erase_from_parquet(store: ObjectStore, key: str, column: str, values: list, where: str) -> tuple[bool, bool]:
+    """Rewrites Parquet file ``key`` without the rows whose ``column`` is one of
+    ``values`` (one GET; one PUT over the same name if it held one), recording in its
+    footer the checksum of its bytes before the first such rewrite (``ERASED_FROM``).
+
+    Args:
+        where: who asks, for errors (``"sink <name>"``).
+
+    Returns:
+        ``(the file has the column, it held a matching row)``; ``(False, False)`` for a
+        missing file.
+
+    Raises:
+        ValueError: a value does not convert to the column's type (``erase_value_set``).
+    """
+    try:
+        data = store.get(key)
+    except ObjectNotFoundError:  # a staged file collected meanwhile
+        return False, False
+    table = pq.read_table(arrow_input(data))
+    if column not in table.column_names:
+        return False, False
+    col = table.column(column)
+    hit = pc.fill_null(pc.is_in(col, value_set=erase_value_set(values, col.type, where, column)), False)
+    if not pc.any(hit).as_py():
+        return True, False
+    meta = dict(table.schema.metadata or {})
+    # The first erasure's checksum is the staged file's: a later one keeps it.
+    meta.setdefault(ERASED_FROM, json.dumps(ObjectChecksum.of(data).to_json()).encode())
+    buf = io.BytesIO()
+    pq.write_table(table.filter(pc.invert(hit)).replace_schema_metadata(meta), buf, compression="zstd")
+    store.put(key, buf.getvalue())
+    return True, True
+
+
+def erased_from(store: ObjectStore, key: str) -> ObjectChecksum | None:
+    """The checksum of Parquet file ``key``'s bytes before an erasure rewrote it
+    (``ParquetSink.erase_rows``), or None if it was not rewritten, is missing or is not
+    Parquet. One GET."""
+    try:
+        meta = pq.read_metadata(arrow_input(store.get(key))).metadata or {}
+    except (ObjectNotFoundError, pa.ArrowException, OSError):  # damaged: not an erasure
+        return None
+    raw = meta.get(ERASED_FROM)
+    return None if raw is None else ObjectChecksum.from_json(json.loads(raw))
+
+
+def erase_value_set(values: list, arrow_type: pa.DataType, where: str, column: str) -> pa.Array:
+    """``values`` as an array of the column's type, for matching rows to erase: a
+    ``str`` is taken as its UTF-8 bytes for a binary column, ``bytes`` as UTF-8 text
+    for a string column.
+
+    Raises:
+        ValueError: a value does not convert; names ``where`` and ``column``.
+    """
+    binary = pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type)
+    text = pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
+    converted = [v.encode() if binary and isinstance(v, str)
+                 else v.decode() if text and isinstance(v, (bytes, bytearray)) else v for v in values]
+    try:
+        return pa.array(converted).cast(arrow_type) if converted else pa.array([], arrow_type)
+    except (pa.ArrowException, UnicodeDecodeError) as e:
+        raise ValueError(f"{where}: cannot match values {values!r} against column {column!r} of type "
+                         f"{arrow_type}: {e}; give values of the column's type") from e

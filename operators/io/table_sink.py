@@ -63,7 +63,7 @@ import pyarrow.parquet as pq
 
 from dkvstream.operators.errors import InsertConflictError, SnapshotVacuumedError
 from dkvstream.operators.io.arrow_input import arrow_input
-from dkvstream.operators.io.sinks import Sink
+from dkvstream.operators.io.sinks import Sink, erase_value_set, staged_keys
 from dkvstream.operators.io.table_layout import (
     BUCKET_COLUMN,
     DELETE,
@@ -77,7 +77,7 @@ from dkvstream.operators.io.table_layout import (
 )
 from dkvstream.operators.io.table_maintenance import compact_table, delta_tables, small_files, vacuum_table
 from dkvstream.operators.io.table_reader import TableReader, delta_dataset
-from dkvstream.storage.errors import CorruptionError
+from dkvstream.storage.errors import CorruptionError, ObjectNotFoundError
 from dkvstream.storage.objectstore import REQUEST_THREADS, ObjectStore, map_requests
 
 # Names this module has always offered (``from dkvstream.operators.io.table_sink import ...``).
@@ -88,6 +88,9 @@ __all__ = [
 ]
 
 _MERGE_ATTEMPTS = 5
+# Commit-info key of an erasure's commit (``TableSink.erase_rows``): the data files it
+# rewrote. The commit carries no key, no predicate and no app transaction.
+ERASURE_METADATA = "dkvstream.erasure_files"
 
 
 class TableSink(TableReader, Sink):
@@ -378,21 +381,188 @@ class TableSink(TableReader, Sink):
                 version the tasks read.
         """
         from deltalake import CommitProperties, Transaction
+
+        # No retries: the commit must be version read + 1. delta-rs checks no conflict for
+        # these actions, so committing after another writer (a compaction that rewrote a
+        # file the tasks replaced) would keep both the compacted and the replacing rows.
+        props = CommitProperties(app_transactions=[Transaction(app, epoch)], max_commit_retries=0,
+                                 custom_metadata={EPOCH_METADATA: str(epoch)})
+        return self._commit_actions(dt, uri, actions, props)
+
+    def _commit_actions(self, dt, uri: str, actions: list[dict], props) -> list[str]:
+        """Commits file actions (``merge_bucket``'s) with delta-rs ``CommitProperties``
+        ``props``; returns ``["<uri>@v<version>"]``."""
         from deltalake.transaction import AddAction, RemoveAction
 
         now = int(time.time() * 1000)
         log = [AddAction(a["add"], a["size"], a["partition_values"], now, True, a["stats"])
                if "add" in a else RemoveAction(a["remove"], True, now, a["size"])
                for a in actions]
-        # No retries: the commit must be version read + 1. delta-rs checks no conflict for
-        # these actions, so committing after another writer (a compaction that rewrote a
-        # file the tasks replaced) would keep both the compacted and the replacing rows.
-        props = CommitProperties(app_transactions=[Transaction(app, epoch)], max_commit_retries=0,
-                                 custom_metadata={EPOCH_METADATA: str(epoch)})
         dt.create_write_transaction(log, mode="append", schema=self.stored_schema(),
                                     partition_by=self.partition_columns, commit_properties=props)
         dt.update_incremental()
         return [f"{uri}@v{dt.version()}"]
+
+    # ------------------------------------------------------------------ erasure
+    def erase_rows(self, store: ObjectStore, job_prefix: str, column: str, values: list) -> list[str]:
+        """Erasure: removes the rows whose ``column`` is one of ``values`` from the table
+        and from its history, and from the job's staged change objects of the sink.
+
+        1. Staged change objects (``<name>.changes`` under the job's staging prefixes)
+           holding such a change row are rewritten without it (one PUT each): a
+           restart that publishes a committed epoch not yet applied applies it without
+           the key; an epoch already applied is skipped by its app transaction.
+        2. One table commit replaces each data file holding such a row by a file of its
+           other rows (``merge_bucket``'s way: the commit must follow the version read,
+           retried on a new version ``_MERGE_ATTEMPTS`` times). It carries no app
+           transaction, so the table's epoch (``transaction_version``) stays and the
+           job's next epoch publishes as usual. delta-rs's ``DELETE`` is not used: its
+           commit records the predicate, the key itself, in the log.
+        3. The history goes: a VACUUM with retention 0 deletes every data file no
+           longer in the current version (those of older versions may hold the key);
+           then a checkpoint of the newest version, and every log entry and checkpoint
+           before it is deleted (their add actions' statistics may hold the key as a
+           min or max). The checkpoint keeps the app transactions, so exactly-once
+           publishing goes on. Time travel (``as_of_epoch``) then reaches no version
+           before the erasure.
+
+        Files a publish wrote and never committed (a crash) are not read: the usual
+        vacuum (``vacuum_table``) deletes them once ``UNCOMMITTED_FILE_HOURS`` old. Erase
+        by a key column that is the range column and the partition directory named by
+        the key is emptied but may remain on a local store.
+
+        Cost: one LIST of the staging prefixes, one GET per staged change object of the
+        sink and one PUT per rewritten one; one GET per data file of the current
+        version, one PUT per file rewritten and one log commit; one GET per data file
+        the vacuum deletes (to report those that held the key) and a DELETE each; one
+        GET and DELETE per log entry before the checkpoint; a checkpoint (one PUT).
+
+        Args and returns: as ``Sink.erase_rows`` (the keys of data files, log entries,
+        checkpoints and staged objects that held a matching row).
+
+        Raises:
+            ValueError: ``column`` is not a column of the table, or a value does not
+                convert to its type.
+            CommitFailedError: other commits came first ``_MERGE_ATTEMPTS`` times.
+        """
+        from deltalake import DeltaTable
+
+        if column not in self.schema.names:
+            raise ValueError(f"table sink {self.name}: no column {column!r} (columns: {self.schema.names}); "
+                             f"erase by one of the table's columns")
+        value_set = erase_value_set(values, self.schema.field(column).type, f"table sink {self.name}", column)
+        held = self._erase_staged(store, job_prefix, column, value_set)
+        uri, opts = self.table_uri(store, job_prefix), storage_options(store)
+        if DeltaTable.is_deltatable(uri, storage_options=opts):
+            replaced = self._erase_in_table(store, job_prefix, uri, opts, column, value_set)
+            held += replaced + self._drop_history(store, job_prefix, uri, opts, column, value_set, bool(replaced))
+        return sorted(set(held))
+
+    def _erase_staged(self, store: ObjectStore, job_prefix: str, column: str, value_set: pa.Array) -> list[str]:
+        """Step 1 of ``erase_rows``: the rewritten staged change objects."""
+        def one(key: str) -> str | None:
+            try:
+                slices = staged_slices(store, [key], self.hash_buckets)
+                changes = pa.concat_tables([self.read_bucket_changes(store, b, s) for b, s in sorted(slices.items())]
+                                           or [self.read_bucket_changes(store, 0, [])])
+            except ObjectNotFoundError:  # collected meanwhile
+                return None
+            hit = _matches(changes, column, value_set)
+            if not pc.any(hit).as_py():
+                return None
+            store.put(key, _encode_staged(changes.filter(pc.invert(hit))))
+            return key
+
+        keys = [k for k in staged_keys(store, job_prefix) if k.endswith(f"/{self.name}.changes")]
+        return [k for k in map_requests(one, keys, REQUEST_THREADS) if k is not None]
+
+    def _erase_in_table(self, store: ObjectStore, job_prefix: str, uri: str, opts: dict | None, column: str,
+                        value_set: pa.Array) -> list[str]:
+        """Step 2 of ``erase_rows``: the replaced data files' keys."""
+        from deltalake import CommitProperties, DeltaTable
+        from deltalake.exceptions import CommitFailedError
+
+        table_prefix = self.table_prefix(job_prefix)
+        stored = self.stored_schema()
+        for attempt in range(_MERGE_ATTEMPTS):
+            dt = DeltaTable(uri, storage_options=opts)
+            epoch = dt.transaction_version(self.app_id(job_prefix)) or 0
+            sizes = {a["path"]: a["size_bytes"] for a in pa.table(dt.get_add_actions(flatten=True))
+                     .select(["path", "size_bytes"]).to_pylist()}
+            actions, held = [], []
+            for fragment in delta_dataset(dt).get_fragments():
+                old = _as_stored(fragment.to_table(), fragment.partition_expression, stored)
+                hit = _matches(old, column, value_set)
+                if not pc.any(hit).as_py():
+                    continue
+                path = _log_path(fragment.path, sizes)
+                held.append(f"{table_prefix}/{path}")
+                actions.append({"remove": path, "size": sizes.get(path)})
+                bucket = int(pads.get_partition_keys(fragment.partition_expression)[BUCKET_COLUMN])
+                actions += self._write_partitions(store, table_prefix, bucket, epoch, old.filter(pc.invert(hit)))
+            if not actions:
+                return []
+            # No app transaction: the table's epoch stays the job's. The metadata names
+            # no key (a GDPR erasure must not write the key it erases).
+            props = CommitProperties(max_commit_retries=0, custom_metadata={ERASURE_METADATA: str(len(held))})
+            try:
+                self._commit_actions(dt, uri, actions, props)
+                return held
+            except CommitFailedError:
+                if attempt == _MERGE_ATTEMPTS - 1:  # an epoch's publish came first each time
+                    raise
+        raise AssertionError("unreachable")
+
+    def _drop_history(self, store: ObjectStore, job_prefix: str, uri: str, opts: dict | None, column: str,
+                      value_set: pa.Array, committed: bool) -> list[str]:
+        """Step 3 of ``erase_rows`` (skipped when step 2 committed nothing and no data
+        file to vacuum nor log entry holds a matching value: the erasure is
+        idempotent): of the deleted data files, log entries and checkpoints, those that
+        held a matching value."""
+        from deltalake import DeltaTable
+
+        table_prefix = self.table_prefix(job_prefix)
+        dt = DeltaTable(uri, storage_options=opts)
+        # The checkpoint's remove actions outlive the files a vacuum deleted: keep those left.
+        gone = [k for k in (f"{table_prefix}/{p}" for p in
+                            dt.vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False))
+                if store.exists(k)]
+        held = [k for k in gone if self._file_holds(store, k, column, value_set)]
+        values = value_set.to_pylist()
+
+        def log_holds(key: str) -> bool:
+            try:
+                return _history_holds(store.get(key), key, column, values)
+            except ObjectNotFoundError:
+                return False
+
+        def log_before(version: int) -> list[str]:
+            return [k for k in store.list(f"{table_prefix}/_delta_log/")
+                    if (name := k.rsplit("/", 1)[1])[:20].isdigit() and int(name[:20]) < version]
+
+        held += [k for k in log_before(dt.version() + 1) if log_holds(k)]
+        if not (committed or gone or held):
+            return []  # nothing of the key in the history: no vacuum, no checkpoint
+        dt.vacuum(retention_hours=0, dry_run=False, enforce_retention_duration=False)
+        dt = DeltaTable(uri, storage_options=opts)  # the vacuum committed
+        dt.create_checkpoint()
+        for key in log_before(dt.version()):
+            store.delete(key)
+        return held
+
+    def _file_holds(self, store: ObjectStore, key: str, column: str, value_set: pa.Array,
+                    data: bytes | None = None) -> bool:
+        """Whether data file ``key`` holds a value of ``value_set`` in ``column`` (its
+        partition directory counts for the range column)."""
+        try:
+            data = store.get(key) if data is None else data
+        except ObjectNotFoundError:
+            return False
+        if column == self.range_column and any(f"/{column}={quote(_partition_text(v), safe='')}/" in key
+                                               for v in value_set.to_pylist()):
+            return True
+        table = pq.read_table(arrow_input(data))
+        return column in table.column_names and bool(pc.any(_matches(table, column, value_set)).as_py())
 
     def published_after(self, store: ObjectStore, job_prefix: str, epoch: int) -> list[str]:
         from deltalake import DeltaTable
@@ -499,6 +669,39 @@ def _merge_bucket(sink: TableSink, store: ObjectStore, table_prefix: str, uri: s
 
 def _in_process(fn: Callable, items: list) -> list:
     return [fn(item) for item in items]
+
+
+def _history_holds(data: bytes, key: str, column: str, values: list) -> bool:
+    """Whether a Delta log entry (``<v>.json``) or checkpoint (``<v>.checkpoint*.parquet``)
+    holds one of ``values`` of ``column``: as the min or max of an add or remove
+    action's statistics, as its partition value, or (text values, in a log entry) in
+    any text, such as another writer's DELETE predicate in its commit info."""
+    texts = {_partition_text(v) for v in values}
+    if key.endswith(".json"):
+        if any(isinstance(v, str) and json.dumps(v)[1:-1].encode() in data for v in values):
+            return True
+        actions = [json.loads(line) for line in data.splitlines() if line.strip()]
+    elif key.endswith(".parquet"):
+        actions = pq.read_table(arrow_input(data)).to_pylist()
+    else:
+        return False
+    for action in actions:
+        for kind in ("add", "remove"):
+            f = action.get(kind)
+            if not f:
+                continue
+            parts = f.get("partitionValues") or {}
+            if (dict(parts) if isinstance(parts, list) else parts).get(column) in texts - {None}:
+                return True
+            stats = json.loads(f["stats"]) if f.get("stats") else {}
+            if any((stats.get(bound) or {}).get(column) in values for bound in ("minValues", "maxValues")):
+                return True
+    return False
+
+
+def _matches(table: pa.Table, column: str, value_set: pa.Array) -> pa.ChunkedArray:
+    """Rows of ``table`` whose ``column`` is in ``value_set`` (null: no)."""
+    return pc.fill_null(pc.is_in(table.column(column), value_set=value_set), False)
 
 
 # ------------------------------------------------------------------- data files

@@ -46,15 +46,17 @@ from dkvstream.operators.api.columns import (
     TIMESTAMP_COLUMN,
 )
 from dkvstream.operators.io.arrow_input import arrow_input
-from dkvstream.operators.io.sinks import Sink
+from dkvstream.operators.io.sinks import Sink, staged_keys
 from dkvstream.operators.io.sources import Source
+from dkvstream.storage.errors import ObjectNotFoundError
 from dkvstream.storage.log import Log, TopicConfig
+from dkvstream.storage.log.cleaner import erase_keys
 from dkvstream.storage.log.consumer import fetch, with_fresh_metadata
 from dkvstream.storage.log.errors import InvalidRecordError
 from dkvstream.storage.log.metadata import NO_CHANGE, LogMetadata
 from dkvstream.storage.log.producer import append_file, now_ms, partition_for
 from dkvstream.storage.log.records import Record
-from dkvstream.storage.log.segment import SegmentWriter, read_directory
+from dkvstream.storage.log.segment import SegmentWriter, chunk_batches, read_directory
 from dkvstream.storage.objectstore import ObjectStore, map_requests, open_object_store
 
 VALUE_COLUMN = "value"
@@ -458,6 +460,33 @@ class TopicSink(Sink):
             return []
         return published
 
+    def erase_rows(self, store: ObjectStore, job_prefix: str, column: str, values: list) -> list[str]:
+        """Erasure: removes the records whose key is one of ``values`` from the job's
+        staged segments of this sink (rewritten without them, first: a publish racing
+        with the erasure copies a rewritten one) and from the topic
+        (``dkvstream.storage.log.cleaner.erase_keys``: a tombstone for a compacted
+        topic, then a rewrite of the topic and of the files it shares; every topic of
+        the log, not only this job's records of the key). Records of the key other
+        producers append meanwhile stay.
+
+        Cost: one LIST of the job's staging prefixes, one GET per staged segment of the
+        sink and one PUT per rewritten one; then ``erase_keys``'s, once for all values.
+
+        Args and returns: as ``Sink.erase_rows``; ``column`` must be the sink's key
+        column, ``values`` keys as ``str`` (UTF-8) or ``bytes``.
+
+        Raises:
+            ValueError: ``column`` is not the key column.
+        """
+        if column != self.key_column:
+            raise ValueError(f"topic sink {self.name}: records are erased by their key, column "
+                             f"{self.key_column!r}, not {column!r}")
+        keys = frozenset(v.encode() if isinstance(v, str) else bytes(v) for v in values)
+        staged = [k for k in staged_keys(store, job_prefix) if k.endswith(f"/{self.name}.seg")]
+        held = [k for k in map_requests(lambda k: k if _erase_from_segment(store, k, keys) else None, staged)
+                if k is not None]
+        return sorted(held + erase_keys(Log(store, self.log_prefix), self.topic, sorted(keys)))
+
     def published_after(self, store: ObjectStore, job_prefix: str, epoch: int) -> list[str]:
         applied = Log(store, self.log_prefix).metadata().producers.get(self.producer_id(job_prefix), -1)
         return [f"topic {self.topic}: producer {self.producer_id(job_prefix)} published epoch {applied}"] \
@@ -473,3 +502,26 @@ class TopicSink(Sink):
         schema = pa.schema([("partition", pa.int32()), ("offset", pa.int64()), ("key", pa.binary()),
                             ("timestamp", pa.int64()), ("value", pa.binary())])
         return pa.Table.from_pylist(rows, schema=schema)
+
+
+def _erase_from_segment(store: ObjectStore, key: str, keys: frozenset[bytes]) -> bool:
+    """Rewrites staged segment ``key`` without the records of ``keys`` (deltas renumbered
+    from 0 in each chunk, as a staged segment has them); True if it held one. A chunk left
+    without records is dropped."""
+    try:
+        data = store.get(key)
+    except ObjectNotFoundError:  # collected meanwhile
+        return False
+    writer, held = SegmentWriter(), False
+    for chunk in read_directory(store, key, data):
+        records = [r for _, b in chunk_batches(data, chunk, 0, store.uri(key)) for r in b.records(0)]
+        kept = [r for r in records if r.key not in keys]
+        held |= len(kept) < len(records)
+        if kept:
+            writer.begin_chunk(chunk.topic, chunk.partition)
+            writer.append(range(len(kept)), [r.timestamp for r in kept], [r.key for r in kept],
+                          [r.value for r in kept], [r.headers for r in kept] if any(r.headers for r in kept) else None)
+            writer.end_chunk()
+    if held:
+        store.put(key, writer.finish()[0])
+    return held

@@ -94,6 +94,13 @@ from dkvstream.operators.runtime.control import (
     pending_flush_requests,
     release_lease,
 )
+from dkvstream.operators.runtime.erasure import (
+    finish_applied,
+    held_before,
+    in_range,
+    pending_erasures,
+    subjects_of,
+)
 from dkvstream.operators.runtime.event_time import (
     EpochEventTime,
     EpochPlan,
@@ -254,6 +261,7 @@ class JobRunner:
         self._recovery: dict | None = None  # a fallback, recorded in the next checkpoint
         self._retention_damage: list[str] = []  # found by retention, for the next checkpoint
         self._task_dead_letters: list[str] = []  # staged by the epoch's tasks (_run_stages)
+        self._erasing: list = []  # erasure requests the epoch in flight serves (_run_leased)
         self._exchange: Exchange | None = None  # the epoch's data plane (_read_events)
         self._screened: DeadLetterResult | None = None  # the dead-letter task's (_run_stages)
         self.last_cleanup: CleanupReport | None = None
@@ -411,6 +419,8 @@ class JobRunner:
                 return True
         if not continuous:
             return False
+        if pending_erasures(self.store, self.job.prefix):  # served by an epoch without input
+            return True
         # The quiet watermark moves with every look: only the reasons above run an epoch for it.
         unquiet = dataclasses.replace(inputs, plan=dataclasses.replace(plan, quiet_since_ms=None))
         return epoch_event_time(unquiet, []).watermark > ckpt.watermark
@@ -558,12 +568,17 @@ class JobRunner:
 
     def _run_leased(self, ckpt: JobCheckpoint, plan: EpochPlan,
                     drain: bool = False) -> tuple[EpochResult, JobCheckpoint]:
-        """``_run_epoch`` under the epoch's lease, serving the pending flush requests."""
+        """``_run_epoch`` under the epoch's lease, serving the pending flush and erasure
+        requests."""
         # Requests seen now are served by this epoch; the lease keeps a concurrent
         # cleanup off the files the tasks write before the commit (dkvstream.operators.runtime.control).
         flushes = pending_flush_requests(self.store, self.job.prefix)
+        erasures = pending_erasures(self.store, self.job.prefix)
+        self._erasing = erasures
         lease = acquire_lease(self.store, self.job.prefix, ckpt.epoch + 1)
         try:
+            # What holds an erased key now, for its record: the epoch's retention may delete some.
+            held = held_before(self.store, self.job.prefix, erasures, self.job.key_groups) if erasures else None
             fault_point("epoch_planned", epoch=ckpt.epoch + 1)
             result, ckpt = self._run_epoch(ckpt, plan, flush=bool(flushes), drain=drain)
         except BaseException:
@@ -575,6 +590,8 @@ class JobRunner:
         fault_point("after_cleanup", epoch=result.epoch)
         release_lease(self.store, self.job.prefix, lease)
         consume_flush_requests(self.store, flushes)
+        if erasures:  # retained checkpoints before this one expire (dkvstream.operators.runtime.erasure)
+            finish_applied(self.store, self.job.prefix, erasures, ckpt, held)
         return result, ckpt
 
     def _drain_plan(self, ckpt: JobCheckpoint) -> EpochPlan:
@@ -781,6 +798,10 @@ class JobRunner:
             plan=plan, committed=offsets, partition_max_ts=part_max, watermark_ms=watermark,
             previous_plan_ms=self._previous_plan_ms, previous_ends=self._previous_plan_ends)
         metrics = self._metrics(events, results, flush)
+        if self._erasing:
+            metrics["erasure"] = {"requests": [r.id for r in self._erasing], "ranges": {
+                op: {res.range_label: res.metrics["erased"] for res in rs if "erased" in res.metrics}
+                for op, rs in results.items()}}
         self._check_dead_letters(epoch, metrics["dead_letter"], results, outputs)
         metrics["driver_bytes_received"] = received
         metrics["live"] = live_metrics(now_ms=self._now_ms())  # at the commit
@@ -904,6 +925,7 @@ class JobRunner:
                     layout=ckpt.layout,
                     processing_time=processing_time,
                     state_schemas=self._state_schemas.get(op.name),
+                    erase=in_range(subjects_of(self._erasing, self.job.key_groups), kr),
                 )
                 for r, kr in enumerate(ranges)
             ]

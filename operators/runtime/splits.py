@@ -159,18 +159,38 @@ def read_split(source: Source, split: Split, ctx: ReadContext) -> ReadOutput:
     elif len(offsets) != len(read_offsets):
         ingest = ingest.take(pa.array(np.searchsorted(read_offsets, offsets)))
     n = t.num_rows
-    kgs = key_groups_of_column(t.column(KEY_COLUMN), ctx.key_groups) if n else np.zeros(0, np.int32)
-    ranges = range_indexes_of(kgs, ctx.key_groups, ctx.parallelism)
-    t = t.append_column(PART_COLUMN, pa.array(np.full(n, split.part_index, np.int32)))
-    t = t.append_column(OFFSET_COLUMN, pa.array(offsets))
-    t = t.append_column(INGEST_TIME_COLUMN, ingest)
-    t = t.append_column(KG_COLUMN, pa.array(kgs, pa.int32()))
-    t = t.append_column(RANGE_COLUMN, pa.array(ranges, pa.int32()))
+    t, ranges = tag_events(t, split.part_index, offsets, ingest, ctx.key_groups, ctx.parallelism)
     ts = t.column(TIMESTAMP_COLUMN).to_numpy() if n else np.zeros(0, np.int64)
     summary = SplitSummary(split=split, rows=n, dead=dead.num_rows,
                            max_ts=int(ts.max()) if n else WATERMARK_MIN,
                            steps=EventTimeSteps.of(offsets, ts) if n and ctx.alignment else None)
     return ReadOutput(events=split_by_range(t, ranges), dead=dead, summary=summary)
+
+
+def tag_events(events: pa.Table, part_index: int, offsets: np.ndarray, ingest: pa.Array,
+               key_groups: int, parallelism: int) -> tuple[pa.Table, np.ndarray]:
+    """Appends the columns a read task tags its events with, for the first operator.
+
+    Args:
+        events: key (binary), timestamp and value columns, in input order.
+        part_index: the partition's index in the epoch's plan (``_part``).
+        offsets: each row's source offset (int64, one per row; ``_offset``).
+        ingest: each row's ingest time, ms, or nulls (int64; ``_ingest_time``).
+        key_groups: the job's key groups.
+        parallelism: the first operator's parallelism (ranges).
+
+    Returns:
+        ``(events with _part, _offset, _ingest_time, _kg and _range appended, the range
+        index of each row as int32)``.
+    """
+    n = events.num_rows
+    kgs = key_groups_of_column(events.column(KEY_COLUMN), key_groups) if n else np.zeros(0, np.int32)
+    ranges = range_indexes_of(kgs, key_groups, parallelism)
+    for name, column in ((PART_COLUMN, pa.array(np.full(n, part_index, np.int32))),
+                         (OFFSET_COLUMN, pa.array(offsets, pa.int64())), (INGEST_TIME_COLUMN, ingest),
+                         (KG_COLUMN, pa.array(kgs, pa.int32())), (RANGE_COLUMN, pa.array(ranges, pa.int32()))):
+        events = events.append_column(name, column)
+    return events, ranges
 
 
 def split_by_range(events: pa.Table, ranges: np.ndarray) -> list[tuple[int, pa.Table]]:

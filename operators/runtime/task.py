@@ -51,6 +51,7 @@ from dkvstream.operators.io import dead_letter
 from dkvstream.operators.io.sinks import Sink
 from dkvstream.operators.paths import staging_prefix
 from dkvstream.operators.runtime import operator_errors
+from dkvstream.operators.runtime.erasure import erase_subjects
 from dkvstream.operators.runtime.live import ingest_sketches
 from dkvstream.operators.runtime.open_state import OpenState
 from dkvstream.operators.runtime.splits import apply_cuts
@@ -86,6 +87,9 @@ class TaskSpec:
             operator (None for the last operator).
         flush: write the memtable to level-0 SSTables before the DKV checkpoint (a
             flush request, ``dkvstream.operators.runtime.control``).
+        erase: ``(key group, key)`` of the subjects whose every entry the task purges
+            after the epoch's events and timers (erasure requests,
+            ``dkvstream.operators.runtime.erasure``); only the range's own.
         on_operator_error: the job's policy, ``"fail"`` or ``"dead_letter"``
             (``dkvstream.operators.runtime.operator_errors``).
         input_name: the ``source`` column of this task's dead-letter rows: the job
@@ -122,6 +126,7 @@ class TaskSpec:
     layout: int = paths.LAYOUT_FLAT
     processing_time: int | None = None
     state_schemas: dict[str, dict] | None = None
+    erase: tuple[tuple[int, bytes], ...] = ()
 
 
 @dataclass
@@ -358,6 +363,11 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
         dead_letter_key, checksum = dead_letter.stage(store, spec.job_prefix, spec.epoch, dead.table(), attempt,
                                                       label=f"{operator.name}-{krange.label}", layout=spec.layout)
         checksums[dead_letter_key] = checksum.to_json()
+    erased = None
+    if spec.erase:  # after the epoch's own writes, so they are erased too
+        erased = erase_subjects(db, spec.erase)
+        if timers is not None:  # a kept instance's timer heap may hold erased timers
+            timers = Timers.over(db, krange)
     if spec.flush:
         db.flush()
     # Expired TTL'd state leaves storage as compaction rewrites it, at this checkpoint's
@@ -392,6 +402,7 @@ def run_task(operator: Operator, spec: TaskSpec, events: pa.Table, store: Object
             "ingest": ingest,
             "ingest_at_event_time": ingest_at_event_time,
             "next_timers": next_timers,
+            **({"erased": erased} if erased is not None else {}),
         },
         forwarded=forwarded,
         dead_letter_key=dead_letter_key,

@@ -34,7 +34,7 @@ Threading: a DKV instance is single-threaded. Call it from one thread at a time.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from dkvstream.storage.dkv.checkpoint import extends, load_checked, publish
 from dkvstream.storage.dkv.compaction import (
@@ -52,6 +52,7 @@ from dkvstream.storage.dkv.manifest import Manifest, WalRef, dropped_files, unke
 from dkvstream.storage.dkv.memtable import ENTRY_OVERHEAD, Memtable
 from dkvstream.storage.dkv.options import DKVOptions
 from dkvstream.storage.dkv.paths import PathResolver, validate_name
+from dkvstream.storage.dkv.purge import PurgeResult, discard_from_memtables, purge_tables
 from dkvstream.storage.dkv.read import PointReader, prefix_successor, scan_range
 from dkvstream.storage.dkv.remote_compaction import can_install, list_results, load_result
 from dkvstream.storage.dkv.rescale import start_manifest, wal_in_range
@@ -441,6 +442,36 @@ class DKV:
             len(plan.inputs) == 1 and plan.input_levels[0] >= 1 and plan.inputs[0].clip is None
         )):
             self._run_plan(plan)
+
+    def erase_prefixes(self, prefixes: Sequence[bytes],
+                       where: Callable[[bytes], bool] | None = None) -> PurgeResult:
+        """Removes physically every entry whose key starts with one of ``prefixes`` (and,
+        if given, satisfies ``where(key)``): every version, tombstones included, from the
+        memtables and every table, with no tombstone left holding the key (``purge.py``).
+        The memtable is flushed, so the next ``checkpoint`` names no WAL object; its
+        manifest no longer names the tables rewritten or the WAL objects listed before
+        (``dropped_at_checkpoint`` lists them).
+
+        Args:
+            prefixes: Non-empty key prefixes.
+            where: A further test of a key under a prefix, or None (all of them).
+
+        Returns:
+            A ``PurgeResult``.
+
+        Raises:
+            ValueError: A prefix is empty or not ``bytes``.
+            ClosedError: The instance is closed.
+            CorruptionError: A table block read fails verification.
+        """
+        if self._closed:
+            raise ClosedError("DKV is closed")
+        result = PurgeResult()
+        result.entries = discard_from_memtables((self._mem, *self._sealed), prefixes, where)
+        result.wal_dropped = [w.key for w in self._wal_refs]
+        self.flush_memtable()
+        self._levels = purge_tables(self._tables, self._levels, prefixes, where, result)
+        return result
 
     def set_compaction_filter(self, compaction_filter: ExpiryFilter | None) -> None:
         """Sets the filter later compactions of this instance apply and its next

@@ -79,6 +79,20 @@ class LevelList:
             levels.pop()
         return LevelList(tuple(levels))
 
+    def with_replaced(self, replaced: dict[str, TableInfo | None]) -> LevelList:
+        """Returns a copy with each table ``replaced`` names swapped in place for its new
+        table (its level and position kept), or removed where the new one is None.
+
+        REQUIRES: each new table's key range lies within its old one's (a purge,
+        ``purge.py``: a table rewritten without some entries), so runs stay sorted and
+        disjoint.
+        """
+        levels = [tuple(n for n in (replaced.get(t.key, t) for t in lvl) if n is not None)
+                  for lvl in self.levels]
+        while len(levels) > 1 and not levels[-1]:
+            levels.pop()
+        return LevelList(tuple(levels))
+
     @cached_property
     def _max_keys(self) -> list[list[bytes]]:
         # Computed once per (immutable) LevelList; cached_property writes __dict__ directly.

@@ -100,6 +100,22 @@ class Memtable:
             self.min_seq = seqs[0]
         self.max_seq = seqs[-1]
 
+    def discard(self, keys: Sequence[bytes]) -> int:
+        """Removes ``keys`` outright, leaving no tombstone (a purge, ``purge.py``): reads
+        then fall through to the tables. ``min_seq``/``max_seq`` stay as bounds.
+
+        Returns:
+            How many of ``keys`` were present.
+        """
+        d = self._d
+        gone = {k for k in keys if k in d}
+        for k in gone:
+            v = d.pop(k)[1]
+            self.approx_bytes -= len(k) + (0 if v is None else len(v)) + ENTRY_OVERHEAD
+        if gone:
+            self._keys = [k for k in self._sorted_keys() if k not in gone]
+        return len(gone)
+
     def get(self, key: bytes) -> tuple[int, bytes | None] | None:
         """Looks up ``key``.
 

@@ -44,6 +44,16 @@ planning (producers only append after them; a concurrent cleaning of the same pa
 makes this one skip it). Input files no entry names any more are deleted after the
 commit.
 
+**Erasure** (``erase_key``, a GDPR request): removes every record of some keys from a
+topic, compacted or not, with the same machinery and no map pass: each partition of the
+topic is rewritten without the keys' records (offsets unchanged, gaps where they were),
+and so is every other partition with an entry in a file holding the topic's records, up
+to its last such entry (its records are copied unchanged), so that every input file
+ends unnamed and is deleted; a file's bytes outside the entries rewritten would
+otherwise keep the key. A compacted topic first gets a tombstone of each key (consumers
+reading it live drop the key), which the rewrite then removes with the older records:
+neither the key's records nor a tombstone, which holds the key too, remain.
+
 **Memory** is bounded whatever the size of the log, as in Kafka's cleaner (a map, an
 I/O buffer, one segment being written):
 
@@ -75,7 +85,8 @@ from dkvstream.storage.log.metadata import NO_CHANGE, Entry, LogMetadata
 from dkvstream.storage.log.offset_map import OffsetMap, hash_keys, partition_bits
 from dkvstream.storage.log.producer import now_ms
 from dkvstream.storage.log.records import Columns
-from dkvstream.storage.log.segment import ChunkInfo, SegmentWriter, chunk_batches
+from dkvstream.storage.log.segment import ChunkInfo, SegmentWriter, chunk_batches, read_directory
+from dkvstream.storage.objectstore import map_requests
 
 HASH_SPACE = 2**32
 MAX_RANGE_OFFSETS = 2**32 - 1
@@ -114,6 +125,9 @@ class CleaningReport:
             confusion (``OffsetMap.collision_bound``).
         seconds: wall time.
         files_deleted: input files deleted after the commit.
+        records_erased: records an erasure removed (``erase_key``).
+        erased_files: input files that held such a record.
+        skipped: partitions planned but not committed (another cleaning changed them).
     """
 
     partitions: list[tuple[str, int]] = field(default_factory=list)
@@ -134,6 +148,9 @@ class CleaningReport:
     collision_bound: float = 0.0
     seconds: float = 0.0
     files_deleted: list[str] = field(default_factory=list)
+    records_erased: int = 0
+    erased_files: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, int]] = field(default_factory=list)
 
 
 def dirty_stats(md: LogMetadata, topic: str, partition: int, now: int) -> tuple[int, int, int]:
@@ -196,6 +213,105 @@ def plan_cleaning(md: LogMetadata, now: int, topics: list[str] | None = None,
                 entries = [e for e in entries if e.start < end]
             plans.append(PartitionPlan(name, i, entries, end, ratio))
     return plans
+
+
+def plan_erasure(md: LogMetadata, topic: str, store) -> list[PartitionPlan]:
+    """What an erasure from ``topic`` rewrites (module docstring, "Erasure"): each of its
+    partitions with entries, whole, and each other partition with an entry in a file
+    holding a chunk of the topic, up to its last such entry; in (topic, partition) order.
+    A file keeps the bytes of a chunk no entry names any more (a cleaning rewrote it)
+    while another partition's entry names the file, so the files of other partitions
+    are found by their chunk directories (``read_directory``, up to 3 requests each).
+
+    Raises:
+        UnknownTopicError: no such topic.
+    """
+    files = {e.file for p in md.topic(topic).partitions for e in p.entries}
+    others = sorted({e.file for name, t in md.topics.items() if name != topic
+                     for p in t.partitions for e in p.entries} - files)
+    files |= {f for f, chunks in zip(others, map_requests(lambda f: read_directory(store, f), others))
+              if any(c.topic == topic for c in chunks)}
+    plans = []
+    for name in sorted(md.topics):
+        for i, p in enumerate(md.topics[name].partitions):
+            last = len(p.entries) if name == topic else \
+                max((j + 1 for j, e in enumerate(p.entries) if e.file in files), default=0)
+            if last == 0:
+                continue
+            entries = p.entries[:last]
+            if entries[-1].end - entries[0].start > MAX_RANGE_OFFSETS:
+                raise ValueError(f"{name}/{i}: more than {MAX_RANGE_OFFSETS} offsets to rewrite at once; "
+                                 f"an erasure cannot rewrite this partition")
+            plans.append(PartitionPlan(name, i, entries, entries[-1].end, 0.0))
+    return plans
+
+
+def erase_key(log, topic: str, key: bytes, clock=now_ms, config: CleanerConfig | None = None,
+              attempts: int = 3) -> list[str]:
+    """``erase_keys`` of one key."""
+    return erase_keys(log, topic, [key], clock, config, attempts)
+
+
+def erase_keys(log, topic: str, keys: list[bytes], clock=now_ms, config: CleanerConfig | None = None,
+               attempts: int = 3) -> list[str]:
+    """Erasure (a GDPR request): removes every record of each of ``keys`` from ``topic``,
+    so that no segment file of the log holds one (module docstring, "Erasure"); the
+    keys of a batch of requests together cost one rewrite.
+
+    A compacted topic first gets a tombstone of each key (one commit), then every
+    partition of the topic is rewritten without the keys' records, the tombstones
+    included, whatever ``delete.retention.ms`` and ``min.compaction.lag.ms`` say; a
+    ``delete`` topic is rewritten the same way, without a tombstone. Offsets do not
+    change. Records of a key appended after the rewrite planned stay: stop producing
+    the key first. A rewrite that lost a race with a cleaning is redone, ``attempts``
+    times at most. Idempotent: a second call finds nothing, appends a tombstone again
+    for a compacted topic and erases it, and returns ``[]``.
+
+    Cost: the chunk directory of every segment file of the log's other topics (up to 3
+    requests each, ``plan_erasure``); every file holding a chunk of the topic is read
+    once (one or two GETs, ``Cleaner``), and the topic's records and those of the other
+    partitions sharing those files are written again (PUTs of ``max_file_bytes``
+    files); one metadata commit (plus one for the tombstone); a DELETE per input file.
+
+    Args:
+        log: the ``Log``.
+        topic: the topic.
+        keys: the record keys to erase.
+        clock: ms clock (tests pass a fake one).
+        config: the cleaner's settings.
+        attempts: rewrites to try before giving up.
+
+    Returns:
+        The keys of the segment files that held a record of a key (deleted now),
+        sorted; not the file of the tombstones this call appended.
+
+    Raises:
+        UnknownTopicError: no such topic.
+        RuntimeError: a concurrent cleaning came first ``attempts`` times (names the
+            partitions left; run it again).
+    """
+    keys = set(keys)
+    tombstone_file = None
+    if keys and log.metadata().topic(topic).config.compacted:
+        producer = log.producer(clock=clock)
+        for key in sorted(keys):
+            producer.send(topic, key, None)
+        (_, p), (offset, _) = next(iter(producer.flush().items()))  # one flush: one file
+        tombstone_file = next(e.file for e in log.metadata().partition(topic, p).entries
+                              if e.start <= offset < e.end)
+    cleaner = Cleaner(log, config, clock)
+    erased: set[str] = set()
+    for _ in range(attempts):
+        report = cleaner.erase(topic, keys)
+        if report is None:
+            break
+        erased.update(report.erased_files)
+        if not report.skipped:
+            break
+    else:
+        raise RuntimeError(f"erasure of keys from topic {topic!r}: a concurrent cleaning rewrote partitions "
+                           f"{report.skipped} first, {attempts} times; run the erasure again")
+    return sorted(erased - {tombstone_file})
 
 
 def _members(bitmap: BitMap, lo: int, hi: int) -> np.ndarray:
@@ -334,24 +450,55 @@ class Cleaner:
         Raises:
             CorruptionError: an input batch fails its checks (names file and byte).
         """
-        started = time.perf_counter()
         now = self.clock()
         md = self.log.metadata()
         plans = plan_cleaning(md, now, topics, force)
         if not plans:
             return None
+        return self._rewrite(md, plans, now)
+
+    def erase(self, topic: str, keys: set[bytes]) -> CleaningReport | None:
+        """Rewrites ``topic`` without the records of ``keys`` (module docstring,
+        "Erasure"); ``erase_key`` appends the tombstones first and retries.
+
+        Returns:
+            The report (``records_erased``, ``erased_files``; ``partitions`` lists the
+            partitions committed, fewer than planned if a cleaning raced), or None if
+            the topic holds no record.
+
+        Raises:
+            UnknownTopicError: no such topic.
+            CorruptionError: an input batch fails its checks.
+        """
+        now = self.clock()
+        md = self.log.metadata()
+        plans = plan_erasure(md, topic, self.log.store)
+        if not plans:
+            return None
+        return self._rewrite(md, plans, now, (topic, frozenset(keys)))
+
+    def _rewrite(self, md: LogMetadata, plans: list[PartitionPlan], now: int,
+                 erase: tuple[str, frozenset[bytes]] | None = None) -> CleaningReport:
+        """Cleans ``plans`` or, with ``erase`` = ``(topic, keys)``, copies them without
+        the keys' records of that topic (no map pass, no new delete horizon)."""
+        started = time.perf_counter()
         report = CleaningReport(partitions=[(p.topic, p.partition) for p in plans])
         streams_a, streams_b = self._streams(plans, report)
         output = _Output(self.log, self.config.max_file_bytes, now)
         for plan in plans:
             cfg = md.topic(plan.topic).config
             base = plan.entries[0].start
-            survivors = self._map_passes(plan, base, streams_a, report)
             output.begin(plan, cfg.index_interval_bytes)
-            self._copy_pass(plan, base, survivors, streams_b, output, now + cfg.delete_retention_ms, now, report)
+            if erase is None:
+                survivors = self._map_passes(plan, base, streams_a, report)
+                self._copy_pass(plan, base, survivors, streams_b, output, now + cfg.delete_retention_ms, now, report)
+            else:
+                dropped = erase[1] if plan.topic == erase[0] else frozenset()
+                self._copy_pass(plan, base, None, streams_b, output, 0, now, report, dropped)
             output.end()
         output.close()
-        committed = self._commit(plans, output.entries)
+        committed = self._commit(plans, output.entries, advance=erase is None)
+        report.skipped = [pp for pp in report.partitions if pp not in committed]
         report.partitions = committed
         report.output_files = [k for k, _ in output.files]
         report.records_out = sum(c.records for _, infos in output.files for c in infos)
@@ -456,9 +603,11 @@ class Cleaner:
             yield np.concatenate(hs), np.concatenate(ls), np.concatenate(rels)
 
     # --------------------------------------------------------------- copy pass
-    def _copy_pass(self, plan: PartitionPlan, base: int, survivors: BitMap, streams, output: _Output,
-                   new_horizon: int, now: int, report: CleaningReport) -> None:
-        """Copies the survivors into ``output``, in batches of about ``batch_bytes``."""
+    def _copy_pass(self, plan: PartitionPlan, base: int, survivors: BitMap | None, streams, output: _Output,
+                   new_horizon: int, now: int, report: CleaningReport,
+                   erased: frozenset[bytes] = frozenset()) -> None:
+        """Copies the survivors (None: every record) into ``output``, in batches of
+        about ``batch_bytes``, without the records whose key is in ``erased``."""
         parts: list[Columns] = []
         state = {"horizon": 0, "bytes": 0}
         batch_bytes = output.writer.batch_bytes
@@ -474,11 +623,21 @@ class Cleaner:
                 report.bytes_decoded += b.header.size
                 report.records_in += len(b)
                 report.bytes_in += b.header.size
-                rel = b.deltas.astype(np.int64) + (e.base - base)
-                present = _members(survivors, int(rel[0]), int(rel[-1]))
-                keep = present[np.minimum(np.searchsorted(present, rel), max(0, len(present) - 1))] == rel \
-                    if len(present) else np.zeros(len(rel), bool)
-                report.duplicates_removed += int(len(b) - keep.sum())
+                if survivors is None:
+                    keep = np.ones(len(b), bool)
+                else:
+                    rel = b.deltas.astype(np.int64) + (e.base - base)
+                    present = _members(survivors, int(rel[0]), int(rel[-1]))
+                    keep = present[np.minimum(np.searchsorted(present, rel), max(0, len(present) - 1))] == rel \
+                        if len(present) else np.zeros(len(rel), bool)
+                    report.duplicates_removed += int(len(b) - keep.sum())
+                if erased:
+                    hit = np.fromiter((k in erased for k in b.keys()), bool, len(b))
+                    if hit.any():
+                        report.records_erased += int(hit.sum())
+                        if e.file not in report.erased_files:
+                            report.erased_files.append(e.file)
+                        keep &= ~hit
                 horizon = b.header.delete_horizon
                 if horizon and now >= horizon and (b.value_lens < 0).any():
                     expired = keep & (b.value_lens < 0)
@@ -500,7 +659,9 @@ class Cleaner:
         flush()
 
     # ------------------------------------------------------------------ commit
-    def _commit(self, plans: list[PartitionPlan], results) -> list[tuple[str, int]]:
+    def _commit(self, plans: list[PartitionPlan], results, advance: bool = True) -> list[tuple[str, int]]:
+        """Replaces each plan's entries by its results; ``advance``: the rewrite was a
+        cleaning (deduplicated up to the plan's dirty end), not only an erasure."""
         def mutate(md: LogMetadata):
             done = []
             for plan in plans:
@@ -509,7 +670,8 @@ class Cleaner:
                 if p.entries[:n] != plan.entries:
                     continue  # changed since planning (another cleaner): skip this partition
                 p.entries[:n] = results[(plan.topic, plan.partition)]
-                p.cleaned_to = max(p.cleaned_to, plan.dirty_end)
+                if advance:
+                    p.cleaned_to = max(p.cleaned_to, plan.dirty_end)
                 done.append((plan.topic, plan.partition))
             return done if done else NO_CHANGE
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import uuid
 
-from dkvstream.storage.log.cleaner import Cleaner, CleaningReport, dirty_ratio, dirty_stats
+from dkvstream.storage.log.cleaner import Cleaner, CleaningReport, dirty_ratio, dirty_stats, erase_key
 from dkvstream.storage.log.config import CleanerConfig, ProducerConfig, TopicConfig
 from dkvstream.storage.log.consumer import (
     Consumer,
@@ -150,6 +150,11 @@ class Log:
               force: bool = False, clock=now_ms) -> CleaningReport | None:
         """Runs one cleaning (``Cleaner.clean``)."""
         return Cleaner(self, config, clock).clean(topics, force)
+
+    def erase_key(self, topic: str, key: bytes, clock=now_ms) -> list[str]:
+        """Removes every record of ``key`` from ``topic`` (``cleaner.erase_key``);
+        returns the segment files that held one."""
+        return erase_key(self, topic, key, clock)
 
     def describe(self, now: int | None = None) -> list[dict]:
         """One row per partition: topic, partition, policy, log start, next offset,

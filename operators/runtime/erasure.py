@@ -1,0 +1,513 @@
+"""Erasure of a key everywhere a job keeps it (a GDPR request), with a report.
+
+Steps (docs/erasure.md):
+
+1. **Request** (``request_erasure``): a small JSON object
+   ``jobs/<job>/control/erase/<id>.json`` naming the key (hex). A running job's driver
+   lists the pending requests when it plans an epoch, as it does flush requests
+   (``dkvstream.operators.runtime.control``). A stopped or finished job is served by
+   ``apply_offline``, which commits one epoch of its own through the commit fence.
+2. **State** (``erase_subjects``, in the epoch's task of the range holding the key's key
+   group, in every operator): every DKV entry of the subject key under every schema byte
+   (``dkvstream.operators.api.state``: state 0x00, event-time timers 0x01, TTL'd state
+   0x02/0x03, processing-time timers 0x04; a timer's key holds the subject key after
+   its timestamp) is purged physically (``DKV.erase_prefixes``): tables holding it are
+   rewritten, the memtable is flushed, so the epoch's checkpoint names no table, WAL
+   object or manifest holding the key. The erasure runs after the epoch's events and
+   timers, so the epoch's own writes of the key are erased too.
+3. **Retained checkpoints** (``finish_applied``, after the commit): older checkpoints
+   still name the old tables and WAL objects. Their files holding the key are found
+   (decoded, ``erasure_scan.object_holds``) and listed in the record; then retention
+   keeps only the checkpoints from the erasure epoch on (``cleanup.cleanup_job`` with
+   ``retain`` = the epochs committed since: the retention floor rises to the epoch
+   before it), and its sweep deletes their files. The request is replaced by the
+   record ``jobs/<job>/erasures/<id>.json``, which holds the key's SHA-256, never the key.
+4. **Sinks** (``complete_erasure``): each sink of the job and the dead-letter table
+   erase the rows whose key column holds the key (``Sink.erase_rows``; a sink without
+   it is reported as skipped).
+5. **Savepoints**: never rewritten. The report names each savepoint whose files still
+   hold the key and the command that drops it; once dropped, its files are garbage.
+6. **Scan** (``erasure_scan.scan_store``): every object under a prefix, raw and decoded.
+
+A restart after an erasure runs from the erasure epoch's checkpoint (or a later one): the
+key is not in it. A recovery may fall back only to checkpoints retention kept, none older
+than the erasure epoch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from dkvstream.operators import paths
+from dkvstream.operators.api.keygroups import KeyGroupRange, key_group_of
+from dkvstream.operators.api.state import SCHEMA_PROCESSING_TIMER, SCHEMA_TIMER, STATE_SCHEMAS, subject_prefix
+from dkvstream.operators.errors import JobFailedError
+from dkvstream.operators.runtime.checkpoints import (
+    JobCheckpoint,
+    commit_checkpoint,
+    encode_objects,
+    latest_checkpoint,
+    list_epochs,
+    read_checkpoint,
+)
+from dkvstream.operators.runtime.cleanup import CleanupReport, cleanup_job
+from dkvstream.operators.runtime.control import acquire_lease, read_lease, release_lease
+from dkvstream.operators.runtime.erasure_scan import object_holds, scan_store
+from dkvstream.storage.dkv import DKV
+from dkvstream.storage.dkv.manifest import files_of, load_manifest
+from dkvstream.storage.errors import CorruptionError, ObjectNotFoundError
+from dkvstream.storage.objectstore import ObjectStore, map_requests
+
+log = logging.getLogger(__name__)
+
+_TIMER_SCHEMAS = (SCHEMA_TIMER, SCHEMA_PROCESSING_TIMER)
+_TIMER_KEY_HEAD = 11  # key group u16, schema u8, timestamp u64 (dkvstream.operators.runtime.timers)
+SAVEPOINT_DROP = "python -m dkvstream.operators.tools.savepoints --store {store} drop {job} {name}"
+
+
+# ----------------------------------------------------------------------------- requests
+@dataclass(frozen=True)
+class ErasureRequest:
+    """A pending request: ``id``, the subject ``key``, ``requested_at_ms`` (ms since the
+    Unix epoch), ``reason`` (free text) and ``object_key`` (where it is stored)."""
+
+    id: str
+    key: bytes
+    requested_at_ms: int
+    reason: str
+    object_key: str
+
+
+def request_erasure(store: ObjectStore, job_prefix: str, key: bytes, reason: str = "") -> str:
+    """Asks for ``key`` to be erased from the job's state (served by the running job's
+    next epoch, or by ``apply_offline`` for a stopped one).
+
+    Args:
+        store: the job's object store.
+        job_prefix: ``jobs/<job name>``.
+        key: the subject key, as the job's operators key their state (bytes, non-empty).
+        reason: free text recorded in the report (e.g. the ticket number).
+
+    Returns:
+        The request's id (for ``read_report`` / ``complete_erasure``).
+
+    Raises:
+        ValueError: ``key`` is empty or not bytes.
+    """
+    if type(key) is not bytes or not key:
+        raise ValueError(f"erasure key must be non-empty bytes, got {key!r}")
+    rid = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}"
+    body = {"id": rid, "key_hex": key.hex(), "requested_at_ms": time.time_ns() // 1_000_000, "reason": reason}
+    store.put(f"{paths.erase_request_prefix(job_prefix)}{rid}.json", json.dumps(body, sort_keys=True).encode())
+    return rid
+
+
+def pending_erasures(store: ObjectStore, job_prefix: str) -> list[ErasureRequest]:
+    """The requests not served yet, oldest first.
+
+    Raises:
+        CorruptionError: a request object is not a request (names its URI; delete it and
+            ask again).
+    """
+    out = []
+    for key in sorted(k for k in store.list(paths.erase_request_prefix(job_prefix)) if k.endswith(".json")):
+        try:
+            body = json.loads(store.get(key))
+            out.append(ErasureRequest(body["id"], bytes.fromhex(body["key_hex"]), int(body["requested_at_ms"]),
+                                      body.get("reason", ""), key))
+        except ObjectNotFoundError:  # served meanwhile
+            continue
+        except (ValueError, KeyError, TypeError) as e:
+            raise CorruptionError(f"{store.uri(key)}: unreadable erasure request ({e}); delete it and "
+                                  "request the erasure again") from None
+    return out
+
+
+def key_sha256(key: bytes) -> str:
+    """How records and reports name the key (never the key itself)."""
+    return hashlib.sha256(key).hexdigest()
+
+
+# ---------------------------------------------------------------------------- DKV state
+def subjects_of(requests: Sequence[ErasureRequest], key_groups: int) -> tuple[tuple[int, bytes], ...]:
+    """``(key group, key)`` of each request's key, for the job's ``key_groups``."""
+    return tuple((key_group_of(r.key, key_groups), r.key) for r in requests)
+
+
+def in_range(subjects: Sequence[tuple[int, bytes]], krange: KeyGroupRange) -> tuple[tuple[int, bytes], ...]:
+    """The subjects whose key group ``krange`` holds."""
+    return tuple(s for s in subjects if s[0] in krange)
+
+
+def _subject_filter(key_group: int, key: bytes) -> tuple[list[bytes], Callable[[bytes], bool]]:
+    """``(prefixes, where)`` matching every DKV entry of the subject (module docstring)."""
+    head = key_group.to_bytes(2, "big")
+    prefixes = [subject_prefix(key_group, key, s) for s in STATE_SCHEMAS]
+    prefixes += [head + bytes((s,)) for s in _TIMER_SCHEMAS]
+
+    def where(dkv_key: bytes) -> bool:  # state prefixes are exact; a timer key ends with its subject
+        return dkv_key[2] not in _TIMER_SCHEMAS or dkv_key[_TIMER_KEY_HEAD:] == key
+
+    return prefixes, where
+
+
+def erase_subjects(db: DKV, subjects: Sequence[tuple[int, bytes]]) -> dict:
+    """Purges every entry of each ``(key group, key)`` from ``db`` (module docstring, step 2).
+
+    Returns:
+        ``{"entries": n, "tables_rewritten": {old: new or None}, "wal_dropped": [keys]}``
+        (JSON-ready; object keys, never key bytes).
+    """
+    summary = {"entries": 0, "tables_rewritten": {}, "wal_dropped": []}
+    for key_group, key in subjects:
+        result = db.erase_prefixes(*_subject_filter(key_group, key))
+        summary["entries"] += result.entries
+        summary["tables_rewritten"].update(result.tables_rewritten)
+        summary["wal_dropped"] += result.wal_dropped
+    return summary
+
+
+# ------------------------------------------------------------------- after the commit
+def expire_before(store: ObjectStore, job_prefix: str, epoch: int) -> CleanupReport:
+    """Retention with its floor just below ``epoch``: keeps the checkpoints of ``epoch``
+    and later, deletes the older ones and then, in the same sweep, every file only they
+    named (``cleanup.cleanup_job``, concurrent: it defers file deletion while another
+    epoch is in flight; run it again then)."""
+    retain = max(1, sum(1 for e in list_epochs(store, job_prefix) if e >= epoch))
+    return cleanup_job(store, job_prefix, retain, concurrent=True)
+
+
+def _holding(store: ObjectStore, keys: Sequence[str], key: bytes) -> dict[str, str]:
+    """``{object: how}`` of the objects among ``keys`` holding ``key`` (one GET each)."""
+    def how(k: str) -> str | None:
+        try:
+            return object_holds(store, k, store.get(k), key)
+        except ObjectNotFoundError:
+            return None
+
+    return {k: h for k, h in zip(keys, map_requests(how, list(keys))) if h is not None}
+
+
+def _state_files_of_group(store: ObjectStore, job_prefix: str, key_group: int) -> list[str]:
+    """Every DKV file listed under the job's ranges (of any operator, any parallelism
+    ever used) whose key-group range holds ``key_group``: named or garbage."""
+    out = []
+    for root in paths.state_listing_roots(job_prefix):
+        for k in store.list(root):
+            parsed = paths.parse_state_key(job_prefix, k)
+            if parsed is not None:
+                try:
+                    if key_group in KeyGroupRange.from_label(parsed[1]):
+                        out.append(k)
+                except ValueError:  # not a range label
+                    continue
+    return sorted(out)
+
+
+def _named_by(store: ObjectStore, ckpt_operators: dict[str, dict[str, str]]) -> set[str]:
+    """The range manifests of a checkpoint and every file they name."""
+    named = set()
+    for ranges in ckpt_operators.values():
+        for mkey in ranges.values():
+            named.add(mkey)
+            try:
+                named.update(files_of(load_manifest(store, mkey)))
+            except (ObjectNotFoundError, CorruptionError):
+                continue
+    return named
+
+
+def files_holding(store: ObjectStore, job_prefix: str, key: bytes, key_groups: int,
+                  before_epoch: int | None = None) -> dict[str, dict]:
+    """The job's DKV files holding ``key`` now: ``{object: {"how": ..., "named_by": [epochs]}}``
+    (``named_by``: the retained checkpoints, before ``before_epoch`` if given, whose
+    range manifests name the object; ``[]``: garbage no checkpoint names)."""
+    held = _holding(store, _state_files_of_group(store, job_prefix, key_group_of(key, key_groups)), key)
+    out = {k: {"how": how, "named_by": []} for k, how in held.items()}
+    for e in list_epochs(store, job_prefix):
+        if before_epoch is not None and e >= before_epoch:
+            continue
+        try:
+            named = _named_by(store, read_checkpoint(store, job_prefix, e).operators)
+        except (ObjectNotFoundError, CorruptionError):
+            continue
+        for k in named & set(out):
+            out[k]["named_by"].append(e)
+    return out
+
+
+def held_before(store: ObjectStore, job_prefix: str, requests: Sequence[ErasureRequest],
+                key_groups: int) -> dict[str, dict[str, dict]]:
+    """``files_holding`` of each request's key, by request id: what the driver records
+    before the erasure epoch runs (the epoch's own retention may delete some of them)."""
+    return {r.id: files_holding(store, job_prefix, r.key, key_groups) for r in requests}
+
+
+def finish_applied(store: ObjectStore, job_prefix: str, requests: Sequence[ErasureRequest],
+                   ckpt: JobCheckpoint, before: dict[str, dict[str, dict]] | None = None) -> list[dict]:
+    """After the commit of erasure epoch ``ckpt``: records, per request, what held the key
+    in the checkpoints before it, expires them (``expire_before``), writes the record
+    ``erasures/<id>.json`` (status ``applied``) and deletes the request (module
+    docstring, step 3). Idempotent: a crash before the request's deletion has the next
+    epoch serve it again, finding nothing. ``before``: ``held_before`` from before the
+    epoch ran, merged into what is found now.
+
+    Returns:
+        The records written.
+    """
+    held = {r.id: {**(before or {}).get(r.id, {}), **files_holding(store, job_prefix, r.key, ckpt.key_groups,
+                                                                     ckpt.epoch)} for r in requests}
+    retention = expire_before(store, job_prefix, ckpt.epoch)
+    state = ckpt.metrics.get("erasure", {}).get("ranges", {})
+    records = []
+    for r in requests:
+        kg = key_group_of(r.key, ckpt.key_groups)
+        ranges = {f"{op}/{label}": s for op, by_label in state.items() for label, s in by_label.items()
+                  if kg in KeyGroupRange.from_label(label)}
+        still = sorted(k for k in held[r.id] if store.exists(k))
+        record = {
+            "id": r.id, "key_sha256": key_sha256(r.key), "key_group": kg, "reason": r.reason,
+            "requested_at_ms": r.requested_at_ms, "status": "applied", "applied_epoch": ckpt.epoch,
+            "applied_at_ms": time.time_ns() // 1_000_000,
+            "state": ranges,
+            "held_before": held[r.id],
+            "retention": {"retained_epochs": retention.retained_epochs,
+                          "checkpoints_deleted": retention.checkpoints_deleted,
+                          "files_deleted": retention.files_deleted, "deferred": retention.deferred,
+                          "still_present": still},
+        }
+        store.put(paths.erasure_key(job_prefix, r.id), json.dumps(record, sort_keys=True, indent=1).encode())
+        store.delete(r.object_key)
+        records.append(record)
+        log.info("%s: erasure %s applied at epoch %d (%d state entries)", job_prefix, r.id, ckpt.epoch,
+                 sum(s.get("entries", 0) for s in ranges.values()))
+    return records
+
+
+# -------------------------------------------------------------------- a stopped job
+def apply_offline(store: ObjectStore, job_prefix: str, dkv_options=None) -> list[dict]:
+    """Serves the pending requests of a job no driver is running (stopped, or finished:
+    a finished job runs no more epochs): commits epoch N+1 over the newest checkpoint N
+    with the same source offsets, watermark and state but for the erased keys, then
+    ``finish_applied``. No operator code and no Spark are needed: only the job's store.
+
+    The epoch goes through the commit fence: if a driver commits epoch N+1 meanwhile,
+    this one is withdrawn (``JobFencedError``) and the running job serves the requests.
+
+    Args:
+        store: the job's object store.
+        job_prefix: ``jobs/<job name>``.
+        dkv_options: DKV tuning for opening the ranges.
+
+    Returns:
+        The records written (``[]`` when nothing was pending).
+
+    Raises:
+        JobFailedError: the job has no committed checkpoint, or an epoch is in flight
+            (a live lease: the running job serves the requests).
+        JobFencedError / ObjectExistsError: a driver committed the epoch first (nothing
+            of this one counts; its files are garbage for the next cleanup).
+    """
+    requests = pending_erasures(store, job_prefix)
+    if not requests:
+        return []
+    ckpt = latest_checkpoint(store, job_prefix)
+    if ckpt is None:
+        raise JobFailedError(f"{job_prefix}: no committed checkpoint: the job has no state to erase from; "
+                             "its first run serves the request")
+    lease = read_lease(store, job_prefix)
+    if lease is not None and lease.is_live(ckpt.epoch):
+        raise JobFailedError(f"{job_prefix}: epoch {lease.epoch} is in flight (lease held by {lease.owner}): "
+                             "the running job serves the erasure request at its next epoch")
+    epoch = ckpt.epoch + 1
+    lease = acquire_lease(store, job_prefix, epoch)
+    try:
+        before = held_before(store, job_prefix, requests, ckpt.key_groups)
+        subjects = subjects_of(requests, ckpt.key_groups)
+        operators: dict[str, dict[str, str]] = {}
+        dropped: dict[str, dict[str, dict | None]] = {}
+        unkept: dict[str, dict[str, dict]] = {}
+        summary: dict[str, dict[str, dict]] = {}
+        name = f"e{epoch:010d}-erase-{uuid.uuid4().hex[:8]}"
+        for op, ranges in ckpt.operators.items():
+            operators[op], dropped[op], unkept[op] = dict(ranges), {}, {}
+            for label, mkey in ranges.items():
+                mine = in_range(subjects, KeyGroupRange.from_label(label))
+                if not mine:
+                    continue
+                db = DKV.open(store, paths.state_prefix(job_prefix, op, label, ckpt.layout), mkey, dkv_options)
+                try:
+                    summary.setdefault(op, {})[label] = erase_subjects(db, mine)
+                    operators[op][label] = db.checkpoint(name)
+                    dropped[op][label], unkept[op][label] = db.dropped_at_checkpoint(), db.unkept_at_checkpoint()
+                finally:
+                    db.close()
+        new = dataclasses.replace(
+            ckpt, epoch=epoch, operators=operators, outputs={}, output_checksums={},
+            metrics={"events": 0, "offline": True, "erasure": {"requests": [r.id for r in requests],
+                                                               "ranges": summary}},
+            dropped=encode_objects(job_prefix, dropped, ckpt.layout),
+            unkept=encode_objects(job_prefix, unkept, ckpt.layout))
+        commit_checkpoint(store, job_prefix, new)
+        return finish_applied(store, job_prefix, requests, new, before)
+    finally:
+        release_lease(store, job_prefix, lease)
+
+
+# ---------------------------------------------------------------------------- report
+@dataclass
+class ErasureReport:
+    """The whole erasure of one key (``jobs/<job>/erasures/<id>.json``).
+
+    Attributes:
+        id: the request's id.
+        key_sha256: SHA-256 of the key (hex); the report never holds the key.
+        status: ``"pending"`` (not served yet), ``"applied"`` (state erased, retained
+            checkpoints expired), ``"complete"`` (sinks erased and the report written).
+        applied_epoch: the epoch that erased the state, or None.
+        state: per ``operator/range``: entries purged, tables rewritten (old -> new),
+            WAL objects dropped, by the erasure epoch.
+        held_before: the job's DKV files that still held the key after the erasure
+            epoch's commit, ``{object: {"how", "named_by": [older checkpoint epochs]}}``
+            (``named_by`` empty: garbage); retention then deleted them.
+        retention: what that retention did; ``still_present``: those of them it could
+            not delete yet (a deferred sweep: run ``expire_before`` again).
+        sinks: per sink (and ``dead_letter``), the objects that held a row of the key,
+            or ``{"skipped": why}``.
+        savepoints: savepoints whose files still hold the key: ``{"name", "objects",
+            "drop"}`` (``drop``: the command that drops it).
+        scan: the whole-store (or prefix) scan after it all (``ScanResult.to_json``), or None.
+    """
+
+    id: str
+    key_sha256: str
+    status: str
+    applied_epoch: int | None = None
+    state: dict = field(default_factory=dict)
+    held_before: dict = field(default_factory=dict)
+    retention: dict = field(default_factory=dict)
+    sinks: dict = field(default_factory=dict)
+    savepoints: list = field(default_factory=list)
+    scan: dict | None = None
+
+    def objects_that_held(self) -> list[str]:
+        """Every object named as having held the key (or holding it still: savepoints),
+        sorted. WAL objects the erasure epoch stopped naming count only if ``held_before``
+        found the key in them."""
+        out = set()
+        for s in self.state.values():
+            out.update(s.get("tables_rewritten", {}))
+        out.update(self.held_before)
+        for objs in self.sinks.values():
+            if isinstance(objs, list):
+                out.update(objs)
+        for sp in self.savepoints:
+            out.update(sp["objects"])
+        return sorted(out)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def read_report(store: ObjectStore, job_prefix: str, request_id: str) -> ErasureReport:
+    """The report of request ``request_id``: its record if served, else ``pending``.
+
+    Raises:
+        KeyError: no request and no record of that id (names it).
+    """
+    try:
+        body = json.loads(store.get(paths.erasure_key(job_prefix, request_id)))
+    except ObjectNotFoundError:
+        for r in pending_erasures(store, job_prefix):
+            if r.id == request_id:
+                return ErasureReport(r.id, key_sha256(r.key), "pending")
+        raise KeyError(f"{job_prefix}: no erasure request or record with id {request_id!r} "
+                       f"(listed under {paths.erase_request_prefix(job_prefix)} and "
+                       f"{paths.erasures_prefix(job_prefix)})") from None
+    known = {f.name for f in dataclasses.fields(ErasureReport)}
+    return ErasureReport(**{k: v for k, v in body.items() if k in known})
+
+
+def savepoints_holding(store: ObjectStore, job_prefix: str, key: bytes) -> list[dict]:
+    """The job's savepoints (``jobs/<job>/savepoints/<name>.json``: the checkpoint body
+    they were taken from, at the top or under ``"checkpoint"``) whose files hold ``key``:
+    ``[{"name", "objects", "drop"}]`` (``drop``: the command that drops the savepoint)."""
+    out = []
+    prefix = f"{job_prefix}/savepoints/"
+    for sp_key in sorted(k for k in store.list(prefix) if k.endswith(".json")):
+        name = sp_key[len(prefix):-len(".json")]
+        try:
+            body = json.loads(store.get(sp_key))
+        except (ObjectNotFoundError, ValueError):
+            continue
+        ckpt = body.get("checkpoint", body)
+        if isinstance(ckpt, dict) and "body" in ckpt:  # the encoded checkpoint document
+            ckpt = ckpt["body"]
+        kg = key_group_of(key, int(ckpt.get("key_groups", 1)))
+        ranges = {op: {label: m for label, m in by_label.items() if kg in KeyGroupRange.from_label(label)}
+                  for op, by_label in ckpt.get("operators", {}).items()}
+        objects = sorted(_holding(store, sorted(_named_by(store, ranges)), key))
+        if objects:
+            out.append({"name": name, "objects": objects,
+                        "drop": SAVEPOINT_DROP.format(store=store.root_uri, job=job_prefix.split("/", 1)[1],
+                                                      name=name)})
+    return out
+
+
+def complete_erasure(store: ObjectStore, job_prefix: str, request_id: str, key: bytes, *,
+                     sinks: dict | None = None, key_column: str | None = None,
+                     scan_prefix: str | None = "") -> ErasureReport:
+    """Finishes an applied erasure: sinks, savepoints, the scan, the report.
+
+    Args:
+        store: the job's object store.
+        job_prefix: ``jobs/<job name>``.
+        request_id: from ``request_erasure``.
+        key: the subject key (the record holds only its hash; checked against it).
+        sinks: ``{name: Sink}`` of the job, the dead-letter table's included (``Job.sinks``
+            and ``Job.dead_letter.sink``); None: none.
+        key_column: the sinks' column holding the subject key; None: sinks are skipped
+            (reported as such).
+        scan_prefix: prefix of the final scan ("" = the whole store), or None: no scan.
+
+    Returns:
+        The ``ErasureReport`` (also written to ``erasures/<id>.json``); its status stays
+        ``pending`` while the request is not served (nothing else is done then).
+
+    Raises:
+        ValueError: ``key`` is not the key of the request.
+    """
+    report = read_report(store, job_prefix, request_id)
+    if report.key_sha256 != key_sha256(key):
+        raise ValueError(f"{job_prefix}: erasure {request_id} is of another key (SHA-256 {report.key_sha256})")
+    if report.status == "pending":
+        return report
+    if report.retention.get("still_present"):  # the sweep after the epoch was deferred: again
+        cleanup = expire_before(store, job_prefix, report.applied_epoch)
+        report.retention["deferred"] = cleanup.deferred
+        report.retention["still_present"] = [k for k in report.retention["still_present"] if store.exists(k)]
+    for name, sink in sorted((sinks or {}).items()):
+        erase_rows = getattr(sink, "erase_rows", None)
+        if key_column is None:
+            report.sinks[name] = {"skipped": "no key column given"}
+        elif erase_rows is None:
+            report.sinks[name] = {"skipped": f"{type(sink).__name__} cannot erase rows"}
+        else:
+            try:
+                report.sinks[name] = erase_rows(store, job_prefix, key_column, [key])
+            except NotImplementedError as e:
+                report.sinks[name] = {"skipped": str(e)}
+    report.savepoints = savepoints_holding(store, job_prefix, key)
+    if scan_prefix is not None:
+        report.scan = scan_store(store, key, scan_prefix).to_json()
+    report.status = "complete"
+    body = json.dumps(report.to_json(), sort_keys=True, indent=1).encode()
+    store.put(paths.erasure_key(job_prefix, request_id), body)
+    return report
+
