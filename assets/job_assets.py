@@ -55,6 +55,7 @@ from dkvstream.assets.resources import DKVSettingsResource, ObjectStoreResource
 from dkvstream.assets.stream_run import run_epochs
 from dkvstream.operators.api.job import Job
 from dkvstream.operators.io import dead_letter
+from dkvstream.operators.runtime.branches import job_to_run
 from dkvstream.operators.runtime.checkpoints import read_checkpoint
 from dkvstream.operators.runtime.driver import JobRunner
 from dkvstream.operators.runtime.progress import ProgressTracker, epoch_line
@@ -99,7 +100,8 @@ def asset_name(name: str) -> str:
 
 
 def job_assets(job: Job, group_name: str | None = None, continuous: bool | None = None,
-               sink_metadata: Mapping[str, Callable[[pa.Table], dict]] | None = None) -> list:
+               sink_metadata: Mapping[str, Callable[[pa.Table], dict]] | None = None,
+               branches: Mapping[str, Job] | None = None) -> list:
     """Assets of ``job`` (see module docstring).
 
     Args:
@@ -110,6 +112,8 @@ def job_assets(job: Job, group_name: str | None = None, continuous: bool | None 
         sink_metadata: sink name -> a function of the sink's whole table returning more
             metadata for the sink's materialization at the end of a run (e.g. a plot,
             ``dkvstream.examples.flights_plot.delay_plot_metadata``).
+        branches: branch job name -> ``Job``: once the job was promoted to one of them
+            (``dkvstream.operators.runtime.branches.promote``), its runs run that code.
 
     Returns:
         ``[source asset, multi-asset of the sinks and the checkpoint]``.
@@ -158,7 +162,9 @@ def job_assets(job: Job, group_name: str | None = None, continuous: bool | None 
         continuous = default_continuous if config.continuous is None else config.continuous
         # The store of the object_store resource, as the maintenance ops open it; the Spark
         # tasks receive it pickled (its configuration, credentials included), not a URI.
-        runner = JobRunner(job, pyspark.spark_session, object_store.open(), dkv_options=dkv.options(),
+        store = object_store.open()
+        code = job_to_run(store, job, branches) if branches else job  # a promotion switches the code
+        runner = JobRunner(code, pyspark.spark_session, store, dkv_options=dkv.options(),
                            # Retention and compaction are the cleanup and compaction sensors' runs.
                            retain_checkpoints=dkv.retain_checkpoints if dkv.inline_retention else None)
         # Dagster's own reads (checkpoint shape) go through a store of their own, so the

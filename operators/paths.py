@@ -22,8 +22,14 @@ Layout under the store root::
       control/erase/<id>.json                    erasure requests (the key, hex) until served
       erasures/<id>.json                         erasure records and reports (the key's SHA-256)
       quarantine/<UTC stamp>/epoch-<epoch>.json  checkpoints a recovery fell back from
+      branch.json, promoted.json                 a branch job's origin; a main job's promotion
       sources/<source>/...                       a source's own metadata (``Source.attach``),
                                                  e.g. a file source's list of discovered files
+      savepoints/<name>.json                     savepoint records (dkvstream.operators.runtime.savepoints)
+      fork.json                                  a forked job's origin (dkvstream.operators.runtime.forks)
+      pins/<holder job>--<what>.json             pins: files of this job another record (a
+                                                 savepoint, a fork) still names; retention and
+                                                 GC never delete them (dkvstream.operators.runtime.pins)
 
 Every function returns a key or prefix relative to the store root; prefixes of a
 "directory" end with ``/``, prefixes a caller extends with its own name do not (they say so).
@@ -112,6 +118,19 @@ def epoch_of_retired(key: str) -> int | None:
 def quarantine_key(job: str, stamp: str, checkpoint: str) -> str:
     """Where a recovery moves checkpoint manifest ``checkpoint`` (its key) that it fell back from."""
     return f"{job}/quarantine/{stamp}/{checkpoint.rsplit('/', 1)[1]}"
+
+
+# -------------------------------------------------------------------------------- branches
+def branch_record_key(job: str) -> str:
+    """``<job>/branch.json``: which job and checkpoint a branch job was forked from
+    (``dkvstream.operators.runtime.branches``)."""
+    return f"{job}/branch.json"
+
+
+def promotion_key(job: str) -> str:
+    """``<job>/promoted.json``: the branch whose state and code the job continues with
+    since a promotion (``dkvstream.operators.runtime.branches``)."""
+    return f"{job}/promoted.json"
 
 
 # ----------------------------------------------------------------------------------- state
@@ -212,6 +231,57 @@ def sinks_root(job: str) -> str:
 def sink_prefix(job: str, name: str) -> str:
     """Prefix of the published output of sink ``name`` (no trailing slash)."""
     return f"{sinks_root(job)}{name}"
+
+
+# ------------------------------------------------------------------- savepoints and pins
+_NAME = re.compile(r"[A-Za-z0-9._-]+$")
+
+
+def valid_record_name(name: str, what: str) -> str:
+    """``name`` if it is a valid savepoint or pin name (``[A-Za-z0-9._-]+``, without
+    ``--``, which separates a pin key's holder from its reason).
+
+    Raises:
+        ValueError: naming ``what`` (e.g. "savepoint name") and the allowed characters.
+    """
+    if not _NAME.match(name or "") or "--" in name:
+        raise ValueError(f"invalid {what} {name!r}: use letters, digits, '.', '_' and '-' "
+                         "(no '--', no '/')")
+    return name
+
+
+def savepoints_prefix(job: str) -> str:
+    """``<job>/savepoints/``: the job's savepoint records."""
+    return f"{job}/savepoints/"
+
+
+def savepoint_key(job: str, name: str) -> str:
+    """Key of savepoint ``name`` of the job under ``job`` (``jobs/<name>``)."""
+    return f"{savepoints_prefix(job)}{name}.json"
+
+
+def pins_prefix(job: str) -> str:
+    """``<job>/pins/``: pins other records hold on the job's files."""
+    return f"{job}/pins/"
+
+
+def pin_key(owner: str, holder: str, what: str) -> str:
+    """Key of the pin job ``holder`` (a name) holds on files of the job under ``owner``
+    (``jobs/<name>``), for ``what`` (``fork``, ``savepoint-<name>``)."""
+    return f"{pins_prefix(owner)}{holder}--{what}.json"
+
+
+def fork_record_key(job: str) -> str:
+    """Key of the record of the job's fork (``dkvstream.operators.runtime.forks``): which
+    job it was forked from, and the owners it holds pins at."""
+    return f"{job}/fork.json"
+
+
+def owner_of(key: str) -> str | None:
+    """``jobs/<name>`` of the job whose prefix holds ``key``, or None for a key outside
+    every job's prefix."""
+    parts = key.split("/", 2)
+    return f"{parts[0]}/{parts[1]}" if len(parts) == 3 and parts[0] == "jobs" else None
 
 
 # --------------------------------------------------------------------------------- control

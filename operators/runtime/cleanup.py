@@ -58,6 +58,16 @@ if the checkpoint object itself is damaged), and the damage is reported in
 ``CleanupReport.damaged`` and logged as a warning. A restart falling back to that
 checkpoint would refuse it; the Dagster ``verified`` check reports it.
 
+**Other jobs' files and pins** (``dkvstream.operators.runtime.pins``): neither way ever
+deletes an object outside the job's own prefix (a fork's checkpoints name its parent's
+files, which are the parent's to collect), and both list the job's ``pins/`` after
+deleting the expired checkpoint manifests and before deleting any file, and keep every
+pinned file (a savepoint's, a fork's); a pin that does not read stops the collection
+(reported as damage). A forked job's full sweep then shrinks the pins it holds at other
+jobs to what its retained checkpoints and savepoints still name, and deletes a pin that
+names nothing. Cost: one LIST of ``pins/`` and one GET per pin per collection that
+deletes files.
+
 Last, writes abandoned by killed writers (a local temp file, an S3 multipart upload
 never completed) under the job's prefix are removed once ``ABANDONED_WRITE_AGE_S`` old:
 no write of a live writer takes that long (an epoch's lease lasts at most 30 minutes).
@@ -69,6 +79,7 @@ from dataclasses import dataclass, field
 
 from dkvstream.operators import paths
 from dkvstream.operators.paths import checkpoint_key
+from dkvstream.operators.runtime import pins, savepoints
 from dkvstream.operators.runtime.checkpoints import (
     JobCheckpoint,
     decode_objects,
@@ -143,6 +154,7 @@ def cleanup_job(store: ObjectStore, job_prefix: str, retain: int, *, concurrent:
     if not kept:
         return report
     listed: tuple[list[str], list[str]] | None = None  # state and staged files
+    own = store  # pins and savepoints are read through it, never the listing below
     if concurrent:
         report.deferred = _in_flight(store, job_prefix, kept[-1])
         if not report.deferred:
@@ -169,6 +181,11 @@ def cleanup_job(store: ObjectStore, job_prefix: str, retain: int, *, concurrent:
         store.delete(key)
     if report.deferred or len(retained) < len(kept):
         return report
+    try:  # after the expired checkpoints went (pins.py, "Why writing a pin is race-free")
+        pinned = pins.pinned_keys(own, job_prefix)
+    except CorruptionError as err:
+        _damaged(report, job_prefix, f"{err}; no file is collected")
+        return report
 
     state_keys, staged_keys = listed or _list_task_files(store, job_prefix)
     range_prefixes: dict[str, set[str]] = {}  # operator -> DKV prefixes of all its ranges, old and new
@@ -178,7 +195,7 @@ def cleanup_job(store: ObjectStore, job_prefix: str, retain: int, *, concurrent:
     for op, prefixes in sorted(range_prefixes.items()):
         manifests = [m for c in retained for m in c.operators.get(op, {}).values()]
         try:
-            stats = collect_garbage(store, sorted(prefixes), manifests)
+            stats = collect_garbage(store, sorted(prefixes), manifests, protect=pinned)
         except (ObjectNotFoundError, CorruptionError) as err:  # nothing was deleted
             named_by = [str(c.epoch) for c in retained
                         if any(store.uri(m) in str(err) for m in c.operators.get(op, {}).values())]
@@ -199,7 +216,27 @@ def cleanup_job(store: ObjectStore, job_prefix: str, retain: int, *, concurrent:
         fault_point("cleanup_staged")
         report.files_deleted += 1
     report.abandoned_writes_removed = store.remove_abandoned_writes(f"{job_prefix}/", ABANDONED_WRITE_AGE_S)
+    if not report.damaged:
+        _shrink_checkpoint_pins(own, job_prefix, retained)
     return report
+
+
+def _shrink_checkpoint_pins(store: ObjectStore, job_prefix: str, retained: list[JobCheckpoint]) -> None:
+    """A forked job's full sweep: its checkpoint pins at other jobs shrink to what its
+    retained checkpoints and savepoints still name (``pins.shrink_pins``). Runs after
+    the expired checkpoints were deleted, so no reader of this job starts from one that
+    names more. Cost for a job never forked: one GET (its fork record, absent)."""
+    owners = pins.held_at(store, job_prefix)
+    if not owners:
+        return
+    named: dict[str, set[str]] = {}
+    for ckpt in retained:
+        for owner, files in pins.files_by_owner(store, ckpt).items():
+            named.setdefault(owner, set()).update(files)
+    for sp in savepoints.list_savepoints(store, job_prefix.split("/", 1)[1]):
+        for owner, files in pins.files_by_owner(store, sp.checkpoint).items():
+            named.setdefault(owner, set()).update(files)
+    pins.shrink_pins(store, job_prefix, pins.CHECKPOINTS_PIN, owners, named)
 
 
 def _list_task_files(store: ObjectStore, job_prefix: str) -> tuple[list[str], list[str]]:
@@ -274,6 +311,7 @@ class IncrementalRetention:
             raise ValueError(f"full_sweep_every must be >= 1 or None, got {full_sweep_every}")
         self.store, self.job_prefix, self.retain = store, job_prefix, retain
         self.full_sweep_every = full_sweep_every
+        self._own = f"{job_prefix}/"
         self._calls = 0
         # epoch -> (staged output keys, dropped objects or None, unkept objects or None),
         # of checkpoints this runner committed or read; pruned below the retention floor.
@@ -348,6 +386,15 @@ class IncrementalRetention:
             self.store.delete_many(garbage)
             fault_point("cleanup_checkpoint")
         report.checkpoints_deleted = len(expired)
+        if state:
+            # Never another job's file (a fork's checkpoints name its parent's), nor a
+            # pinned one; pins are listed after the checkpoints went (pins.py).
+            try:
+                pinned = pins.pinned_keys(self.store, self.job_prefix)
+            except CorruptionError as err:
+                _damaged(report, self.job_prefix, f"{err}; no file is collected")
+                return report
+            state = {k: n for k, n in state.items() if k.startswith(self._own) and k not in pinned}
         self._delete({"gc_delete": sorted(state), "cleanup_staged": staged})
         report.files_deleted = len(state) + len(staged)
         report.bytes_freed = sum(state.values())

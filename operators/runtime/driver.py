@@ -12,7 +12,9 @@ The design is in docs/design.md, "Epochs and checkpoints". Per epoch
    processing-time trigger and plans again; it runs an epoch without input only when
    the watermark advances (a partition became idle), a processing-time timer is due, or
    the watermark of a quiet source (``Job.quiet_timeout_ms``) reaches an event-time
-   timer (``_due_without_input``). ``JobRunner.stop()`` ends the run
+   timer (``_due_without_input``). A runner that follows another job (``follow``: a
+   branch's shadow run, ``dkvstream.operators.runtime.branches``) plans instead exactly
+   the offsets of that job's checkpoint of the same epoch. ``JobRunner.stop()`` ends the run
    between epochs; ``stop(drain=True)`` first commits a drain epoch: nothing read,
    watermark +infinity (every timer fires), the job finished (Flink's ``stop --drain``).
 2. Read (``dkvstream.operators.runtime.splits``, ``dkvstream.operators.runtime.exchange``): one read task per
@@ -73,13 +75,15 @@ from dkvstream.operators.api.operator import MAIN_OUTPUT, WATERMARK_MIN
 from dkvstream.operators.api.state_schema import StateSchemas, evolve_job
 from dkvstream.operators.errors import BadInputError, JobFailedError, JobFencedError, OperatorError
 from dkvstream.operators.io import dead_letter
-from dkvstream.operators.paths import LAYOUTS, checkpoint_key
+from dkvstream.operators.paths import LAYOUTS, checkpoint_key, job_prefix
 from dkvstream.operators.runtime import live
+from dkvstream.operators.runtime.branches import check_promoted_code
 from dkvstream.operators.runtime.checkpoints import (
     JobCheckpoint,
     commit_checkpoint,
     encode_objects,
     latest_checkpoint,
+    read_checkpoint,
     read_commit_log,
     record_commit,
 )
@@ -118,7 +122,7 @@ from dkvstream.operators.runtime.splits import ReadContext, Split, SplitSummary,
 from dkvstream.operators.runtime.task import TaskResult, TaskSpec, forwarded_schema
 from dkvstream.operators.runtime.task_errors import task_error
 from dkvstream.storage.dkv import DKVOptions
-from dkvstream.storage.errors import ObjectExistsError
+from dkvstream.storage.errors import ObjectExistsError, ObjectNotFoundError
 from dkvstream.storage.faults import fault_point
 from dkvstream.storage.objectstore import ObjectStore, open_object_store, subtract_requests, sum_requests
 
@@ -212,6 +216,13 @@ class JobRunner:
             epoch (``dkvstream.operators.spark.stage``), whose tasks Spark retries one
             by one and which need no free task slot beyond one per task. Ignored in
             process.
+        follow: the name of another job reading the same source (the main job of a
+            branch, ``dkvstream.operators.runtime.branches``): each epoch of this job reads
+            exactly the offsets the other's checkpoint of the same epoch number ended at,
+            so epoch k of both covers the same input, and the run ends (a continuous run
+            waits) when this job has caught up with the other's newest checkpoint.
+            Watermark alignment is left to the other job (its cuts are the plan). Each
+            checkpoint records the other's watermark in ``metrics["follow"]``.
 
     An in-process runner (``spark=None``) keeps each range's DKV open between epochs;
     ``close()`` (or leaving a ``with JobRunner(...) as runner:`` block) closes them.
@@ -226,7 +237,7 @@ class JobRunner:
                  retain_checkpoints: int | None = 10, full_sweep_every: int | None = 100,
                  verify_restart: str = "names",
                  clock: Callable[[], float] = time.time,
-                 long_lived_tasks: bool = True) -> None:
+                 long_lived_tasks: bool = True, follow: str | None = None) -> None:
         job.validate()  # again: fields may have changed since construction; fail before any write
         self.job = job
         self.spark = spark
@@ -266,6 +277,10 @@ class JobRunner:
         self._epoch_read_ahead = False  # the epoch in flight was read ahead
         # Each state's schema history (dkvstream.operators.api.state_schema), set by _restart.
         self._state_schemas: StateSchemas = {}
+        if follow == job.name:
+            raise ValueError(f"job {job.name}: a job cannot follow itself")
+        self.follow = follow
+        self._followed: dict[int, JobCheckpoint] = {}  # epoch -> the followed job's checkpoint
 
     def close(self) -> None:
         """Closes the DKV instances in-process tasks kept open (a later epoch reopens
@@ -318,9 +333,10 @@ class JobRunner:
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
 
-    def _plan(self, ckpt: JobCheckpoint) -> EpochPlan:
+    def _plan(self, ckpt: JobCheckpoint) -> EpochPlan | None:
         """Step 1 (``event_time.plan_epoch``): the partitions of the source now, new ones
-        from their ``start_offset``, with idleness and watermark alignment."""
+        from their ``start_offset``, with idleness and watermark alignment; following
+        another job, its next checkpoint's offsets (``_follow_plan``; None: caught up)."""
         source, now_ms = self.job.source, self._now_ms()
         parts = list(ckpt.source_offsets)
         parts += [p for p in source.partitions() if p not in ckpt.source_offsets]
@@ -331,11 +347,52 @@ class JobRunner:
         # then); activity counts from ends_at_ms (every event read was in by then).
         ends_at_ms = self._now_ms()
         self._warn_ends_behind(committed, ends)
-        return plan_epoch(
+        plan = plan_epoch(
             committed, ends, self._partition_max_ts(ckpt, parts), ckpt.partition_active_at_ms, now_ms=now_ms,
             events_per_epoch=self.job.events_per_epoch, bounded=source.bounded,
-            idle_timeout_ms=self.job.idle_timeout_ms, max_drift_ms=self.job.max_watermark_drift_ms,
+            idle_timeout_ms=self.job.idle_timeout_ms, max_drift_ms=self._max_drift_ms,
             ends_at_ms=ends_at_ms, quiet_timeout_ms=self.job.quiet_timeout_ms)
+        return plan if self.follow is None else self._follow_plan(ckpt, plan)
+
+    @property
+    def _max_drift_ms(self) -> int | None:
+        """Watermark alignment's drift: none when following (the followed job's cuts are the plan)."""
+        return self.job.max_watermark_drift_ms if self.follow is None else None
+
+    def _follow_plan(self, ckpt: JobCheckpoint, plan: EpochPlan) -> EpochPlan | None:
+        """``plan`` with each partition's range ending where the followed job's checkpoint
+        of epoch ``ckpt.epoch + 1`` ends it; None when the followed job has not committed
+        that epoch yet.
+
+        Raises:
+            JobFailedError: that checkpoint was deleted by the followed job's retention
+                (this job fell too far behind to follow it), or it starts before this
+                job's offsets (the two did not start from the same checkpoint).
+        """
+        prefix = job_prefix(self.follow)
+        epoch = ckpt.epoch + 1
+        if read_commit_log(self.store, prefix).newest_committed < epoch:
+            return None
+        try:
+            target = read_checkpoint(self.store, prefix, epoch)
+        except ObjectNotFoundError:
+            raise JobFailedError(
+                f"job {self.job.name} follows job {self.follow}, whose checkpoint of epoch {epoch} is gone "
+                f"({self.store.uri(checkpoint_key(prefix, epoch))}; its retention deleted it): this job fell "
+                f"too far behind to read the same input as epoch {epoch}. Branch again from the newest "
+                f"checkpoint, or keep more of {self.follow}'s checkpoints (retain_checkpoints)") from None
+        starts = {p: start for p, (start, _) in plan.offsets.items()}
+        behind = {p: (starts.get(p), end) for p, end in target.source_offsets.items()
+                  if end < starts.get(p, end)}
+        if behind:
+            raise JobFailedError(
+                f"job {self.job.name} follows job {self.follow}, but {self.follow}'s epoch {epoch} ends "
+                f"before this job's offsets ({{partition: (this job's, {self.follow}'s)}}: {behind}): the "
+                f"two did not start from the same checkpoint; branch {self.job.name} again")
+        self._followed[epoch] = target
+        offsets = {p: (starts.get(p, end), end) for p, end in target.source_offsets.items()}
+        ends = {p: max(plan.ends.get(p, end), end) for p, end in target.source_offsets.items()}
+        return dataclasses.replace(plan, offsets=offsets, ends=ends, paused=frozenset())
 
     @staticmethod
     def _processing_time(ckpt: JobCheckpoint, plan: EpochPlan) -> int:
@@ -460,6 +517,11 @@ class JobRunner:
                     self._ahead = ahead
                 else:
                     plan = self._plan(ckpt)
+                if plan is None:  # following another job, and caught up with it
+                    if not continuous:
+                        break
+                    trigger.nothing_new()
+                    continue
                 if not self.job.source.bounded and not plan.has_input:
                     due = self._due_without_input(ckpt, plan, continuous)
                     if not continuous and (not due or ran_without_input):
@@ -537,6 +599,9 @@ class JobRunner:
         committed offset); the ends are asked for, so its lag metric tells what the
         drained job leaves unread."""
         plan = self._plan(ckpt)
+        if plan is None:
+            raise JobFailedError(f"job {self.job.name} follows job {self.follow}: it drains when "
+                                 f"{self.follow} does (run it further), not on its own")
         unread = {p: plan.ends[p] - start for p, (start, _) in plan.offsets.items() if plan.ends[p] > start}
         if unread:
             log.warning("job %s: draining leaves unread the events after the committed offsets "
@@ -581,6 +646,7 @@ class JobRunner:
             self._state_schemas = evolve_job(self.job.operators, {})
             return self._initial()
         self._check_compatible(ckpt)
+        check_promoted_code(self.store, self.job, ckpt)  # a promoted job runs its branch's code
         # Before any epoch: new operator code must read the state the checkpoint holds.
         self._state_schemas = evolve_job(self.job.operators, ckpt.state_schemas, ckpt.epoch)
         # Before any discovery: a source whose own metadata lost what the offsets refer
@@ -609,7 +675,7 @@ class JobRunner:
     def _read_context(self, epoch: int) -> ReadContext:
         return ReadContext(epoch=epoch, now_ms=self._now_ms(), key_groups=self.job.key_groups,
                            parallelism=self._first_parallelism, dead_letter=self.job.dead_letter,
-                           alignment=self.job.max_watermark_drift_ms is not None)
+                           alignment=self._max_drift_ms is not None)
 
     def _read_ahead(self, ckpt: JobCheckpoint, epoch: int, event_time: EpochEventTime) -> None:
         """Pipelining on long-lived tasks: once epoch ``epoch``'s event time is known (its
@@ -627,7 +693,7 @@ class JobRunner:
             partition_max_ts=event_time.partition_max_ts,
             partition_active_at_ms=partition_activity(ckpt.partition_active_at_ms, event_time.plan))
         plan = self._plan(provisional)
-        if not plan.has_input:
+        if plan is None or not plan.has_input:
             return
         exchange = self._new_exchange(epoch + 1)
         exchange.start_read(self.job.source, _splits(plan.offsets), self._read_context(epoch + 1))
@@ -677,7 +743,7 @@ class JobRunner:
             previous_watermark=ckpt.watermark,
             partition_max_ts=self._partition_max_ts(ckpt, list(plan.offsets)), plan=plan,
             bounded=self.job.source.bounded, out_of_orderness_ms=self.job.max_out_of_orderness_ms,
-            max_drift_ms=self.job.max_watermark_drift_ms, drain=drain)
+            max_drift_ms=self._max_drift_ms, drain=drain)
 
     def _run_epoch(self, ckpt: JobCheckpoint, plan: EpochPlan, flush: bool = False,
                    drain: bool = False) -> tuple[EpochResult, JobCheckpoint]:
@@ -741,6 +807,14 @@ class JobRunner:
         metrics["live"] = live_metrics(now_ms=self._now_ms())  # at the commit
         if drain:
             metrics["drained"] = True
+        followed = self._followed.pop(epoch, None)
+        if followed is not None:
+            metrics["follow"] = {"job": self.follow, "watermark": followed.watermark,
+                                 "same_watermark": followed.watermark == watermark}
+            if followed.watermark != watermark:  # same input, other event time: say why it may differ
+                log.warning("job %s: epoch %d reached watermark %d, job %s's %d (the same input: their "
+                            "event-time settings or partition idleness differ)", self.job.name, epoch,
+                            watermark, self.follow, followed.watermark)
         new = JobCheckpoint(
             job=self.job.name, epoch=epoch, watermark=watermark,
             source_offsets=offsets, partition_max_ts=part_max,
@@ -825,9 +899,12 @@ class JobRunner:
             last = i == len(self.job.operators) - 1
             previous = ckpt.operators.get(op.name, {})
             ranges = key_group_ranges(self.job.key_groups, self.job.parallelism_of(op.name))
-            # Rescaled: the previous checkpoint's ranges of this operator are others.
+            # Rescaled: the previous checkpoint's ranges of this operator are others. A
+            # range whose previous manifest is another job's (a fork's first epoch) opens
+            # from it the same way: its new files go under this job's prefix.
             old_ranges = sorted(KeyGroupRange.from_label(label) for label in previous)
-            rescaled = bool(previous) and old_ranges != ranges
+            rescaled = bool(previous) and (old_ranges != ranges or any(
+                not m.startswith(f"{self.job.prefix}/") for m in previous.values()))
             next_parallelism = None if last else self.job.parallelism_of(self.job.operators[i + 1].name)
             specs = [
                 TaskSpec(

@@ -27,6 +27,8 @@ def test_definitions_are_loadable() -> None:
         "flights_weather_compaction_sensor", "flights_weather_cleanup_sensor", "flights_weather_source_sensor"}
     assert {"flights", "aircraft_rotations", "flights_weather", "compaction", "memtable_flush", "garbage_collection",
             "table_compaction"} <= {j.name for j in defs.jobs}
+    assert {"flights_v2_branch", "flights_v2_diff"} <= keys
+    assert {"branch_flights_v2", "diff_flights_v2", "promote_flights_v2"} <= {j.name for j in defs.jobs}
 
 
 def test_materialize_records_one_checkpoint_per_epoch(spark, tmp_path) -> None:
@@ -94,4 +96,4 @@ def test_sources_and_sinks_named_with_characters_dagster_refuses_get_valid_asset
                      "late": ParquetSink("late")})
     defs = dkvstream_definitions(job)
     keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
-    assert keys == {"kafka_pay_ments", "window_counts", "late", "totals_checkpoint"}
+    assert keys == {"kafka_pay_ments", "window_counts", "late", "totals_checkpoint", "totals_savepoints"}

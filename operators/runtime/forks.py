@@ -1,0 +1,100 @@
+"""Zero-copy forks: a new job that starts from another job's checkpoint or savepoint.
+
+``fork_job(store, parent, child)`` writes the child's first checkpoint: the parent's
+(same epoch number, source offsets, watermark, timers, state schemas; no output) whose
+``operators`` name the parent's range manifests, so no state file is copied. It pins
+every file they name at its owner (``dkvstream.operators.runtime.pins``: the parent's,
+and a grandparent's for a fork of a fork), so the parent's retention never deletes them,
+and records the owners in ``jobs/<child>/fork.json``::
+
+    {"parent": str, "epoch": int, "savepoint": str | null, "forked_at_ms": int,
+     "owners": [job prefix, ...]}      # where the child holds its checkpoint pin
+
+The child runs with its own code and parallelism: its first epoch opens each key-group
+range from the parent's manifests with ``DKV.open_from_parents`` (the driver does this
+whenever a previous manifest lies outside the job's prefix, for equal or other
+parallelism); its new files go under its own prefix, and its state schemas are checked
+against its code as on any restart. The child's retention never deletes outside its own
+prefix; its full sweep shrinks its pins to what its retained checkpoints and savepoints
+still name and deletes a pin that names nothing (``dkvstream.operators.runtime.cleanup``),
+so a fork does not hold its parent's storage once compaction has rewritten it.
+
+Costs: one LIST and GET (the parent's checkpoint or savepoint), one GET per range
+manifest, one PUT per owner's pin and of the fork record, one HEAD (the re-check), and
+the commit (two PUTs and a LIST); 0 bytes of state copied, whatever its size.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from dkvstream.operators import paths
+from dkvstream.operators.api.job import Job
+from dkvstream.operators.api.state_schema import evolve_job
+from dkvstream.operators.runtime import pins
+from dkvstream.operators.runtime.checkpoints import JobCheckpoint, commit_checkpoint, read_commit_log
+from dkvstream.operators.runtime.savepoints import as_store, get_savepoint, job_name, retained_checkpoint
+from dkvstream.storage.objectstore import ObjectStore
+
+
+def fork_job(store: ObjectStore | str, parent: Job | str, child: Job | str, *,
+             savepoint: str | None = None, epoch: int | None = None) -> JobCheckpoint:
+    """Forks job ``child`` from ``parent``'s savepoint, or its checkpoint ``epoch``
+    (default: the newest). See the module docstring.
+
+    Args:
+        store: the object store (or its root URI).
+        parent: the parent job or its name.
+        child: the new job or its name; with a ``Job``, its key groups and state
+            declarations are checked against the parent's state before anything is written.
+        savepoint: a savepoint of the parent to start from.
+        epoch: a retained checkpoint of the parent (only without ``savepoint``).
+
+    Returns:
+        The child's first checkpoint (committed).
+
+    Raises:
+        ValueError: the child has checkpoints already, the same name as the parent, both
+            ``savepoint`` and ``epoch`` are given, no such savepoint or checkpoint, or the
+            key groups differ.
+        StateSchemaError: the child's state declarations cannot read the parent's state.
+        PinError: the parent's checkpoint expired while its files were being pinned.
+    """
+    store, pname, cname = as_store(store), job_name(parent), job_name(child)
+    cprefix = paths.job_prefix(cname)
+    if pname == cname:
+        raise ValueError(f"fork of job {pname}: the new job needs another name")
+    if savepoint is not None and epoch is not None:
+        raise ValueError(f"fork of job {pname}: give a savepoint or an epoch, not both")
+    if read_commit_log(store, cprefix).newest_committed:
+        raise ValueError(f"fork of job {pname}: job {cname} has checkpoints already "
+                         f"({store.uri(paths.checkpoint_prefix(cprefix))}); choose a new name")
+    if savepoint is not None:
+        ckpt = get_savepoint(store, pname, savepoint).checkpoint
+        source = paths.savepoint_key(paths.job_prefix(pname), savepoint)
+        what = f"savepoint {savepoint!r} of job {pname}"
+    else:
+        ckpt = retained_checkpoint(store, pname, epoch)
+        source = paths.checkpoint_key(paths.job_prefix(pname), ckpt.epoch)
+        what = f"checkpoint epoch {ckpt.epoch} of job {pname}"
+    if isinstance(child, Job):
+        if child.key_groups != ckpt.key_groups:
+            raise ValueError(f"fork of job {pname} into {cname}: the parent has key_groups="
+                             f"{ckpt.key_groups}, the new job {child.key_groups}; a fork keeps them")
+        evolve_job(child.operators, ckpt.state_schemas, ckpt.epoch)
+    by_owner = pins.files_by_owner(store, ckpt)
+    record = {"parent": pname, "epoch": ckpt.epoch, "savepoint": savepoint,
+              "forked_at_ms": time.time_ns() // 1_000_000}
+    pin_keys = pins.hold_for_checkpoints(store, cname, by_owner, record)
+    pins.require_still_there(store, source, pin_keys, what)
+    first = dataclasses.replace(
+        ckpt, job=cname, outputs={}, output_checksums={},
+        dropped=None, unkept=None,  # the parent's files: never the child's to delete
+        metrics={"forked_from": {"job": pname, "epoch": ckpt.epoch, "savepoint": savepoint}})
+    commit_checkpoint(store, cprefix, first)
+    return first
+
+
+def forked_from(store: ObjectStore | str, job: Job | str) -> dict:
+    """The job's fork record (module docstring), {} for a job not forked."""
+    return pins.read_fork_record(as_store(store), paths.job_prefix(job_name(job)))

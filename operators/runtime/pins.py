@@ -1,0 +1,249 @@
+"""Pins: records that protect files of one job (the *owner*) from its retention and GC
+because another record (a savepoint, a fork's checkpoints) still names them.
+
+A pin is one small JSON object under the owner's prefix,
+``jobs/<owner>/pins/<holder job>--<what>.json`` (``dkvstream.operators.paths.pin_key``)::
+
+    {"owner": str, "holder": str, "what": str,      # e.g. "savepoint-nightly", "fork"
+     "reason": str, "created_at_ms": int,
+     "keys": [object key, ...]}                     # the owner's files it protects, sorted:
+                                                    # range manifests, SSTables, WAL objects
+
+A holder that names files of several owners (a savepoint of a fork names its parent's
+tables and its own) writes one pin per owner. Both cleanup paths
+(``dkvstream.operators.runtime.cleanup``) LIST ``pins/`` after deleting expired
+checkpoint manifests and before deleting any file, and never delete a pinned key; and
+neither ever deletes an object outside its own job's prefix (another job's file named
+through a fork is its owner's to collect).
+
+**Why writing a pin is race-free.** The holder writes the pin first, then re-checks that
+the checkpoint (or savepoint) whose files it copied still exists
+(``require_still_there``); if not, it deletes the pin and fails. A cleanup deletes the
+expired checkpoint manifest *before* it lists the pins. So either the re-check sees the
+checkpoint gone (and the holder fails, nothing named), or the checkpoint was deleted
+after the pin was written, and the cleanup's listing, later still, sees the pin.
+
+Cost: a pin is one PUT (about 100 bytes per key it lists); a cleanup pays one LIST of
+``pins/`` and one GET per pin.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+
+from dkvstream.operators import paths
+from dkvstream.operators.runtime.checkpoints import JobCheckpoint
+from dkvstream.storage.dkv.manifest import encode_manifest, files_of, load_manifest
+from dkvstream.storage.errors import CorruptionError, DkvstreamError, ObjectNotFoundError
+from dkvstream.storage.objectstore import ObjectStore, map_requests
+
+
+class PinError(DkvstreamError):
+    """A pin could not be taken: what it would protect is gone (the message says what to do)."""
+
+
+@dataclass
+class Pin:
+    """One pin record (module docstring). ``owner`` and ``holder`` are job names."""
+
+    owner: str
+    holder: str
+    what: str
+    reason: str
+    keys: list[str]
+    created_at_ms: int = field(default_factory=lambda: time.time_ns() // 1_000_000)
+
+    @property
+    def key(self) -> str:
+        """The pin's object key."""
+        return paths.pin_key(paths.job_prefix(self.owner), self.holder, self.what)
+
+    def encode(self) -> bytes:
+        """JSON bytes."""
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes, uri: str) -> Pin:
+        """Parses a pin read from ``uri``.
+
+        Raises:
+            CorruptionError: not a pin record, naming ``uri``.
+        """
+        try:
+            return cls(**json.loads(data))
+        except (ValueError, TypeError) as e:
+            raise CorruptionError(f"{uri}: unreadable pin record ({len(data)} bytes): {e}") from e
+
+
+def files_by_owner(store: ObjectStore, ckpt: JobCheckpoint) -> dict[str, dict[str, int]]:
+    """Every file the range manifests of ``ckpt`` name (themselves, their SSTables and
+    WAL objects), with its size in bytes, grouped by the job prefix (``jobs/<name>``)
+    that holds it: ``{owner prefix: {object key: bytes}}``.
+
+    Cost: one GET per range manifest.
+
+    Raises:
+        ObjectNotFoundError / CorruptionError: a range manifest is missing or damaged.
+    """
+    manifests = [m for ranges in ckpt.operators.values() for m in ranges.values()]
+
+    def named(key: str) -> dict[str, int]:
+        m = load_manifest(store, key)
+        return {key: len(encode_manifest(m)), **files_of(m)}
+
+    out: dict[str, dict[str, int]] = {}
+    for files in map_requests(named, manifests):
+        for key, size in files.items():
+            owner = paths.owner_of(key)
+            if owner is not None:
+                out.setdefault(owner, {})[key] = size
+    return out
+
+
+def write_pins(store: ObjectStore, holder: str, what: str, reason: str,
+               by_owner: dict[str, dict[str, int]]) -> list[str]:
+    """Writes one pin per owner (replacing the holder's earlier pin for ``what``).
+
+    Args:
+        holder: the holder's job name.
+        what: what holds it (``fork``, ``savepoint-<name>``).
+        by_owner: ``{owner job prefix: {object key: bytes}}`` (``files_by_owner``).
+
+    Returns:
+        The pin keys written.
+    """
+    pins = [Pin(owner=owner.split("/", 1)[1], holder=holder, what=what, reason=reason, keys=sorted(keys))
+            for owner, keys in sorted(by_owner.items()) if keys]
+    map_requests(lambda p: store.put(p.key, p.encode()), pins)
+    return [p.key for p in pins]
+
+
+def delete_pins(store: ObjectStore, keys: Iterable[str]) -> None:
+    """Deletes pin records (absent ones are fine)."""
+    keys = list(keys)
+    if keys:
+        store.delete_many(keys)
+
+
+def require_still_there(store: ObjectStore, record_key: str, pin_keys: list[str], what: str) -> None:
+    """The re-check after writing pins (module docstring): ``record_key`` (the checkpoint
+    or savepoint the pins copy) must still exist; if not, the pins are deleted.
+
+    Raises:
+        PinError: the record is gone; ``what`` says what it was and the message what to do.
+    """
+    if not store.exists(record_key):
+        delete_pins(store, pin_keys)
+        raise PinError(f"{what} ({store.uri(record_key)}) expired meanwhile (retention deleted it); "
+                       "take a newer one")
+
+
+def read_pins(store: ObjectStore, owner_prefix: str) -> list[Pin]:
+    """Every pin held on the files of the job under ``owner_prefix`` (one LIST, one GET each).
+
+    Raises:
+        CorruptionError: a pin record does not read (a cleanup must then delete nothing).
+    """
+    keys = [k for k in store.list(paths.pins_prefix(owner_prefix)) if k.endswith(".json")]
+
+    def read(key: str) -> Pin | None:
+        try:
+            return Pin.decode(store.get(key), store.uri(key))
+        except ObjectNotFoundError:  # dropped meanwhile: it protects nothing any more
+            return None
+
+    return [p for p in map_requests(read, keys) if p is not None]
+
+
+def pinned_keys(store: ObjectStore, owner_prefix: str) -> set[str]:
+    """The owner's files some pin protects (``read_pins``).
+
+    Raises:
+        CorruptionError: a pin record does not read.
+    """
+    return {k for p in read_pins(store, owner_prefix) for k in p.keys}
+
+
+def shrink_pins(store: ObjectStore, holder_prefix: str, what: str, owners: Iterable[str],
+                named: dict[str, set[str]]) -> dict[str, int]:
+    """Shrinks the holder's pins for ``what`` at ``owners`` (job prefixes) to the keys
+    still named (``named``: ``{owner prefix: keys}``, what the holder's retained records
+    name); a pin left naming nothing is deleted. A pin never gains a key here: the
+    holder writes its new files under its own prefix.
+
+    Call it only with ``named`` computed after the holder's expired checkpoints were
+    deleted (the holder's full sweep, ``dkvstream.operators.runtime.cleanup``), so no
+    record still being read names a key it drops.
+
+    Returns:
+        ``{pin key: keys it still protects}`` for every pin found (0: deleted).
+    """
+    holder = holder_prefix.split("/", 1)[1]
+    out: dict[str, int] = {}
+    for owner in sorted(set(owners) - {holder_prefix}):
+        key = paths.pin_key(owner, holder, what)
+        try:
+            pin = Pin.decode(store.get(key), store.uri(key))
+        except ObjectNotFoundError:
+            continue
+        keep = sorted(set(pin.keys) & named.get(owner, set()))
+        if not keep:
+            store.delete(key)
+        elif len(keep) < len(pin.keys):
+            pin.keys = keep
+            store.put(key, pin.encode())
+        out[key] = len(keep)
+    return out
+
+
+# ------------------------------------------------------------- a job's pins for its checkpoints
+CHECKPOINTS_PIN = "fork"  # ``what`` of the pin a job holds for its own checkpoints' foreign files
+
+
+def held_at(store: ObjectStore, holder_prefix: str) -> list[str]:
+    """The owner prefixes where the job under ``holder_prefix`` holds a pin for its
+    checkpoints (recorded in its ``fork.json``, ``paths.fork_record_key``); [] for a job
+    never forked nor restored from a foreign savepoint."""
+    return read_fork_record(store, holder_prefix).get("owners", [])
+
+
+def read_fork_record(store: ObjectStore, holder_prefix: str) -> dict:
+    """The job's fork record (``dkvstream.operators.runtime.forks``), {} if none."""
+    key = paths.fork_record_key(holder_prefix)
+    try:
+        return json.loads(store.get(key))
+    except ObjectNotFoundError:
+        return {}
+    except ValueError as e:
+        raise CorruptionError(f"{store.uri(key)}: unreadable fork record: {e}") from e
+
+
+def hold_for_checkpoints(store: ObjectStore, holder: str, by_owner: dict[str, dict[str, int] | set[str]],
+                         record: dict | None = None) -> list[str]:
+    """Adds the files of other jobs a checkpoint of job ``holder`` is about to name to
+    the holder's checkpoint pins (``CHECKPOINTS_PIN``, one per owner): first the owners
+    into the holder's fork record (merged into ``record``, its other fields), then the
+    pins. The caller re-checks that what it copies still exists
+    (``require_still_there``) unless another pin protects it throughout (a savepoint's).
+
+    Returns:
+        The pin keys written.
+    """
+    prefix = paths.job_prefix(holder)
+    foreign = {o: set(keys) for o, keys in by_owner.items() if o != prefix and keys}
+    current = read_fork_record(store, prefix)
+    doc = {**current, **(record or {})}
+    doc["owners"] = sorted(set(current.get("owners", [])) | set(foreign))
+    store.put(paths.fork_record_key(prefix), json.dumps(doc, sort_keys=True).encode())
+    written = []
+    for owner, keys in sorted(foreign.items()):
+        key = paths.pin_key(owner, holder, CHECKPOINTS_PIN)
+        try:
+            keys |= set(Pin.decode(store.get(key), store.uri(key)).keys)
+        except ObjectNotFoundError:
+            pass
+        written += write_pins(store, holder, CHECKPOINTS_PIN, f"checkpoints of job {holder}",
+                              {owner: dict.fromkeys(keys, 0)})
+    return written

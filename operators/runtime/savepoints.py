@@ -1,0 +1,280 @@
+"""Savepoints: a job checkpoint kept, with every file it names, until it is dropped.
+
+``savepoint(store, job, name)`` copies a retained checkpoint's body (default: the
+newest) into ``jobs/<job>/savepoints/<name>.json`` and pins every file its range
+manifests name (``dkvstream.operators.runtime.pins``: one pin per owner job; a fork's
+checkpoint names its parent's files too). Retention and garbage collection never
+delete a pinned file, so the savepoint stays restorable however many epochs the job
+runs; ``drop_savepoint`` deletes the pins and the record, and the files no retained
+checkpoint names become garbage for the next full sweep.
+
+Record layout::
+
+    {"name": str, "job": str, "epoch": int, "taken_at_ms": int,
+     "pins": [pin key, ...], "files": int, "bytes": int,   # what the pins protect
+     "checkpoint": <the job checkpoint object, as JobCheckpoint.encode writes it>}
+
+``restore(store, job, name)`` makes the job continue from a savepoint: it commits a new
+checkpoint (epoch = newest + 1, through the commit fence) holding the savepoint's
+state, source offsets, watermark and timers. Refused (``RecoveryRefusedError``) while a
+driver holds the job's lease, or while output of an epoch after the savepoint's is
+visible in a sink or the dead-letter table (the restart fallback rule,
+``dkvstream.operators.runtime.recovery``): a continuation from the savepoint would
+publish those epochs' output again. To start from a savepoint with its later output
+kept, fork a new job from it instead (``dkvstream.operators.runtime.forks``).
+
+Costs: a savepoint is one LIST and GET of the commit log, one GET per range manifest,
+one PUT per owner's pin, one HEAD (the re-check) and one PUT of the record; no file is
+copied. A drop is one GET, one DELETE per pin and one DELETE.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+
+from dkvstream.operators import paths
+from dkvstream.operators.api.job import Job
+from dkvstream.operators.api.state_schema import evolve_job
+from dkvstream.operators.errors import RecoveryRefusedError
+from dkvstream.operators.runtime import pins
+from dkvstream.operators.runtime.checkpoints import (
+    JobCheckpoint,
+    commit_checkpoint,
+    read_checkpoint,
+    read_commit_log,
+)
+from dkvstream.operators.runtime.control import read_lease
+from dkvstream.operators.runtime.recovery import _check_files, _visible_output_after
+from dkvstream.storage.errors import CorruptionError, ObjectExistsError, ObjectNotFoundError
+from dkvstream.storage.objectstore import ObjectStore, map_requests, open_object_store
+
+
+@dataclass
+class Savepoint:
+    """A savepoint record (module docstring).
+
+    Attributes:
+        name: its name. job: the job's name. epoch: the checkpoint's epoch.
+        taken_at_ms: wall clock (ms) it was taken. pins: the pin keys it wrote.
+        files: files pinned. bytes: their total size, bytes.
+        checkpoint: the checkpoint it holds.
+    """
+
+    name: str
+    job: str
+    epoch: int
+    taken_at_ms: int
+    pins: list[str]
+    files: int
+    bytes: int
+    checkpoint: JobCheckpoint
+
+    def encode(self) -> bytes:
+        """JSON bytes (the checkpoint as ``JobCheckpoint.encode`` writes it)."""
+        body = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "checkpoint"}
+        body["checkpoint"] = json.loads(self.checkpoint.encode())
+        return json.dumps(body, sort_keys=True, indent=1).encode()
+
+    @classmethod
+    def decode(cls, data: bytes, uri: str) -> Savepoint:
+        """Parses a savepoint record read from ``uri``.
+
+        Raises:
+            CorruptionError: a bad record or checkpoint body, naming ``uri``.
+        """
+        try:
+            doc = json.loads(data)
+            ckpt = JobCheckpoint.decode(json.dumps(doc.pop("checkpoint")).encode(), uri)
+            return cls(checkpoint=ckpt, **doc)
+        except (ValueError, TypeError, KeyError) as e:
+            raise CorruptionError(f"{uri}: unreadable savepoint record ({len(data)} bytes): {e}") from e
+
+
+def job_name(job: Job | str) -> str:
+    """The name of ``job`` (a ``Job`` or a name)."""
+    return job.name if isinstance(job, Job) else job
+
+
+def as_store(store: ObjectStore | str) -> ObjectStore:
+    """``store``, or the store at that root (``open_object_store``)."""
+    return store if isinstance(store, ObjectStore) else open_object_store(store)
+
+
+def savepoint(store: ObjectStore | str, job: Job | str, name: str, epoch: int | None = None) -> Savepoint:
+    """Takes savepoint ``name`` of ``job`` at checkpoint ``epoch`` (default: the newest).
+
+    Args:
+        store: the object store (or its root URI).
+        job: the job or its name.
+        name: the savepoint's name, ``[A-Za-z0-9._-]``, unique per job.
+        epoch: a retained checkpoint's epoch; None: the newest.
+
+    Returns:
+        The ``Savepoint`` written.
+
+    Raises:
+        ValueError: a bad or taken name, no checkpoint, or ``epoch`` not retained
+            (the message lists the retained epochs).
+        PinError: the checkpoint expired while its files were being pinned.
+        ObjectNotFoundError / CorruptionError: a range manifest is missing or damaged.
+    """
+    store, jname = as_store(store), job_name(job)
+    prefix = paths.job_prefix(jname)
+    key = paths.savepoint_key(prefix, paths.valid_record_name(name, "savepoint name"))
+    if store.exists(key):
+        taken = get_savepoint(store, jname, name)
+        raise ValueError(f"job {jname}: savepoint {name!r} exists (epoch {taken.epoch}, {store.uri(key)}); "
+                         "choose another name, or drop it first (drop_savepoint)")
+    ckpt = retained_checkpoint(store, jname, epoch)
+    by_owner = pins.files_by_owner(store, ckpt)
+    pin_keys = pins.write_pins(store, jname, f"savepoint-{name}", f"savepoint {name} of job {jname} "
+                               f"at epoch {ckpt.epoch}", by_owner)
+    pins.require_still_there(store, paths.checkpoint_key(prefix, ckpt.epoch), pin_keys,
+                             f"checkpoint epoch {ckpt.epoch} of job {jname}")
+    sp = Savepoint(name=name, job=jname, epoch=ckpt.epoch, taken_at_ms=time.time_ns() // 1_000_000,
+                   pins=pin_keys, files=sum(len(f) for f in by_owner.values()),
+                   bytes=sum(sum(f.values()) for f in by_owner.values()), checkpoint=ckpt)
+    try:
+        store.put_if_absent(key, sp.encode())
+    except ObjectExistsError:  # another caller took the name meanwhile; its pins are the same files
+        raise ValueError(f"job {jname}: savepoint {name!r} was taken meanwhile by another caller "
+                         f"({store.uri(key)}); choose another name") from None
+    return sp
+
+
+def retained_checkpoint(store: ObjectStore, jname: str, epoch: int | None) -> JobCheckpoint:
+    """Job ``jname``'s retained checkpoint ``epoch`` (None: the newest).
+
+    Raises:
+        ValueError: no checkpoint, or ``epoch`` not retained (the message lists the retained ones).
+    """
+    prefix = paths.job_prefix(jname)
+    epochs = read_commit_log(store, prefix).epochs
+    if not epochs:
+        raise ValueError(f"job {jname}: no checkpoint under {store.uri(paths.checkpoint_prefix(prefix))}; "
+                         "run the job first")
+    if epoch is None:
+        epoch = epochs[-1]
+    if epoch not in epochs:
+        raise ValueError(f"job {jname}: checkpoint epoch {epoch} is not retained (retained: "
+                         f"{epochs[0]}..{epochs[-1]}); take a savepoint of a retained one")
+    return read_checkpoint(store, prefix, epoch)
+
+
+def get_savepoint(store: ObjectStore | str, job: Job | str, name: str) -> Savepoint:
+    """Reads savepoint ``name`` of ``job``.
+
+    Raises:
+        ValueError: no such savepoint (the message lists the job's savepoints).
+        CorruptionError: the record does not read.
+    """
+    store, jname = as_store(store), job_name(job)
+    key = paths.savepoint_key(paths.job_prefix(jname), name)
+    try:
+        data = store.get(key)
+    except ObjectNotFoundError:
+        names = [sp.name for sp in list_savepoints(store, jname)]
+        raise ValueError(f"job {jname}: no savepoint {name!r} ({store.uri(key)} is missing); "
+                         f"the job's savepoints: {', '.join(names) or 'none'}") from None
+    return Savepoint.decode(data, store.uri(key))
+
+
+def list_savepoints(store: ObjectStore | str, job: Job | str) -> list[Savepoint]:
+    """The job's savepoints, by name (one LIST, one GET each)."""
+    store, jname = as_store(store), job_name(job)
+    keys = sorted(k for k in store.list(paths.savepoints_prefix(paths.job_prefix(jname))) if k.endswith(".json"))
+    return [Savepoint.decode(store.get(k), store.uri(k)) for k in keys]
+
+
+def drop_savepoint(store: ObjectStore | str, job: Job | str, name: str) -> Savepoint:
+    """Drops savepoint ``name``: its pins first, then its record (a crash in between
+    leaves the record, and dropping again finishes). Its files that no retained
+    checkpoint, savepoint or fork names are collected by the owners' next full sweep.
+
+    Returns:
+        The dropped ``Savepoint``.
+
+    Raises:
+        ValueError: no such savepoint.
+    """
+    store = as_store(store)
+    sp = get_savepoint(store, job, name)
+    pins.delete_pins(store, sp.pins)
+    store.delete(paths.savepoint_key(paths.job_prefix(sp.job), name))
+    return sp
+
+
+def savepoint_files(store: ObjectStore, sp: Savepoint) -> dict[str, set[str]]:
+    """``{owner prefix: keys}`` the savepoint's pins protect (one GET per pin; a pin
+    missing counts as protecting nothing)."""
+    out: dict[str, set[str]] = {}
+    for key in sp.pins:
+        try:
+            pin = pins.Pin.decode(store.get(key), store.uri(key))
+        except ObjectNotFoundError:
+            continue
+        out.setdefault(paths.job_prefix(pin.owner), set()).update(pin.keys)
+    return out
+
+
+def restore(store: ObjectStore | str, job: Job, name: str) -> JobCheckpoint:
+    """Makes ``job`` continue from its savepoint ``name`` (module docstring): commits a
+    new checkpoint, epoch = the newest committed + 1, holding the savepoint's state,
+    source offsets, watermark and timers, and no output. The job's next run continues
+    from it (its epochs after the savepoint's are computed again, with the job's
+    current code and parallelism).
+
+    Args:
+        store: the object store (or its root URI).
+        job: the job (its sinks tell what output is visible; its operators must read the
+            savepoint's state, as on a restart).
+
+    Returns:
+        The checkpoint committed.
+
+    Raises:
+        RecoveryRefusedError: a driver of the job holds its lease, output of an epoch
+            after the savepoint's is visible, or a file the savepoint names is missing
+            (each message says what to do).
+        StateSchemaError: the job's state declarations cannot read the savepoint's state.
+        JobFencedError: a driver committed an epoch meanwhile.
+        ValueError: no such savepoint; the job's key groups differ.
+    """
+    store = as_store(store)
+    sp = get_savepoint(store, job, name)
+    prefix, ckpt = job.prefix, sp.checkpoint
+    commits = read_commit_log(store, prefix)
+    lease = read_lease(store, prefix)
+    if lease is not None and lease.is_live(commits.newest_committed):
+        raise RecoveryRefusedError(
+            f"job {job.name}: a driver ({lease.owner}) is running epoch {lease.epoch}; stop it "
+            f"(JobRunner.stop) and restore savepoint {name!r} again")
+    if ckpt.key_groups != job.key_groups:
+        raise ValueError(f"job {job.name}: savepoint {name!r} has key_groups={ckpt.key_groups}, the job "
+                         f"{job.key_groups}; key groups are fixed for a job's lifetime")
+    visible = _visible_output_after(store, job, sp.epoch)
+    if visible:
+        raise RecoveryRefusedError(
+            f"job {job.name}: output of epochs after savepoint {name!r} (epoch {sp.epoch}) is visible "
+            f"({'; '.join(visible[:5])}{' ...' if len(visible) > 5 else ''}); continuing from the "
+            f"savepoint would publish epochs {sp.epoch + 1}..{commits.newest_committed} again. Delete "
+            f"the published output and dead letters of epochs {sp.epoch + 1}..{commits.newest_committed} "
+            f"to restore, or fork a new job from the savepoint (fork_job(store, {job.name!r}, "
+            f"<new job>, savepoint={name!r})) to keep that output.")
+    manifests = [m for ranges in ckpt.operators.values() for m in ranges.values()]
+    missing = [e for errors in map_requests(lambda m: _check_files(store, m), manifests) for e in errors]
+    if missing:
+        raise RecoveryRefusedError(f"job {job.name}: savepoint {name!r} names files that are missing or "
+                                   f"damaged: {'; '.join(missing[:5])}; restore them, or drop the savepoint")
+    evolve_job(job.operators, ckpt.state_schemas, ckpt.epoch)  # the job's code must read the state
+    new = dataclasses.replace(
+        ckpt, job=job.name, epoch=commits.newest_committed + 1, outputs={}, output_checksums={},
+        dropped=None, unkept=None,  # unknown: the first expiry after it takes the full sweep
+        metrics={"restored_from": {"savepoint": name, "epoch": sp.epoch}})
+    # Files of other jobs (a fork's parent) the new checkpoint names: held by the job's
+    # checkpoint pin from now on (the savepoint's pins protect them meanwhile).
+    pins.hold_for_checkpoints(store, job.name, savepoint_files(store, sp))
+    commit_checkpoint(store, prefix, new)
+    return new

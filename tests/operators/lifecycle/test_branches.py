@@ -1,0 +1,298 @@
+"""Branch, shadow run, diff and promote on the flights job, against oracles.
+
+The oracles: pandas over the replay (which windows a bug fix changes, known before
+anything runs), and replays from scratch (a promotion's output is the old code's up to
+the promotion and the new code's after it; the operators keep the same state).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from datetime import datetime
+
+import pytest
+
+from dkvstream.examples.flights_v2 import RouteDailyDelaysWithSum
+from dkvstream.operators.runtime.branches import (
+    BranchError,
+    branch,
+    diff,
+    promote,
+    promoted_job,
+    read_branch,
+    read_promotion,
+    run_branch,
+)
+from dkvstream.operators.runtime.checkpoints import read_checkpoint
+from dkvstream.operators.runtime.driver import JobRunner
+from dkvstream.operators.runtime.pins import pinned_keys
+from dkvstream.storage.objectstore import open_object_store
+from tests.operators.branch_jobs import (
+    KEY_COLUMNS,
+    BuggyRouteDailyDelays,
+    FirstFlights,
+    RouteDailyDelays,
+    expected_mean_changes,
+    flights_variant,
+)
+
+PER_PARTITION = 8_000
+KEYS = {"main": KEY_COLUMNS, "late": ["key", "event_time"]}
+
+
+def _run(job, store, max_epochs=None):
+    with JobRunner(job, None, store, retain_checkpoints=None) as runner:
+        return runner.run(max_epochs)
+
+
+def _rows_by_epoch(store, job, output="main") -> dict[int, Counter]:
+    """``{epoch: Counter of rows}`` of a job's published output."""
+    from dkvstream.operators.runtime.branches import published_by_epoch, read_epoch
+
+    out = {}
+    for epoch, keys in published_by_epoch(store, job, output).items():
+        t = read_epoch(store, job, output, keys, epoch)
+        out[epoch] = Counter(tuple(r.values()) for r in t.to_pylist())
+    return out
+
+
+@pytest.fixture
+def store(tmp_path):
+    return open_object_store(str(tmp_path / "store"))
+
+
+def test_bug_fix_diff_is_the_windows_known_in_advance(store) -> None:
+    main = flights_variant("flights", BuggyRouteDailyDelays())
+    fixed = flights_variant("flights_fix", RouteDailyDelays())
+    _run(main, store, max_epochs=2)
+    record = branch(store, main, fixed)
+    assert (record.main, record.fork_epoch) == ("flights", 2)
+    main_results = _run(main, store)
+    results = run_branch(fixed, None, store, retain_checkpoints=None)
+    assert [r.epoch for r in results] == [r.epoch for r in main_results]  # the shadow followed every epoch
+    assert [r.source_offsets for r in results] == [r.source_offsets for r in main_results]
+    assert [r.watermark for r in results] == [r.watermark for r in main_results]
+
+    d = diff(store, main, fixed, key_columns=KEYS)
+    assert d.epochs == (3, main_results[-1].epoch)
+    # Known in advance: the windows with flights without a reported delay, among those
+    # emitted after the fork.
+    emitted = {(r[0], r[1], int(r[2].timestamp() * 1000)): e
+               for e, rows in _rows_by_epoch(store, main).items() if e > 2 for r in rows}
+    expected = expected_mean_changes(PER_PARTITION) & set(emitted)
+    out = d.outputs["main"]
+    assert (out.columns_added, out.columns_removed) == ([], [])
+    assert out.totals()["changed"] == len(expected) > 0
+    assert out.totals()["only_in_main"] == out.totals()["only_in_branch"] == 0
+    per_epoch = Counter(emitted[k] for k in expected)
+    assert {e.epoch: e.changed for e in out.epochs if e.changed} == dict(per_epoch)
+    assert all(e.changed_columns == {"dep_delay_mean": e.changed} for e in out.epochs if e.changed)
+    for e in out.epochs:
+        for s in e.samples.get("changed", []):  # samples are keys of changed rows
+            ms = int(datetime.fromisoformat(s["window_start"]).timestamp() * 1000)
+            assert (s["origin"], s["dest"], ms) in expected
+        assert len(e.samples.get("changed", [])) == min(e.changed, 5)
+    assert not d.outputs["late"].totals()["changed"]
+
+
+def test_new_output_column_diff_is_that_column(store) -> None:
+    main = flights_variant("flights", RouteDailyDelays())
+    more = flights_variant("flights_sum", RouteDailyDelaysWithSum())
+    _run(main, store, max_epochs=1)
+    branch(store, main, more)
+    _run(main, store)
+    run_branch(more, None, store)
+    d = diff(store, main, more, key_columns=KEYS)
+    out = d.outputs["main"]
+    assert (out.columns_added, out.columns_removed) == (["dep_delay_sum"], [])
+    assert d.differs
+    assert not any(e.differs for o in d.outputs.values() for e in o.epochs)
+    assert out.totals()["main_rows"] == out.totals()["branch_rows"] > 0
+
+
+def test_promote_continues_with_the_branch_exactly_once(store) -> None:
+    old = flights_variant("flights", BuggyRouteDailyDelays())
+    new = flights_variant("flights_fix", RouteDailyDelays())
+    _run(old, store, max_epochs=1)
+    branch(store, old, new)
+    _run(old, store, max_epochs=2)  # main at epoch 3
+    run_branch(new, None, store, max_epochs=1)  # branch at epoch 2: behind
+    with pytest.raises(BranchError, match="run the branch further"):
+        promote(store, old, new)
+    run_branch(new, None, store)
+    promotion = promote(store, old, new)
+    assert (promotion.epoch, promotion.branch_epoch) == (4, 3)
+    # The main pins the branch's files it now names (the branch's retention keeps off them).
+    assert promotion.pins and all(k.startswith("jobs/flights_fix/pins/flights--") for k in promotion.pins)
+    named = {m for ranges in read_checkpoint(store, "jobs/flights", 4).operators.values() for m in ranges.values()}
+    assert named and {k for k in named if k.startswith("jobs/flights_fix/")} <= pinned_keys(store, "jobs/flights_fix")
+    assert promote(store, old, new).epoch == 4  # idempotent
+    assert read_promotion(store, "flights").branch == "flights_fix"
+    assert read_branch(store, new).promoted_at_epoch == 4
+    with pytest.raises(BranchError, match="promoted_job"):
+        _run(old, store)  # the old code no longer runs the main
+    with pytest.raises(BranchError, match="was promoted"):
+        run_branch(new, None, store)
+    _run(promoted_job(old, new), store)
+
+    # Oracle: replays from scratch of the old and the new code, same epochs.
+    _run(flights_variant("ref_old", BuggyRouteDailyDelays()), store)
+    _run(flights_variant("ref_new", RouteDailyDelays()), store)
+    got = _rows_by_epoch(store, old)
+    ref_old = _rows_by_epoch(store, flights_variant("ref_old", BuggyRouteDailyDelays()))
+    ref_new = _rows_by_epoch(store, flights_variant("ref_new", RouteDailyDelays()))
+    assert {e: got[e] for e in got if e <= 3} == {e: ref_old[e] for e in ref_old if e <= 3}
+    assert 4 not in got or not got[4]  # the promotion epoch reads and writes nothing
+    assert {e - 1: got[e] for e in got if e > 4} == {e: ref_new[e] for e in ref_new if e > 3}
+    # Each window exactly once over the whole table.
+    windows = Counter(r[:3] for rows in got.values() for r in rows.elements())
+    assert windows and max(windows.values()) == 1
+
+
+def test_branch_refusals(store) -> None:
+    main = flights_variant("flights", RouteDailyDelays())
+    with pytest.raises(BranchError, match="no checkpoint"):
+        branch(store, main, flights_variant("b", RouteDailyDelays()))
+    _run(main, store, max_epochs=1)
+    with pytest.raises(BranchError, match="name of its own"):
+        branch(store, main, flights_variant("flights", RouteDailyDelays()))
+    with pytest.raises(BranchError, match="same input"):
+        branch(store, main, flights_variant("b", RouteDailyDelays(), source=_Other()))
+    with pytest.raises(BranchError, match="not a branch"):
+        diff(store, main, flights_variant("b", RouteDailyDelays()))
+
+
+class _Other(FirstFlights):
+    name = "other"
+
+
+def test_live_kafka_branch_follows_the_mains_epochs(kafka_broker, store) -> None:
+    """On a live topic the epochs depend on what had arrived when each was planned: the
+    branch (another epoch size) still reads exactly the main's epochs, its diff equals a
+    pandas comparison of the two outputs, and the promoted main's output equals the
+    replay oracle."""
+    import time
+
+    import pandas as pd
+
+    from dkvstream.examples.flights_live import VALUE_SCHEMA
+    from dkvstream.examples.flights_producer import create_topic, produce
+    from dkvstream.operators.io.kafka import KafkaSource
+
+    topic = f"flights-branch-{time.time_ns() % 10**9}"
+    create_topic(kafka_broker.bootstrap, topic)
+
+    def source():
+        return KafkaSource(kafka_broker.bootstrap, topic, value_format="json", value_schema=VALUE_SCHEMA,
+                           bounded=False)
+
+    main = flights_variant("flights", BuggyRouteDailyDelays(), source=source(), events_per_epoch=3_000)
+    fixed = flights_variant("flights_fix", RouteDailyDelays(), source=source(), events_per_epoch=7_000)
+    assert produce(kafka_broker.bootstrap, topic, rate=1e6, limit=6_000) == 6_000
+    _run(main, store, max_epochs=1)
+    branch(store, main, fixed)
+    _run(main, store)
+    produce(kafka_broker.bootstrap, topic, rate=1e6, limit=4_000)  # the same first flights again: later epochs
+    main_results = _run(main, store)
+    results = run_branch(fixed, None, store, retain_checkpoints=None)
+    assert [(r.epoch, r.source_offsets, r.watermark) for r in results][-len(main_results):] == [
+        (r.epoch, r.source_offsets, r.watermark) for r in main_results]
+
+    d = diff(store, main, fixed, key_columns=KEYS)
+    frames = {}
+    for side, job in (("main", main), ("branch", fixed)):
+        rows = [{**r, "epoch": e} for e, c in _rows_by_epoch(store, job).items() if e > 1 for r in _dicts(job, c)]
+        frames[side] = pd.DataFrame(rows)
+    m = frames["main"].merge(frames["branch"], on=["epoch", *KEY_COLUMNS], suffixes=("_m", "_b"))
+    assert len(m) == len(frames["main"]) == len(frames["branch"])  # the same windows in the same epochs
+    differs = m[~((m["dep_delay_mean_m"] == m["dep_delay_mean_b"])
+                  | (m["dep_delay_mean_m"].isna() & m["dep_delay_mean_b"].isna()))]
+    out = d.outputs["main"]
+    assert {e.epoch: e.changed for e in out.epochs if e.changed} == differs.groupby("epoch").size().to_dict()
+    assert out.totals()["changed"] > 0 and out.totals()["only_in_main"] == out.totals()["only_in_branch"] == 0
+
+    # Promote, then drain the main with the new code. Oracle: each code from scratch on the
+    # whole topic, drained: every window once, as the old code made it up to the promotion
+    # and as the new code did after it.
+    promotion = promote(store, main, fixed)
+
+    def drained(job) -> None:
+        with JobRunner(job, None, store, retain_checkpoints=None) as runner:
+            runner.run()
+            runner.stop(drain=True)
+            runner.run()
+
+    drained(promoted_job(main, fixed))
+    refs = {}
+    for name, op in (("ref_old", BuggyRouteDailyDelays()), ("ref_new", RouteDailyDelays())):
+        job = flights_variant(name, op, source=source(), events_per_epoch=3_000)
+        drained(job)
+        refs[name] = {r[:3]: r for rows in _rows_by_epoch(store, job).values() for r in rows.elements()}
+    got = _rows_by_epoch(store, main)
+    windows = Counter(r[:3] for rows in got.values() for r in rows.elements())
+    assert max(windows.values()) == 1 and set(windows) == set(refs["ref_new"])
+    for epoch, rows in got.items():
+        ref = refs["ref_old"] if epoch <= promotion.branch_epoch else refs["ref_new"]
+        assert all(r == ref[r[:3]] for r in rows), epoch
+    after = [r for e, rows in got.items() if e > promotion.branch_epoch for r in rows]
+    assert any(r != refs["ref_old"][r[:3]] for r in after)  # the new code's rows are told apart
+
+
+def _dicts(job, rows: Counter) -> list[dict]:
+    names = job.sinks["main"].schema.names
+    return [dict(zip(names, r)) for r in rows.elements()]
+
+
+def test_branch_and_promote_on_spark(spark, store) -> None:
+    """The shadow run and the promoted main on Spark local[2] (tasks open the other job's
+    ranges from its manifests); the oracle is the in-process replay from scratch."""
+    old = flights_variant("flights", BuggyRouteDailyDelays())
+    new = flights_variant("flights_fix", RouteDailyDelays())
+    _run(old, store, max_epochs=3)
+    branch(store, old, new, epoch=1)
+    results = run_branch(new, spark, store)
+    assert [r.epoch for r in results] == [2, 3]
+    promote(store, old, new)
+    with JobRunner(promoted_job(old, new), spark, store) as runner:
+        runner.run()
+    _run(flights_variant("ref_old", BuggyRouteDailyDelays()), store)
+    _run(flights_variant("ref_new", RouteDailyDelays()), store)
+    got = _rows_by_epoch(store, old)
+    ref_old = _rows_by_epoch(store, flights_variant("ref_old", BuggyRouteDailyDelays()))
+    ref_new = _rows_by_epoch(store, flights_variant("ref_new", RouteDailyDelays()))
+    assert {e: got[e] for e in got if e <= 3} == {e: ref_old[e] for e in ref_old if e <= 3}
+    assert {e - 1: got[e] for e in got if e > 4} == {e: ref_new[e] for e in ref_new if e > 3}
+
+
+def test_promote_refuses_a_running_main(store) -> None:
+    from dkvstream.operators.runtime.control import acquire_lease
+
+    main = flights_variant("flights", RouteDailyDelays())
+    more = flights_variant("flights_sum", RouteDailyDelaysWithSum())
+    _run(main, store, max_epochs=1)
+    branch(store, main, more)
+    acquire_lease(store, main.prefix, 2)  # a driver has epoch 2 in flight
+    with pytest.raises(BranchError, match="is running"):
+        promote(store, main, more)
+    assert read_promotion(store, main) is None
+
+
+def test_promote_interrupted_before_its_commit_blocks_every_driver_until_run_again(store, monkeypatch) -> None:
+    from dkvstream.operators.runtime import branches
+
+    old = flights_variant("flights", BuggyRouteDailyDelays())
+    new = flights_variant("flights_fix", RouteDailyDelays())
+    _run(old, store, max_epochs=2)
+    branch(store, old, new)
+
+    def crash(*_args, **_kwargs):
+        raise RuntimeError("killed before the commit")
+
+    monkeypatch.setattr(branches, "commit_checkpoint", crash)
+    with pytest.raises(RuntimeError, match="killed"):
+        promote(store, old, new)
+    monkeypatch.undo()
+    for code in (old, promoted_job(old, new)):  # neither code may run on the main now
+        with pytest.raises(BranchError, match="run promote again"):
+            _run(code, store)
+    assert promote(store, old, new).epoch == 3
+    assert _run(promoted_job(old, new), store)[0].epoch == 4
