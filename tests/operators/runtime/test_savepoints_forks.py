@@ -25,7 +25,13 @@ from dkvstream.operators.runtime.control import acquire_lease
 from dkvstream.operators.runtime.forks import fork_job
 from dkvstream.operators.runtime.pins import files_by_owner, read_pins
 from dkvstream.operators.runtime.remote_compaction import compact_job
-from dkvstream.operators.runtime.savepoints import drop_savepoint, list_savepoints, restore, savepoint
+from dkvstream.operators.runtime.savepoints import (
+    drop_savepoint,
+    get_savepoint,
+    list_savepoints,
+    restore,
+    savepoint,
+)
 from dkvstream.storage import faults
 from dkvstream.storage.objectstore import open_object_store
 from tests.operators import fork_jobs
@@ -256,6 +262,7 @@ STEP = st.one_of(
     st.tuples(st.just("sweep"), JOB),
     st.tuples(st.just("compact"), JOB),
     st.tuples(st.just("fork"), JOB),
+    st.tuples(st.just("restore"), JOB, st.sampled_from(["s1", "s2"])),
 )
 
 
@@ -265,10 +272,13 @@ STEP = st.one_of(
 @example([("savepoint", 0, "s1"), ("run", 0), ("retain", 0), ("sweep", 0)])
 @example([("fork", 0), ("run", 0), ("retain", 0), ("run", 1), ("sweep", 1), ("compact", 1), ("run", 1),
           ("fork", 1), ("savepoint", 1, "s1"), ("run", 1), ("retain", 1), ("run", 2), ("sweep", 0)])
+@example([("fork", 0), ("savepoint", 1, "s1"), ("run", 1), ("compact", 1), ("run", 1), ("sweep", 1),
+          ("restore", 1, "s1"), ("drop", 1, "s1"), ("sweep", 1), ("sweep", 0), ("run", 1), ("sweep", 1)])
 def test_random_savepoints_forks_drops_retention_and_compaction_keep_every_reachable_file(steps) -> None:
-    """Random sequences over a job, its fork and a fork of the fork (other parallelism):
-    after every step, every file a retained checkpoint or savepoint of any job names
-    exists, and the savepoints listed are the model's; at the end, after dropping
+    """Random sequences over a job, its fork and a fork of the fork (other parallelism),
+    with restores from savepoints (their later output deleted first): after every step,
+    every file a retained checkpoint or savepoint of any job names exists, and the
+    savepoints listed are the model's; at the end, after dropping
     every savepoint and sweeping each job (forks first), each job's pins name exactly
     what the other jobs' retained checkpoints still name of its files."""
     with tempfile.TemporaryDirectory() as root:
@@ -299,6 +309,9 @@ def test_random_savepoints_forks_drops_retention_and_compaction_keep_every_reach
             elif kind == "fork":
                 fork_job(store, FORK_OF[name], name)
                 jobs.append(name)
+            elif kind == "restore" and step[2] in model[name]:
+                delete_output_after(store, name, get_savepoint(store, name, step[2]).epoch)
+                restore(store, fork_jobs.job(name, PARALLELISM[name]), step[2])
             assert_reachable_exist(store, jobs, f"after {step}")
             assert {sp.name for sp in list_savepoints(store, name)} == model.get(name, set())
         for name in jobs:
