@@ -23,7 +23,7 @@ from dkvstream.operators.runtime.checkpoints import list_epochs, read_checkpoint
 from dkvstream.operators.runtime.cleanup import IncrementalRetention, cleanup_job
 from dkvstream.operators.runtime.control import acquire_lease
 from dkvstream.operators.runtime.forks import fork_job
-from dkvstream.operators.runtime.pins import files_by_owner, read_pins
+from dkvstream.operators.runtime.pins import PinError, files_by_owner, read_pins
 from dkvstream.operators.runtime.remote_compaction import compact_job
 from dkvstream.operators.runtime.savepoints import (
     drop_savepoint,
@@ -33,7 +33,7 @@ from dkvstream.operators.runtime.savepoints import (
     savepoint,
 )
 from dkvstream.storage import faults
-from dkvstream.storage.objectstore import open_object_store
+from dkvstream.storage.objectstore import ForwardingObjectStore, open_object_store
 from tests.operators import fork_jobs
 from tests.operators import small_keyed_count as small
 
@@ -326,3 +326,31 @@ def test_random_savepoints_forks_drops_retention_and_compaction_keep_every_reach
             others = {k for holder in jobs if holder != owner for k in named[holder]
                       if k.startswith(f"jobs/{owner}/")}
             assert pinned == others, f"pins of {owner}: extra {sorted(pinned - others)[:3]}"
+
+
+class _RetentionRacing(ForwardingObjectStore):
+    """Retention deleting checkpoint ``key`` right after a pin is written (the race the
+    re-check closes)."""
+
+    def __init__(self, inner, key: str) -> None:
+        super().__init__(inner)
+        self.key = key
+
+    def put(self, key: str, data: bytes) -> None:
+        self.inner.put(key, data)
+        if "/pins/" in key:
+            self.inner.delete(self.key)
+
+
+def test_a_checkpoint_expiring_while_pinned_fails_the_savepoint_and_the_fork_and_leaves_no_pin(tmp_path) -> None:
+    root = str(tmp_path)
+    fork_jobs.runner(root, "parent", retain_checkpoints=None).run(max_epochs=2)
+    store = open_object_store(root)
+    racing = _RetentionRacing(store, paths.checkpoint_key("jobs/parent", 1))
+    with pytest.raises(PinError, match="checkpoint epoch 1 of job parent .* expired meanwhile"):
+        savepoint(racing, "parent", "sp", epoch=1)
+    racing = _RetentionRacing(store, paths.checkpoint_key("jobs/parent", 2))
+    with pytest.raises(PinError, match="expired meanwhile .*take a newer one"):
+        fork_job(racing, "parent", "child")
+    assert read_pins(store, "jobs/parent") == [] and list_savepoints(store, "parent") == []
+    assert list_epochs(store, "jobs/child") == []
