@@ -354,3 +354,21 @@ def test_a_checkpoint_expiring_while_pinned_fails_the_savepoint_and_the_fork_and
         fork_job(racing, "parent", "child")
     assert read_pins(store, "jobs/parent") == [] and list_savepoints(store, "parent") == []
     assert list_epochs(store, "jobs/child") == []
+
+
+def test_a_damaged_fork_record_or_pin_is_reported_and_deletes_nothing_more(tmp_path) -> None:
+    """A pin that does not read stops the owner's collection; a fork record that does not
+    read leaves the holder's pins as they are; both are reported as damage."""
+    root = str(tmp_path)
+    fork_jobs.runner(root, "parent", retain_checkpoints=None).run(max_epochs=3)
+    fork_job(root, "parent", "child", epoch=1)
+    store = open_object_store(root)
+    store.put(paths.fork_record_key("jobs/child"), b"{not json")
+    report = cleanup_job(store, "jobs/child", 1)
+    assert any("fork record" in d for d in report.damaged), report.damaged
+    [pin] = read_pins(store, "jobs/parent")
+    store.put(pin_key := paths.pin_key("jobs/parent", "child", "fork"), b"{not json")
+    before = set(store.list("jobs/parent/state/"))
+    report = cleanup_job(store, "jobs/parent", 1)
+    assert any(store.uri(pin_key) in d for d in report.damaged), report.damaged
+    assert report.files_deleted == 0 and set(store.list("jobs/parent/state/")) == before
