@@ -217,7 +217,10 @@ def cleanup_job(store: ObjectStore, job_prefix: str, retain: int, *, concurrent:
         report.files_deleted += 1
     report.abandoned_writes_removed = store.remove_abandoned_writes(f"{job_prefix}/", ABANDONED_WRITE_AGE_S)
     if not report.damaged:
-        _shrink_checkpoint_pins(own, job_prefix, retained)
+        try:
+            _shrink_checkpoint_pins(own, job_prefix, retained)
+        except (ObjectNotFoundError, CorruptionError) as err:  # nothing shrunk: pins only keep more
+            _damaged(report, job_prefix, f"{err}; the job's pins at other jobs were not shrunk")
     return report
 
 

@@ -206,19 +206,6 @@ def drop_savepoint(store: ObjectStore | str, job: Job | str, name: str) -> Savep
     return sp
 
 
-def savepoint_files(store: ObjectStore, sp: Savepoint) -> dict[str, set[str]]:
-    """``{owner prefix: keys}`` the savepoint's pins protect (one GET per pin; a pin
-    missing counts as protecting nothing)."""
-    out: dict[str, set[str]] = {}
-    for key in sp.pins:
-        try:
-            pin = pins.Pin.decode(store.get(key), store.uri(key))
-        except ObjectNotFoundError:
-            continue
-        out.setdefault(paths.job_prefix(pin.owner), set()).update(pin.keys)
-    return out
-
-
 def restore(store: ObjectStore | str, job: Job, name: str) -> JobCheckpoint:
     """Makes ``job`` continue from its savepoint ``name`` (module docstring): commits a
     new checkpoint, epoch = the newest committed + 1, holding the savepoint's state,
@@ -273,8 +260,8 @@ def restore(store: ObjectStore | str, job: Job, name: str) -> JobCheckpoint:
         ckpt, job=job.name, epoch=commits.newest_committed + 1, outputs={}, output_checksums={},
         dropped=None, unkept=None,  # unknown: the first expiry after it takes the full sweep
         metrics={"restored_from": {"savepoint": name, "epoch": sp.epoch}})
-    # Files of other jobs (a fork's parent) the new checkpoint names: held by the job's
-    # checkpoint pin from now on (the savepoint's pins protect them meanwhile).
-    pins.hold_for_checkpoints(store, job.name, savepoint_files(store, sp))
+    # Files of other jobs (a fork's parent) it names stay pinned by the job's fork pin:
+    # that pin only shrinks to what the job's checkpoints and savepoints name, this
+    # savepoint included (cleanup._shrink_checkpoint_pins).
     commit_checkpoint(store, prefix, new)
     return new

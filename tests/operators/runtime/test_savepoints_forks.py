@@ -23,11 +23,17 @@ from dkvstream.operators.runtime.checkpoints import list_epochs, read_checkpoint
 from dkvstream.operators.runtime.cleanup import IncrementalRetention, cleanup_job
 from dkvstream.operators.runtime.control import acquire_lease
 from dkvstream.operators.runtime.forks import fork_job
-from dkvstream.operators.runtime.pins import files_by_owner, read_pins
+from dkvstream.operators.runtime.pins import PinError, files_by_owner, read_pins
 from dkvstream.operators.runtime.remote_compaction import compact_job
-from dkvstream.operators.runtime.savepoints import drop_savepoint, list_savepoints, restore, savepoint
+from dkvstream.operators.runtime.savepoints import (
+    drop_savepoint,
+    get_savepoint,
+    list_savepoints,
+    restore,
+    savepoint,
+)
 from dkvstream.storage import faults
-from dkvstream.storage.objectstore import open_object_store
+from dkvstream.storage.objectstore import ForwardingObjectStore, open_object_store
 from tests.operators import fork_jobs
 from tests.operators import small_keyed_count as small
 
@@ -256,6 +262,7 @@ STEP = st.one_of(
     st.tuples(st.just("sweep"), JOB),
     st.tuples(st.just("compact"), JOB),
     st.tuples(st.just("fork"), JOB),
+    st.tuples(st.just("restore"), JOB, st.sampled_from(["s1", "s2"])),
 )
 
 
@@ -265,10 +272,13 @@ STEP = st.one_of(
 @example([("savepoint", 0, "s1"), ("run", 0), ("retain", 0), ("sweep", 0)])
 @example([("fork", 0), ("run", 0), ("retain", 0), ("run", 1), ("sweep", 1), ("compact", 1), ("run", 1),
           ("fork", 1), ("savepoint", 1, "s1"), ("run", 1), ("retain", 1), ("run", 2), ("sweep", 0)])
+@example([("fork", 0), ("savepoint", 1, "s1"), ("run", 1), ("compact", 1), ("run", 1), ("sweep", 1),
+          ("restore", 1, "s1"), ("drop", 1, "s1"), ("sweep", 1), ("sweep", 0), ("run", 1), ("sweep", 1)])
 def test_random_savepoints_forks_drops_retention_and_compaction_keep_every_reachable_file(steps) -> None:
-    """Random sequences over a job, its fork and a fork of the fork (other parallelism):
-    after every step, every file a retained checkpoint or savepoint of any job names
-    exists, and the savepoints listed are the model's; at the end, after dropping
+    """Random sequences over a job, its fork and a fork of the fork (other parallelism),
+    with restores from savepoints (their later output deleted first): after every step,
+    every file a retained checkpoint or savepoint of any job names exists, and the
+    savepoints listed are the model's; at the end, after dropping
     every savepoint and sweeping each job (forks first), each job's pins name exactly
     what the other jobs' retained checkpoints still name of its files."""
     with tempfile.TemporaryDirectory() as root:
@@ -299,6 +309,9 @@ def test_random_savepoints_forks_drops_retention_and_compaction_keep_every_reach
             elif kind == "fork":
                 fork_job(store, FORK_OF[name], name)
                 jobs.append(name)
+            elif kind == "restore" and step[2] in model[name]:
+                delete_output_after(store, name, get_savepoint(store, name, step[2]).epoch)
+                restore(store, fork_jobs.job(name, PARALLELISM[name]), step[2])
             assert_reachable_exist(store, jobs, f"after {step}")
             assert {sp.name for sp in list_savepoints(store, name)} == model.get(name, set())
         for name in jobs:
@@ -313,3 +326,49 @@ def test_random_savepoints_forks_drops_retention_and_compaction_keep_every_reach
             others = {k for holder in jobs if holder != owner for k in named[holder]
                       if k.startswith(f"jobs/{owner}/")}
             assert pinned == others, f"pins of {owner}: extra {sorted(pinned - others)[:3]}"
+
+
+class _RetentionRacing(ForwardingObjectStore):
+    """Retention deleting checkpoint ``key`` right after a pin is written (the race the
+    re-check closes)."""
+
+    def __init__(self, inner, key: str) -> None:
+        super().__init__(inner)
+        self.key = key
+
+    def put(self, key: str, data: bytes) -> None:
+        self.inner.put(key, data)
+        if "/pins/" in key:
+            self.inner.delete(self.key)
+
+
+def test_a_checkpoint_expiring_while_pinned_fails_the_savepoint_and_the_fork_and_leaves_no_pin(tmp_path) -> None:
+    root = str(tmp_path)
+    fork_jobs.runner(root, "parent", retain_checkpoints=None).run(max_epochs=2)
+    store = open_object_store(root)
+    racing = _RetentionRacing(store, paths.checkpoint_key("jobs/parent", 1))
+    with pytest.raises(PinError, match="checkpoint epoch 1 of job parent .* expired meanwhile"):
+        savepoint(racing, "parent", "sp", epoch=1)
+    racing = _RetentionRacing(store, paths.checkpoint_key("jobs/parent", 2))
+    with pytest.raises(PinError, match="expired meanwhile .*take a newer one"):
+        fork_job(racing, "parent", "child")
+    assert read_pins(store, "jobs/parent") == [] and list_savepoints(store, "parent") == []
+    assert list_epochs(store, "jobs/child") == []
+
+
+def test_a_damaged_fork_record_or_pin_is_reported_and_deletes_nothing_more(tmp_path) -> None:
+    """A pin that does not read stops the owner's collection; a fork record that does not
+    read leaves the holder's pins as they are; both are reported as damage."""
+    root = str(tmp_path)
+    fork_jobs.runner(root, "parent", retain_checkpoints=None).run(max_epochs=3)
+    fork_job(root, "parent", "child", epoch=1)
+    store = open_object_store(root)
+    store.put(paths.fork_record_key("jobs/child"), b"{not json")
+    report = cleanup_job(store, "jobs/child", 1)
+    assert any("fork record" in d for d in report.damaged), report.damaged
+    [pin] = read_pins(store, "jobs/parent")
+    store.put(pin_key := paths.pin_key("jobs/parent", "child", "fork"), b"{not json")
+    before = set(store.list("jobs/parent/state/"))
+    report = cleanup_job(store, "jobs/parent", 1)
+    assert any(store.uri(pin_key) in d for d in report.damaged), report.damaged
+    assert report.files_deleted == 0 and set(store.list("jobs/parent/state/")) == before
