@@ -60,6 +60,7 @@ from dkvstream.operators.runtime.checkpoints import (
 from dkvstream.operators.runtime.cleanup import CleanupReport, cleanup_job
 from dkvstream.operators.runtime.control import acquire_lease, read_lease, release_lease
 from dkvstream.operators.runtime.erasure_scan import object_holds, scan_store
+from dkvstream.operators.runtime.savepoints import list_savepoints
 from dkvstream.storage.dkv import DKV
 from dkvstream.storage.dkv.manifest import files_of, load_manifest
 from dkvstream.storage.errors import CorruptionError, ObjectNotFoundError
@@ -439,28 +440,18 @@ def read_report(store: ObjectStore, job_prefix: str, request_id: str) -> Erasure
 
 
 def savepoints_holding(store: ObjectStore, job_prefix: str, key: bytes) -> list[dict]:
-    """The job's savepoints (``jobs/<job>/savepoints/<name>.json``: the checkpoint body
-    they were taken from, at the top or under ``"checkpoint"``) whose files hold ``key``:
+    """The job's savepoints (``savepoints.list_savepoints``) whose files hold ``key``:
     ``[{"name", "objects", "drop"}]`` (``drop``: the command that drops the savepoint)."""
     out = []
-    prefix = f"{job_prefix}/savepoints/"
-    for sp_key in sorted(k for k in store.list(prefix) if k.endswith(".json")):
-        name = sp_key[len(prefix):-len(".json")]
-        try:
-            body = json.loads(store.get(sp_key))
-        except (ObjectNotFoundError, ValueError):
-            continue
-        ckpt = body.get("checkpoint", body)
-        if isinstance(ckpt, dict) and "body" in ckpt:  # the encoded checkpoint document
-            ckpt = ckpt["body"]
-        kg = key_group_of(key, int(ckpt.get("key_groups", 1)))
+    job = job_prefix.split("/", 1)[1]
+    for sp in list_savepoints(store, job):
+        kg = key_group_of(key, sp.checkpoint.key_groups)
         ranges = {op: {label: m for label, m in by_label.items() if kg in KeyGroupRange.from_label(label)}
-                  for op, by_label in ckpt.get("operators", {}).items()}
+                  for op, by_label in sp.checkpoint.operators.items()}
         objects = sorted(_holding(store, sorted(_named_by(store, ranges)), key))
         if objects:
-            out.append({"name": name, "objects": objects,
-                        "drop": SAVEPOINT_DROP.format(store=store.root_uri, job=job_prefix.split("/", 1)[1],
-                                                      name=name)})
+            out.append({"name": sp.name, "objects": objects,
+                        "drop": SAVEPOINT_DROP.format(store=store.root_uri, job=job, name=sp.name)})
     return out
 
 

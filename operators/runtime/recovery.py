@@ -96,8 +96,14 @@ class Fallback:
                 "bad_objects": self.bad, "quarantined": self.quarantined}
 
 
-def _check_files(store: ObjectStore, manifest_key: str) -> list[str]:
-    """Cheap check of one range manifest: it verifies, and its files exist at their size."""
+def check_files(store: ObjectStore, manifest_key: str) -> list[str]:
+    """Cheap check of one range manifest: it verifies, and its files exist at their size
+    (one GET of the manifest, one HEAD per SSTable and WAL object).
+
+    Returns:
+        One message per problem, naming the object's URI (and the offset a torn object
+        ends at); empty: the manifest and every file it names are fine.
+    """
     muri = store.uri(manifest_key)
     try:
         m = load_manifest(store, manifest_key)
@@ -143,7 +149,7 @@ def check_checkpoint(store: ObjectStore, job_prefix: str, epoch: int,
     for ranges in ckpt.operators.values():
         for manifest_key in ranges.values():
             errors += verify_manifest(store, manifest_key).errors if mode == "full" \
-                else _check_files(store, manifest_key)
+                else check_files(store, manifest_key)
     if job is None:
         for keys in ckpt.outputs.values():
             errors += [f"{store.uri(k)}: staged output named by epoch {epoch} is missing"
@@ -155,7 +161,7 @@ def check_checkpoint(store: ObjectStore, job_prefix: str, epoch: int,
     return ckpt, errors
 
 
-def _visible_output_after(store: ObjectStore, job: Job, epoch: int,
+def visible_output_after(store: ObjectStore, job: Job, epoch: int,
                           unknown_is_visible: bool = True) -> list[str]:
     """What the job's sinks published of epochs after ``epoch``; a sink that cannot tell
     counts as visible output unless ``unknown_is_visible`` is False."""
@@ -236,7 +242,7 @@ def restart_checkpoint(
     newest = commits.newest_committed
     if epoch == newest:
         if not commits.last_recorded:  # no record to go by: published output says it all
-            visible = _visible_output_after(store, job, epoch, unknown_is_visible=False)
+            visible = visible_output_after(store, job, epoch, unknown_is_visible=False)
             if visible:
                 raise RecoveryRefusedError(
                     f"job {job.name}: output of epochs after the newest checkpoint, epoch {epoch}, "
@@ -245,7 +251,7 @@ def restart_checkpoint(
                     f"epoch {epoch} would duplicate or lose rows. Restore the missing checkpoint "
                     "objects, or delete that output to have those epochs recomputed, and restart.")
         return ckpt, None
-    visible = _visible_output_after(store, job, epoch)
+    visible = visible_output_after(store, job, epoch)
     if visible:
         raise RecoveryRefusedError(
             f"job {job.name}: checkpoint epoch {newest} cannot be used ({'; '.join(bad)}); falling "

@@ -46,7 +46,7 @@ from dkvstream.operators.runtime.checkpoints import (
     read_commit_log,
 )
 from dkvstream.operators.runtime.control import read_lease
-from dkvstream.operators.runtime.recovery import _check_files, _visible_output_after
+from dkvstream.operators.runtime.recovery import check_files, visible_output_after
 from dkvstream.storage.errors import CorruptionError, ObjectExistsError, ObjectNotFoundError
 from dkvstream.storage.objectstore import ObjectStore, map_requests, open_object_store
 
@@ -241,7 +241,7 @@ def restore(store: ObjectStore | str, job: Job, name: str) -> JobCheckpoint:
     if ckpt.key_groups != job.key_groups:
         raise ValueError(f"job {job.name}: savepoint {name!r} has key_groups={ckpt.key_groups}, the job "
                          f"{job.key_groups}; key groups are fixed for a job's lifetime")
-    visible = _visible_output_after(store, job, sp.epoch)
+    visible = visible_output_after(store, job, sp.epoch)
     if visible:
         raise RecoveryRefusedError(
             f"job {job.name}: output of epochs after savepoint {name!r} (epoch {sp.epoch}) is visible "
@@ -251,7 +251,7 @@ def restore(store: ObjectStore | str, job: Job, name: str) -> JobCheckpoint:
             f"to restore, or fork a new job from the savepoint (fork_job(store, {job.name!r}, "
             f"<new job>, savepoint={name!r})) to keep that output.")
     manifests = [m for ranges in ckpt.operators.values() for m in ranges.values()]
-    missing = [e for errors in map_requests(lambda m: _check_files(store, m), manifests) for e in errors]
+    missing = [e for errors in map_requests(lambda m: check_files(store, m), manifests) for e in errors]
     if missing:
         raise RecoveryRefusedError(f"job {job.name}: savepoint {name!r} names files that are missing or "
                                    f"damaged: {'; '.join(missing[:5])}; restore them, or drop the savepoint")

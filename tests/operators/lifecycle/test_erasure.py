@@ -4,15 +4,15 @@ next epoch, then by a stopped job's offline epoch; state of every other key unch
 the scan of every object of the job."""
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from dkvstream.operators.runtime import erasure
 from dkvstream.operators.runtime.checkpoints import list_epochs, read_checkpoint
+from dkvstream.operators.runtime.cleanup import cleanup_job
 from dkvstream.operators.runtime.control import acquire_lease, release_lease
 from dkvstream.operators.runtime.driver import JobRunner
 from dkvstream.operators.runtime.erasure_scan import scan_store
+from dkvstream.operators.runtime.savepoints import drop_savepoint, savepoint
 from dkvstream.storage import faults
 from dkvstream.storage.objectstore import open_object_store
 from tests.operators import small_keyed_count as skc
@@ -123,14 +123,23 @@ def test_report_names_a_savepoint_still_holding_the_key_and_how_to_drop_it(tmp_p
     with skc.runner(str(tmp_path)) as r:
         r.run(max_epochs=3)
         store, prefix = r.store, r.job.prefix
-    # The savepoint record's form: the checkpoint object as JobCheckpoint.encode writes it.
-    ckpt = json.loads(store.get(f"{prefix}/checkpoints/epoch-0000000003.json"))
-    store.put(f"{prefix}/savepoints/nightly.json", json.dumps({"checkpoint": ckpt, "pins": []}).encode())
+    savepoint(store, "small_count", "nightly", epoch=3)
     [held] = erasure.savepoints_holding(store, prefix, KEY)
     assert held["name"] == "nightly" and held["objects"]
     assert held["drop"] == (f"python -m dkvstream.operators.tools.savepoints --store {store.root_uri} "
                             "drop small_count nightly")
     assert erasure.savepoints_holding(store, prefix, b"no-such-subject") == []
+    # Erased everywhere else, the savepoint still holds it (its files are pinned) until dropped.
+    rid = erasure.request_erasure(store, prefix, KEY)
+    erasure.apply_offline(store, prefix)
+    report = erasure.complete_erasure(store, prefix, rid, KEY, sinks=erasure.job_sinks(r.job), key_column="key",
+                                      scan_prefix=f"{prefix}/")
+    assert [sp["name"] for sp in report.savepoints] == ["nightly"]
+    still = {h["key"] for h in report.scan["holding"]}
+    assert still and still <= set(held["objects"])  # only the savepoint's state files
+    drop_savepoint(store, "small_count", "nightly")
+    cleanup_job(store, prefix, retain=1)
+    assert scan_store(store, KEY, f"{prefix}/").holding == []  # dropped and swept: gone
 
 
 def test_a_rescale_epoch_serves_the_request(tmp_path):
