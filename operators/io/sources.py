@@ -206,7 +206,7 @@ def check_slice(source: Source, partition: str, start: int, end: int, table: pa.
                             f"value_schema columns ({value_names})")
         column = table.column(f.name)
         if column.type != f.type:
-            if not _lossless(column.type, f.type):
+            if not lossless_cast(column.type, f.type):
                 raise TypeError(f"{where}: column {f.name!r} is "
                                 f"{column.type}{_what_to_do(f, column.type)}")
             column = column.cast(f.type)
@@ -251,12 +251,15 @@ _STRING_LIKE = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string
 _MANTISSA_BITS = {16: 11, 32: 24, 64: 53}
 
 
-def _lossless(have: pa.DataType, want: pa.DataType) -> bool:
-    """True if every value of type ``have`` casts to ``want`` unchanged (see ``check_slice``)."""
+def lossless_cast(have: pa.DataType, want: pa.DataType) -> bool:
+    """True if every value of type ``have`` casts to ``want`` unchanged: the widenings a
+    source's slice (``check_slice``) and a bootstrap table may take (a null column, a
+    dictionary's values, a wider integer or float, an integer to a float that holds it
+    exactly)."""
     if have == want or pa.types.is_null(have):
         return True
     if pa.types.is_dictionary(have):
-        return _lossless(have.value_type, want)
+        return lossless_cast(have.value_type, want)
     if pa.types.is_integer(have) and pa.types.is_integer(want):
         if pa.types.is_signed_integer(have) == pa.types.is_signed_integer(want):
             return have.bit_width <= want.bit_width

@@ -89,7 +89,7 @@ from dkvstream.operators.api.state import (
 )
 from dkvstream.operators.api.state_schema import bound_value_codec, describe, evolve_job
 from dkvstream.operators.errors import BootstrapError
-from dkvstream.operators.io.sources import _lossless as lossless
+from dkvstream.operators.io.sources import lossless_cast
 from dkvstream.operators.runtime.checkpoints import JobCheckpoint, commit_checkpoint, read_commit_log
 from dkvstream.operators.runtime.task_errors import carry_errors, task_error
 from dkvstream.operators.runtime.timers import SCHEMAS, decode_timer_key, timer_keys
@@ -290,11 +290,11 @@ class _Encoder:
                                             mask=column.is_null())
         if pa.types.is_timestamp(have) and want == pa.int64() and name == TIMESTAMP_COLUMN:
             return column.cast(pa.timestamp("ms", have.tz)).cast(pa.int64())  # raises rather than truncate
-        if not lossless(have, want) and name in (KEY_COLUMN, SUBJECT_KEY_COLUMN):
+        if not lossless_cast(have, want) and name in (KEY_COLUMN, SUBJECT_KEY_COLUMN):
             raise BootstrapError(f"{self.where}: column {name!r} is {have}; a subject key is binary, or text taken "
                                  f"as UTF-8, as sources key events: give the key as the job's source does (e.g. "
                                  f"cast the column to string)")
-        if not lossless(have, want):
+        if not lossless_cast(have, want):
             raise BootstrapError(f"{self.where}: column {name!r} is {have}, the state stores {want} "
                                  f"({self._shape()}); cast it (only lossless widenings such as int32 to int64 "
                                  f"are applied here)")
