@@ -255,7 +255,7 @@ def lossless_cast(have: pa.DataType, want: pa.DataType) -> bool:
     """True if every value of type ``have`` casts to ``want`` unchanged: the widenings a
     source's slice (``check_slice``) and a bootstrap table may take (a null column, a
     dictionary's values, a wider integer or float, an integer to a float that holds it
-    exactly)."""
+    exactly, text to binary, a string or binary type to its large form)."""
     if have == want or pa.types.is_null(have):
         return True
     if pa.types.is_dictionary(have):
