@@ -583,7 +583,8 @@ def promote(store: ObjectStore, main_job: Job | str, branch_job: Job) -> Promoti
     Raises:
         BranchError: the main is running (a live epoch lease), the branch is not the
             main's, is behind (run it further), has no checkpoint at the main's offsets
-            (ahead, and that one deleted), or the main committed meanwhile.
+            (ahead, and that one deleted), its checkpoint N has another watermark than
+            the main's (``_require_same_event_time``), or the main committed meanwhile.
     """
     main = _name(main_job)
     main_prefix, branch_prefix = paths.job_prefix(main), paths.job_prefix(branch_job.name)
@@ -615,6 +616,7 @@ def promote(store: ObjectStore, main_job: Job | str, branch_job: Job) -> Promoti
         raise BranchError(f"branch {branch_job.name}'s epoch {n} ended at offsets {source.source_offsets}, job "
                           f"{main}'s at {newest.source_offsets}: the branch did not follow the main "
                           f"(run_branch); branch again")
+    _require_same_event_time(main, branch_job.name, newest, source)
     new = _promotion_checkpoint(newest, source, branch_job, code)
     pins = _pin_branch_state(store, main, branch_job.name, n, new)
     new.metrics["promoted"]["pins"] = pins
@@ -630,6 +632,38 @@ def promote(store: ObjectStore, main_job: Job | str, branch_job: Job) -> Promoti
         raise BranchError(f"job {main} committed epoch {n + 1} meanwhile (it is running): stop it, run the "
                           f"branch to its newest epoch, then promote again ({e})") from None
     return _record_promotion(store, main, branch_job, n + 1, n, code, pins)
+
+
+def _require_same_event_time(main: str, branch: str, m: JobCheckpoint, b: JobCheckpoint) -> None:
+    """Refuses a promotion at checkpoint N whose event time differs between the main's
+    ``m`` and the branch's ``b``: exactly once for the main's sink readers holds only if
+    the windows (event-time timers) the old code fired by N are those the branch fired by
+    N. The watermark decides that; ``finished`` too (a finished job's watermark is
+    +infinity and it runs no more epochs). Not compared: the timers' lower bounds
+    (``next_*_timer_ms``: the branch's own code and state, taken with them) and the
+    partitions' max event times (the same input gives the same ones).
+
+    Raises:
+        BranchError: the watermarks (or ``finished``) differ, naming both, the likely
+            cause and what to do.
+    """
+    if m.watermark != b.watermark:
+        effect = ("the main would emit again the windows its old code emitted up to its watermark"
+                  if b.watermark < m.watermark else
+                  "the windows the branch closed past the main's watermark would never reach the main's sinks")
+        raise BranchError(
+            f"branch {branch}'s checkpoint {b.epoch} has watermark {b.watermark} ms, job {main}'s checkpoint "
+            f"{m.epoch} has {m.watermark} ms: promoted there, {effect}. Likely cause: other event-time "
+            f"settings (max_out_of_orderness_ms, idle_timeout_ms, quiet_timeout_ms), or partition idleness, "
+            f"which is judged by the wall clock and so can differ between the two runs. Give the branch the "
+            f"main's event-time settings and branch again, or run the main and the branch further and promote "
+            f"at a checkpoint where their watermarks are equal (metrics['follow']['same_watermark'] in the "
+            f"branch's checkpoints)")
+    if m.finished != b.finished:
+        raise BranchError(
+            f"job {main}'s checkpoint {m.epoch} has finished={m.finished}, branch {branch}'s has "
+            f"finished={b.finished}: one read its bounded source to the end or was drained, the other did not "
+            f"(a finished job runs no more epochs); promote at a checkpoint where both or neither finished")
 
 
 def _promotion_checkpoint(main: JobCheckpoint, branch: JobCheckpoint, branch_job: Job, code: dict) -> JobCheckpoint:

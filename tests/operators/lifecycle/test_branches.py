@@ -296,3 +296,24 @@ def test_promote_interrupted_before_its_commit_blocks_every_driver_until_run_aga
             _run(code, store)
     assert promote(store, old, new).epoch == 3
     assert _run(promoted_job(old, new), store)[0].epoch == 4
+
+
+def test_promote_refuses_a_branch_whose_watermark_differs(store) -> None:
+    """A branch with another watermark bound reads the same offsets but reaches another
+    watermark: promoted, it would emit the main's windows again (or never): refused,
+    naming both watermarks; nothing is written for the main."""
+    import dataclasses
+
+    main = flights_variant("flights", RouteDailyDelays())
+    later = dataclasses.replace(flights_variant("flights_late", RouteDailyDelays()),
+                                max_out_of_orderness_ms=3 * main.max_out_of_orderness_ms)
+    _run(main, store, max_epochs=1)
+    branch(store, main, later)
+    _run(main, store, max_epochs=1)
+    run_branch(later, None, store)
+    m, b = read_checkpoint(store, "jobs/flights", 2), read_checkpoint(store, "jobs/flights_late", 2)
+    assert m.source_offsets == b.source_offsets and m.watermark > b.watermark
+    with pytest.raises(BranchError, match=f"watermark {b.watermark} ms.*{m.watermark} ms.*max_out_of_orderness_ms"):
+        promote(store, main, later)
+    assert read_promotion(store, main) is None
+    assert read_branch(store, later).promoted_at_epoch is None
