@@ -8,15 +8,15 @@ The user's view is ``docs/branches.md``. The steps, on a main job M and a branch
    is copied) and records the origin at ``jobs/B/branch.json``.
 2. ``run_branch(B, ...)`` runs B as M's shadow: ``JobRunner(..., follow=M)`` plans each
    epoch k of B to read exactly the offsets M's checkpoint k ended at, so epoch k of both
-   covers the same input (Kafka offsets, replay positions), and stops once B caught up
-   with M's newest checkpoint. B writes its own sinks, never M's.
+   covers the same input (Kafka offsets, replay positions) at the same processing time,
+   and stops once B caught up with M's newest checkpoint. B writes its own sinks, never M's.
 3. ``diff(store, M, B)`` compares, per output and per epoch after the fork, the rows M
    and B published: as multisets, or, given key columns, by key (``changed`` rows and
    the columns that differ). Columns only one side has are reported as such and left
    out of the row comparison, so a new output column is exactly that in the diff.
 4. ``promote(store, M, B)``, with M stopped at checkpoint N and B at its checkpoint N
-   (the same offsets): commits M's checkpoint N + 1 (no input read, no output) naming
-   B's state (B's range manifests, pinned for M), having recorded at
+   (the same offsets, watermark and processing time): commits M's checkpoint N + 1 (no
+   input read, no output) naming B's state (B's range manifests, pinned for M), having recorded at
    ``jobs/M/promoted.json`` that M runs B's code from then on, and marks B promoted. M's next epoch, run with
    ``promoted_job(M, B)`` (B's code under M's name), reads from M's offsets N on. A
    reader of M's sinks sees every input event's output once: epochs up to N from the old
@@ -583,8 +583,8 @@ def promote(store: ObjectStore, main_job: Job | str, branch_job: Job) -> Promoti
     Raises:
         BranchError: the main is running (a live epoch lease), the branch is not the
             main's, is behind (run it further), has no checkpoint at the main's offsets
-            (ahead, and that one deleted), its checkpoint N has another watermark than
-            the main's (``_require_same_event_time``), or the main committed meanwhile.
+            (ahead, and that one deleted), its checkpoint N has another watermark,
+            processing time or ``finished`` than the main's (``_require_same_time``), or the main committed meanwhile.
     """
     main = _name(main_job)
     main_prefix, branch_prefix = paths.job_prefix(main), paths.job_prefix(branch_job.name)
@@ -616,7 +616,7 @@ def promote(store: ObjectStore, main_job: Job | str, branch_job: Job) -> Promoti
         raise BranchError(f"branch {branch_job.name}'s epoch {n} ended at offsets {source.source_offsets}, job "
                           f"{main}'s at {newest.source_offsets}: the branch did not follow the main "
                           f"(run_branch); branch again")
-    _require_same_event_time(main, branch_job.name, newest, source)
+    _require_same_time(main, branch_job.name, newest, source)
     new = _promotion_checkpoint(newest, source, branch_job, code)
     pins = _pin_branch_state(store, main, branch_job.name, n, new)
     new.metrics["promoted"]["pins"] = pins
@@ -634,18 +634,19 @@ def promote(store: ObjectStore, main_job: Job | str, branch_job: Job) -> Promoti
     return _record_promotion(store, main, branch_job, n + 1, n, code, pins)
 
 
-def _require_same_event_time(main: str, branch: str, m: JobCheckpoint, b: JobCheckpoint) -> None:
-    """Refuses a promotion at checkpoint N whose event time differs between the main's
-    ``m`` and the branch's ``b``: exactly once for the main's sink readers holds only if
-    the windows (event-time timers) the old code fired by N are those the branch fired by
-    N. The watermark decides that; ``finished`` too (a finished job's watermark is
-    +infinity and it runs no more epochs). Not compared: the timers' lower bounds
-    (``next_*_timer_ms``: the branch's own code and state, taken with them) and the
-    partitions' max event times (the same input gives the same ones).
+def _require_same_time(main: str, branch: str, m: JobCheckpoint, b: JobCheckpoint) -> None:
+    """Refuses a promotion at checkpoint N whose time differs between the main's ``m``
+    and the branch's ``b``: exactly once for the main's sink readers holds only if the
+    timers the old code fired by N are those the branch fired by N. The watermark decides
+    that for event-time timers (windows), the processing time for processing-time timers
+    (a shadow run takes the main's, ``JobRunner(follow=...)``), and ``finished`` too (a
+    finished job's watermark is +infinity and it runs no more epochs). Not compared: the
+    timers' lower bounds (``next_*_timer_ms``: the branch's own code and state, taken
+    with them) and the partitions' max event times (the same input gives the same ones).
 
     Raises:
-        BranchError: the watermarks (or ``finished``) differ, naming both, the likely
-            cause and what to do.
+        BranchError: the watermarks, processing times or ``finished`` differ, naming
+            both values, the likely cause and what to do.
     """
     if m.watermark != b.watermark:
         effect = ("the main would emit again the windows its old code emitted up to its watermark"
@@ -659,6 +660,13 @@ def _require_same_event_time(main: str, branch: str, m: JobCheckpoint, b: JobChe
             f"main's event-time settings and branch again, or run the main and the branch further and promote "
             f"at a checkpoint where their watermarks are equal (metrics['follow']['same_watermark'] in the "
             f"branch's checkpoints)")
+    if m.processing_time_ms != b.processing_time_ms:
+        raise BranchError(
+            f"branch {branch}'s checkpoint {b.epoch} has processing time {b.processing_time_ms} ms, job "
+            f"{main}'s checkpoint {m.epoch} has {m.processing_time_ms} ms: promoted there, processing-time "
+            f"timers due between the two would fire twice or never in the main's sinks. A shadow run "
+            f"(run_branch) takes the main's processing time epoch by epoch; this branch's checkpoint was not "
+            f"written by one: branch again and run it with run_branch, then promote")
     if m.finished != b.finished:
         raise BranchError(
             f"job {main}'s checkpoint {m.epoch} has finished={m.finished}, branch {branch}'s has "

@@ -6,6 +6,7 @@ the promotion and the new code's after it; the operators keep the same state).
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from datetime import datetime
 
@@ -302,8 +303,6 @@ def test_promote_refuses_a_branch_whose_watermark_differs(store) -> None:
     """A branch with another watermark bound reads the same offsets but reaches another
     watermark: promoted, it would emit the main's windows again (or never): refused,
     naming both watermarks; nothing is written for the main."""
-    import dataclasses
-
     main = flights_variant("flights", RouteDailyDelays())
     later = dataclasses.replace(flights_variant("flights_late", RouteDailyDelays()),
                                 max_out_of_orderness_ms=3 * main.max_out_of_orderness_ms)
@@ -317,3 +316,65 @@ def test_promote_refuses_a_branch_whose_watermark_differs(store) -> None:
         promote(store, main, later)
     assert read_promotion(store, main) is None
     assert read_branch(store, later).promoted_at_epoch is None
+
+
+def test_promote_refuses_a_branch_whose_processing_time_differs(store) -> None:
+    """A branch checkpoint at the main's offsets and watermark but another processing
+    time (not written by a shadow run) is refused, naming both."""
+    from dkvstream.operators import paths
+
+    main = flights_variant("flights", RouteDailyDelays())
+    more = flights_variant("flights_sum", RouteDailyDelaysWithSum())
+    _run(main, store, max_epochs=1)
+    branch(store, main, more)
+    _run(main, store, max_epochs=1)
+    run_branch(more, None, store)
+    b = read_checkpoint(store, "jobs/flights_sum", 2)
+    store.put(paths.checkpoint_key("jobs/flights_sum", 2),
+              dataclasses.replace(b, processing_time_ms=b.processing_time_ms + 1).encode())
+    with pytest.raises(BranchError, match=f"processing time {b.processing_time_ms + 1} ms.*"
+                                          f"{b.processing_time_ms} ms"):
+        promote(store, main, more)
+    assert read_promotion(store, main) is None
+
+
+def test_shadow_fires_processing_time_timers_at_the_mains_processing_time(tmp_path, store) -> None:
+    """The branch runs later by the wall clock (its own clock, 1,000 s ahead) yet fires
+    the main's processing-time timers in the main's epochs, including the main's epochs
+    without input (one per run of the main), all in one shadow run: the same processing
+    time per epoch, no row differs, and promote accepts it."""
+    from tests.operators import processing_time as pt
+    from tests.operators.live_sources import reveal
+
+    class Clock:
+        def __init__(self, now: float) -> None:
+            self.now = now
+
+        def __call__(self) -> float:
+            return self.now
+
+    visible, clock = tmp_path / "visible.json", Clock(1_700_000_000.0)
+    main = dataclasses.replace(pt.job(visible, pt.TimeoutBatch()), name="timeouts")
+    v2 = dataclasses.replace(pt.job(visible, pt.Timeout()), name="timeouts_v2")  # the on_event form
+
+    def step(advance_s: float, visible_events: int) -> list:
+        clock.now += advance_s
+        reveal(visible, {"p0": visible_events, "p1": visible_events})
+        with JobRunner(main, None, store, clock=clock, retain_checkpoints=None) as runner:
+            return runner.run()
+
+    step(0, 100)
+    branch(store, main, v2)
+    # Timers are due 10 s after the epoch that set them: the last two steps read nothing
+    # and fire them.
+    ran = [r for s in ((4, 180), (7, 180), (4, 180)) for r in step(*s)]
+    assert [(r.epoch, r.events) for r in ran] == [(2, 160), (3, 0), (4, 0)]
+    results = run_branch(v2, None, store, clock=Clock(clock.now + 1_000), retain_checkpoints=None)
+    assert [r.epoch for r in results] == [2, 3, 4]
+    for e in range(1, 5):
+        assert (read_checkpoint(store, "jobs/timeouts_v2", e).processing_time_ms
+                == read_checkpoint(store, "jobs/timeouts", e).processing_time_ms)
+    d = diff(store, main, v2, key_columns={"main": ["key", "due"]})
+    assert d.outputs["main"].totals()["main_rows"] > 0
+    assert not any(e.differs for e in d.outputs["main"].epochs)
+    assert promote(store, main, v2).epoch == 5
