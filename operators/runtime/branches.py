@@ -21,7 +21,11 @@ The user's view is ``docs/branches.md``. The steps, on a main job M and a branch
    ``promoted_job(M, B)`` (B's code under M's name), reads from M's offsets N on. A
    reader of M's sinks sees every input event's output once: epochs up to N from the old
    code, epochs after N + 1 from the new code. A driver that starts M with other
-   operator code than the promoted one is refused (``check_promoted_code``).
+   operator code than the promoted one is refused (``check_promoted_code``). Promote
+   sees a running M only by its epoch lease, held while an epoch is in flight: a
+   continuous driver of M waiting between epochs holds none, so the promotion goes
+   ahead and that driver's next commit is fenced (``JobFencedError``, nothing of its
+   epoch published); hence "stop M first".
 
 Costs (requests): ``branch`` is one fork (``fork_job``) plus one PUT; each shadow epoch
 one LIST and one GET of M's checkpoint more than a plain epoch; ``diff`` one LIST per
@@ -574,14 +578,16 @@ def promote(store: ObjectStore, main_job: Job | str, branch_job: Job) -> Promoti
     finishes what it started.
 
     Args:
-        main_job: the main job (or its name); its driver must be stopped.
+        main_job: the main job (or its name); its driver must be stopped (a driver
+            waiting between epochs is not seen: its next commit is fenced).
         branch_job: the branch's ``Job`` (its code is what the main runs from now on).
 
     Returns:
         The ``Promotion`` record.
 
     Raises:
-        BranchError: the main is running (a live epoch lease), the branch is not the
+        BranchError: a driver of the main has an epoch in flight (a live epoch
+            lease), the branch is not the
             main's, is behind (run it further), has no checkpoint at the main's offsets
             (ahead, and that one deleted), its checkpoint N has another watermark,
             processing time or ``finished`` than the main's (``_require_same_time``), or the main committed meanwhile.
@@ -600,8 +606,11 @@ def promote(store: ObjectStore, main_job: Job | str, branch_job: Job) -> Promoti
         return _record_promotion(store, main, branch_job, newest.epoch, done["branch_epoch"], code, done["pins"])
     lease = read_lease(store, main_prefix)
     if lease is not None and lease.is_live(newest.epoch):
-        raise BranchError(f"job {main} is running (epoch {lease.epoch} in flight, lease {lease.owner}); stop "
-                          f"it (JobRunner.stop, or terminate its Dagster run), then promote")
+        raise BranchError(
+            f"job {main} is running: a driver holds its epoch lease (epoch {lease.epoch} in flight, lease "
+            f"{lease.owner}). Stop that driver (JobRunner.stop, or terminate its Dagster run), then promote. "
+            f"A driver waiting between epochs holds no lease and is not seen here: promote would go ahead, and "
+            f"that driver's next commit would fail with JobFencedError (nothing of its epoch published)")
     n = newest.epoch
     branch_newest = read_commit_log(store, branch_prefix).newest_committed
     if branch_newest < n:

@@ -378,3 +378,24 @@ def test_shadow_fires_processing_time_timers_at_the_mains_processing_time(tmp_pa
     assert d.outputs["main"].totals()["main_rows"] > 0
     assert not any(e.differs for e in d.outputs["main"].epochs)
     assert promote(store, main, v2).epoch == 5
+
+
+def test_a_continuous_main_waiting_between_epochs_is_fenced_after_a_promotion(store) -> None:
+    """What the docs say of a running main: a continuous driver between epochs holds no
+    lease, promote goes ahead, and that driver's next commit raises JobFencedError;
+    nothing of its epoch is published, and the main's checkpoints stay the promotion's."""
+    from dkvstream.operators.errors import JobFencedError
+
+    main = flights_variant("flights", RouteDailyDelays())
+    more = flights_variant("flights_sum", RouteDailyDelaysWithSum())
+    with JobRunner(main, None, store, retain_checkpoints=None) as runner:
+        epochs = runner.epochs(None, continuous=True)
+        assert next(epochs).epoch == 1  # the driver now waits for its next epoch
+        branch(store, main, more)
+        promotion = promote(store, main, more)
+        assert promotion.epoch == 2
+        published = _rows_by_epoch(store, main)
+        with pytest.raises(JobFencedError, match="epoch 2 was committed by another driver"):
+            next(epochs)
+    assert _rows_by_epoch(store, main) == published
+    assert read_checkpoint(store, "jobs/flights", 2).metrics["promoted"]["branch"] == "flights_sum"
