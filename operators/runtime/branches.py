@@ -5,7 +5,8 @@ The user's view is ``docs/branches.md``. The steps, on a main job M and a branch
 
 1. ``branch(store, M, B)`` forks M's newest checkpoint (or ``epoch``) into B's name
    (``fork_job``: B's first checkpoint names M's range manifests, pinned; no state file
-   is copied) and records the origin at ``jobs/B/branch.json``.
+   is copied; ``fork_job``'s ``jobs/B/fork.json`` records M and the epoch) and marks B
+   a branch at ``jobs/B/branch.json``.
 2. ``run_branch(B, ...)`` runs B as M's shadow: ``JobRunner(..., follow=M)`` plans each
    epoch k of B to read exactly the offsets M's checkpoint k ended at, so epoch k of both
    covers the same input (Kafka offsets, replay positions) at the same processing time,
@@ -74,10 +75,12 @@ class BranchError(DkvstreamError):
 # ------------------------------------------------------------------------------- records
 @dataclass(frozen=True)
 class BranchRecord:
-    """``jobs/<branch>/branch.json``: where a branch job came from.
+    """A branch job: ``jobs/<branch>/branch.json`` (``branch``, ``created_at_ms``,
+    ``promoted_at_epoch``) with, from the fork record ``jobs/<branch>/fork.json``
+    (``forks.forked_from``), ``main`` and ``fork_epoch``: stored there only.
 
     Attributes:
-        main: the main job's name.
+        main: the main job's name (the fork's parent).
         branch: the branch job's name.
         fork_epoch: the main's checkpoint epoch the branch was forked from (its first
             checkpoint has that number and offsets).
@@ -93,15 +96,28 @@ class BranchRecord:
     promoted_at_epoch: int | None = None
 
     def encode(self) -> bytes:
-        return json.dumps({"format": FORMAT, **dataclasses.asdict(self)}, sort_keys=True).encode()
+        """``branch.json``'s bytes: the fields the fork record does not hold."""
+        body = {"format": FORMAT, "branch": self.branch, "created_at_ms": self.created_at_ms,
+                "promoted_at_epoch": self.promoted_at_epoch}
+        return json.dumps(body, sort_keys=True).encode()
 
     @classmethod
-    def decode(cls, data: bytes, uri: str) -> BranchRecord:
-        """Raises: CorruptionError naming ``uri``."""
+    def decode(cls, data: bytes, uri: str, fork: Mapping, fork_uri: str) -> BranchRecord:
+        """``branch.json``'s bytes read from ``uri``, and the branch's fork record (read
+        from ``fork_uri``).
+
+        Raises:
+            CorruptionError: naming ``uri``, or ``fork_uri`` when it names no parent.
+        """
+        if "parent" not in fork or "epoch" not in fork:
+            raise CorruptionError(f"{fork_uri}: the fork record of branch {uri} names no parent job and epoch "
+                                  f"(missing or damaged); branch again under a new name")
         try:
             body = json.loads(data)
             body.pop("format")
-            return cls(**body)
+            for repeated in ("main", "fork_epoch"):  # in records written before they were read from fork.json
+                body.pop(repeated, None)
+            return cls(**body, main=fork["parent"], fork_epoch=fork["epoch"])
         except (ValueError, TypeError, KeyError) as e:
             raise CorruptionError(f"{uri}: unreadable branch record: {e}") from None
 
@@ -147,18 +163,23 @@ def _name(job: Job | str) -> str:
 
 
 def read_branch(store: ObjectStore, branch: Job | str) -> BranchRecord:
-    """The branch record of job ``branch``.
+    """The branch record of job ``branch`` (two GETs: ``branch.json``, ``fork.json``).
 
     Raises:
         BranchError: ``branch`` is no branch (never forked with ``branch``).
-        CorruptionError: the record does not read.
+        CorruptionError: a record does not read, or the fork record names no parent.
     """
-    key = paths.branch_record_key(paths.job_prefix(_name(branch)))
+    from dkvstream.operators.runtime.forks import forked_from
+
+    prefix = paths.job_prefix(_name(branch))
+    key = paths.branch_record_key(prefix)
     try:
-        return BranchRecord.decode(store.get(key), store.uri(key))
+        data = store.get(key)
     except ObjectNotFoundError:
         raise BranchError(f"job {_name(branch)} is not a branch ({store.uri(key)} does not exist); "
                           f"create it with branch(store, main_job, branch_job)") from None
+    return BranchRecord.decode(data, store.uri(key), forked_from(store, _name(branch)),
+                               store.uri(paths.fork_record_key(prefix)))
 
 
 def read_promotion(store: ObjectStore, main: Job | str) -> Promotion | None:
@@ -603,7 +624,8 @@ def promote(store: ObjectStore, main_job: Job | str, branch_job: Job) -> Promoti
     code = code_fingerprint(branch_job)
     done = newest.metrics.get("promoted")
     if done is not None and done["branch"] == branch_job.name:
-        return _record_promotion(store, main, branch_job, newest.epoch, done["branch_epoch"], code, done["pins"])
+        return _record_promotion(store, record, branch_job, newest.epoch, done["branch_epoch"], code,
+                                 done["pins"])
     lease = read_lease(store, main_prefix)
     if lease is not None and lease.is_live(newest.epoch):
         raise BranchError(
@@ -640,7 +662,7 @@ def promote(store: ObjectStore, main_job: Job | str, branch_job: Job) -> Promoti
         store.delete(promotion_key)
         raise BranchError(f"job {main} committed epoch {n + 1} meanwhile (it is running): stop it, run the "
                           f"branch to its newest epoch, then promote again ({e})") from None
-    return _record_promotion(store, main, branch_job, n + 1, n, code, pins)
+    return _record_promotion(store, record, branch_job, n + 1, n, code, pins)
 
 
 def _require_same_time(main: str, branch: str, m: JobCheckpoint, b: JobCheckpoint) -> None:
@@ -715,13 +737,12 @@ def _promotion(main: str, branch_job: Job, epoch: int, branch_epoch: int, code: 
                      code=code, pins=pins, promoted_at_ms=time.time_ns() // 1_000_000)
 
 
-def _record_promotion(store: ObjectStore, main: str, branch_job: Job, epoch: int, branch_epoch: int,
-                      code: dict, pins: list[str]) -> Promotion:
+def _record_promotion(store: ObjectStore, record: BranchRecord, branch_job: Job, epoch: int,
+                      branch_epoch: int, code: dict, pins: list[str]) -> Promotion:
     """After the commit: ``promoted.json`` for the main (again, after a crash), the branch
-    record marked promoted."""
-    promotion = _promotion(main, branch_job, epoch, branch_epoch, code, pins)
-    store.put(paths.promotion_key(paths.job_prefix(main)), promotion.encode())
-    record = read_branch(store, branch_job)
+    ``record`` (read by ``promote``) marked promoted."""
+    promotion = _promotion(record.main, branch_job, epoch, branch_epoch, code, pins)
+    store.put(paths.promotion_key(paths.job_prefix(record.main)), promotion.encode())
     store.put(paths.branch_record_key(paths.job_prefix(branch_job.name)),
               dataclasses.replace(record, promoted_at_epoch=epoch).encode())
     return promotion

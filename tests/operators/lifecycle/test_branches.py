@@ -399,3 +399,31 @@ def test_a_continuous_main_waiting_between_epochs_is_fenced_after_a_promotion(st
             next(epochs)
     assert _rows_by_epoch(store, main) == published
     assert read_checkpoint(store, "jobs/flights", 2).metrics["promoted"]["branch"] == "flights_sum"
+
+
+def test_branch_record_reads_its_main_and_epoch_from_the_fork_record(store) -> None:
+    """branch.json does not repeat fork.json: the main and the fork epoch come from the
+    fork record, a fork record without them is refused by name, and a branch.json that
+    still repeats them (written before) reads the same."""
+    import json
+
+    from dkvstream.operators import paths
+    from dkvstream.operators.runtime.forks import forked_from
+    from dkvstream.storage.errors import CorruptionError
+
+    main = flights_variant("flights", RouteDailyDelays())
+    more = flights_variant("flights_sum", RouteDailyDelaysWithSum())
+    _run(main, store, max_epochs=2)
+    branch(store, main, more, epoch=1)
+    key = paths.branch_record_key("jobs/flights_sum")
+    stored = json.loads(store.get(key))
+    assert not {"main", "fork_epoch"} & set(stored)
+    fork = forked_from(store, more)
+    record = read_branch(store, more)
+    assert (record.main, record.fork_epoch) == (fork["parent"], fork["epoch"]) == ("flights", 1)
+    store.put(key, json.dumps({**stored, "main": "flights", "fork_epoch": 1}).encode())
+    assert read_branch(store, more) == record
+    fork_key = paths.fork_record_key("jobs/flights_sum")
+    store.put(fork_key, json.dumps({k: v for k, v in fork.items() if k != "parent"}).encode())
+    with pytest.raises(CorruptionError, match="fork.json.*names no parent"):
+        read_branch(store, more)
