@@ -22,7 +22,7 @@ Layout under the store root::
       control/erase/<id>.json                    erasure requests (the key, hex) until served
       erasures/<id>.json                         erasure records and reports (the key's SHA-256)
       quarantine/<UTC stamp>/epoch-<epoch>.json  checkpoints a recovery fell back from
-      branch.json, promoted.json                 a branch job's origin; a main job's promotion
+      branch.json, promoted.json                 a branch job's mark; a main job's promotion
       sources/<source>/...                       a source's own metadata (``Source.attach``),
                                                  e.g. a file source's list of discovered files
       savepoints/<name>.json                     savepoint records (dkvstream.operators.runtime.savepoints)
@@ -122,8 +122,9 @@ def quarantine_key(job: str, stamp: str, checkpoint: str) -> str:
 
 # -------------------------------------------------------------------------------- branches
 def branch_record_key(job: str) -> str:
-    """``<job>/branch.json``: which job and checkpoint a branch job was forked from
-    (``dkvstream.operators.runtime.branches``)."""
+    """``<job>/branch.json``: marks a branch job and says whether it was promoted
+    (``dkvstream.operators.runtime.branches``); the job and checkpoint it was forked from
+    are in its fork record (``fork_record_key``)."""
     return f"{job}/branch.json"
 
 

@@ -5,23 +5,28 @@ The user's view is ``docs/branches.md``. The steps, on a main job M and a branch
 
 1. ``branch(store, M, B)`` forks M's newest checkpoint (or ``epoch``) into B's name
    (``fork_job``: B's first checkpoint names M's range manifests, pinned; no state file
-   is copied) and records the origin at ``jobs/B/branch.json``.
+   is copied; ``fork_job``'s ``jobs/B/fork.json`` records M and the epoch) and marks B
+   a branch at ``jobs/B/branch.json``.
 2. ``run_branch(B, ...)`` runs B as M's shadow: ``JobRunner(..., follow=M)`` plans each
    epoch k of B to read exactly the offsets M's checkpoint k ended at, so epoch k of both
-   covers the same input (Kafka offsets, replay positions), and stops once B caught up
-   with M's newest checkpoint. B writes its own sinks, never M's.
+   covers the same input (Kafka offsets, replay positions) at the same processing time,
+   and stops once B caught up with M's newest checkpoint. B writes its own sinks, never M's.
 3. ``diff(store, M, B)`` compares, per output and per epoch after the fork, the rows M
    and B published: as multisets, or, given key columns, by key (``changed`` rows and
    the columns that differ). Columns only one side has are reported as such and left
    out of the row comparison, so a new output column is exactly that in the diff.
 4. ``promote(store, M, B)``, with M stopped at checkpoint N and B at its checkpoint N
-   (the same offsets): commits M's checkpoint N + 1 (no input read, no output) naming
-   B's state (B's range manifests, pinned for M), having recorded at
+   (the same offsets, watermark and processing time): commits M's checkpoint N + 1 (no
+   input read, no output) naming B's state (B's range manifests, pinned for M), having recorded at
    ``jobs/M/promoted.json`` that M runs B's code from then on, and marks B promoted. M's next epoch, run with
    ``promoted_job(M, B)`` (B's code under M's name), reads from M's offsets N on. A
    reader of M's sinks sees every input event's output once: epochs up to N from the old
    code, epochs after N + 1 from the new code. A driver that starts M with other
-   operator code than the promoted one is refused (``check_promoted_code``).
+   operator code than the promoted one is refused (``check_promoted_code``). Promote
+   sees a running M only by its epoch lease, held while an epoch is in flight: a
+   continuous driver of M waiting between epochs holds none, so the promotion goes
+   ahead and that driver's next commit is fenced (``JobFencedError``, nothing of its
+   epoch published); hence "stop M first".
 
 Costs (requests): ``branch`` is one fork (``fork_job``) plus one PUT; each shadow epoch
 one LIST and one GET of M's checkpoint more than a plain epoch; ``diff`` one LIST per
@@ -70,10 +75,12 @@ class BranchError(DkvstreamError):
 # ------------------------------------------------------------------------------- records
 @dataclass(frozen=True)
 class BranchRecord:
-    """``jobs/<branch>/branch.json``: where a branch job came from.
+    """A branch job: ``jobs/<branch>/branch.json`` (``branch``, ``created_at_ms``,
+    ``promoted_at_epoch``) with, from the fork record ``jobs/<branch>/fork.json``
+    (``forks.forked_from``), ``main`` and ``fork_epoch``: stored there only.
 
     Attributes:
-        main: the main job's name.
+        main: the main job's name (the fork's parent).
         branch: the branch job's name.
         fork_epoch: the main's checkpoint epoch the branch was forked from (its first
             checkpoint has that number and offsets).
@@ -89,15 +96,28 @@ class BranchRecord:
     promoted_at_epoch: int | None = None
 
     def encode(self) -> bytes:
-        return json.dumps({"format": FORMAT, **dataclasses.asdict(self)}, sort_keys=True).encode()
+        """``branch.json``'s bytes: the fields the fork record does not hold."""
+        body = {"format": FORMAT, "branch": self.branch, "created_at_ms": self.created_at_ms,
+                "promoted_at_epoch": self.promoted_at_epoch}
+        return json.dumps(body, sort_keys=True).encode()
 
     @classmethod
-    def decode(cls, data: bytes, uri: str) -> BranchRecord:
-        """Raises: CorruptionError naming ``uri``."""
+    def decode(cls, data: bytes, uri: str, fork: Mapping, fork_uri: str) -> BranchRecord:
+        """``branch.json``'s bytes read from ``uri``, and the branch's fork record (read
+        from ``fork_uri``).
+
+        Raises:
+            CorruptionError: naming ``uri``, or ``fork_uri`` when it names no parent.
+        """
+        if "parent" not in fork or "epoch" not in fork:
+            raise CorruptionError(f"{fork_uri}: the fork record of branch {uri} names no parent job and epoch "
+                                  f"(missing or damaged); branch again under a new name")
         try:
             body = json.loads(data)
             body.pop("format")
-            return cls(**body)
+            for repeated in ("main", "fork_epoch"):  # in records written before they were read from fork.json
+                body.pop(repeated, None)
+            return cls(**body, main=fork["parent"], fork_epoch=fork["epoch"])
         except (ValueError, TypeError, KeyError) as e:
             raise CorruptionError(f"{uri}: unreadable branch record: {e}") from None
 
@@ -143,18 +163,23 @@ def _name(job: Job | str) -> str:
 
 
 def read_branch(store: ObjectStore, branch: Job | str) -> BranchRecord:
-    """The branch record of job ``branch``.
+    """The branch record of job ``branch`` (two GETs: ``branch.json``, ``fork.json``).
 
     Raises:
         BranchError: ``branch`` is no branch (never forked with ``branch``).
-        CorruptionError: the record does not read.
+        CorruptionError: a record does not read, or the fork record names no parent.
     """
-    key = paths.branch_record_key(paths.job_prefix(_name(branch)))
+    from dkvstream.operators.runtime.forks import forked_from
+
+    prefix = paths.job_prefix(_name(branch))
+    key = paths.branch_record_key(prefix)
     try:
-        return BranchRecord.decode(store.get(key), store.uri(key))
+        data = store.get(key)
     except ObjectNotFoundError:
         raise BranchError(f"job {_name(branch)} is not a branch ({store.uri(key)} does not exist); "
                           f"create it with branch(store, main_job, branch_job)") from None
+    return BranchRecord.decode(data, store.uri(key), forked_from(store, _name(branch)),
+                               store.uri(paths.fork_record_key(prefix)))
 
 
 def read_promotion(store: ObjectStore, main: Job | str) -> Promotion | None:
@@ -574,16 +599,19 @@ def promote(store: ObjectStore, main_job: Job | str, branch_job: Job) -> Promoti
     finishes what it started.
 
     Args:
-        main_job: the main job (or its name); its driver must be stopped.
+        main_job: the main job (or its name); its driver must be stopped (a driver
+            waiting between epochs is not seen: its next commit is fenced).
         branch_job: the branch's ``Job`` (its code is what the main runs from now on).
 
     Returns:
         The ``Promotion`` record.
 
     Raises:
-        BranchError: the main is running (a live epoch lease), the branch is not the
+        BranchError: a driver of the main has an epoch in flight (a live epoch
+            lease), the branch is not the
             main's, is behind (run it further), has no checkpoint at the main's offsets
-            (ahead, and that one deleted), or the main committed meanwhile.
+            (ahead, and that one deleted), its checkpoint N has another watermark,
+            processing time or ``finished`` than the main's (``_require_same_time``), or the main committed meanwhile.
     """
     main = _name(main_job)
     main_prefix, branch_prefix = paths.job_prefix(main), paths.job_prefix(branch_job.name)
@@ -596,11 +624,15 @@ def promote(store: ObjectStore, main_job: Job | str, branch_job: Job) -> Promoti
     code = code_fingerprint(branch_job)
     done = newest.metrics.get("promoted")
     if done is not None and done["branch"] == branch_job.name:
-        return _record_promotion(store, main, branch_job, newest.epoch, done["branch_epoch"], code, done["pins"])
+        return _record_promotion(store, record, branch_job, newest.epoch, done["branch_epoch"], code,
+                                 done["pins"])
     lease = read_lease(store, main_prefix)
     if lease is not None and lease.is_live(newest.epoch):
-        raise BranchError(f"job {main} is running (epoch {lease.epoch} in flight, lease {lease.owner}); stop "
-                          f"it (JobRunner.stop, or terminate its Dagster run), then promote")
+        raise BranchError(
+            f"job {main} is running: a driver holds its epoch lease (epoch {lease.epoch} in flight, lease "
+            f"{lease.owner}). Stop that driver (JobRunner.stop, or terminate its Dagster run), then promote. "
+            f"A driver waiting between epochs holds no lease and is not seen here: promote would go ahead, and "
+            f"that driver's next commit would fail with JobFencedError (nothing of its epoch published)")
     n = newest.epoch
     branch_newest = read_commit_log(store, branch_prefix).newest_committed
     if branch_newest < n:
@@ -615,6 +647,7 @@ def promote(store: ObjectStore, main_job: Job | str, branch_job: Job) -> Promoti
         raise BranchError(f"branch {branch_job.name}'s epoch {n} ended at offsets {source.source_offsets}, job "
                           f"{main}'s at {newest.source_offsets}: the branch did not follow the main "
                           f"(run_branch); branch again")
+    _require_same_time(main, branch_job.name, newest, source)
     new = _promotion_checkpoint(newest, source, branch_job, code)
     pins = _pin_branch_state(store, main, branch_job.name, n, new)
     new.metrics["promoted"]["pins"] = pins
@@ -629,7 +662,47 @@ def promote(store: ObjectStore, main_job: Job | str, branch_job: Job) -> Promoti
         store.delete(promotion_key)
         raise BranchError(f"job {main} committed epoch {n + 1} meanwhile (it is running): stop it, run the "
                           f"branch to its newest epoch, then promote again ({e})") from None
-    return _record_promotion(store, main, branch_job, n + 1, n, code, pins)
+    return _record_promotion(store, record, branch_job, n + 1, n, code, pins)
+
+
+def _require_same_time(main: str, branch: str, m: JobCheckpoint, b: JobCheckpoint) -> None:
+    """Refuses a promotion at checkpoint N whose time differs between the main's ``m``
+    and the branch's ``b``: exactly once for the main's sink readers holds only if the
+    timers the old code fired by N are those the branch fired by N. The watermark decides
+    that for event-time timers (windows), the processing time for processing-time timers
+    (a shadow run takes the main's, ``JobRunner(follow=...)``), and ``finished`` too (a
+    finished job's watermark is +infinity and it runs no more epochs). Not compared: the
+    timers' lower bounds (``next_*_timer_ms``: the branch's own code and state, taken
+    with them) and the partitions' max event times (the same input gives the same ones).
+
+    Raises:
+        BranchError: the watermarks, processing times or ``finished`` differ, naming
+            both values, the likely cause and what to do.
+    """
+    if m.watermark != b.watermark:
+        effect = ("the main would emit again the windows its old code emitted up to its watermark"
+                  if b.watermark < m.watermark else
+                  "the windows the branch closed past the main's watermark would never reach the main's sinks")
+        raise BranchError(
+            f"branch {branch}'s checkpoint {b.epoch} has watermark {b.watermark} ms, job {main}'s checkpoint "
+            f"{m.epoch} has {m.watermark} ms: promoted there, {effect}. Likely cause: other event-time "
+            f"settings (max_out_of_orderness_ms, idle_timeout_ms, quiet_timeout_ms), or partition idleness, "
+            f"which is judged by the wall clock and so can differ between the two runs. Give the branch the "
+            f"main's event-time settings and branch again, or run the main and the branch further and promote "
+            f"at a checkpoint where their watermarks are equal (metrics['follow']['same_watermark'] in the "
+            f"branch's checkpoints)")
+    if m.processing_time_ms != b.processing_time_ms:
+        raise BranchError(
+            f"branch {branch}'s checkpoint {b.epoch} has processing time {b.processing_time_ms} ms, job "
+            f"{main}'s checkpoint {m.epoch} has {m.processing_time_ms} ms: promoted there, processing-time "
+            f"timers due between the two would fire twice or never in the main's sinks. A shadow run "
+            f"(run_branch) takes the main's processing time epoch by epoch; this branch's checkpoint was not "
+            f"written by one: branch again and run it with run_branch, then promote")
+    if m.finished != b.finished:
+        raise BranchError(
+            f"job {main}'s checkpoint {m.epoch} has finished={m.finished}, branch {branch}'s has "
+            f"finished={b.finished}: one read its bounded source to the end or was drained, the other did not "
+            f"(a finished job runs no more epochs); promote at a checkpoint where both or neither finished")
 
 
 def _promotion_checkpoint(main: JobCheckpoint, branch: JobCheckpoint, branch_job: Job, code: dict) -> JobCheckpoint:
@@ -664,13 +737,12 @@ def _promotion(main: str, branch_job: Job, epoch: int, branch_epoch: int, code: 
                      code=code, pins=pins, promoted_at_ms=time.time_ns() // 1_000_000)
 
 
-def _record_promotion(store: ObjectStore, main: str, branch_job: Job, epoch: int, branch_epoch: int,
-                      code: dict, pins: list[str]) -> Promotion:
+def _record_promotion(store: ObjectStore, record: BranchRecord, branch_job: Job, epoch: int,
+                      branch_epoch: int, code: dict, pins: list[str]) -> Promotion:
     """After the commit: ``promoted.json`` for the main (again, after a crash), the branch
-    record marked promoted."""
-    promotion = _promotion(main, branch_job, epoch, branch_epoch, code, pins)
-    store.put(paths.promotion_key(paths.job_prefix(main)), promotion.encode())
-    record = read_branch(store, branch_job)
+    ``record`` (read by ``promote``) marked promoted."""
+    promotion = _promotion(record.main, branch_job, epoch, branch_epoch, code, pins)
+    store.put(paths.promotion_key(paths.job_prefix(record.main)), promotion.encode())
     store.put(paths.branch_record_key(paths.job_prefix(branch_job.name)),
               dataclasses.replace(record, promoted_at_epoch=epoch).encode())
     return promotion

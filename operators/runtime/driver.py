@@ -14,7 +14,8 @@ The design is in docs/design.md, "Epochs and checkpoints". Per epoch
    the watermark of a quiet source (``Job.quiet_timeout_ms``) reaches an event-time
    timer (``_due_without_input``). A runner that follows another job (``follow``: a
    branch's shadow run, ``dkvstream.operators.runtime.branches``) plans instead exactly
-   the offsets of that job's checkpoint of the same epoch. ``JobRunner.stop()`` ends the run
+   the offsets of that job's checkpoint of the same epoch, at its processing time, and
+   runs every epoch that job committed, with input or without. ``JobRunner.stop()`` ends the run
    between epochs; ``stop(drain=True)`` first commits a drain epoch: nothing read,
    watermark +infinity (every timer fires), the job finished (Flink's ``stop --drain``).
 2. Read (``dkvstream.operators.runtime.splits``, ``dkvstream.operators.runtime.exchange``): one read task per
@@ -221,7 +222,9 @@ class JobRunner:
             exactly the offsets the other's checkpoint of the same epoch number ended at,
             so epoch k of both covers the same input, and the run ends (a continuous run
             waits) when this job has caught up with the other's newest checkpoint.
-            Watermark alignment is left to the other job (its cuts are the plan). Each
+            Watermark alignment is left to the other job (its cuts are the plan); the
+            epoch's processing time is the other's (its processing-time timers fire in
+            the same epochs), and an epoch the other ran without input is run too. Each
             checkpoint records the other's watermark in ``metrics["follow"]``.
 
     An in-process runner (``spark=None``) keeps each range's DKV open between epochs;
@@ -394,14 +397,19 @@ class JobRunner:
         ends = {p: max(plan.ends.get(p, end), end) for p, end in target.source_offsets.items()}
         return dataclasses.replace(plan, offsets=offsets, ends=ends, paused=frozenset())
 
-    @staticmethod
-    def _processing_time(ckpt: JobCheckpoint, plan: EpochPlan) -> int:
+    def _processing_time(self, ckpt: JobCheckpoint, plan: EpochPlan) -> int:
         """The epoch's processing time, ms: the wall clock when it was planned, never below
         the previous epoch's (a restarted driver's clock may be behind). Decided once per
         epoch: every task and every retry of the epoch fires the same processing-time
-        timers, and the checkpoint records it."""
+        timers, and the checkpoint records it. Following another job: that job's
+        processing time of the same epoch, so the follower fires the same timers in the
+        same epoch (it runs later by the wall clock) and can be promoted at any epoch."""
+        now = plan.planned_at_ms
+        followed = self._followed.get(ckpt.epoch + 1)
+        if followed is not None and followed.processing_time_ms is not None:
+            now = followed.processing_time_ms
         previous = ckpt.processing_time_ms
-        return plan.planned_at_ms if previous is None else max(previous, plan.planned_at_ms)
+        return now if previous is None else max(previous, now)
 
     def _due_without_input(self, ckpt: JobCheckpoint, plan: EpochPlan, continuous: bool) -> bool:
         """Whether an epoch that reads nothing is worth running: a processing-time timer
@@ -522,7 +530,8 @@ class JobRunner:
                         break
                     trigger.nothing_new()
                     continue
-                if not self.job.source.bounded and not plan.has_input:
+                # Following, every epoch the followed job committed is run, input or not.
+                if self.follow is None and not self.job.source.bounded and not plan.has_input:
                     due = self._due_without_input(ckpt, plan, continuous)
                     if not continuous and (not due or ran_without_input):
                         break
@@ -807,7 +816,7 @@ class JobRunner:
         metrics["live"] = live_metrics(now_ms=self._now_ms())  # at the commit
         if drain:
             metrics["drained"] = True
-        followed = self._followed.pop(epoch, None)
+        followed = self._followed.get(epoch)
         if followed is not None:
             metrics["follow"] = {"job": self.follow, "watermark": followed.watermark,
                                  "same_watermark": followed.watermark == watermark}
@@ -834,6 +843,7 @@ class JobRunner:
             next_processing_timer_ms=_next_timer(results, "processing_time"),
         )
         key = self._commit(new)
+        self._followed.pop(epoch, None)
         if self._retention is not None:  # retention hook
             self._retention.committed(new)
         self._previous_plan_ms, self._previous_plan_ends = plan.planned_at_ms, plan.ends

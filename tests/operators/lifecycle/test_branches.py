@@ -6,6 +6,7 @@ the promotion and the new code's after it; the operators keep the same state).
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from datetime import datetime
 
@@ -296,3 +297,133 @@ def test_promote_interrupted_before_its_commit_blocks_every_driver_until_run_aga
             _run(code, store)
     assert promote(store, old, new).epoch == 3
     assert _run(promoted_job(old, new), store)[0].epoch == 4
+
+
+def test_promote_refuses_a_branch_whose_watermark_differs(store) -> None:
+    """A branch with another watermark bound reads the same offsets but reaches another
+    watermark: promoted, it would emit the main's windows again (or never): refused,
+    naming both watermarks; nothing is written for the main."""
+    main = flights_variant("flights", RouteDailyDelays())
+    later = dataclasses.replace(flights_variant("flights_late", RouteDailyDelays()),
+                                max_out_of_orderness_ms=3 * main.max_out_of_orderness_ms)
+    _run(main, store, max_epochs=1)
+    branch(store, main, later)
+    _run(main, store, max_epochs=1)
+    run_branch(later, None, store)
+    m, b = read_checkpoint(store, "jobs/flights", 2), read_checkpoint(store, "jobs/flights_late", 2)
+    assert m.source_offsets == b.source_offsets and m.watermark > b.watermark
+    with pytest.raises(BranchError, match=f"watermark {b.watermark} ms.*{m.watermark} ms.*max_out_of_orderness_ms"):
+        promote(store, main, later)
+    assert read_promotion(store, main) is None
+    assert read_branch(store, later).promoted_at_epoch is None
+
+
+def test_promote_refuses_a_branch_whose_processing_time_differs(store) -> None:
+    """A branch checkpoint at the main's offsets and watermark but another processing
+    time (not written by a shadow run) is refused, naming both."""
+    from dkvstream.operators import paths
+
+    main = flights_variant("flights", RouteDailyDelays())
+    more = flights_variant("flights_sum", RouteDailyDelaysWithSum())
+    _run(main, store, max_epochs=1)
+    branch(store, main, more)
+    _run(main, store, max_epochs=1)
+    run_branch(more, None, store)
+    b = read_checkpoint(store, "jobs/flights_sum", 2)
+    store.put(paths.checkpoint_key("jobs/flights_sum", 2),
+              dataclasses.replace(b, processing_time_ms=b.processing_time_ms + 1).encode())
+    with pytest.raises(BranchError, match=f"processing time {b.processing_time_ms + 1} ms.*"
+                                          f"{b.processing_time_ms} ms"):
+        promote(store, main, more)
+    assert read_promotion(store, main) is None
+
+
+def test_shadow_fires_processing_time_timers_at_the_mains_processing_time(tmp_path, store) -> None:
+    """The branch runs later by the wall clock (its own clock, 1,000 s ahead) yet fires
+    the main's processing-time timers in the main's epochs, including the main's epochs
+    without input (one per run of the main), all in one shadow run: the same processing
+    time per epoch, no row differs, and promote accepts it."""
+    from tests.operators import processing_time as pt
+    from tests.operators.live_sources import reveal
+
+    class Clock:
+        def __init__(self, now: float) -> None:
+            self.now = now
+
+        def __call__(self) -> float:
+            return self.now
+
+    visible, clock = tmp_path / "visible.json", Clock(1_700_000_000.0)
+    main = dataclasses.replace(pt.job(visible, pt.TimeoutBatch()), name="timeouts")
+    v2 = dataclasses.replace(pt.job(visible, pt.Timeout()), name="timeouts_v2")  # the on_event form
+
+    def step(advance_s: float, visible_events: int) -> list:
+        clock.now += advance_s
+        reveal(visible, {"p0": visible_events, "p1": visible_events})
+        with JobRunner(main, None, store, clock=clock, retain_checkpoints=None) as runner:
+            return runner.run()
+
+    step(0, 100)
+    branch(store, main, v2)
+    # Timers are due 10 s after the epoch that set them: the last two steps read nothing
+    # and fire them.
+    ran = [r for s in ((4, 180), (7, 180), (4, 180)) for r in step(*s)]
+    assert [(r.epoch, r.events) for r in ran] == [(2, 160), (3, 0), (4, 0)]
+    results = run_branch(v2, None, store, clock=Clock(clock.now + 1_000), retain_checkpoints=None)
+    assert [r.epoch for r in results] == [2, 3, 4]
+    for e in range(1, 5):
+        assert (read_checkpoint(store, "jobs/timeouts_v2", e).processing_time_ms
+                == read_checkpoint(store, "jobs/timeouts", e).processing_time_ms)
+    d = diff(store, main, v2, key_columns={"main": ["key", "due"]})
+    assert d.outputs["main"].totals()["main_rows"] > 0
+    assert not any(e.differs for e in d.outputs["main"].epochs)
+    assert promote(store, main, v2).epoch == 5
+
+
+def test_a_continuous_main_waiting_between_epochs_is_fenced_after_a_promotion(store) -> None:
+    """What the docs say of a running main: a continuous driver between epochs holds no
+    lease, promote goes ahead, and that driver's next commit raises JobFencedError;
+    nothing of its epoch is published, and the main's checkpoints stay the promotion's."""
+    from dkvstream.operators.errors import JobFencedError
+
+    main = flights_variant("flights", RouteDailyDelays())
+    more = flights_variant("flights_sum", RouteDailyDelaysWithSum())
+    with JobRunner(main, None, store, retain_checkpoints=None) as runner:
+        epochs = runner.epochs(None, continuous=True)
+        assert next(epochs).epoch == 1  # the driver now waits for its next epoch
+        branch(store, main, more)
+        promotion = promote(store, main, more)
+        assert promotion.epoch == 2
+        published = _rows_by_epoch(store, main)
+        with pytest.raises(JobFencedError, match="epoch 2 was committed by another driver"):
+            next(epochs)
+    assert _rows_by_epoch(store, main) == published
+    assert read_checkpoint(store, "jobs/flights", 2).metrics["promoted"]["branch"] == "flights_sum"
+
+
+def test_branch_record_reads_its_main_and_epoch_from_the_fork_record(store) -> None:
+    """branch.json does not repeat fork.json: the main and the fork epoch come from the
+    fork record, a fork record without them is refused by name, and a branch.json that
+    still repeats them (written before) reads the same."""
+    import json
+
+    from dkvstream.operators import paths
+    from dkvstream.operators.runtime.forks import forked_from
+    from dkvstream.storage.errors import CorruptionError
+
+    main = flights_variant("flights", RouteDailyDelays())
+    more = flights_variant("flights_sum", RouteDailyDelaysWithSum())
+    _run(main, store, max_epochs=2)
+    branch(store, main, more, epoch=1)
+    key = paths.branch_record_key("jobs/flights_sum")
+    stored = json.loads(store.get(key))
+    assert not {"main", "fork_epoch"} & set(stored)
+    fork = forked_from(store, more)
+    record = read_branch(store, more)
+    assert (record.main, record.fork_epoch) == (fork["parent"], fork["epoch"]) == ("flights", 1)
+    store.put(key, json.dumps({**stored, "main": "flights", "fork_epoch": 1}).encode())
+    assert read_branch(store, more) == record
+    fork_key = paths.fork_record_key("jobs/flights_sum")
+    store.put(fork_key, json.dumps({k: v for k, v in fork.items() if k != "parent"}).encode())
+    with pytest.raises(CorruptionError, match="fork.json.*names no parent"):
+        read_branch(store, more)
