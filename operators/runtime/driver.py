@@ -95,9 +95,9 @@ from dkvstream.operators.runtime.control import (
     release_lease,
 )
 from dkvstream.operators.runtime.erasure import (
+    erasure_targets,
     finish_applied,
     held_before,
-    in_range,
     pending_erasures,
     subjects_of,
 )
@@ -906,6 +906,7 @@ class JobRunner:
             rescaled = bool(previous) and (old_ranges != ranges or any(
                 not m.startswith(f"{self.job.prefix}/") for m in previous.values()))
             next_parallelism = None if last else self.job.parallelism_of(self.job.operators[i + 1].name)
+            erase = erasure_targets(self.store, previous, ranges, subjects_of(self._erasing, self.job.key_groups))
             specs = [
                 TaskSpec(
                     job_prefix=self.job.prefix, epoch=epoch, op_index=i, range_index=r,
@@ -925,7 +926,7 @@ class JobRunner:
                     layout=ckpt.layout,
                     processing_time=processing_time,
                     state_schemas=self._state_schemas.get(op.name),
-                    erase=in_range(subjects_of(self._erasing, self.job.key_groups), kr),
+                    erase=erase[r],
                 )
                 for r, kr in enumerate(ranges)
             ]

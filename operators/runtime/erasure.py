@@ -8,7 +8,8 @@ Steps (docs/erasure.md):
    (``dkvstream.operators.runtime.control``). A stopped or finished job is served by
    ``apply_offline``, which commits one epoch of its own through the commit fence.
 2. **State** (``erase_subjects``, in the epoch's task of the range holding the key's key
-   group, in every operator): every DKV entry of the subject key under every schema byte
+   group, in every operator, and of every range naming a table shared after a rescale
+   whose file may hold the key: ``erasure_targets``): every DKV entry of the subject key under every schema byte
    (``dkvstream.operators.api.state``: state 0x00, event-time timers 0x01, TTL'd state
    0x02/0x03, processing-time timers 0x04; a timer's key holds the subject key after
    its timestamp) is purged physically (``DKV.erase_prefixes``): tables holding it are
@@ -150,6 +151,69 @@ def in_range(subjects: Sequence[tuple[int, bytes]], krange: KeyGroupRange) -> tu
     return tuple(s for s in subjects if s[0] in krange)
 
 
+def writer_range(file_key: str) -> KeyGroupRange | None:
+    """The key-group range of the DKV instance that wrote ``file_key`` (the range label in
+    its path, ``paths.parse_state_key``): every key the file holds is of those key groups.
+    None: not a range's file (its keys are then unknown)."""
+    owner = paths.owner_of(file_key)
+    parsed = None if owner is None else paths.parse_state_key(owner, file_key)
+    try:
+        return None if parsed is None else KeyGroupRange.from_label(parsed[1])
+    except ValueError:  # not a range label
+        return None
+
+
+def _shared_writers(store: ObjectStore, manifest_key: str) -> list[KeyGroupRange | None]:
+    """``writer_range`` of each clipped (shared, after a rescale) table ``manifest_key`` names."""
+    return [writer_range(t.key) for t in load_manifest(store, manifest_key).levels.all_tables()
+            if t.clip is not None]
+
+
+def erasure_targets(store: ObjectStore, previous: dict[str, str], ranges: Sequence[KeyGroupRange],
+                    subjects: Sequence[tuple[int, bytes]]) -> list[tuple[tuple[int, bytes], ...]]:
+    """The subjects each of ``ranges`` erases in an epoch over one operator's ``previous``
+    range manifests (``{range label: manifest key}``; the epoch may rescale them to
+    ``ranges``).
+
+    A range erases the subjects of its own key groups, and also those a file it names may
+    hold physically: after a rescale, a range names its parent's tables clipped to its
+    own keys, but the file still holds its siblings' keys (``storage/dkv/purge.py``). So a
+    range also erases the subjects of every old range it opens from (a rescale in this
+    epoch) or of the writer of each clipped table its manifest names (an earlier rescale,
+    or a fork); there the purge finds the key in the file and rewrites the table as the
+    range's own. WAL objects are never shared: a range opened from parents replays their
+    records in its key range into its own (``rescale.wal_in_range``).
+
+    Args:
+        store: the job's object store.
+        previous: the operator's range manifests in the checkpoint the epoch starts from.
+        ranges: the operator's ranges in the epoch.
+        subjects: ``(key group, key)`` of each request (``subjects_of``).
+
+    Returns:
+        Per range of ``ranges``, in order: the subjects its task erases.
+
+    Cost: with subjects, one GET per manifest of ``previous`` (none without).
+
+    Raises:
+        ObjectNotFoundError / CorruptionError: a manifest of ``previous`` is missing or damaged
+            (the epoch could not open it either).
+    """
+    if not subjects:
+        return [() for _ in ranges]
+    labels = sorted(previous)
+    writers = dict(zip(labels, map_requests(lambda label: _shared_writers(store, previous[label]), labels)))
+    out = []
+    for kr in ranges:
+        mine = set(in_range(subjects, kr))
+        for label, shared in writers.items():
+            old = KeyGroupRange.from_label(label)
+            if old.start < kr.end and kr.start < old.end:
+                mine.update(s for s in subjects if s[0] in old or any(w is None or s[0] in w for w in shared))
+        out.append(tuple(s for s in subjects if s in mine))
+    return out
+
+
 def _subject_filter(key_group: int, key: bytes) -> tuple[list[bytes], Callable[[bytes], bool]]:
     """``(prefixes, where)`` matching every DKV entry of the subject (module docstring)."""
     head = key_group.to_bytes(2, "big")
@@ -274,7 +338,7 @@ def finish_applied(store: ObjectStore, job_prefix: str, requests: Sequence[Erasu
     for r in requests:
         kg = key_group_of(r.key, ckpt.key_groups)
         ranges = {f"{op}/{label}": s for op, by_label in state.items() for label, s in by_label.items()
-                  if kg in KeyGroupRange.from_label(label)}
+                  if kg in KeyGroupRange.from_label(label) or s.get("tables_rewritten")}  # or a sharer
         still = sorted(k for k in held[r.id] if store.exists(k))
         record = {
             "id": r.id, "key_sha256": key_sha256(r.key), "key_group": kg, "reason": r.reason,
@@ -342,8 +406,10 @@ def apply_offline(store: ObjectStore, job_prefix: str, dkv_options=None) -> list
         name = f"e{epoch:010d}-erase-{uuid.uuid4().hex[:8]}"
         for op, ranges in ckpt.operators.items():
             operators[op], dropped[op], unkept[op] = dict(ranges), {}, {}
-            for label, mkey in ranges.items():
-                mine = in_range(subjects, KeyGroupRange.from_label(label))
+            labels = list(ranges)
+            targets = erasure_targets(store, ranges, [KeyGroupRange.from_label(label) for label in labels], subjects)
+            for label, mine in zip(labels, targets):
+                mkey = ranges[label]
                 if not mine:
                     continue
                 db = DKV.open(store, paths.state_prefix(job_prefix, op, label, ckpt.layout), mkey, dkv_options)

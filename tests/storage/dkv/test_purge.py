@@ -105,3 +105,27 @@ def test_erase_prefixes_refuses_an_empty_prefix():
     db = DKV.open(MemoryObjectStore(), "x", options=OPTIONS)
     with pytest.raises(ValueError, match="non-empty"):
         db.erase_prefixes([b""])
+
+
+def test_erase_prefixes_in_a_sibling_range_rewrites_the_shared_file_holding_the_key():
+    """After a split, both halves name the parent's one file. Erasing k15 in the half
+    whose clip hides it still rewrites that file as the half's own table (the file holds
+    k15's bytes); each half reads as before, and no file either names holds k15."""
+    store = MemoryObjectStore()
+    parent = DKV.open(store, "p", options=OPTIONS)
+    for i in range(40):
+        parent.put(b"k%02d" % i, b"v%d" % i)
+    parent.flush()
+    pkey = parent.checkpoint("p1")
+    named = set()
+    for name, (lo, hi), erased in (("a", (b"k00", b"k10"), set()), ("b", (b"k10", b"k30"), {15})):
+        half = DKV.open_from_parents(store, name, [pkey], (lo, hi), OPTIONS)
+        before = list(half.scan_range(b"", None))
+        result = half.erase_prefixes([b"k15"])
+        assert result.tables_rewritten  # the shared file, in both halves
+        assert list(half.scan_range(b"", None)) == [(k, v) for k, v in before if int(k[1:]) not in erased]
+        manifest = load_manifest(store, half.checkpoint("c1"))
+        half.close()
+        named |= {t.key for t in manifest.levels.all_tables()}
+    assert named and all(b"k15" not in _table_keys(store, k) for k in named)
+    assert all(k.startswith(("a/", "b/")) for k in named)
