@@ -114,14 +114,17 @@ def request_erasure(store: ObjectStore, job_prefix: str, key: bytes, reason: str
     return rid
 
 
-def pending_erasures(store: ObjectStore, job_prefix: str) -> list[ErasureRequest]:
-    """The requests not served yet, oldest first.
+def read_erasure_requests(store: ObjectStore, job_prefix: str) -> tuple[list[ErasureRequest], dict[str, str]]:
+    """The requests not served yet, oldest first, and the objects under the request prefix
+    that are not requests: ``(requests, {object key: why it was skipped})``.
 
-    Raises:
-        CorruptionError: a request object is not a request (names its URI; delete it and
-            ask again).
+    A malformed object is skipped, not raised: the driver lists the requests every epoch,
+    and one bad object must not stop the job. ``request_erasure`` writes only valid ones;
+    a skipped object was written by something else (delete it and request again).
+
+    Cost: one LIST, one GET per object listed.
     """
-    out = []
+    out, skipped = [], {}
     for key in sorted(k for k in store.list(paths.erase_request_prefix(job_prefix)) if k.endswith(".json")):
         try:
             body = json.loads(store.get(key))
@@ -129,10 +132,20 @@ def pending_erasures(store: ObjectStore, job_prefix: str) -> list[ErasureRequest
                                       body.get("reason", ""), key))
         except ObjectNotFoundError:  # served meanwhile
             continue
-        except (ValueError, KeyError, TypeError) as e:
-            raise CorruptionError(f"{store.uri(key)}: unreadable erasure request ({e}); delete it and "
-                                  "request the erasure again") from None
-    return out
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            skipped[key] = (f"{store.uri(key)}: not an erasure request ({type(e).__name__}: {e}); skipped: "
+                            "delete it and request the erasure again with request_erasure or "
+                            "python -m dkvstream.operators.tools.erase request")
+    return out, skipped
+
+
+def pending_erasures(store: ObjectStore, job_prefix: str) -> list[ErasureRequest]:
+    """The requests not served yet, oldest first (``read_erasure_requests``; each
+    malformed object is skipped with a warning naming it)."""
+    requests, skipped = read_erasure_requests(store, job_prefix)
+    for why in skipped.values():
+        log.warning("%s", why)
+    return requests
 
 
 def key_sha256(key: bytes) -> str:

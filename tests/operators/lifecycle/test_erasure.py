@@ -205,3 +205,24 @@ def test_a_deferred_sweep_is_finished_by_complete_erasure(tmp_path, monkeypatch)
     release_lease(store, prefix, leases[0])
     report = erasure.complete_erasure(store, prefix, rid, KEY, scan_prefix=f"{prefix}/state/")
     assert report.retention["still_present"] == [] and report.scan["holding"] == []
+
+
+def test_malformed_request_objects_are_skipped_and_named_in_the_epoch_metrics(tmp_path, caplog):
+    """Objects under the request prefix that are not requests (written by something else
+    than ``request_erasure``) do not stop the job: the valid request is served, the bad
+    ones are named in the epoch's metrics and a warning, and left for the user to delete."""
+    with skc.runner(str(tmp_path / "job")) as r:
+        r.run(max_epochs=2)
+        store, prefix = r.store, r.job.prefix
+        bad = {f"{prefix}/control/erase/garbage.json": b"{not json",
+               f"{prefix}/control/erase/no-key.json": b'{"id": "x", "requested_at_ms": 1}'}
+        for k, v in bad.items():
+            store.put(k, v)
+        rid = erasure.request_erasure(store, prefix, KEY)
+        with caplog.at_level("WARNING"):
+            [result] = r.run(max_epochs=1)
+    assert erasure.read_report(store, prefix, rid).applied_epoch == result.epoch == 3
+    skipped = read_checkpoint(store, prefix, 3).metrics["erasure_skipped"]
+    assert set(skipped) == set(bad) and all("delete it" in why for why in skipped.values())
+    assert all(k in caplog.text for k in bad)
+    assert erasure.pending_erasures(store, prefix) == [] and all(store.exists(k) for k in bad)
