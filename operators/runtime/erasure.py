@@ -61,6 +61,7 @@ from dkvstream.operators.runtime.checkpoints import (
 from dkvstream.operators.runtime.cleanup import CleanupReport, cleanup_job
 from dkvstream.operators.runtime.control import acquire_lease, read_lease, release_lease
 from dkvstream.operators.runtime.erasure_scan import object_holds, scan_store
+from dkvstream.operators.runtime.pins import Pin, read_pins
 from dkvstream.operators.runtime.savepoints import list_savepoints
 from dkvstream.storage.dkv import DKV
 from dkvstream.storage.dkv.manifest import files_of, load_manifest
@@ -75,6 +76,8 @@ log = logging.getLogger(__name__)
 _TIMER_SCHEMAS = (SCHEMA_TIMER, SCHEMA_PROCESSING_TIMER)
 _TIMER_KEY_HEAD = 11  # key group u16, schema u8, timestamp u64 (dkvstream.operators.runtime.timers)
 SAVEPOINT_DROP = "python -m dkvstream.operators.tools.savepoints --store {store} drop {job} {name}"
+FORK_DROP = "python -m dkvstream.operators.tools.savepoints --store {store} drop-fork {child}"
+SAVEPOINT_PIN = "savepoint-"  # a savepoint's pin's ``what`` (savepoints.py); any other: a fork's or branch's
 
 
 # ----------------------------------------------------------------------------- requests
@@ -305,6 +308,34 @@ def _named_by(store: ObjectStore, ckpt_operators: dict[str, dict[str, str]]) -> 
     return named
 
 
+def release_command(store: ObjectStore, pin: Pin) -> str:
+    """The command that releases ``pin``: drop the holder's savepoint, or drop the holder
+    (a fork or branch) with its pins."""
+    if pin.what.startswith(SAVEPOINT_PIN):
+        return SAVEPOINT_DROP.format(store=store.root_uri, job=pin.holder, name=pin.what[len(SAVEPOINT_PIN):])
+    return FORK_DROP.format(store=store.root_uri, child=pin.holder)
+
+
+def pins_holding(store: ObjectStore, job_prefix: str, keys: Sequence[str]) -> dict[str, list[dict]]:
+    """Why retention keeps each of the job's objects ``keys``: ``{object: [{"holder",
+    "what", "pin", "release"}]}``, one entry per pin protecting it (``pins.read_pins``:
+    a savepoint of this or another job, a fork or a branch of this job; ``release``: the
+    command that drops it). An object no pin protects maps to ``[]``: only a deferred
+    sweep kept it (``expire_before`` again deletes it).
+
+    Cost: none without ``keys``; else one LIST of the job's pins and one GET per pin.
+
+    Raises:
+        CorruptionError: a pin record does not read (names it; retention deletes nothing
+            while it is there).
+    """
+    if not keys:
+        return {}
+    pins = read_pins(store, job_prefix)
+    return {k: [{"holder": p.holder, "what": p.what, "pin": p.key, "release": release_command(store, p)}
+                for p in pins if k in set(p.keys)] for k in keys}
+
+
 def files_holding(store: ObjectStore, job_prefix: str, key: bytes, key_groups: int,
                   before_epoch: int | None = None) -> dict[str, dict]:
     """The job's DKV files holding ``key`` now: ``{object: {"how": ..., "named_by": [epochs]}}``
@@ -353,6 +384,7 @@ def finish_applied(store: ObjectStore, job_prefix: str, requests: Sequence[Erasu
         ranges = {f"{op}/{label}": s for op, by_label in state.items() for label, s in by_label.items()
                   if kg in KeyGroupRange.from_label(label) or s.get("tables_rewritten")}  # or a sharer
         still = sorted(k for k in held[r.id] if store.exists(k))
+        held_by = pins_holding(store, job_prefix, still)
         record = {
             "id": r.id, "key_sha256": key_sha256(r.key), "key_group": kg, "reason": r.reason,
             "requested_at_ms": r.requested_at_ms, "status": "applied", "applied_epoch": ckpt.epoch,
@@ -362,7 +394,7 @@ def finish_applied(store: ObjectStore, job_prefix: str, requests: Sequence[Erasu
             "retention": {"retained_epochs": retention.retained_epochs,
                           "checkpoints_deleted": retention.checkpoints_deleted,
                           "files_deleted": retention.files_deleted, "deferred": retention.deferred,
-                          "still_present": still},
+                          "still_present": still, "held_by": held_by},
         }
         store.put(paths.erasure_key(job_prefix, r.id), json.dumps(record, sort_keys=True, indent=1).encode())
         store.delete(r.object_key)
@@ -453,7 +485,11 @@ class ErasureReport:
         id: the request's id.
         key_sha256: SHA-256 of the key (hex); the report never holds the key.
         status: ``"pending"`` (not served yet), ``"applied"`` (state erased, retained
-            checkpoints expired), ``"complete"`` (sinks erased and the report written).
+            checkpoints expired), ``"complete"`` (sinks erased, and no file of the job
+            holds the key: none still present, no savepoint holding it, none under the
+            job's prefix in the scan), or ``"held"`` (the same done, but something still
+            holds it: ``retention["held_by"]`` and ``savepoints`` name the pins and the
+            commands that release them; run ``complete_erasure`` again afterwards).
         applied_epoch: the epoch that erased the state, or None.
         state: per ``operator/range``: entries purged, tables rewritten (old -> new),
             WAL objects dropped, by the erasure epoch.
@@ -461,7 +497,9 @@ class ErasureReport:
             epoch's commit, ``{object: {"how", "named_by": [older checkpoint epochs]}}``
             (``named_by`` empty: garbage); retention then deleted them.
         retention: what that retention did; ``still_present``: those of them it could
-            not delete yet (a deferred sweep: run ``expire_before`` again).
+            not delete; ``held_by``: per still-present object, the pins keeping it
+            (``pins_holding``: holder, what, pin key, ``release`` command), ``[]`` for one
+            only a deferred sweep kept (``complete_erasure`` runs the sweep again).
         sinks: per sink (and ``dead_letter``), the objects that held a row of the key,
             or ``{"skipped": why}``.
         savepoints: savepoints whose files still hold the key: ``{"name", "objects",
@@ -557,8 +595,10 @@ def complete_erasure(store: ObjectStore, job_prefix: str, request_id: str, key: 
         scan_prefix: prefix of the final scan ("" = the whole store), or None: no scan.
 
     Returns:
-        The ``ErasureReport`` (also written to ``erasures/<id>.json``); its status stays
-        ``pending`` while the request is not served (nothing else is done then).
+        The ``ErasureReport`` (also written to ``erasures/<id>.json``): status
+        ``complete``, or ``held`` while a pin (a savepoint, a fork, a branch) still keeps
+        a file holding the key (``ErasureReport.status``); it stays ``pending`` while the
+        request is not served (nothing else is done then).
 
     Raises:
         ValueError: ``key`` is not the key of the request.
@@ -568,10 +608,11 @@ def complete_erasure(store: ObjectStore, job_prefix: str, request_id: str, key: 
         raise ValueError(f"{job_prefix}: erasure {request_id} is of another key (SHA-256 {report.key_sha256})")
     if report.status == "pending":
         return report
-    if report.retention.get("still_present"):  # the sweep after the epoch was deferred: again
+    if report.retention.get("still_present"):  # deferred or pinned: sweep again, then say what holds it
         cleanup = expire_before(store, job_prefix, report.applied_epoch)
         report.retention["deferred"] = cleanup.deferred
         report.retention["still_present"] = [k for k in report.retention["still_present"] if store.exists(k)]
+        report.retention["held_by"] = pins_holding(store, job_prefix, report.retention["still_present"])
     for name, sink in sorted((sinks or {}).items()):
         if key_column is None:
             report.sinks[name] = {"skipped": "no key column given"}
@@ -583,7 +624,14 @@ def complete_erasure(store: ObjectStore, job_prefix: str, request_id: str, key: 
     report.savepoints = savepoints_holding(store, job_prefix, key)
     if scan_prefix is not None:
         report.scan = scan_store(store, key, scan_prefix).to_json()
-    report.status = "complete"
+    in_job = [h["key"] for h in (report.scan or {}).get("holding", []) if h["key"].startswith(f"{job_prefix}/")]
+    held = report.retention.get("still_present") or report.savepoints or in_job
+    report.status = "held" if held else "complete"
+    if held:
+        log.warning("%s: erasure %s: the key is still held by %s; release what holds it (the report's "
+                    "retention.held_by and savepoints name the commands) and run it again", job_prefix,
+                    request_id, sorted({*report.retention.get("still_present", []), *in_job,
+                                        *(o for sp in report.savepoints for o in sp["objects"])}))
     body = json.dumps(report.to_json(), sort_keys=True, indent=1).encode()
     store.put(paths.erasure_key(job_prefix, request_id), body)
     return report
