@@ -18,7 +18,9 @@ Steps (docs/erasure.md):
    timers, so the epoch's own writes of the key are erased too.
 3. **Retained checkpoints** (``finish_applied``, after the commit): older checkpoints
    still name the old tables and WAL objects. Their files holding the key are found
-   (decoded, ``erasure_scan.object_holds``) and listed in the record; then retention
+   before the epoch runs (``held_before``: only the files whose manifest key bounds may
+   hold it are read, decoded with ``erasure_scan.object_holds``) and listed in the
+   record; then retention
    keeps only the checkpoints from the erasure epoch on (``cleanup.cleanup_job`` with
    ``retain`` = the epochs committed since: the retention floor rises to the epoch
    before it), and its sweep deletes their files. The request is replaced by the
@@ -64,7 +66,8 @@ from dkvstream.operators.runtime.erasure_scan import object_holds, scan_store
 from dkvstream.operators.runtime.pins import Pin, read_pins
 from dkvstream.operators.runtime.savepoints import list_savepoints
 from dkvstream.storage.dkv import DKV
-from dkvstream.storage.dkv.manifest import files_of, load_manifest
+from dkvstream.storage.dkv.manifest import Manifest, decode_manifest, load_manifest
+from dkvstream.storage.dkv.read import prefix_successor
 from dkvstream.storage.errors import CorruptionError, ObjectNotFoundError
 from dkvstream.storage.objectstore import ObjectStore, map_requests
 
@@ -279,35 +282,6 @@ def _holding(store: ObjectStore, keys: Sequence[str], key: bytes) -> dict[str, s
     return {k: h for k, h in zip(keys, map_requests(how, list(keys))) if h is not None}
 
 
-def _state_files_of_group(store: ObjectStore, job_prefix: str, key_group: int) -> list[str]:
-    """Every DKV file listed under the job's ranges (of any operator, any parallelism
-    ever used) whose key-group range holds ``key_group``: named or garbage."""
-    out = []
-    for root in paths.state_listing_roots(job_prefix):
-        for k in store.list(root):
-            parsed = paths.parse_state_key(job_prefix, k)
-            if parsed is not None:
-                try:
-                    if key_group in KeyGroupRange.from_label(parsed[1]):
-                        out.append(k)
-                except ValueError:  # not a range label
-                    continue
-    return sorted(out)
-
-
-def _named_by(store: ObjectStore, ckpt_operators: dict[str, dict[str, str]]) -> set[str]:
-    """The range manifests of a checkpoint and every file they name."""
-    named = set()
-    for ranges in ckpt_operators.values():
-        for mkey in ranges.values():
-            named.add(mkey)
-            try:
-                named.update(files_of(load_manifest(store, mkey)))
-            except (ObjectNotFoundError, CorruptionError):
-                continue
-    return named
-
-
 def release_command(store: ObjectStore, pin: Pin) -> str:
     """The command that releases ``pin``: drop the holder's savepoint, or drop the holder
     (a fork or branch) with its pins."""
@@ -336,30 +310,98 @@ def pins_holding(store: ObjectStore, job_prefix: str, keys: Sequence[str]) -> di
                 for p in pins if k in set(p.keys)] for k in keys}
 
 
+def _may_hold(m: Manifest, key_group: int, key: bytes) -> list[str]:
+    """The files ``m`` names that may hold the subject, from the manifest alone (no
+    request): a table whose key bounds overlap the subject's entries; a clipped table
+    (shared after a rescale, its bounds only its visible keys) or a WAL object written by
+    a range holding the key group (``writer_range``; unknown: kept)."""
+    intervals = [(p, prefix_successor(p)) for p in _subject_filter(key_group, key)[0]]
+    out = []
+    for t in m.levels.all_tables():
+        if t.clip is not None:
+            writer = writer_range(t.key)
+            hit = writer is None or key_group in writer
+        else:
+            hit = any(t.max_key >= lo and (hi is None or t.min_key < hi) for lo, hi in intervals)
+        if hit:
+            out.append(t.key)
+    for w in m.wal:
+        writer = writer_range(w.key)
+        if writer is None or key_group in writer:
+            out.append(w.key)
+    return out
+
+
+def _holding_named(store: ObjectStore, manifests: dict[str, list[int]], key: bytes,
+                   key_group: int) -> dict[str, dict]:
+    """The objects holding ``key`` among ``manifests`` (``{manifest key: [epochs naming
+    it]}``) and the files they name: ``{object: {"how", "named_by": [epochs]}}``. Only
+    files the manifests' key bounds say may hold it are read (``_may_hold``). A manifest
+    that does not read is reported, not skipped: the files it names are unchecked."""
+    data = dict(zip(manifests, map_requests(lambda k: _get_or_none(store, k), list(manifests))))
+    out: dict[str, dict] = {}
+    candidates: dict[str, set[int]] = {}
+    for mkey, body in data.items():
+        if body is None:  # deleted meanwhile (retention): it names nothing any more
+            continue
+        epochs = manifests[mkey]
+        try:
+            m = decode_manifest(body, store.uri(mkey))
+        except CorruptionError as e:
+            out[mkey] = {"how": f"damaged manifest ({e}): the files it names were not checked; "
+                                "restore or delete the checkpoints naming it, then scan the store",
+                         "named_by": sorted(epochs)}
+            continue
+        how = object_holds(store, mkey, body, key)  # a table's bounds, in hex, may be the key's
+        if how is not None:
+            out[mkey] = {"how": how, "named_by": sorted(epochs)}
+        for f in _may_hold(m, key_group, key):
+            candidates.setdefault(f, set()).update(epochs)
+    for f, how in _holding(store, sorted(candidates), key).items():
+        out[f] = {"how": how, "named_by": sorted(candidates[f])}
+    return out
+
+
+def _get_or_none(store: ObjectStore, key: str) -> bytes | None:
+    try:
+        return store.get(key)
+    except ObjectNotFoundError:
+        return None
+
+
 def files_holding(store: ObjectStore, job_prefix: str, key: bytes, key_groups: int,
                   before_epoch: int | None = None) -> dict[str, dict]:
-    """The job's DKV files holding ``key`` now: ``{object: {"how": ..., "named_by": [epochs]}}``
-    (``named_by``: the retained checkpoints, before ``before_epoch`` if given, whose
-    range manifests name the object; ``[]``: garbage no checkpoint names)."""
-    held = _holding(store, _state_files_of_group(store, job_prefix, key_group_of(key, key_groups)), key)
-    out = {k: {"how": how, "named_by": []} for k, how in held.items()}
+    """The job's DKV files the retained checkpoints (before ``before_epoch`` if given)
+    name that hold ``key``: ``{object: {"how": ..., "named_by": [epochs]}}``.
+
+    Only the files whose manifest key bounds overlap the key's entries are read
+    (``_may_hold``); files no retained checkpoint names (garbage) are not looked at:
+    retention's sweep deletes them unread, and the final scan would find any left.
+
+    Cost: one GET per retained checkpoint, one per distinct range manifest of the job they
+    name, and one per candidate file.
+    """
+    kg = key_group_of(key, key_groups)
+    manifests: dict[str, list[int]] = {}
     for e in list_epochs(store, job_prefix):
         if before_epoch is not None and e >= before_epoch:
             continue
         try:
-            named = _named_by(store, read_checkpoint(store, job_prefix, e).operators)
-        except (ObjectNotFoundError, CorruptionError):
+            ckpt = read_checkpoint(store, job_prefix, e)
+        except ObjectNotFoundError:  # expired meanwhile
             continue
-        for k in named & set(out):
-            out[k]["named_by"].append(e)
-    return out
+        for ranges in ckpt.operators.values():
+            for mkey in ranges.values():
+                if mkey.startswith(f"{job_prefix}/"):  # another job's (a fork's parent) is its own to erase
+                    manifests.setdefault(mkey, []).append(e)
+    return _holding_named(store, manifests, key, kg)
 
 
 def held_before(store: ObjectStore, job_prefix: str, requests: Sequence[ErasureRequest],
-                key_groups: int) -> dict[str, dict[str, dict]]:
+                key_groups: int, before_epoch: int | None = None) -> dict[str, dict[str, dict]]:
     """``files_holding`` of each request's key, by request id: what the driver records
     before the erasure epoch runs (the epoch's own retention may delete some of them)."""
-    return {r.id: files_holding(store, job_prefix, r.key, key_groups) for r in requests}
+    return {r.id: files_holding(store, job_prefix, r.key, key_groups, before_epoch) for r in requests}
 
 
 def finish_applied(store: ObjectStore, job_prefix: str, requests: Sequence[ErasureRequest],
@@ -369,13 +411,14 @@ def finish_applied(store: ObjectStore, job_prefix: str, requests: Sequence[Erasu
     ``erasures/<id>.json`` (status ``applied``) and deletes the request (module
     docstring, step 3). Idempotent: a crash before the request's deletion has the next
     epoch serve it again, finding nothing. ``before``: ``held_before`` from before the
-    epoch ran, merged into what is found now.
+    epoch ran (the checkpoints before it named the same files then); None: found now.
 
     Returns:
         The records written.
     """
-    held = {r.id: {**(before or {}).get(r.id, {}), **files_holding(store, job_prefix, r.key, ckpt.key_groups,
-                                                                     ckpt.epoch)} for r in requests}
+    if before is None:
+        before = held_before(store, job_prefix, requests, ckpt.key_groups, ckpt.epoch)
+    held = {r.id: before.get(r.id, {}) for r in requests}
     retention = expire_before(store, job_prefix, ckpt.epoch)
     state = ckpt.metrics.get("erasure", {}).get("ranges", {})
     records = []
@@ -493,9 +536,10 @@ class ErasureReport:
         applied_epoch: the epoch that erased the state, or None.
         state: per ``operator/range``: entries purged, tables rewritten (old -> new),
             WAL objects dropped, by the erasure epoch.
-        held_before: the job's DKV files that still held the key after the erasure
-            epoch's commit, ``{object: {"how", "named_by": [older checkpoint epochs]}}``
-            (``named_by`` empty: garbage); retention then deleted them.
+        held_before: the job's DKV files the checkpoints before the erasure epoch named
+            that held the key, ``{object: {"how", "named_by": [older checkpoint epochs]}}``
+            (``files_holding``; a damaged manifest is listed, its ``how`` says so);
+            retention then deleted them unless pinned.
         retention: what that retention did; ``still_present``: those of them it could
             not delete; ``held_by``: per still-present object, the pins keeping it
             (``pins_holding``: holder, what, pin key, ``release`` command), ``[]`` for one
@@ -563,9 +607,8 @@ def savepoints_holding(store: ObjectStore, job_prefix: str, key: bytes) -> list[
     job = job_prefix.split("/", 1)[1]
     for sp in list_savepoints(store, job):
         kg = key_group_of(key, sp.checkpoint.key_groups)
-        ranges = {op: {label: m for label, m in by_label.items() if kg in KeyGroupRange.from_label(label)}
-                  for op, by_label in sp.checkpoint.operators.items()}
-        objects = sorted(_holding(store, sorted(_named_by(store, ranges)), key))
+        manifests = {m: [sp.checkpoint.epoch] for ranges in sp.checkpoint.operators.values() for m in ranges.values()}
+        objects = sorted(_holding_named(store, manifests, key, kg))
         if objects:
             out.append({"name": sp.name, "objects": objects,
                         "drop": SAVEPOINT_DROP.format(store=store.root_uri, job=job, name=sp.name)})
