@@ -81,15 +81,20 @@ def test_erase_prefixes_matches_model_and_leaves_no_bytes(ops, prefixes, suffix,
         reopened.close()
 
 
-def test_erase_prefixes_rewrites_a_shared_table_of_a_rescale():
-    """A range opened from its parent names the parent's table clipped; the purge writes
-    the range's own table holding only its visible keys, and the parent's is no longer named."""
+def _parent_of_40() -> tuple[MemoryObjectStore, str]:
+    """A store and the manifest of a range holding k00 .. k39 in one table."""
     store = MemoryObjectStore()
     parent = DKV.open(store, "p", options=OPTIONS)
     for i in range(40):
         parent.put(b"k%02d" % i, b"v%d" % i)
     parent.flush()
-    pkey = parent.checkpoint("p1")
+    return store, parent.checkpoint("p1")
+
+
+def test_erase_prefixes_rewrites_a_shared_table_of_a_rescale():
+    """A range opened from its parent names the parent's table clipped; the purge writes
+    the range's own table holding only its visible keys, and the parent's is no longer named."""
+    store, pkey = _parent_of_40()
     child = DKV.open_from_parents(store, "c", [pkey], (b"k10", b"k30"), OPTIONS)
     old = {t.key for t in child.levels.all_tables()}
     result = child.erase_prefixes([b"k15"])
@@ -111,12 +116,7 @@ def test_erase_prefixes_in_a_sibling_range_rewrites_the_shared_file_holding_the_
     """After a split, both halves name the parent's one file. Erasing k15 in the half
     whose clip hides it still rewrites that file as the half's own table (the file holds
     k15's bytes); each half reads as before, and no file either names holds k15."""
-    store = MemoryObjectStore()
-    parent = DKV.open(store, "p", options=OPTIONS)
-    for i in range(40):
-        parent.put(b"k%02d" % i, b"v%d" % i)
-    parent.flush()
-    pkey = parent.checkpoint("p1")
+    store, pkey = _parent_of_40()
     named = set()
     for name, (lo, hi), erased in (("a", (b"k00", b"k10"), set()), ("b", (b"k10", b"k30"), {15})):
         half = DKV.open_from_parents(store, name, [pkey], (lo, hi), OPTIONS)
