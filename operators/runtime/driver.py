@@ -592,7 +592,8 @@ class JobRunner:
         release_lease(self.store, self.job.prefix, lease)
         consume_flush_requests(self.store, flushes)
         if erasures:  # retained checkpoints before this one expire (dkvstream.operators.runtime.erasure)
-            finish_applied(self.store, self.job.prefix, erasures, ckpt, held)
+            # Incremental: a LIST of the job's files is complete_erasure's to pay, if needed.
+            finish_applied(self.store, self.job.prefix, erasures, ckpt, held, full_sweep=False)
         return result, ckpt
 
     def _pending_erasures(self) -> list:

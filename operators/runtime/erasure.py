@@ -60,7 +60,7 @@ from dkvstream.operators.runtime.checkpoints import (
     list_epochs,
     read_checkpoint,
 )
-from dkvstream.operators.runtime.cleanup import CleanupReport, cleanup_job
+from dkvstream.operators.runtime.cleanup import CleanupReport, IncrementalRetention, cleanup_job
 from dkvstream.operators.runtime.control import acquire_lease, read_lease, release_lease
 from dkvstream.operators.runtime.erasure_scan import object_holds, scan_store
 from dkvstream.operators.runtime.pins import Pin, read_pins
@@ -262,13 +262,21 @@ def erase_subjects(db: DKV, subjects: Sequence[tuple[int, bytes]]) -> dict:
 
 
 # ------------------------------------------------------------------- after the commit
-def expire_before(store: ObjectStore, job_prefix: str, epoch: int) -> CleanupReport:
+def expire_before(store: ObjectStore, job_prefix: str, epoch: int, *, full_sweep: bool = True) -> CleanupReport:
     """Retention with its floor just below ``epoch``: keeps the checkpoints of ``epoch``
-    and later, deletes the older ones and then, in the same sweep, every file only they
-    named (``cleanup.cleanup_job``, concurrent: it defers file deletion while another
-    epoch is in flight; run it again then)."""
+    and later, deletes the older ones and then every file only they named.
+
+    ``full_sweep``: with the full sweep (``cleanup.cleanup_job``, concurrent: it LISTs
+    the job's files and defers file deletion while another epoch is in flight; run it
+    again then); else incrementally (``cleanup.IncrementalRetention``: one GET per
+    retained checkpoint, the files the checkpoints recorded as dropped deleted in
+    batches, no LIST of the job's files; it falls back to the full sweep when the drops
+    are unknown, e.g. the erasure epoch also rescaled). Both never delete a pinned file.
+    """
     retain = max(1, sum(1 for e in list_epochs(store, job_prefix) if e >= epoch))
-    return cleanup_job(store, job_prefix, retain, concurrent=True)
+    if full_sweep:
+        return cleanup_job(store, job_prefix, retain, concurrent=True)
+    return IncrementalRetention(store, job_prefix, retain).apply()
 
 
 def _holding(store: ObjectStore, keys: Sequence[str], key: bytes) -> dict[str, str]:
@@ -405,13 +413,16 @@ def held_before(store: ObjectStore, job_prefix: str, requests: Sequence[ErasureR
 
 
 def finish_applied(store: ObjectStore, job_prefix: str, requests: Sequence[ErasureRequest],
-                   ckpt: JobCheckpoint, before: dict[str, dict[str, dict]] | None = None) -> list[dict]:
+                   ckpt: JobCheckpoint, before: dict[str, dict[str, dict]] | None = None, *,
+                   full_sweep: bool = True) -> list[dict]:
     """After the commit of erasure epoch ``ckpt``: records, per request, what held the key
     in the checkpoints before it, expires them (``expire_before``), writes the record
     ``erasures/<id>.json`` (status ``applied``) and deletes the request (module
     docstring, step 3). Idempotent: a crash before the request's deletion has the next
     epoch serve it again, finding nothing. ``before``: ``held_before`` from before the
     epoch ran (the checkpoints before it named the same files then); None: found now.
+    ``full_sweep``: how retention runs (``expire_before``; the driver's is incremental,
+    and ``complete_erasure`` sweeps fully if some file is still present).
 
     Returns:
         The records written.
@@ -419,7 +430,7 @@ def finish_applied(store: ObjectStore, job_prefix: str, requests: Sequence[Erasu
     if before is None:
         before = held_before(store, job_prefix, requests, ckpt.key_groups, ckpt.epoch)
     held = {r.id: before.get(r.id, {}) for r in requests}
-    retention = expire_before(store, job_prefix, ckpt.epoch)
+    retention = expire_before(store, job_prefix, ckpt.epoch, full_sweep=full_sweep)
     state = ckpt.metrics.get("erasure", {}).get("ranges", {})
     records = []
     for r in requests:

@@ -221,9 +221,9 @@ def test_a_deferred_sweep_is_finished_by_complete_erasure(tmp_path, monkeypatch)
     real = erasure.expire_before
     leases = []
 
-    def with_an_epoch_in_flight(store_, prefix_, epoch):
+    def with_an_epoch_in_flight(store_, prefix_, epoch, **kw):
         leases.append(acquire_lease(store_, prefix_, epoch + 1))
-        return real(store_, prefix_, epoch)
+        return real(store_, prefix_, epoch, **kw)
 
     monkeypatch.setattr(erasure, "expire_before", with_an_epoch_in_flight)
     [record] = erasure.apply_offline(store, prefix)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from dkvstream.operators import paths
 from dkvstream.operators.runtime import erasure
 from dkvstream.operators.runtime.checkpoints import list_epochs, read_checkpoint
 from dkvstream.operators.runtime.driver import JobRunner
@@ -57,3 +58,26 @@ def test_a_damaged_manifest_is_reported_not_skipped(tmp_path):
     store.put(mkey, b"not a manifest")
     held = erasure.files_holding(store, prefix, KEY, key_groups)
     assert "damaged manifest" in held[mkey]["how"] and first in held[mkey]["named_by"]
+
+
+def test_the_erasure_epoch_expires_older_checkpoints_without_listing_the_state(tmp_path):
+    """The driver's retention after the erasure epoch is incremental (what the checkpoints
+    recorded as dropped): no LIST of the job's state files, and the state holds the key
+    nowhere afterwards (the scan, the oracle)."""
+    with skc.runner(str(tmp_path)) as r:
+        r.run(max_epochs=3)
+        store, prefix = r.store, r.job.prefix
+        erasure.request_erasure(store, prefix, KEY)
+        listed: list[str] = []
+        real_list = store.list
+
+        def counting_list(p, *a, **kw):
+            listed.append(p)
+            return real_list(p, *a, **kw)
+
+        store.list = counting_list
+        [result] = r.run(max_epochs=1)
+        store.list = real_list
+    assert list_epochs(store, prefix) == [result.epoch]
+    assert not set(listed) & set(paths.state_listing_roots(prefix)), listed  # the full sweep's LIST
+    assert scan_store(store, KEY, f"{prefix}/state/").holding == []
