@@ -20,16 +20,20 @@ Steps (docs/erasure.md):
    still name the old tables and WAL objects. Their files holding the key are found
    before the epoch runs (``held_before``: only the files whose manifest key bounds may
    hold it are read, decoded with ``erasure_scan.object_holds``) and listed in the
-   record; then retention
-   keeps only the checkpoints from the erasure epoch on (``cleanup.cleanup_job`` with
-   ``retain`` = the epochs committed since: the retention floor rises to the epoch
-   before it), and its sweep deletes their files. The request is replaced by the
-   record ``jobs/<job>/erasures/<id>.json``, which holds the key's SHA-256, never the key.
+   record; then retention keeps only the checkpoints from the erasure epoch on
+   (``expire_before`` with ``retain`` = the epochs committed since: the retention floor
+   rises to the epoch before it) and deletes their files: incrementally in the driver,
+   with the full sweep in ``apply_offline`` and ``complete_erasure``. The request is
+   replaced by the record ``jobs/<job>/erasures/<id>.json``, which holds the key's
+   SHA-256, never the key.
 4. **Sinks** (``complete_erasure``): each sink of the job and the dead-letter table
    erase the rows whose key column holds the key (``Sink.erase_rows``, by the column
    ``Sink.erasure_column`` names; a sink that cannot is reported as skipped).
-5. **Savepoints**: never rewritten. The report names each savepoint whose files still
-   hold the key and the command that drops it; once dropped, its files are garbage.
+5. **Pins and savepoints**: savepoints are never rewritten, and no pinned file is
+   deleted. The report names each savepoint whose files still hold the key and the
+   command that drops it, and for each file still present the pins keeping it (a
+   savepoint of this or another job, a fork, a branch: ``pins_holding``) with the
+   command releasing each; the status is ``held`` until nothing does.
 6. **Scan** (``erasure_scan.scan_store``): every object under a prefix, raw and decoded.
 
 A restart after an erasure runs from the erasure epoch's checkpoint (or a later one): the
@@ -422,7 +426,7 @@ def finish_applied(store: ObjectStore, job_prefix: str, requests: Sequence[Erasu
     epoch serve it again, finding nothing. ``before``: ``held_before`` from before the
     epoch ran (the checkpoints before it named the same files then); None: found now.
     ``full_sweep``: how retention runs (``expire_before``; the driver's is incremental,
-    and ``complete_erasure`` sweeps fully if some file is still present).
+    and ``complete_erasure`` then runs the full sweep).
 
     Returns:
         The records written.
@@ -635,7 +639,8 @@ def job_sinks(job: Job) -> dict:
 def complete_erasure(store: ObjectStore, job_prefix: str, request_id: str, key: bytes, *,
                      sinks: dict | None = None, key_column: str | None = None,
                      scan_prefix: str | None = "") -> ErasureReport:
-    """Finishes an applied erasure: sinks, savepoints, the scan, the report.
+    """Finishes an applied erasure: the full retention sweep (``expire_before``), sinks,
+    savepoints, the scan, the report.
 
     Args:
         store: the job's object store.
@@ -662,11 +667,12 @@ def complete_erasure(store: ObjectStore, job_prefix: str, request_id: str, key: 
         raise ValueError(f"{job_prefix}: erasure {request_id} is of another key (SHA-256 {report.key_sha256})")
     if report.status == "pending":
         return report
-    if report.retention.get("still_present"):  # deferred or pinned: sweep again, then say what holds it
-        cleanup = expire_before(store, job_prefix, report.applied_epoch)
-        report.retention["deferred"] = cleanup.deferred
-        report.retention["still_present"] = [k for k in report.retention["still_present"] if store.exists(k)]
-        report.retention["held_by"] = pins_holding(store, job_prefix, report.retention["still_present"])
+    # The full sweep, which the driver leaves to this call: it also deletes what no checkpoint
+    # recorded (a failed task attempt's files); then say what still holds the key.
+    cleanup = expire_before(store, job_prefix, report.applied_epoch)
+    report.retention["deferred"] = cleanup.deferred
+    report.retention["still_present"] = [k for k in report.retention.get("still_present", []) if store.exists(k)]
+    report.retention["held_by"] = pins_holding(store, job_prefix, report.retention["still_present"])
     for name, sink in sorted((sinks or {}).items()):
         if key_column is None:
             report.sinks[name] = {"skipped": "no key column given"}
