@@ -129,3 +129,32 @@ def test_erase_prefixes_in_a_sibling_range_rewrites_the_shared_file_holding_the_
         named |= {t.key for t in manifest.levels.all_tables()}
     assert named and all(b"k15" not in _table_keys(store, k) for k in named)
     assert all(k.startswith(("a/", "b/")) for k in named)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(present=st.sets(st.integers(0, 59), min_size=1), cuts=st.sets(st.integers(1, 59), max_size=3),
+       erased=st.integers(0, 59), flushes=st.sets(st.integers(0, 59), max_size=4))
+def test_erase_prefixes_in_every_range_of_a_split_leaves_no_file_holding_the_key(present, cuts, erased, flushes):
+    """A range split at random points, the erasure sent to every part: each part reads as
+    the model without the key, and no table any part names holds it (a file the parts
+    share included)."""
+    store = MemoryObjectStore()
+    parent = DKV.open(store, "p", options=OPTIONS)
+    for i in sorted(present):
+        parent.put(b"k%02d" % i, b"v%d" % i)
+        if i in flushes:
+            parent.flush()
+    parent.flush()
+    pkey = parent.checkpoint("p1")
+    bounds = [b""] + [b"k%02d" % c for c in sorted(cuts)] + [None]
+    target = b"k%02d" % erased
+    for n, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+        part = DKV.open_from_parents(store, f"c{n}", [pkey], (lo, hi), OPTIONS)
+        part.erase_prefixes([target])
+        want = [(b"k%02d" % i, b"v%d" % i) for i in sorted(present)
+                if i != erased and b"k%02d" % i >= lo and (hi is None or b"k%02d" % i < hi)]
+        assert list(part.scan_range(b"", None)) == want
+        manifest = load_manifest(store, part.checkpoint("c1"))
+        part.close()
+        for t in manifest.levels.all_tables():
+            assert target not in _table_keys(store, t.key), (t.key, lo, hi)
