@@ -84,7 +84,10 @@ _TIMER_SCHEMAS = (SCHEMA_TIMER, SCHEMA_PROCESSING_TIMER)
 _TIMER_KEY_HEAD = 11  # key group u16, schema u8, timestamp u64 (dkvstream.operators.runtime.timers)
 SAVEPOINT_DROP = "python -m dkvstream.operators.tools.savepoints --store {store} drop {job} {name}"
 FORK_DROP = "python -m dkvstream.operators.tools.savepoints --store {store} drop-fork {child}"
-SAVEPOINT_PIN = "savepoint-"  # a savepoint's pin's ``what`` (savepoints.py); any other: a fork's or branch's
+SAVEPOINT_PIN = "savepoint-"  # a savepoint's pin's ``what`` (savepoints.py)
+RESTORE_PIN = "restore-"  # a restore's pin on the job's own files (savepoints.restore); any other: a fork's
+RESTORE_RELEASE = ("none needed: the job's next full retention sweep deletes it (the garbage_collection "
+                   "job, or complete_erasure again)")
 
 
 # ----------------------------------------------------------------------------- requests
@@ -296,9 +299,11 @@ def _holding(store: ObjectStore, keys: Sequence[str], key: bytes) -> dict[str, s
 
 def release_command(store: ObjectStore, pin: Pin) -> str:
     """The command that releases ``pin``: drop the holder's savepoint, or drop the holder
-    (a fork or branch) with its pins."""
+    (a fork or branch) with its pins; a restore's pin needs none (``RESTORE_RELEASE``)."""
     if pin.what.startswith(SAVEPOINT_PIN):
         return SAVEPOINT_DROP.format(store=store.root_uri, job=pin.holder, name=pin.what[len(SAVEPOINT_PIN):])
+    if pin.what.startswith(RESTORE_PIN):
+        return RESTORE_RELEASE
     return FORK_DROP.format(store=store.root_uri, child=pin.holder)
 
 
