@@ -19,6 +19,19 @@ KEY = b"k199"
 OPTIONS = dataclasses.replace(skc.OPTIONS, target_file_bytes=1 << 10, level_base_bytes=4 << 10)
 
 
+def _record(store, method: str) -> list[str]:
+    """Makes ``store.<method>`` record the key (or prefix) of each call in the list returned."""
+    calls: list[str] = []
+    real = getattr(store, method)
+
+    def recording(key, *a, **kw):
+        calls.append(key)
+        return real(key, *a, **kw)
+
+    setattr(store, method, recording)
+    return calls
+
+
 def test_held_before_reads_only_files_whose_bounds_may_hold_the_key(tmp_path):
     with JobRunner(skc.job(), None, str(tmp_path), dkv_options=OPTIONS, retain_checkpoints=3) as r:
         r.run(max_epochs=4)
@@ -30,14 +43,7 @@ def test_held_before_reads_only_files_whose_bounds_may_hold_the_key(tmp_path):
     assert want
     erasure.request_erasure(store, prefix, KEY)
     requests = erasure.pending_erasures(store, prefix)
-    got_keys: list[str] = []
-    get = store.get
-
-    def counting_get(key, *a, **kw):
-        got_keys.append(key)
-        return get(key, *a, **kw)
-
-    store.get = counting_get
+    got_keys = _record(store, "get")
     [held] = erasure.held_before(store, prefix, requests, key_groups).values()
     assert set(held) == want
     kg_range = erasure.writer_range(next(iter(want)))
@@ -68,16 +74,9 @@ def test_the_erasure_epoch_expires_older_checkpoints_without_listing_the_state(t
         r.run(max_epochs=3)
         store, prefix = r.store, r.job.prefix
         erasure.request_erasure(store, prefix, KEY)
-        listed: list[str] = []
-        real_list = store.list
-
-        def counting_list(p, *a, **kw):
-            listed.append(p)
-            return real_list(p, *a, **kw)
-
-        store.list = counting_list
+        listed = _record(store, "list")
         [result] = r.run(max_epochs=1)
-        store.list = real_list
+        del store.list  # the class's again
     assert list_epochs(store, prefix) == [result.epoch]
     assert not set(listed) & set(paths.state_listing_roots(prefix)), listed  # the full sweep's LIST
     assert scan_store(store, KEY, f"{prefix}/state/").holding == []
