@@ -74,6 +74,10 @@ def erase_key(context: OpExecutionContext, config: ErasureConfig, object_store: 
                                       scan_prefix=config.scan_prefix if config.scan else None)
     if report.status == "pending":
         context.log.warning(f"job {config.job}: erasure {rid} not served yet; run again with request_id={rid}")
+    elif report.status == "held":
+        context.log.warning(f"job {config.job}: erasure {rid}: pins still keep files holding the key (metadata "
+                            f"held_by and savepoints_holding name the commands that release them); release them "
+                            f"and run again with request_id={rid}")
     holding = [] if report.scan is None else report.scan["holding"]
     metadata = {
         "request_id": MetadataValue.text(rid),
@@ -82,6 +86,7 @@ def erase_key(context: OpExecutionContext, config: ErasureConfig, object_store: 
         "key_sha256": MetadataValue.text(report.key_sha256),
         "objects_that_held": MetadataValue.json(report.objects_that_held()),
         "savepoints_holding": MetadataValue.json(report.savepoints),
+        "held_by": MetadataValue.json(report.retention.get("held_by", {})),
         "sinks": MetadataValue.json(report.sinks),
         "scan_holding": MetadataValue.json(holding),
         "scan_objects": MetadataValue.int(0 if report.scan is None else report.scan["objects_scanned"]),

@@ -96,10 +96,10 @@ from dkvstream.operators.runtime.control import (
     release_lease,
 )
 from dkvstream.operators.runtime.erasure import (
+    erasure_targets,
     finish_applied,
     held_before,
-    in_range,
-    pending_erasures,
+    read_erasure_requests,
     subjects_of,
 )
 from dkvstream.operators.runtime.event_time import (
@@ -265,6 +265,7 @@ class JobRunner:
         self._retention_damage: list[str] = []  # found by retention, for the next checkpoint
         self._task_dead_letters: list[str] = []  # staged by the epoch's tasks (_run_stages)
         self._erasing: list = []  # erasure requests the epoch in flight serves (_run_leased)
+        self._erasure_skipped: dict[str, str] = {}  # malformed request objects: {key: why}
         self._exchange: Exchange | None = None  # the epoch's data plane (_read_events)
         self._screened: DeadLetterResult | None = None  # the dead-letter task's (_run_stages)
         self.last_cleanup: CleanupReport | None = None
@@ -427,7 +428,7 @@ class JobRunner:
                 return True
         if not continuous:
             return False
-        if pending_erasures(self.store, self.job.prefix):  # served by an epoch without input
+        if self._pending_erasures():  # served by an epoch without input
             return True
         # The quiet watermark moves with every look: only the reasons above run an epoch for it.
         unquiet = dataclasses.replace(inputs, plan=dataclasses.replace(plan, quiet_since_ms=None))
@@ -582,7 +583,7 @@ class JobRunner:
         # Requests seen now are served by this epoch; the lease keeps a concurrent
         # cleanup off the files the tasks write before the commit (dkvstream.operators.runtime.control).
         flushes = pending_flush_requests(self.store, self.job.prefix)
-        erasures = pending_erasures(self.store, self.job.prefix)
+        erasures = self._pending_erasures()
         self._erasing = erasures
         lease = acquire_lease(self.store, self.job.prefix, ckpt.epoch + 1)
         try:
@@ -600,8 +601,19 @@ class JobRunner:
         release_lease(self.store, self.job.prefix, lease)
         consume_flush_requests(self.store, flushes)
         if erasures:  # retained checkpoints before this one expire (dkvstream.operators.runtime.erasure)
-            finish_applied(self.store, self.job.prefix, erasures, ckpt, held)
+            # Incremental: a LIST of the job's files is complete_erasure's to pay, if needed.
+            finish_applied(self.store, self.job.prefix, erasures, ckpt, held, full_sweep=False)
         return result, ckpt
+
+    def _pending_erasures(self) -> list:
+        """The pending erasure requests (``erasure.read_erasure_requests``). A malformed
+        request object is skipped, never fatal: warned about once per object, and named
+        in each epoch's ``metrics["erasure_skipped"]`` while it stays."""
+        requests, skipped = read_erasure_requests(self.store, self.job.prefix)
+        for key in sorted(skipped.keys() - self._erasure_skipped.keys()):
+            log.warning("job %s: %s", self.job.name, skipped[key])
+        self._erasure_skipped = skipped
+        return requests
 
     def _drain_plan(self, ckpt: JobCheckpoint) -> EpochPlan:
         """The drain epoch's plan: nothing read (each partition's range is empty at its
@@ -811,6 +823,8 @@ class JobRunner:
             metrics["erasure"] = {"requests": [r.id for r in self._erasing], "ranges": {
                 op: {res.range_label: res.metrics["erased"] for res in rs if "erased" in res.metrics}
                 for op, rs in results.items()}}
+        if self._erasure_skipped:
+            metrics["erasure_skipped"] = dict(self._erasure_skipped)
         self._check_dead_letters(epoch, metrics["dead_letter"], results, outputs)
         metrics["driver_bytes_received"] = received
         metrics["live"] = live_metrics(now_ms=self._now_ms())  # at the commit
@@ -916,6 +930,7 @@ class JobRunner:
             rescaled = bool(previous) and (old_ranges != ranges or any(
                 not m.startswith(f"{self.job.prefix}/") for m in previous.values()))
             next_parallelism = None if last else self.job.parallelism_of(self.job.operators[i + 1].name)
+            erase = erasure_targets(self.store, previous, ranges, subjects_of(self._erasing, self.job.key_groups))
             specs = [
                 TaskSpec(
                     job_prefix=self.job.prefix, epoch=epoch, op_index=i, range_index=r,
@@ -935,7 +950,7 @@ class JobRunner:
                     layout=ckpt.layout,
                     processing_time=processing_time,
                     state_schemas=self._state_schemas.get(op.name),
-                    erase=in_range(subjects_of(self._erasing, self.job.key_groups), kr),
+                    erase=erase[r],
                 )
                 for r, kr in enumerate(ranges)
             ]

@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         report = erasure.complete_erasure(store, prefix, a.id, parse_bytes(a.key, a.hex), sinks=sinks,
                                           key_column=a.key_column, scan_prefix=None if a.no_scan else a.scan_prefix)
         out.write(json.dumps(report.to_json(), indent=1, sort_keys=True) + "\n")
-        return 1 if report.scan and report.scan["holding"] else 0
+        return 1 if report.status == "held" or (report.scan and report.scan["holding"]) else 0
 
     return run_command(command, (ValueError, LookupError))
 

@@ -13,8 +13,12 @@ bottommost rewrite; here the same result comes in one step, without a range tomb
    previous manifests only);
 3. every table holding a matching entry, in any level, is rewritten without it, in its
    place in its level (``LevelList.with_replaced``); a table left empty leaves the level.
-   A shared table of a rescale (``clip``) is rewritten as this instance's own table,
-   holding only the keys the clip shows.
+   A shared table of a rescale (``clip``) is tested as the file it is, keys outside
+   the clip included: the file holds the bytes of every range it was split among, so a
+   sibling range whose clip hides the key still names a file holding it. Such a table is
+   rewritten as this instance's own table, holding only the keys the clip shows (the
+   erasure sends its subjects to every range naming such a file,
+   ``dkvstream.operators.runtime.erasure.erasure_targets``).
 
 Entries match when their key starts with one of ``prefixes`` and, if given, ``where(key)``
 holds (a timer key holds its subject key after its timestamp, not as a prefix). Every
@@ -24,7 +28,8 @@ objects (``DKV.dropped_at_checkpoint``); they are garbage once no retained check
 names the manifests before it (``dkvstream.operators.runtime.cleanup``).
 
 Cost: one GET per table overlapping a prefix (its blocks of the prefix's key interval are
-read to find a match), and for each table holding a match, one GET of it whole and one
+read to find a match; a clipped table's visible bounds say nothing of the file's other
+keys, so its index is read too), and for each table holding a match, one GET of it whole and one
 PUT of its rewrite; plus the flush's one PUT per non-empty memtable.
 """
 
@@ -82,10 +87,12 @@ def discard_from_memtables(memtables: Iterable[Memtable], prefixes: Sequence[byt
 
 def _matches(tables: TableStore, t: TableInfo, intervals: list[tuple[bytes, bytes | None]],
              where: Callable[[bytes], bool] | None) -> bool:
+    """Whether the FILE of ``t`` holds a matching entry: a clipped table's keys outside
+    its clip count (module docstring, step 3); its bounds are then only the visible ones."""
     for lo, hi in intervals:
-        if t.max_key < lo or (hi is not None and t.min_key >= hi):
+        if t.clip is None and (t.max_key < lo or (hi is not None and t.min_key >= hi)):
             continue
-        for k, _seq, _v in tables.iter_table(t, lo, hi):  # a clipped table: its visible keys
+        for k, _seq, _v in tables.reader(t).iter_from(lo, hi):  # the file, unclipped
             if where is None or where(k):
                 return True
     return False

@@ -12,6 +12,7 @@ from dkvstream.operators.runtime.cleanup import cleanup_job
 from dkvstream.operators.runtime.control import acquire_lease, release_lease
 from dkvstream.operators.runtime.driver import JobRunner
 from dkvstream.operators.runtime.erasure_scan import scan_store
+from dkvstream.operators.runtime.forks import fork_job
 from dkvstream.operators.runtime.savepoints import drop_savepoint, savepoint
 from dkvstream.storage import faults
 from dkvstream.storage.objectstore import open_object_store
@@ -135,11 +136,37 @@ def test_report_names_a_savepoint_still_holding_the_key_and_how_to_drop_it(tmp_p
     report = erasure.complete_erasure(store, prefix, rid, KEY, sinks=erasure.job_sinks(r.job), key_column="key",
                                       scan_prefix=f"{prefix}/")
     assert [sp["name"] for sp in report.savepoints] == ["nightly"]
+    assert report.status == "held"  # not "complete" while the savepoint holds it
     still = {h["key"] for h in report.scan["holding"]}
     assert still and still <= set(held["objects"])  # only the savepoint's state files
     drop_savepoint(store, "small_count", "nightly")
     cleanup_job(store, prefix, retain=1)
     assert scan_store(store, KEY, f"{prefix}/").holding == []  # dropped and swept: gone
+    again = erasure.complete_erasure(store, prefix, rid, KEY, scan_prefix=f"{prefix}/")
+    assert (again.status, again.savepoints, again.retention["still_present"]) == ("complete", [], [])
+
+
+def test_report_names_the_fork_whose_pin_keeps_a_file_holding_the_key(tmp_path):
+    """A fork's pin keeps the parent's files the erasure would delete: the report names,
+    per still-present file, the fork's pin and the command that drops the fork, and the
+    status is "held", not "complete"."""
+    with skc.runner(str(tmp_path)) as r:
+        r.run(max_epochs=3)
+        store, prefix = r.store, r.job.prefix
+    fork_job(store, "small_count", "small_count_fork", epoch=3)
+    rid = erasure.request_erasure(store, prefix, KEY)
+    [record] = erasure.apply_offline(store, prefix)
+    still = record["retention"]["still_present"]
+    assert still  # the fork names the parent's files holding the key
+    drop = f"python -m dkvstream.operators.tools.savepoints --store {store.root_uri} drop-fork small_count_fork"
+    for k in still:
+        [pin] = record["retention"]["held_by"][k]
+        assert (pin["holder"], pin["what"], pin["release"]) == ("small_count_fork", "fork", drop)
+        assert store.exists(pin["pin"])
+    report = erasure.complete_erasure(store, prefix, rid, KEY, sinks=erasure.job_sinks(r.job), key_column="key",
+                                      scan_prefix=f"{prefix}/")
+    assert report.status == "held" and set(report.retention["held_by"]) == set(still)
+    assert {h["key"] for h in report.scan["holding"]} <= set(still)
 
 
 def test_a_rescale_epoch_serves_the_request(tmp_path):
@@ -194,9 +221,9 @@ def test_a_deferred_sweep_is_finished_by_complete_erasure(tmp_path, monkeypatch)
     real = erasure.expire_before
     leases = []
 
-    def with_an_epoch_in_flight(store_, prefix_, epoch):
+    def with_an_epoch_in_flight(store_, prefix_, epoch, **kw):
         leases.append(acquire_lease(store_, prefix_, epoch + 1))
-        return real(store_, prefix_, epoch)
+        return real(store_, prefix_, epoch, **kw)
 
     monkeypatch.setattr(erasure, "expire_before", with_an_epoch_in_flight)
     [record] = erasure.apply_offline(store, prefix)
@@ -205,3 +232,24 @@ def test_a_deferred_sweep_is_finished_by_complete_erasure(tmp_path, monkeypatch)
     release_lease(store, prefix, leases[0])
     report = erasure.complete_erasure(store, prefix, rid, KEY, scan_prefix=f"{prefix}/state/")
     assert report.retention["still_present"] == [] and report.scan["holding"] == []
+
+
+def test_malformed_request_objects_are_skipped_and_named_in_the_epoch_metrics(tmp_path, caplog):
+    """Objects under the request prefix that are not requests (written by something else
+    than ``request_erasure``) do not stop the job: the valid request is served, the bad
+    ones are named in the epoch's metrics and a warning, and left for the user to delete."""
+    with skc.runner(str(tmp_path / "job")) as r:
+        r.run(max_epochs=2)
+        store, prefix = r.store, r.job.prefix
+        bad = {f"{prefix}/control/erase/garbage.json": b"{not json",
+               f"{prefix}/control/erase/no-key.json": b'{"id": "x", "requested_at_ms": 1}'}
+        for k, v in bad.items():
+            store.put(k, v)
+        rid = erasure.request_erasure(store, prefix, KEY)
+        with caplog.at_level("WARNING"):
+            [result] = r.run(max_epochs=1)
+    assert erasure.read_report(store, prefix, rid).applied_epoch == result.epoch == 3
+    skipped = read_checkpoint(store, prefix, 3).metrics["erasure_skipped"]
+    assert set(skipped) == set(bad) and all("delete it" in why for why in skipped.values())
+    assert all(k in caplog.text for k in bad)
+    assert erasure.pending_erasures(store, prefix) == [] and all(store.exists(k) for k in bad)
