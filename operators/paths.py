@@ -48,6 +48,7 @@ in its checkpoints, ``JobCheckpoint.layout``; ``Job.key_layout`` chooses it for 
 from __future__ import annotations
 
 import re
+import uuid
 
 import xxhash
 
@@ -265,10 +266,26 @@ def pins_prefix(job: str) -> str:
     return f"{job}/pins/"
 
 
-def pin_key(owner: str, holder: str, what: str) -> str:
+def pin_key(owner: str, holder: str, what: str, token: str = "") -> str:
     """Key of the pin job ``holder`` (a name) holds on files of the job under ``owner``
-    (``jobs/<name>``), for ``what`` (``fork``, ``savepoint-<name>``)."""
-    return f"{pins_prefix(owner)}{holder}--{what}.json"
+    (``jobs/<name>``), for ``what`` (``fork``, ``savepoint-<name>``, ``restore-<epoch>``):
+    ``<holder>--<what>.json``, or ``<holder>--<what>--<token>.json`` for a pin written
+    under a unique ``token`` (16 hex digits, ``new_token``), which no other write reuses."""
+    return f"{pins_prefix(owner)}{holder}--{what}{f'--{token}' if token else ''}.json"
+
+
+def new_token() -> str:
+    """A unique token for a pin key (16 hex digits)."""
+    return uuid.uuid4().hex[:16]
+
+
+def pin_name(key: str) -> tuple[str, str]:
+    """``("<holder>--<what>", token)`` of a pin key (token "" for a pin without one)."""
+    stem = key.rsplit("/", 1)[-1].removesuffix(".json")
+    head, sep, token = stem.rpartition("--")
+    if sep and len(token) == 16 and all(c in "0123456789abcdef" for c in token) and "--" in head:
+        return head, token
+    return stem, ""
 
 
 def fork_record_key(job: str) -> str:

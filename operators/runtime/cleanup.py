@@ -182,7 +182,8 @@ def cleanup_job(store: ObjectStore, job_prefix: str, retain: int, *, concurrent:
     if report.deferred or len(retained) < len(kept):
         return report
     try:  # after the expired checkpoints went (pins.py, "Why writing a pin is race-free")
-        pinned = pins.pinned_keys(own, job_prefix)
+        held = pins.read_pins(own, job_prefix)
+        pinned = {k for p in held for k in p.keys}
     except CorruptionError as err:
         _damaged(report, job_prefix, f"{err}; no file is collected")
         return report
@@ -217,6 +218,7 @@ def cleanup_job(store: ObjectStore, job_prefix: str, retain: int, *, concurrent:
         report.files_deleted += 1
     report.abandoned_writes_removed = store.remove_abandoned_writes(f"{job_prefix}/", ABANDONED_WRITE_AGE_S)
     if not report.damaged:
+        pins.delete_pins(own, pins.released_restore_pins(held, job_prefix.split("/", 1)[1], kept[-1]))
         try:
             _shrink_checkpoint_pins(own, job_prefix, retained)
         except (ObjectNotFoundError, CorruptionError) as err:  # nothing shrunk: pins only keep more

@@ -26,6 +26,7 @@ the commit (two PUTs and a LIST); 0 bytes of state copied, whatever its size.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 
 from dkvstream.operators import paths
@@ -33,7 +34,14 @@ from dkvstream.operators.api.job import Job
 from dkvstream.operators.api.state_schema import evolve_job
 from dkvstream.operators.runtime import pins
 from dkvstream.operators.runtime.checkpoints import JobCheckpoint, commit_checkpoint, read_commit_log
-from dkvstream.operators.runtime.savepoints import as_store, get_savepoint, job_name, retained_checkpoint
+from dkvstream.operators.runtime.savepoints import (
+    as_store,
+    job_name,
+    retained_checkpoint,
+    still_there,
+    usable_savepoint,
+)
+from dkvstream.storage.errors import ObjectExistsError
 from dkvstream.storage.objectstore import ObjectStore
 
 
@@ -54,11 +62,13 @@ def fork_job(store: ObjectStore | str, parent: Job | str, child: Job | str, *,
         The child's first checkpoint (committed).
 
     Raises:
-        ValueError: the child has checkpoints already, the same name as the parent, both
-            ``savepoint`` and ``epoch`` are given, no such savepoint or checkpoint, or the
-            key groups differ.
+        ValueError: the child has checkpoints or a fork record already (another fork into
+            it, or a dropped fork), the same name as the parent, both ``savepoint`` and
+            ``epoch`` are given, no such savepoint or checkpoint (or it is still being
+            taken), or the key groups differ.
         StateSchemaError: the child's state declarations cannot read the parent's state.
-        PinError: the parent's checkpoint expired while its files were being pinned.
+        PinError: the parent's checkpoint expired, or its savepoint was dropped, while
+            its files were being pinned.
     """
     store, pname, cname = as_store(store), job_name(parent), job_name(child)
     cprefix = paths.job_prefix(cname)
@@ -69,14 +79,12 @@ def fork_job(store: ObjectStore | str, parent: Job | str, child: Job | str, *,
     if read_commit_log(store, cprefix).newest_committed:
         raise ValueError(f"fork of job {pname}: job {cname} has checkpoints already "
                          f"({store.uri(paths.checkpoint_prefix(cprefix))}); choose a new name")
+    sp = None
     if savepoint is not None:
-        ckpt = get_savepoint(store, pname, savepoint).checkpoint
-        source = paths.savepoint_key(paths.job_prefix(pname), savepoint)
-        what = f"savepoint {savepoint!r} of job {pname}"
+        sp = usable_savepoint(store, pname, savepoint)
+        ckpt = sp.checkpoint
     else:
         ckpt = retained_checkpoint(store, pname, epoch)
-        source = paths.checkpoint_key(paths.job_prefix(pname), ckpt.epoch)
-        what = f"checkpoint epoch {ckpt.epoch} of job {pname}"
     if isinstance(child, Job):
         if child.key_groups != ckpt.key_groups:
             raise ValueError(f"fork of job {pname} into {cname}: the parent has key_groups="
@@ -84,9 +92,25 @@ def fork_job(store: ObjectStore | str, parent: Job | str, child: Job | str, *,
         evolve_job(child.operators, ckpt.state_schemas, ckpt.epoch)
     by_owner = pins.files_by_owner(store, ckpt)
     record = {"parent": pname, "epoch": ckpt.epoch, "savepoint": savepoint,
-              "forked_at_ms": time.time_ns() // 1_000_000}
+              "forked_at_ms": time.time_ns() // 1_000_000,
+              "owners": sorted(o for o, files in by_owner.items() if o != cprefix and files)}
+    try:  # claim the child first: of two forks into one child, the loser writes no pin
+        store.put_if_absent(paths.fork_record_key(cprefix), json.dumps(record, sort_keys=True).encode())
+    except ObjectExistsError:
+        raise ValueError(f"fork of job {pname}: job {cname} was forked already "
+                         f"({store.uri(paths.fork_record_key(cprefix))}: {forked_from(store, cname)}); "
+                         "choose a new name (or drop_fork it first)") from None
     pin_keys = pins.hold_for_checkpoints(store, cname, by_owner, record)
-    pins.require_still_there(store, source, pin_keys, what)
+    try:
+        if sp is not None:
+            still_there(store, sp, pin_keys)
+        else:
+            pins.require_still_there(store, paths.checkpoint_key(paths.job_prefix(pname), ckpt.epoch),
+                                     pin_keys, f"checkpoint epoch {ckpt.epoch} of job {pname}")
+    except pins.PinError:  # the child never ran: its pins and claim go, the name is free again
+        pins.delete_pins(store, pin_keys)
+        store.delete(paths.fork_record_key(cprefix))
+        raise
     first = dataclasses.replace(
         ckpt, job=cname, outputs={}, output_checksums={},
         dropped=None, unkept=None,  # the parent's files: never the child's to delete

@@ -54,11 +54,12 @@ class Pin:
     reason: str
     keys: list[str]
     created_at_ms: int = field(default_factory=lambda: time.time_ns() // 1_000_000)
+    token: str = ""  # unique per write of a savepoint's or a restore's pin ("" for a fork's)
 
     @property
     def key(self) -> str:
         """The pin's object key."""
-        return paths.pin_key(paths.job_prefix(self.owner), self.holder, self.what)
+        return paths.pin_key(paths.job_prefix(self.owner), self.holder, self.what, self.token)
 
     def encode(self) -> bytes:
         """JSON bytes."""
@@ -103,18 +104,22 @@ def files_by_owner(store: ObjectStore, ckpt: JobCheckpoint) -> dict[str, dict[st
 
 
 def write_pins(store: ObjectStore, holder: str, what: str, reason: str,
-               by_owner: dict[str, dict[str, int]]) -> list[str]:
-    """Writes one pin per owner (replacing the holder's earlier pin for ``what``).
+               by_owner: dict[str, dict[str, int]], token: str = "") -> list[str]:
+    """Writes one pin per owner (replacing the holder's earlier pin for ``what`` and
+    ``token``).
 
     Args:
         holder: the holder's job name.
-        what: what holds it (``fork``, ``savepoint-<name>``).
+        what: what holds it (``fork``, ``savepoint-<name>``, ``restore-<epoch>``).
         by_owner: ``{owner job prefix: {object key: bytes}}`` (``files_by_owner``).
+        token: "" or a unique token (``paths.new_token``) the keys carry, so a pin
+            another caller writes for the same ``what`` never replaces this one.
 
     Returns:
         The pin keys written.
     """
-    pins = [Pin(owner=owner.split("/", 1)[1], holder=holder, what=what, reason=reason, keys=sorted(keys))
+    pins = [Pin(owner=owner.split("/", 1)[1], holder=holder, what=what, reason=reason, keys=sorted(keys),
+                token=token)
             for owner, keys in sorted(by_owner.items()) if keys]
     map_requests(lambda p: store.put(p.key, p.encode()), pins)
     return [p.key for p in pins]
@@ -125,6 +130,21 @@ def delete_pins(store: ObjectStore, keys: Iterable[str]) -> None:
     keys = list(keys)
     if keys:
         store.delete_many(keys)
+
+
+def delete_by_name(store: ObjectStore, owners: Iterable[str], holder: str, what: str) -> list[str]:
+    """Deletes every pin of ``holder`` for ``what`` at ``owners`` (job prefixes), whatever
+    its token: what a crash between deleting a record and its pins left. One LIST of
+    each owner's ``pins/``.
+
+    Returns:
+        The pin keys deleted.
+    """
+    name = f"{holder}--{what}"
+    keys = [k for owner in sorted(set(owners)) for k in store.list(paths.pins_prefix(owner))
+            if k.endswith(".json") and paths.pin_name(k)[0] == name]
+    delete_pins(store, keys)
+    return keys
 
 
 def require_still_there(store: ObjectStore, record_key: str, pin_keys: list[str], what: str) -> None:
@@ -200,6 +220,21 @@ def shrink_pins(store: ObjectStore, holder_prefix: str, what: str, owners: Itera
 
 # ------------------------------------------------------------- a job's pins for its checkpoints
 CHECKPOINTS_PIN = "fork"  # ``what`` of the pin a job holds for its own checkpoints' foreign files
+RESTORE_PIN = "restore-"  # ``what`` of a restore's pin on the job's own files: restore-<epoch>
+
+
+def released_restore_pins(held: list[Pin], job: str, newest_read: int) -> list[str]:
+    """Keys of job ``job``'s restore pins (``savepoints.restore``) a cleanup may delete
+    once done: those of a restore into an epoch <= ``newest_read``, the newest
+    checkpoint the cleanup read as retained before it listed the pins (``held``). Every
+    later cleanup reads that checkpoint, or a newer one, as retained, so the files it
+    names need no pin any more."""
+    out = []
+    for p in held:
+        epoch = p.what[len(RESTORE_PIN):] if p.holder == job and p.what.startswith(RESTORE_PIN) else ""
+        if epoch.isdigit() and int(epoch) <= newest_read:
+            out.append(p.key)
+    return out
 
 
 def held_at(store: ObjectStore, holder_prefix: str) -> list[str]:
@@ -233,10 +268,13 @@ def hold_for_checkpoints(store: ObjectStore, holder: str, by_owner: dict[str, di
     """
     prefix = paths.job_prefix(holder)
     foreign = {o: set(keys) for o, keys in by_owner.items() if o != prefix and keys}
+    if not foreign and record is None:
+        return []
     current = read_fork_record(store, prefix)
     doc = {**current, **(record or {})}
     doc["owners"] = sorted(set(current.get("owners", [])) | set(foreign))
-    store.put(paths.fork_record_key(prefix), json.dumps(doc, sort_keys=True).encode())
+    if doc != current:  # (a fork claimed its record with these owners already)
+        store.put(paths.fork_record_key(prefix), json.dumps(doc, sort_keys=True).encode())
     written = []
     for owner, keys in sorted(foreign.items()):
         key = paths.pin_key(owner, holder, CHECKPOINTS_PIN)

@@ -59,7 +59,8 @@ class Savepoint:
         name: its name. job: the job's name. epoch: the checkpoint's epoch.
         taken_at_ms: wall clock (ms) it was taken. pins: the pin keys it wrote.
         files: files pinned. bytes: their total size, bytes.
-        checkpoint: the checkpoint it holds.
+        checkpoint: the checkpoint it holds. token: the unique token its pin keys carry.
+        pending: True while it is being taken (its pins may be incomplete).
     """
 
     name: str
@@ -70,6 +71,8 @@ class Savepoint:
     files: int
     bytes: int
     checkpoint: JobCheckpoint
+    token: str = ""  # in its pins' keys: unique to this taking of the name
+    pending: bool = False  # claimed, its pins not yet written (``savepoint``)
 
     def encode(self) -> bytes:
         """JSON bytes (the checkpoint as ``JobCheckpoint.encode`` writes it)."""
@@ -105,6 +108,11 @@ def as_store(store: ObjectStore | str) -> ObjectStore:
 def savepoint(store: ObjectStore | str, job: Job | str, name: str, epoch: int | None = None) -> Savepoint:
     """Takes savepoint ``name`` of ``job`` at checkpoint ``epoch`` (default: the newest).
 
+    First claims the name (the record, ``pending``, written only if absent: of two
+    callers taking one name, the loser writes no pin), then pins the checkpoint's files
+    under the record's unique token, re-checks the checkpoint is still retained, and
+    completes the record.
+
     Args:
         store: the object store (or its root URI).
         job: the job or its name.
@@ -124,23 +132,49 @@ def savepoint(store: ObjectStore | str, job: Job | str, name: str, epoch: int | 
     prefix = paths.job_prefix(jname)
     key = paths.savepoint_key(prefix, paths.valid_record_name(name, "savepoint name"))
     if store.exists(key):
-        taken = get_savepoint(store, jname, name)
-        raise ValueError(f"job {jname}: savepoint {name!r} exists (epoch {taken.epoch}, {store.uri(key)}); "
-                         "choose another name, or drop it first (drop_savepoint)")
+        _taken(store, jname, name, key)
     ckpt = retained_checkpoint(store, jname, epoch)
-    by_owner = pins.files_by_owner(store, ckpt)
-    pin_keys = pins.write_pins(store, jname, f"savepoint-{name}", f"savepoint {name} of job {jname} "
-                               f"at epoch {ckpt.epoch}", by_owner)
-    pins.require_still_there(store, paths.checkpoint_key(prefix, ckpt.epoch), pin_keys,
-                             f"checkpoint epoch {ckpt.epoch} of job {jname}")
     sp = Savepoint(name=name, job=jname, epoch=ckpt.epoch, taken_at_ms=time.time_ns() // 1_000_000,
-                   pins=pin_keys, files=sum(len(f) for f in by_owner.values()),
-                   bytes=sum(sum(f.values()) for f in by_owner.values()), checkpoint=ckpt)
+                   pins=[], files=0, bytes=0, checkpoint=ckpt, token=paths.new_token(), pending=True)
     try:
         store.put_if_absent(key, sp.encode())
-    except ObjectExistsError:  # another caller took the name meanwhile; its pins are the same files
-        raise ValueError(f"job {jname}: savepoint {name!r} was taken meanwhile by another caller "
-                         f"({store.uri(key)}); choose another name") from None
+    except ObjectExistsError:  # another caller claimed the name meanwhile: no pin written
+        _taken(store, jname, name, key)
+    try:
+        by_owner = pins.files_by_owner(store, ckpt)
+        sp.pins = pins.write_pins(store, jname, f"savepoint-{name}", f"savepoint {name} of job {jname} "
+                                  f"at epoch {ckpt.epoch}", by_owner, sp.token)
+        pins.require_still_there(store, paths.checkpoint_key(prefix, ckpt.epoch), sp.pins,
+                                 f"checkpoint epoch {ckpt.epoch} of job {jname}")
+    except BaseException:
+        pins.delete_pins(store, sp.pins)
+        store.delete(key)
+        raise
+    sp.files = sum(len(f) for f in by_owner.values())
+    sp.bytes = sum(sum(f.values()) for f in by_owner.values())
+    sp.pending = False
+    store.put(key, sp.encode())
+    return sp
+
+
+def _taken(store: ObjectStore, jname: str, name: str, key: str) -> None:
+    taken = get_savepoint(store, jname, name)
+    raise ValueError(f"job {jname}: savepoint {name!r} exists (epoch {taken.epoch}, {store.uri(key)}"
+                     f"{', being taken' if taken.pending else ''}); choose another name, or drop it "
+                     "first (drop_savepoint)")
+
+
+def usable_savepoint(store: ObjectStore, jname: str, name: str) -> Savepoint:
+    """``get_savepoint``, refusing a savepoint still being taken (or whose taking
+    crashed).
+
+    Raises:
+        ValueError: no such savepoint, or it is pending.
+    """
+    sp = get_savepoint(store, jname, name)
+    if sp.pending:
+        raise ValueError(f"job {jname}: savepoint {name!r} is still being taken (or its taking "
+                         f"crashed: drop it with drop_savepoint and take it again)")
     return sp
 
 
@@ -188,21 +222,34 @@ def list_savepoints(store: ObjectStore | str, job: Job | str) -> list[Savepoint]
     return [Savepoint.decode(store.get(k), store.uri(k)) for k in keys]
 
 
-def drop_savepoint(store: ObjectStore | str, job: Job | str, name: str) -> Savepoint:
-    """Drops savepoint ``name``: its pins first, then its record (a crash in between
-    leaves the record, and dropping again finishes). Its files that no retained
-    checkpoint, savepoint or fork names are collected by the owners' next full sweep.
+def drop_savepoint(store: ObjectStore | str, job: Job | str, name: str) -> Savepoint | None:
+    """Drops savepoint ``name``: its record first, then its pins (a fork or restore from
+    it that re-checks the record after writing its own pin therefore either fails or is
+    covered by the savepoint's pins while it writes). A crash in between leaves orphan
+    pins: dropping the name again deletes them (found by name at the job and the owners
+    its fork record lists). Its files that no retained checkpoint, savepoint or fork
+    names are collected by the owners' next full sweep.
+
+    Drop a savepoint still being taken (``pending``) only once its taker is gone.
 
     Returns:
-        The dropped ``Savepoint``.
+        The dropped ``Savepoint``, or None when only orphan pins were left (and deleted).
 
     Raises:
-        ValueError: no such savepoint.
+        ValueError: no such savepoint and no pin of it.
     """
-    store = as_store(store)
-    sp = get_savepoint(store, job, name)
-    pins.delete_pins(store, sp.pins)
-    store.delete(paths.savepoint_key(paths.job_prefix(sp.job), name))
+    store, jname = as_store(store), job_name(job)
+    prefix = paths.job_prefix(jname)
+    try:
+        sp = get_savepoint(store, jname, name)
+    except ValueError:
+        if not pins.delete_by_name(store, [prefix, *pins.held_at(store, prefix)], jname, f"savepoint-{name}"):
+            raise
+        return None
+    store.delete(paths.savepoint_key(prefix, name))
+    owners = {prefix, *pins.held_at(store, prefix), *(paths.owner_of(k) for k in sp.pins)}
+    pins.delete_pins(store, {*sp.pins, *(paths.pin_key(o, jname, f"savepoint-{name}", sp.token)
+                                         for o in owners if o and sp.token)})
     return sp
 
 
@@ -230,7 +277,7 @@ def restore(store: ObjectStore | str, job: Job, name: str) -> JobCheckpoint:
         ValueError: no such savepoint; the job's key groups differ.
     """
     store = as_store(store)
-    sp = get_savepoint(store, job, name)
+    sp = usable_savepoint(store, job.name, name)
     prefix, ckpt = job.prefix, sp.checkpoint
     commits = read_commit_log(store, prefix)
     lease = read_lease(store, prefix)
@@ -260,8 +307,35 @@ def restore(store: ObjectStore | str, job: Job, name: str) -> JobCheckpoint:
         ckpt, job=job.name, epoch=commits.newest_committed + 1, outputs={}, output_checksums={},
         dropped=None, unkept=None,  # unknown: the first expiry after it takes the full sweep
         metrics={"restored_from": {"savepoint": name, "epoch": sp.epoch}})
-    # Files of other jobs (a fork's parent) it names stay pinned by the job's fork pin:
-    # that pin only shrinks to what the job's checkpoints and savepoints name, this
-    # savepoint included (cleanup._shrink_checkpoint_pins).
+    # Pin what the new checkpoint names before committing it, then re-check the savepoint
+    # (whose pins protect those files until then) is still there: a drop deletes its
+    # record before its pins. Files of other jobs get the job's checkpoint pin (shrunk by
+    # its full sweeps); its own files a restore pin, which the job's first full sweep
+    # that reads the new checkpoint as retained releases (cleanup_job).
+    by_owner = pins.files_by_owner(store, ckpt)
+    written = pins.hold_for_checkpoints(store, job.name, by_owner)
+    written += pins.write_pins(store, job.name, f"{pins.RESTORE_PIN}{new.epoch}", f"restore of savepoint "
+                               f"{name} into epoch {new.epoch}", {prefix: by_owner.get(prefix, {})},
+                               paths.new_token())
+    still_there(store, sp, written)
     commit_checkpoint(store, prefix, new)
     return new
+
+
+def still_there(store: ObjectStore, sp: Savepoint, pin_keys: list[str]) -> None:
+    """The re-check after writing pins that copy savepoint ``sp``: its record is still
+    there, the same taking of its name (its token).
+
+    Raises:
+        PinError: it was dropped meanwhile (``pin_keys`` deleted: except pins of the
+            holder's checkpoints, which only keep more until its next full sweep).
+    """
+    key = paths.savepoint_key(paths.job_prefix(sp.job), sp.name)
+    try:
+        same = Savepoint.decode(store.get(key), store.uri(key)).token == sp.token
+    except ObjectNotFoundError:
+        same = False
+    if not same:
+        pins.delete_pins(store, [k for k in pin_keys if paths.pin_name(k)[1]])
+        raise pins.PinError(f"savepoint {sp.name!r} of job {sp.job} ({store.uri(key)}) was dropped "
+                            "meanwhile; take a new one")
