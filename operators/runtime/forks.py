@@ -37,6 +37,7 @@ from dkvstream.operators.runtime.checkpoints import JobCheckpoint, commit_checkp
 from dkvstream.operators.runtime.savepoints import (
     as_store,
     job_name,
+    refuse_if_erased_after,
     retained_checkpoint,
     still_there,
     usable_savepoint,
@@ -66,6 +67,8 @@ def fork_job(store: ObjectStore | str, parent: Job | str, child: Job | str, *,
             it, or a dropped fork), the same name as the parent, both ``savepoint`` and
             ``epoch`` are given, no such savepoint or checkpoint (or it is still being
             taken), or the key groups differ.
+        RecoveryRefusedError: an erasure was applied to the parent after the savepoint's
+            or checkpoint's epoch (the erased keys would come back; the message names it).
         StateSchemaError: the child's state declarations cannot read the parent's state.
         PinError: the parent's checkpoint expired, or its savepoint was dropped, while
             its files were being pinned.
@@ -85,6 +88,7 @@ def fork_job(store: ObjectStore | str, parent: Job | str, child: Job | str, *,
         ckpt = sp.checkpoint
     else:
         ckpt = retained_checkpoint(store, pname, epoch)
+        refuse_if_erased_after(store, pname, ckpt.epoch, f"checkpoint epoch {ckpt.epoch}")
     if isinstance(child, Job):
         if child.key_groups != ckpt.key_groups:
             raise ValueError(f"fork of job {pname} into {cname}: the parent has key_groups="

@@ -166,16 +166,55 @@ def _taken(store: ObjectStore, jname: str, name: str, key: str) -> None:
 
 def usable_savepoint(store: ObjectStore, jname: str, name: str) -> Savepoint:
     """``get_savepoint``, refusing a savepoint still being taken (or whose taking
-    crashed).
+    crashed) and one older than an erasure applied to the job (``erasures_after``).
 
     Raises:
-        ValueError: no such savepoint, or it is pending.
+        ValueError: no such savepoint, or it is pending; RecoveryRefusedError: an
+            erasure was applied after its epoch (the message names the erasures).
     """
     sp = get_savepoint(store, jname, name)
     if sp.pending:
         raise ValueError(f"job {jname}: savepoint {name!r} is still being taken (or its taking "
                          f"crashed: drop it with drop_savepoint and take it again)")
+    refuse_if_erased_after(store, jname, sp.epoch, f"savepoint {name!r}")
     return sp
+
+
+def erasures_after(store: ObjectStore, jname: str, epoch: int) -> list[str]:
+    """Ids of the erasures of job ``jname`` applied at an epoch after ``epoch``
+    (records ``jobs/<job>/erasures/<id>.json`` with ``applied_epoch`` > ``epoch``): a
+    checkpoint of ``epoch`` still holds the keys they erased. One LIST, one GET each.
+
+    Raises:
+        CorruptionError: a record does not read (naming it).
+    """
+    keys = [k for k in store.list(paths.erasures_prefix(paths.job_prefix(jname))) if k.endswith(".json")]
+
+    def applied(key: str) -> int | None:
+        try:
+            return json.loads(store.get(key)).get("applied_epoch")
+        except ObjectNotFoundError:
+            return None
+        except (ValueError, AttributeError) as e:
+            raise CorruptionError(f"{store.uri(key)}: unreadable erasure record: {e}") from e
+
+    return [k.rsplit("/", 1)[1].removesuffix(".json") for k, at in zip(keys, map_requests(applied, keys))
+            if at is not None and at > epoch]
+
+
+def refuse_if_erased_after(store: ObjectStore, jname: str, epoch: int, what: str) -> None:
+    """Refuses starting from ``what`` (a savepoint or checkpoint of ``epoch``) of job
+    ``jname`` if an erasure was applied after ``epoch``: the erased keys would come back.
+
+    Raises:
+        RecoveryRefusedError: naming the erasure ids and what to do.
+    """
+    erased = erasures_after(store, jname, epoch)
+    if erased:
+        raise RecoveryRefusedError(
+            f"job {jname}: {what} (epoch {epoch}) is older than the erasure(s) {', '.join(erased)} "
+            f"applied to the job after it; starting from it would bring the erased keys back. Drop it "
+            f"(drop_savepoint) and start from a savepoint or checkpoint taken after the erasure.")
 
 
 def retained_checkpoint(store: ObjectStore, jname: str, epoch: int | None) -> JobCheckpoint:
