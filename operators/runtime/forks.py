@@ -32,8 +32,10 @@ import time
 from dkvstream.operators import paths
 from dkvstream.operators.api.job import Job
 from dkvstream.operators.api.state_schema import evolve_job
+from dkvstream.operators.errors import RecoveryRefusedError
 from dkvstream.operators.runtime import pins
 from dkvstream.operators.runtime.checkpoints import JobCheckpoint, commit_checkpoint, read_commit_log
+from dkvstream.operators.runtime.control import read_lease
 from dkvstream.operators.runtime.savepoints import (
     as_store,
     job_name,
@@ -121,6 +123,59 @@ def fork_job(store: ObjectStore | str, parent: Job | str, child: Job | str, *,
         metrics={"forked_from": {"job": pname, "epoch": ckpt.epoch, "savepoint": savepoint}})
     commit_checkpoint(store, cprefix, first)
     return first
+
+
+def drop_fork(store: ObjectStore | str, child: Job | str) -> dict:
+    """Drops fork ``child`` (a branch job too): deletes the pins its checkpoints hold at
+    every owner its fork record lists, then marks the record dropped and deletes its
+    branch record, if any. The owners' next full sweeps collect what no other record
+    names. The child's own checkpoints stay, but they may name files its parent now
+    collects, so the child never runs again: its driver and ``fork_job`` into its name
+    refuse (delete ``jobs/<child>/`` to reuse the name). The child's savepoints keep
+    their own pins until dropped (``drop_savepoint``).
+
+    Cost: one GET (the fork record), the lease's GET and the commit log's LIST, one
+    DELETE per owner, one PUT and one DELETE.
+
+    Returns:
+        The fork record as it was.
+
+    Raises:
+        ValueError: ``child`` was not forked (no fork record).
+        RecoveryRefusedError: a driver of the child holds its lease (stop it first).
+    """
+    store, cname = as_store(store), job_name(child)
+    cprefix = paths.job_prefix(cname)
+    record = pins.read_fork_record(store, cprefix)
+    if not record:
+        raise ValueError(f"job {cname} is not a fork ({store.uri(paths.fork_record_key(cprefix))} is "
+                         "missing); nothing to drop")
+    lease = read_lease(store, cprefix)
+    if lease is not None and lease.is_live(read_commit_log(store, cprefix).newest_committed):
+        raise RecoveryRefusedError(f"job {cname}: a driver ({lease.owner}) is running epoch {lease.epoch}; "
+                                   "stop it (JobRunner.stop) and drop the fork again")
+    pins.delete_pins(store, [paths.pin_key(o, cname, pins.CHECKPOINTS_PIN) for o in record.get("owners", [])])
+    dropped = {**record, "owners": [], "dropped_at_ms": time.time_ns() // 1_000_000}
+    store.put(paths.fork_record_key(cprefix), json.dumps(dropped, sort_keys=True).encode())
+    store.delete(paths.branch_record_key(cprefix))
+    return record
+
+
+def refuse_if_dropped(store: ObjectStore, job: Job | str) -> None:
+    """Refuses running a dropped fork (``drop_fork``): its checkpoints may name files
+    its parent has collected since.
+
+    Raises:
+        RecoveryRefusedError: naming the record and what to do.
+    """
+    name = job_name(job)
+    record = pins.read_fork_record(store, paths.job_prefix(name))
+    if record.get("dropped_at_ms") is not None:
+        raise RecoveryRefusedError(
+            f"job {name} is a dropped fork of job {record.get('parent')} "
+            f"({store.uri(paths.fork_record_key(paths.job_prefix(name)))}); its checkpoints may name "
+            f"files job {record.get('parent')} has deleted since, so it cannot run. Fork a new job "
+            f"instead, or delete everything under {store.uri(paths.job_prefix(name) + '/')} to reuse the name.")
 
 
 def forked_from(store: ObjectStore | str, job: Job | str) -> dict:

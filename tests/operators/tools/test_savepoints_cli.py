@@ -34,3 +34,13 @@ def test_cli_create_list_restore_fork_drop(tmp_path, capsys) -> None:
     assert _run(root, "list", "parent")[1] == ""
     assert _run(root, "drop", "parent", "sp")[0] == 2
     assert "no savepoint 'sp'" in capsys.readouterr().err
+
+
+def test_cli_drop_fork(tmp_path, capsys) -> None:
+    root = str(tmp_path)
+    fork_jobs.runner(root, "parent").run(max_epochs=1)
+    assert _run(root, "fork", "parent", "child")[0] == 0
+    code, text = _run(root, "drop-fork", "child")
+    assert code == 0 and "cannot run again" in text and "jobs/parent" in text, text
+    assert _run(root, "drop-fork", "parent")[0] == 2
+    assert "not a fork" in capsys.readouterr().err
