@@ -65,8 +65,9 @@ deleting the expired checkpoint manifests and before deleting any file, and keep
 pinned file (a savepoint's, a fork's); a pin that does not read stops the collection
 (reported as damage). A forked job's full sweep then shrinks the pins it holds at other
 jobs to what its retained checkpoints and savepoints still name, and deletes a pin that
-names nothing. Cost: one LIST of ``pins/`` and one GET per pin per collection that
-deletes files.
+names nothing. Cost: one LIST of ``pins/`` per collection that deletes files, and one
+GET per pin (the incremental way: per pin written since its previous call,
+``pins.PinCache``).
 
 Last, writes abandoned by killed writers (a local temp file, an S3 multipart upload
 never completed) under the job's prefix are removed once ``ABANDONED_WRITE_AGE_S`` old:
@@ -317,6 +318,7 @@ class IncrementalRetention:
         self.store, self.job_prefix, self.retain = store, job_prefix, retain
         self.full_sweep_every = full_sweep_every
         self._own = f"{job_prefix}/"
+        self._pins = pins.PinCache(store, job_prefix)  # one LIST per epoch while no pin changes
         self._calls = 0
         # epoch -> (staged output keys, dropped objects or None, unkept objects or None),
         # of checkpoints this runner committed or read; pruned below the retention floor.
@@ -395,7 +397,7 @@ class IncrementalRetention:
             # Never another job's file (a fork's checkpoints name its parent's), nor a
             # pinned one; pins are listed after the checkpoints went (pins.py).
             try:
-                pinned = pins.pinned_keys(self.store, self.job_prefix)
+                pinned = self._pins.pinned_keys()
             except CorruptionError as err:
                 _damaged(report, self.job_prefix, f"{err}; no file is collected")
                 return report

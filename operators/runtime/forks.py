@@ -135,7 +135,7 @@ def drop_fork(store: ObjectStore | str, child: Job | str) -> dict:
     their own pins until dropped (``drop_savepoint``).
 
     Cost: one GET (the fork record), the lease's GET and the commit log's LIST, one
-    DELETE per owner, one PUT and one DELETE.
+    LIST of each owner's ``pins/``, one batch DELETE, one PUT and one DELETE.
 
     Returns:
         The fork record as it was.
@@ -154,7 +154,7 @@ def drop_fork(store: ObjectStore | str, child: Job | str) -> dict:
     if lease is not None and lease.is_live(read_commit_log(store, cprefix).newest_committed):
         raise RecoveryRefusedError(f"job {cname}: a driver ({lease.owner}) is running epoch {lease.epoch}; "
                                    "stop it (JobRunner.stop) and drop the fork again")
-    pins.delete_pins(store, [paths.pin_key(o, cname, pins.CHECKPOINTS_PIN) for o in record.get("owners", [])])
+    pins.delete_by_name(store, record.get("owners", []), cname, pins.CHECKPOINTS_PIN)
     dropped = {**record, "owners": [], "dropped_at_ms": time.time_ns() // 1_000_000}
     store.put(paths.fork_record_key(cprefix), json.dumps(dropped, sort_keys=True).encode())
     store.delete(paths.branch_record_key(cprefix))

@@ -352,10 +352,10 @@ def restore(store: ObjectStore | str, job: Job, name: str) -> JobCheckpoint:
     # its full sweeps); its own files a restore pin, which the job's first full sweep
     # that reads the new checkpoint as retained releases (cleanup_job).
     by_owner = pins.files_by_owner(store, ckpt)
-    written = pins.hold_for_checkpoints(store, job.name, by_owner)
-    written += pins.write_pins(store, job.name, f"{pins.RESTORE_PIN}{new.epoch}", f"restore of savepoint "
-                               f"{name} into epoch {new.epoch}", {prefix: by_owner.get(prefix, {})},
-                               paths.new_token())
+    pins.hold_for_checkpoints(store, job.name, by_owner)  # (if it fails below: they only keep more)
+    written = pins.write_pins(store, job.name, f"{pins.RESTORE_PIN}{new.epoch}", f"restore of savepoint "
+                              f"{name} into epoch {new.epoch}", {prefix: by_owner.get(prefix, {})},
+                              paths.new_token())
     still_there(store, sp, written)
     commit_checkpoint(store, prefix, new)
     return new
@@ -366,8 +366,7 @@ def still_there(store: ObjectStore, sp: Savepoint, pin_keys: list[str]) -> None:
     there, the same taking of its name (its token).
 
     Raises:
-        PinError: it was dropped meanwhile (``pin_keys`` deleted: except pins of the
-            holder's checkpoints, which only keep more until its next full sweep).
+        PinError: it was dropped meanwhile (``pin_keys`` deleted).
     """
     key = paths.savepoint_key(paths.job_prefix(sp.job), sp.name)
     try:
@@ -375,6 +374,6 @@ def still_there(store: ObjectStore, sp: Savepoint, pin_keys: list[str]) -> None:
     except ObjectNotFoundError:
         same = False
     if not same:
-        pins.delete_pins(store, [k for k in pin_keys if paths.pin_name(k)[1]])
+        pins.delete_pins(store, pin_keys)
         raise pins.PinError(f"savepoint {sp.name!r} of job {sp.job} ({store.uri(key)}) was dropped "
                             "meanwhile; take a new one")
