@@ -79,6 +79,7 @@ import logging
 from dataclasses import dataclass, field
 
 from dkvstream.operators import paths
+from dkvstream.operators.io.sinks import list_task_files
 from dkvstream.operators.paths import checkpoint_key
 from dkvstream.operators.runtime import pins, savepoints
 from dkvstream.operators.runtime.checkpoints import (
@@ -159,7 +160,7 @@ def cleanup_job(store: ObjectStore, job_prefix: str, retain: int, *, concurrent:
     if concurrent:
         report.deferred = _in_flight(store, job_prefix, kept[-1])
         if not report.deferred:
-            listed = _list_task_files(store, job_prefix)
+            listed = list_task_files(store, job_prefix)
             report.deferred = _in_flight(store, job_prefix, kept[-1])
             store = _ListedOnly(store, {*listed[0], *listed[1]})
     retained = []
@@ -189,7 +190,7 @@ def cleanup_job(store: ObjectStore, job_prefix: str, retain: int, *, concurrent:
         _damaged(report, job_prefix, f"{err}; no file is collected")
         return report
 
-    state_keys, staged_keys = listed or _list_task_files(store, job_prefix)
+    state_keys, staged_keys = listed or list_task_files(store, job_prefix)
     range_prefixes: dict[str, set[str]] = {}  # operator -> DKV prefixes of all its ranges, old and new
     for key in state_keys:
         op, _, prefix = paths.parse_state_key(job_prefix, key)
@@ -243,16 +244,6 @@ def _shrink_checkpoint_pins(store: ObjectStore, job_prefix: str, retained: list[
         for owner, files in pins.files_by_owner(store, sp.checkpoint).items():
             named.setdefault(owner, set()).update(files)
     pins.shrink_pins(store, job_prefix, pins.CHECKPOINTS_PIN, owners, named)
-
-
-def _list_task_files(store: ObjectStore, job_prefix: str) -> tuple[list[str], list[str]]:
-    """``(DKV files, staged files)`` of the job in either key layout (``dkvstream.operators.paths``):
-    a LIST of ``state/``, ``staging/`` and ``r/``."""
-    flat_state, flat_staged, hashed = map_requests(
-        store.list, [paths.state_root(job_prefix), paths.staging_root(job_prefix), paths.hashed_root(job_prefix)])
-    state = flat_state + [k for k in hashed if paths.parse_state_key(job_prefix, k) is not None]
-    staged = flat_staged + [k for k in hashed if paths.is_staged_key(job_prefix, k)]
-    return state, staged
 
 
 def _read_or_error(store: ObjectStore, job_prefix: str, epoch: int) -> JobCheckpoint | Exception:

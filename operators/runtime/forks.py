@@ -30,22 +30,20 @@ import json
 import time
 
 from dkvstream.operators import paths
-from dkvstream.operators.api.job import Job
+from dkvstream.operators.api.job import Job, job_name
 from dkvstream.operators.api.state_schema import evolve_job
 from dkvstream.operators.errors import RecoveryRefusedError
 from dkvstream.operators.runtime import pins
 from dkvstream.operators.runtime.checkpoints import JobCheckpoint, commit_checkpoint, read_commit_log
 from dkvstream.operators.runtime.control import read_lease
 from dkvstream.operators.runtime.savepoints import (
-    as_store,
-    job_name,
     refuse_if_erased_after,
     retained_checkpoint,
     still_there,
     usable_savepoint,
 )
 from dkvstream.storage.errors import ObjectExistsError
-from dkvstream.storage.objectstore import ObjectStore
+from dkvstream.storage.objectstore import ObjectStore, as_store
 
 
 def fork_job(store: ObjectStore | str, parent: Job | str, child: Job | str, *,

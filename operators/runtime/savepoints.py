@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 
 from dkvstream.operators import paths
-from dkvstream.operators.api.job import Job
+from dkvstream.operators.api.job import Job, job_name
 from dkvstream.operators.api.state_schema import evolve_job
 from dkvstream.operators.errors import RecoveryRefusedError
 from dkvstream.operators.runtime import pins
@@ -48,7 +48,7 @@ from dkvstream.operators.runtime.checkpoints import (
 from dkvstream.operators.runtime.control import read_lease
 from dkvstream.operators.runtime.recovery import check_files, visible_output_after
 from dkvstream.storage.errors import CorruptionError, ObjectExistsError, ObjectNotFoundError
-from dkvstream.storage.objectstore import ObjectStore, map_requests, open_object_store
+from dkvstream.storage.objectstore import ObjectStore, as_store, map_requests
 
 
 @dataclass
@@ -93,16 +93,6 @@ class Savepoint:
             return cls(checkpoint=ckpt, **doc)
         except (ValueError, TypeError, KeyError) as e:
             raise CorruptionError(f"{uri}: unreadable savepoint record ({len(data)} bytes): {e}") from e
-
-
-def job_name(job: Job | str) -> str:
-    """The name of ``job`` (a ``Job`` or a name)."""
-    return job.name if isinstance(job, Job) else job
-
-
-def as_store(store: ObjectStore | str) -> ObjectStore:
-    """``store``, or the store at that root (``open_object_store``)."""
-    return store if isinstance(store, ObjectStore) else open_object_store(store)
 
 
 def savepoint(store: ObjectStore | str, job: Job | str, name: str, epoch: int | None = None) -> Savepoint:
