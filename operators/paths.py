@@ -26,7 +26,8 @@ Layout under the store root::
       sources/<source>/...                       a source's own metadata (``Source.attach``),
                                                  e.g. a file source's list of discovered files
       savepoints/<name>.json                     savepoint records (dkvstream.operators.runtime.savepoints)
-      fork.json                                  a forked job's origin (dkvstream.operators.runtime.forks)
+      fork.json                                  owners the job holds checkpoint pins at, and
+                                                 its fork origin if forked (...runtime.forks)
       pins/<holder job>--<what>.json             pins: files of this job another record (a
                                                  savepoint, a fork) still names; retention and
                                                  GC never delete them (dkvstream.operators.runtime.pins)
@@ -289,8 +290,10 @@ def pin_name(key: str) -> tuple[str, str]:
 
 
 def fork_record_key(job: str) -> str:
-    """Key of the record of the job's fork (``dkvstream.operators.runtime.forks``): which
-    job it was forked from, and the owners it holds pins at."""
+    """Key of the job's pin record (``dkvstream.operators.runtime.pins``): the owners
+    (other jobs) where the job holds pins for its checkpoints, and its fork origin if
+    it was forked (``dkvstream.operators.runtime.forks``). A job never forked has one
+    once its checkpoints name other jobs' files, e.g. after a promotion."""
     return f"{job}/fork.json"
 
 

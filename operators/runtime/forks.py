@@ -144,10 +144,10 @@ def drop_fork(store: ObjectStore | str, child: Job | str) -> dict:
     """
     store, cname = as_store(store), job_name(child)
     cprefix = paths.job_prefix(cname)
-    record = pins.read_fork_record(store, cprefix)
-    if not record:
-        raise ValueError(f"job {cname} is not a fork ({store.uri(paths.fork_record_key(cprefix))} is "
-                         "missing); nothing to drop")
+    record = forked_from(store, cname)
+    if not record:  # (a promoted main's pins are for its own checkpoints: never dropped here)
+        raise ValueError(f"job {cname} is not a fork ({store.uri(paths.fork_record_key(cprefix))} names "
+                         "no parent); nothing to drop")
     lease = read_lease(store, cprefix)
     if lease is not None and lease.is_live(read_commit_log(store, cprefix).newest_committed):
         raise RecoveryRefusedError(f"job {cname}: a driver ({lease.owner}) is running epoch {lease.epoch}; "
@@ -177,5 +177,7 @@ def refuse_if_dropped(store: ObjectStore, job: Job | str) -> None:
 
 
 def forked_from(store: ObjectStore | str, job: Job | str) -> dict:
-    """The job's fork record (module docstring), {} for a job not forked."""
-    return pins.read_fork_record(as_store(store), paths.job_prefix(job_name(job)))
+    """The job's fork record (module docstring), {} for a job not forked (one whose
+    record only lists the owners it holds checkpoint pins at, e.g. a promoted main)."""
+    record = pins.read_fork_record(as_store(store), paths.job_prefix(job_name(job)))
+    return record if "parent" in record else {}

@@ -324,7 +324,8 @@ def held_at(store: ObjectStore, holder_prefix: str) -> list[str]:
 
 
 def read_fork_record(store: ObjectStore, holder_prefix: str) -> dict:
-    """The job's fork record (``dkvstream.operators.runtime.forks``), {} if none."""
+    """The job's pin record (``paths.fork_record_key``): ``owners``, and the fork origin
+    of a forked job (``dkvstream.operators.runtime.forks``); {} if none."""
     key = paths.fork_record_key(holder_prefix)
     try:
         return json.loads(store.get(key))

@@ -11,11 +11,11 @@ import pytest
 
 from dkvstream.operators import paths
 from dkvstream.operators.errors import RecoveryRefusedError
-from dkvstream.operators.runtime.checkpoints import list_epochs
+from dkvstream.operators.runtime.checkpoints import list_epochs, read_checkpoint
 from dkvstream.operators.runtime.cleanup import cleanup_job
 from dkvstream.operators.runtime.control import acquire_lease
 from dkvstream.operators.runtime.forks import drop_fork, fork_job, forked_from
-from dkvstream.operators.runtime.pins import read_pins
+from dkvstream.operators.runtime.pins import files_by_owner, held_at, hold_for_checkpoints, read_pins
 from dkvstream.operators.runtime.remote_compaction import compact_job
 from dkvstream.operators.runtime.savepoints import savepoint
 from dkvstream.storage.objectstore import open_object_store
@@ -67,3 +67,18 @@ def test_drop_fork_releases_the_parents_files_and_the_child_never_runs_again(tmp
         fork_job(store, "parent", "child")
     with pytest.raises(ValueError, match="not a fork"):
         drop_fork(store, "parent")
+
+
+def test_a_job_holding_pins_without_being_forked_is_no_fork(tmp_path) -> None:
+    """A job whose checkpoints name another job's files without a fork (a promoted
+    main) has a pin record with owners only: it is no fork (``forked_from`` is empty),
+    and ``drop_fork`` refuses it."""
+    root = str(tmp_path)
+    fork_jobs.runner(root, "parent", retain_checkpoints=None).run(max_epochs=1)
+    fork_jobs.runner(root, "main", retain_checkpoints=None).run(max_epochs=1)
+    store = open_object_store(root)
+    hold_for_checkpoints(store, "main", files_by_owner(store, read_checkpoint(store, "jobs/parent", 1)))
+    assert held_at(store, "jobs/main") == ["jobs/parent"]
+    assert forked_from(store, "main") == {}
+    with pytest.raises(ValueError, match="not a fork"):
+        drop_fork(store, "main")
