@@ -215,3 +215,23 @@ def test_restore_refuses_a_pending_savepoint(tmp_path) -> None:
     store.put(paths.savepoint_key("jobs/parent", "sp"), sp.encode())
     with pytest.raises(ValueError, match="still being taken"):
         restore(store, fork_jobs.job("parent"), "sp")
+
+
+def test_a_restores_pin_lasts_until_a_full_sweep_reads_its_checkpoint(tmp_path) -> None:
+    """restore pins the job's own files its new checkpoint names before committing it
+    (the savepoint could be dropped right after); the job's first full sweep that read
+    that checkpoint as retained releases the pin, keeping every named file."""
+    root = str(tmp_path)
+    _parent_with_expired_savepoint(root)
+    store = open_object_store(root)
+    delete_output_after(store, "parent", get_savepoint(store, "parent", "sp").epoch)
+    new = restore(store, fork_jobs.job("parent"), "sp")
+    [pin] = [p for p in read_pins(store, "jobs/parent") if p.what == f"restore-{new.epoch}"]
+    assert set(pin.keys) == set(files_by_owner(store, new)["jobs/parent"])
+    drop_savepoint(store, "parent", "sp")
+    cleanup_job(store, "jobs/parent", 1)
+    assert [p.what for p in read_pins(store, "jobs/parent")] == []
+    assert_reachable_exist(store, ["parent"], "after the restore's pin was released")
+    r = fork_jobs.runner(root, "parent", retain_checkpoints=1)
+    r.run()
+    small.assert_output_exact(r, "restored from the savepoint, then run to the end")
