@@ -8,7 +8,7 @@
 * ``fork`` (job ``fork_stream_job``): starts a new stream job from a savepoint or a
   retained checkpoint of another, copying no state file; the new job's first run (its
   own Definitions entry, with its own code and parallelism) continues from there.
-* ``drop_fork`` (job ``drop_fork``): releases the pins a fork (or branch) job holds on
+* ``drop_fork`` (job ``fork_drop``): releases the pins a fork (or branch) job holds on
   its parent's files; the fork never runs again.
 
 Every op works on the object store only (no Spark), so it runs while the job runs.
@@ -131,7 +131,7 @@ def fork_stream_job():
     fork()
 
 
-@job(name="drop_fork", description="Release a fork's or branch's pins on its parent's files; it never runs again")
+@job(name="fork_drop", description="Release a fork's or branch's pins on its parent's files; it never runs again")
 def drop_fork_job():
     drop_fork()
 

@@ -47,5 +47,5 @@ def test_savepoint_fork_and_drop_jobs(tmp_path) -> None:
 def test_definitions_have_the_savepoints_asset_and_jobs() -> None:
     defs = dkvstream_definitions(fork_jobs.job("parent"))
     assert savepoints_asset_key("parent") in defs.resolve_all_asset_keys()
-    for name in ("savepoint", "savepoint_drop", "fork_stream_job", "drop_fork"):
+    for name in ("savepoint", "savepoint_drop", "fork_stream_job", "fork_drop"):
         assert defs.get_job_def(name).name == name
