@@ -5,10 +5,12 @@
 ``operators`` name the parent's range manifests, so no state file is copied. It pins
 every file they name at its owner (``dkvstream.operators.runtime.pins``: the parent's,
 and a grandparent's for a fork of a fork), so the parent's retention never deletes them,
-and records the owners in ``jobs/<child>/fork.json``::
+and records the owners in ``jobs/<child>/fork.json``, written only if absent (the
+claim of the child's name: of two forks into one child, the loser writes no pin)::
 
     {"parent": str, "epoch": int, "savepoint": str | null, "forked_at_ms": int,
-     "owners": [job prefix, ...]}      # where the child holds its checkpoint pin
+     "owners": [job prefix, ...],      # where the child holds its checkpoint pin
+     "dropped_at_ms": int}             # once dropped (``drop_fork``): it never runs again
 
 The child runs with its own code and parallelism: its first epoch opens each key-group
 range from the parent's manifests with ``DKV.open_from_parents`` (the driver does this
@@ -19,9 +21,11 @@ prefix; its full sweep shrinks its pins to what its retained checkpoints and sav
 still name and deletes a pin that names nothing (``dkvstream.operators.runtime.cleanup``),
 so a fork does not hold its parent's storage once compaction has rewritten it.
 
-Costs: one LIST and GET (the parent's checkpoint or savepoint), one GET per range
-manifest, one PUT per owner's pin and of the fork record, one HEAD (the re-check), and
-the commit (two PUTs and a LIST); 0 bytes of state copied, whatever its size.
+Costs: one LIST (the child's commit log), one LIST and GET (the parent's checkpoint or
+savepoint), one LIST of the parent's ``erasures/``, one GET per range manifest, the fork
+record's put-if-absent and GET, one LIST of ``pins/`` and one PUT per owner, one HEAD or
+GET (the re-check), and the commit (two PUTs and a LIST); 0 bytes of state copied,
+whatever its size.
 """
 from __future__ import annotations
 

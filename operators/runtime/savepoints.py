@@ -5,13 +5,15 @@ newest) into ``jobs/<job>/savepoints/<name>.json`` and pins every file its range
 manifests name (``dkvstream.operators.runtime.pins``: one pin per owner job; a fork's
 checkpoint names its parent's files too). Retention and garbage collection never
 delete a pinned file, so the savepoint stays restorable however many epochs the job
-runs; ``drop_savepoint`` deletes the pins and the record, and the files no retained
-checkpoint names become garbage for the next full sweep.
+runs; ``drop_savepoint`` deletes the record and then the pins, and the files no
+retained checkpoint names become garbage for the next full sweep.
 
 Record layout::
 
     {"name": str, "job": str, "epoch": int, "taken_at_ms": int,
      "pins": [pin key, ...], "files": int, "bytes": int,   # what the pins protect
+     "token": str,       # in the pins' keys: unique to this taking of the name
+     "pending": bool,    # true from the name's claim until the pins are written
      "checkpoint": <the job checkpoint object, as JobCheckpoint.encode writes it>}
 
 ``restore(store, job, name)`` makes the job continue from a savepoint: it commits a new
@@ -23,9 +25,10 @@ visible in a sink or the dead-letter table (the restart fallback rule,
 publish those epochs' output again. To start from a savepoint with its later output
 kept, fork a new job from it instead (``dkvstream.operators.runtime.forks``).
 
-Costs: a savepoint is one LIST and GET of the commit log, one GET per range manifest,
-one PUT per owner's pin, one HEAD (the re-check) and one PUT of the record; no file is
-copied. A drop is one GET, one DELETE per pin and one DELETE.
+Costs: a savepoint is one LIST and GET of the commit log, two PUTs of the record
+(claimed, completed), one GET per range manifest, one PUT per owner's pin and one HEAD
+(the re-check); no file is copied. A drop is two GETs (the record, the fork record), one
+DELETE and one batch DELETE of the pins.
 """
 from __future__ import annotations
 
