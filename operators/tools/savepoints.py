@@ -79,9 +79,10 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         elif a.command == "list":
             for sp in list_savepoints(store, a.job):
                 row = {"name": sp.name, "epoch": sp.epoch, "files": sp.files, "bytes": sp.bytes,
-                       "taken_at_ms": sp.taken_at_ms, "pins": sp.pins}
+                       "taken_at_ms": sp.taken_at_ms, "pins": sp.pins, "pending": sp.pending}
                 w(json.dumps(row) + "\n" if a.json else
-                  f"{sp.name}\tepoch {sp.epoch}\t{sp.files} files\t{sp.bytes:,} bytes\n")
+                  f"{sp.name}\tepoch {sp.epoch}\t{sp.files} files\t{sp.bytes:,} bytes"
+                  + ("\tbeing taken (or its taking crashed: drop it)" if sp.pending else "") + "\n")
         elif a.command == "drop":
             sp = drop_savepoint(store, a.job, a.name)
             w(f"dropped savepoint {a.name} of job {a.job}"
