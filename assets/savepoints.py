@@ -8,6 +8,8 @@
 * ``fork`` (job ``fork_stream_job``): starts a new stream job from a savepoint or a
   retained checkpoint of another, copying no state file; the new job's first run (its
   own Definitions entry, with its own code and parallelism) continues from there.
+* ``drop_fork`` (job ``fork_drop``): releases the pins a fork (or branch) job holds on
+  its parent's files; the fork never runs again.
 
 Every op works on the object store only (no Spark), so it runs while the job runs.
 Restoring a job from a savepoint needs the job's code and a stopped job: use
@@ -20,6 +22,7 @@ from dkvstream.assets.jobs import StreamJobConfig
 from dkvstream.assets.resources import ObjectStoreResource
 from dkvstream.operators.api.job import Job
 from dkvstream.operators.runtime import savepoints
+from dkvstream.operators.runtime.forks import drop_fork as drop_fork_record
 from dkvstream.operators.runtime.forks import fork_job
 
 
@@ -83,10 +86,11 @@ def drop_savepoint(context: OpExecutionContext, config: SavepointConfig,
                    object_store: ObjectStoreResource) -> Output[dict]:
     store = object_store.open()
     sp = savepoints.drop_savepoint(store, config.job, config.name)
+    epoch = sp.epoch if sp else -1  # -1: only the pins a crashed drop left were deleted
     context.log_event(AssetMaterialization(savepoints_asset_key(config.job), metadata={
-        "dropped": MetadataValue.text(sp.name), "epoch": MetadataValue.int(sp.epoch),
+        "dropped": MetadataValue.text(config.name), "epoch": MetadataValue.int(epoch),
         "savepoints": MetadataValue.json(_listing(store, config.job))}))
-    return Output({"name": sp.name, "epoch": sp.epoch})
+    return Output({"name": config.name, "epoch": epoch})
 
 
 @op(description="Start a new stream job from a savepoint or checkpoint of another (copies no state file)")
@@ -100,6 +104,16 @@ def fork(context: OpExecutionContext, config: ForkConfig, object_store: ObjectSt
         "parent": MetadataValue.text(config.job), "epoch": MetadataValue.int(ckpt.epoch),
         "savepoint": MetadataValue.text(config.savepoint or "-"),
         "requests": MetadataValue.json(spent), "copies": MetadataValue.int(spent.get("COPY", 0))})
+
+
+@op(description="Release the pins a fork or branch job holds on its parent's files (it never runs again)")
+def drop_fork(context: OpExecutionContext, config: StreamJobConfig, object_store: ObjectStoreResource) -> Output[dict]:
+    record = drop_fork_record(object_store.open(), config.job)
+    context.log.info(f"fork {config.job} of job {record.get('parent')} dropped; pins released at "
+                     f"{record.get('owners', [])}")
+    return Output({"child": config.job, "parent": record.get("parent")}, metadata={
+        "parent": MetadataValue.text(str(record.get("parent"))),
+        "owners": MetadataValue.json(record.get("owners", []))})
 
 
 @job(name="savepoint", description="Pin a retained checkpoint of a stream job as a savepoint")
@@ -117,4 +131,9 @@ def fork_stream_job():
     fork()
 
 
-SAVEPOINT_JOBS = [savepoint_job, drop_savepoint_job, fork_stream_job]
+@job(name="fork_drop", description="Release a fork's or branch's pins on its parent's files; it never runs again")
+def drop_fork_job():
+    drop_fork()
+
+
+SAVEPOINT_JOBS = [savepoint_job, drop_savepoint_job, fork_stream_job, drop_fork_job]

@@ -26,7 +26,8 @@ Layout under the store root::
       sources/<source>/...                       a source's own metadata (``Source.attach``),
                                                  e.g. a file source's list of discovered files
       savepoints/<name>.json                     savepoint records (dkvstream.operators.runtime.savepoints)
-      fork.json                                  a forked job's origin (dkvstream.operators.runtime.forks)
+      fork.json                                  owners the job holds checkpoint pins at, and
+                                                 its fork origin if forked (...runtime.forks)
       pins/<holder job>--<what>.json             pins: files of this job another record (a
                                                  savepoint, a fork) still names; retention and
                                                  GC never delete them (dkvstream.operators.runtime.pins)
@@ -48,6 +49,7 @@ in its checkpoints, ``JobCheckpoint.layout``; ``Job.key_layout`` chooses it for 
 from __future__ import annotations
 
 import re
+import uuid
 
 import xxhash
 
@@ -266,15 +268,33 @@ def pins_prefix(job: str) -> str:
     return f"{job}/pins/"
 
 
-def pin_key(owner: str, holder: str, what: str) -> str:
+def pin_key(owner: str, holder: str, what: str, token: str = "") -> str:
     """Key of the pin job ``holder`` (a name) holds on files of the job under ``owner``
-    (``jobs/<name>``), for ``what`` (``fork``, ``savepoint-<name>``)."""
-    return f"{pins_prefix(owner)}{holder}--{what}.json"
+    (``jobs/<name>``), for ``what`` (``fork``, ``savepoint-<name>``, ``restore-<epoch>``):
+    ``<holder>--<what>.json``, or ``<holder>--<what>--<token>.json`` for a pin written
+    under a unique ``token`` (16 hex digits, ``new_token``), which no other write reuses."""
+    return f"{pins_prefix(owner)}{holder}--{what}{f'--{token}' if token else ''}.json"
+
+
+def new_token() -> str:
+    """A unique token for a pin key (16 hex digits)."""
+    return uuid.uuid4().hex[:16]
+
+
+def pin_name(key: str) -> tuple[str, str]:
+    """``("<holder>--<what>", token)`` of a pin key (token "" for a pin without one)."""
+    stem = key.rsplit("/", 1)[-1].removesuffix(".json")
+    head, sep, token = stem.rpartition("--")
+    if sep and len(token) == 16 and all(c in "0123456789abcdef" for c in token) and "--" in head:
+        return head, token
+    return stem, ""
 
 
 def fork_record_key(job: str) -> str:
-    """Key of the record of the job's fork (``dkvstream.operators.runtime.forks``): which
-    job it was forked from, and the owners it holds pins at."""
+    """Key of the job's pin record (``dkvstream.operators.runtime.pins``): the owners
+    (other jobs) where the job holds pins for its checkpoints, and its fork origin if
+    it was forked (``dkvstream.operators.runtime.forks``). A job never forked has one
+    once its checkpoints name other jobs' files, e.g. after a promotion."""
     return f"{job}/fork.json"
 
 

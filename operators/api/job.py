@@ -115,3 +115,8 @@ class Job:
     def prefix(self) -> str:
         """Object-store prefix of everything the job writes."""
         return paths.job_prefix(self.name)
+
+
+def job_name(job: Job | str) -> str:
+    """The name of ``job`` (a ``Job`` or a name): for functions that take either."""
+    return job if isinstance(job, str) else job.name

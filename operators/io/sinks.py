@@ -374,8 +374,21 @@ class ParquetSink(Sink):
 def staged_keys(store: ObjectStore, job_prefix: str) -> list[str]:
     """Every staged file of a job, in either key layout (``dkvstream.operators.paths``):
     one LIST of ``staging/`` and one of ``r/``."""
-    flat, hashed = map_requests(store.list, [paths.staging_root(job_prefix), paths.hashed_root(job_prefix)])
-    return flat + [k for k in hashed if paths.is_staged_key(job_prefix, k)]
+    return list_task_files(store, job_prefix, with_state=False)[1]
+
+
+def list_task_files(store: ObjectStore, job_prefix: str, *, with_state: bool = True) -> tuple[list[str], list[str]]:
+    """What a job's tasks wrote, in either key layout (``dkvstream.operators.paths``):
+    ``(DKV files, staged files)``, from one LIST each of ``staging/``, ``r/`` (where
+    ``LAYOUT_HASHED`` puts both) and, ``with_state``, ``state/`` (else the DKV list is
+    empty). The LISTs run in parallel."""
+    roots = [paths.staging_root(job_prefix), paths.hashed_root(job_prefix)]
+    flat_staged, hashed, *flat_state = map_requests(
+        store.list, roots + ([paths.state_root(job_prefix)] if with_state else []))
+    staged = flat_staged + [k for k in hashed if paths.is_staged_key(job_prefix, k)]
+    if not with_state:
+        return [], staged
+    return flat_state[0] + [k for k in hashed if paths.parse_state_key(job_prefix, k) is not None], staged
 
 
 def erase_from_parquet(store: ObjectStore, key: str, column: str, values: list, where: str) -> tuple[bool, bool]:

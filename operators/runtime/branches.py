@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from dkvstream.operators import paths
-from dkvstream.operators.api.job import Job
+from dkvstream.operators.api.job import Job, job_name
 from dkvstream.operators.errors import JobFailedError
 from dkvstream.operators.io.sinks import ParquetSink
 from dkvstream.operators.runtime.checkpoints import (
@@ -158,10 +158,6 @@ class Promotion:
             raise CorruptionError(f"{uri}: unreadable promotion record: {e}") from None
 
 
-def _name(job: Job | str) -> str:
-    return job if isinstance(job, str) else job.name
-
-
 def read_branch(store: ObjectStore, branch: Job | str) -> BranchRecord:
     """The branch record of job ``branch`` (two GETs: ``branch.json``, ``fork.json``).
 
@@ -171,14 +167,14 @@ def read_branch(store: ObjectStore, branch: Job | str) -> BranchRecord:
     """
     from dkvstream.operators.runtime.forks import forked_from
 
-    prefix = paths.job_prefix(_name(branch))
+    prefix = paths.job_prefix(job_name(branch))
     key = paths.branch_record_key(prefix)
     try:
         data = store.get(key)
     except ObjectNotFoundError:
-        raise BranchError(f"job {_name(branch)} is not a branch ({store.uri(key)} does not exist); "
+        raise BranchError(f"job {job_name(branch)} is not a branch ({store.uri(key)} does not exist); "
                           f"create it with branch(store, main_job, branch_job)") from None
-    return BranchRecord.decode(data, store.uri(key), forked_from(store, _name(branch)),
+    return BranchRecord.decode(data, store.uri(key), forked_from(store, job_name(branch)),
                                store.uri(paths.fork_record_key(prefix)))
 
 
@@ -188,7 +184,7 @@ def read_promotion(store: ObjectStore, main: Job | str) -> Promotion | None:
     Raises:
         CorruptionError: the record does not read.
     """
-    key = paths.promotion_key(paths.job_prefix(_name(main)))
+    key = paths.promotion_key(paths.job_prefix(job_name(main)))
     try:
         return Promotion.decode(store.get(key), store.uri(key))
     except ObjectNotFoundError:
@@ -234,7 +230,7 @@ def check_promoted_code(store: ObjectStore, job: Job, newest: JobCheckpoint | No
 def promoted_job(main: Job | str, branch_job: Job) -> Job:
     """``branch_job``'s code under the main's name (what runs the main after ``promote``):
     its operators, sinks and settings, writing the main's sinks and checkpoints."""
-    return dataclasses.replace(branch_job, name=_name(main))
+    return dataclasses.replace(branch_job, name=job_name(main))
 
 
 def job_to_run(store: ObjectStore, main_job: Job, branches: Mapping[str, Job]) -> Job:
@@ -273,7 +269,7 @@ def branch(store: ObjectStore, main: Job | str, branch_job: Job, *, epoch: int |
         BranchError: the names are equal, the sources differ, the branch job exists
             already, or the main has no checkpoint.
     """
-    main_name = _name(main)
+    main_name = job_name(main)
     if branch_job.name == main_name:
         raise BranchError(f"branch job {branch_job.name}: a branch needs a name of its own (its sinks and "
                           f"state live under jobs/<name>/)")
@@ -613,7 +609,7 @@ def promote(store: ObjectStore, main_job: Job | str, branch_job: Job) -> Promoti
             (ahead, and that one deleted), its checkpoint N has another watermark,
             processing time or ``finished`` than the main's (``_require_same_time``), or the main committed meanwhile.
     """
-    main = _name(main_job)
+    main = job_name(main_job)
     main_prefix, branch_prefix = paths.job_prefix(main), paths.job_prefix(branch_job.name)
     record = read_branch(store, branch_job)
     if record.main != main:

@@ -65,8 +65,9 @@ deleting the expired checkpoint manifests and before deleting any file, and keep
 pinned file (a savepoint's, a fork's); a pin that does not read stops the collection
 (reported as damage). A forked job's full sweep then shrinks the pins it holds at other
 jobs to what its retained checkpoints and savepoints still name, and deletes a pin that
-names nothing. Cost: one LIST of ``pins/`` and one GET per pin per collection that
-deletes files.
+names nothing. Cost: one LIST of ``pins/`` per collection that deletes files, and one
+GET per pin (the incremental way: per pin written since its previous call,
+``pins.PinCache``).
 
 Last, writes abandoned by killed writers (a local temp file, an S3 multipart upload
 never completed) under the job's prefix are removed once ``ABANDONED_WRITE_AGE_S`` old:
@@ -78,6 +79,7 @@ import logging
 from dataclasses import dataclass, field
 
 from dkvstream.operators import paths
+from dkvstream.operators.io.sinks import list_task_files
 from dkvstream.operators.paths import checkpoint_key
 from dkvstream.operators.runtime import pins, savepoints
 from dkvstream.operators.runtime.checkpoints import (
@@ -158,7 +160,7 @@ def cleanup_job(store: ObjectStore, job_prefix: str, retain: int, *, concurrent:
     if concurrent:
         report.deferred = _in_flight(store, job_prefix, kept[-1])
         if not report.deferred:
-            listed = _list_task_files(store, job_prefix)
+            listed = list_task_files(store, job_prefix)
             report.deferred = _in_flight(store, job_prefix, kept[-1])
             store = _ListedOnly(store, {*listed[0], *listed[1]})
     retained = []
@@ -182,12 +184,13 @@ def cleanup_job(store: ObjectStore, job_prefix: str, retain: int, *, concurrent:
     if report.deferred or len(retained) < len(kept):
         return report
     try:  # after the expired checkpoints went (pins.py, "Why writing a pin is race-free")
-        pinned = pins.pinned_keys(own, job_prefix)
+        held = pins.read_pins(own, job_prefix)
+        pinned = {k for p in held for k in p.keys}
     except CorruptionError as err:
         _damaged(report, job_prefix, f"{err}; no file is collected")
         return report
 
-    state_keys, staged_keys = listed or _list_task_files(store, job_prefix)
+    state_keys, staged_keys = listed or list_task_files(store, job_prefix)
     range_prefixes: dict[str, set[str]] = {}  # operator -> DKV prefixes of all its ranges, old and new
     for key in state_keys:
         op, _, prefix = paths.parse_state_key(job_prefix, key)
@@ -217,6 +220,7 @@ def cleanup_job(store: ObjectStore, job_prefix: str, retain: int, *, concurrent:
         report.files_deleted += 1
     report.abandoned_writes_removed = store.remove_abandoned_writes(f"{job_prefix}/", ABANDONED_WRITE_AGE_S)
     if not report.damaged:
+        pins.delete_pins(own, pins.released_restore_pins(held, job_prefix.split("/", 1)[1], kept[-1]))
         try:
             _shrink_checkpoint_pins(own, job_prefix, retained)
         except (ObjectNotFoundError, CorruptionError) as err:  # nothing shrunk: pins only keep more
@@ -240,16 +244,6 @@ def _shrink_checkpoint_pins(store: ObjectStore, job_prefix: str, retained: list[
         for owner, files in pins.files_by_owner(store, sp.checkpoint).items():
             named.setdefault(owner, set()).update(files)
     pins.shrink_pins(store, job_prefix, pins.CHECKPOINTS_PIN, owners, named)
-
-
-def _list_task_files(store: ObjectStore, job_prefix: str) -> tuple[list[str], list[str]]:
-    """``(DKV files, staged files)`` of the job in either key layout (``dkvstream.operators.paths``):
-    a LIST of ``state/``, ``staging/`` and ``r/``."""
-    flat_state, flat_staged, hashed = map_requests(
-        store.list, [paths.state_root(job_prefix), paths.staging_root(job_prefix), paths.hashed_root(job_prefix)])
-    state = flat_state + [k for k in hashed if paths.parse_state_key(job_prefix, k) is not None]
-    staged = flat_staged + [k for k in hashed if paths.is_staged_key(job_prefix, k)]
-    return state, staged
 
 
 def _read_or_error(store: ObjectStore, job_prefix: str, epoch: int) -> JobCheckpoint | Exception:
@@ -315,6 +309,7 @@ class IncrementalRetention:
         self.store, self.job_prefix, self.retain = store, job_prefix, retain
         self.full_sweep_every = full_sweep_every
         self._own = f"{job_prefix}/"
+        self._pins = pins.PinCache(store, job_prefix)  # one LIST per epoch while no pin changes
         self._calls = 0
         # epoch -> (staged output keys, dropped objects or None, unkept objects or None),
         # of checkpoints this runner committed or read; pruned below the retention floor.
@@ -393,7 +388,7 @@ class IncrementalRetention:
             # Never another job's file (a fork's checkpoints name its parent's), nor a
             # pinned one; pins are listed after the checkpoints went (pins.py).
             try:
-                pinned = pins.pinned_keys(self.store, self.job_prefix)
+                pinned = self._pins.pinned_keys()
             except CorruptionError as err:
                 _damaged(report, self.job_prefix, f"{err}; no file is collected")
                 return report

@@ -117,6 +117,7 @@ from dkvstream.operators.runtime.exchange import (
     FirstStage,
     LocalExchange,
 )
+from dkvstream.operators.runtime.forks import refuse_if_dropped
 from dkvstream.operators.runtime.open_state import OpenState
 from dkvstream.operators.runtime.recovery import VERIFY_MODES, restart_checkpoint, restore_source
 from dkvstream.operators.runtime.splits import ReadContext, Split, SplitSummary, stage_input_schema
@@ -660,6 +661,7 @@ class JobRunner:
     def _restart(self) -> JobCheckpoint:
         """The checkpoint to continue from (``dkvstream.operators.runtime.recovery``), its commit
         record written if a crash lost it, its publish finished; or the initial one."""
+        refuse_if_dropped(self.store, self.job)  # its checkpoints may name files collected since
         ckpt, fallback = restart_checkpoint(self.store, self.job, self.verify_restart)
         if fallback is not None:
             self._recovery = fallback.as_metrics()

@@ -7,11 +7,14 @@
     python -m dkvstream.operators.tools.savepoints [--store ...] restore --job MODULE:ATTRIBUTE NAME
     python -m dkvstream.operators.tools.savepoints [--store ...] fork PARENT CHILD
         [--savepoint NAME | --epoch N] [--job MODULE:ATTRIBUTE]
+    python -m dkvstream.operators.tools.savepoints [--store ...] drop-fork CHILD
 
 ``JOB``, ``PARENT`` and ``CHILD`` are job names. ``restore`` needs the job itself
 (``--job``: its sinks say what output is visible, its operators must read the state);
 ``fork --job`` names the child's job, whose key groups and state declarations are then
-checked before anything is written (else on the child's first run).
+checked before anything is written (else on the child's first run). ``drop-fork``
+releases what a fork (or branch) job holds of its parent's files; the child never runs
+again.
 
 Exit status: 0 done, 1 refused or failed (``RecoveryRefusedError``: output of later
 epochs visible, a driver running; a missing file), 2 a usage mistake (an unknown job,
@@ -24,7 +27,7 @@ import json
 import sys
 from typing import TextIO
 
-from dkvstream.operators.runtime.forks import fork_job
+from dkvstream.operators.runtime.forks import drop_fork, fork_job
 from dkvstream.operators.runtime.savepoints import drop_savepoint, list_savepoints, restore, savepoint
 from dkvstream.operators.tools.state_reader import load_job
 from dkvstream.storage.cli import run_command
@@ -59,6 +62,8 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     which.add_argument("--savepoint", help="the parent's savepoint to start from")
     which.add_argument("--epoch", type=int, help="the parent's retained epoch (default: the newest)")
     f.add_argument("--job", help="module:attribute of the child's Job, checked before the fork")
+    df = sub.add_parser("drop-fork", help="release a fork's (or branch's) pins on its parent; it never runs again")
+    df.add_argument("child")
     a = p.parse_args(argv)
 
     def command() -> int:
@@ -74,13 +79,20 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         elif a.command == "list":
             for sp in list_savepoints(store, a.job):
                 row = {"name": sp.name, "epoch": sp.epoch, "files": sp.files, "bytes": sp.bytes,
-                       "taken_at_ms": sp.taken_at_ms, "pins": sp.pins}
+                       "taken_at_ms": sp.taken_at_ms, "pins": sp.pins, "pending": sp.pending}
                 w(json.dumps(row) + "\n" if a.json else
-                  f"{sp.name}\tepoch {sp.epoch}\t{sp.files} files\t{sp.bytes:,} bytes\n")
+                  f"{sp.name}\tepoch {sp.epoch}\t{sp.files} files\t{sp.bytes:,} bytes"
+                  + ("\tbeing taken (or its taking crashed: drop it)" if sp.pending else "") + "\n")
         elif a.command == "drop":
             sp = drop_savepoint(store, a.job, a.name)
-            w(f"dropped savepoint {sp.name} of job {sp.job} (epoch {sp.epoch}); its files no "
+            w(f"dropped savepoint {a.name} of job {a.job}"
+              f"{f' (epoch {sp.epoch})' if sp else ' (only pins a crashed drop left)'}; its files no "
               "checkpoint names go at the next full sweep\n")
+        elif a.command == "drop-fork":
+            record = drop_fork(store, a.child)
+            w(f"dropped fork {a.child} of job {record.get('parent')}: pins released at "
+              f"{', '.join(record.get('owners', [])) or 'no job'}; their files no other record names go "
+              f"at the owners' next full sweep; job {a.child} cannot run again\n")
         elif a.command == "restore":
             job = load_job(a.job)
             ckpt = restore(store, job, a.name)

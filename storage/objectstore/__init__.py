@@ -405,6 +405,12 @@ def open_object_store(uri: str) -> ObjectStore:
     raise ValueError(f"unknown object-store URI scheme {scheme!r} in {uri!r}")
 
 
+def as_store(store: ObjectStore | str) -> ObjectStore:
+    """``store`` itself, or the store at that root URI (``open_object_store``): for
+    functions that take either."""
+    return store if isinstance(store, ObjectStore) else open_object_store(store)
+
+
 def open_existing_store(uri: str) -> ObjectStore:
     """``open_object_store`` for a tool that only reads: a local directory that does not
     exist is an error rather than created, so a misspelled path leaves nothing behind.

@@ -5,7 +5,13 @@ from __future__ import annotations
 from dkvstream.assets.definitions import dkvstream_definitions
 from dkvstream.assets.jobs import op_config
 from dkvstream.assets.resources import ObjectStoreResource
-from dkvstream.assets.savepoints import drop_savepoint_job, fork_stream_job, savepoint_job, savepoints_asset_key
+from dkvstream.assets.savepoints import (
+    drop_fork_job,
+    drop_savepoint_job,
+    fork_stream_job,
+    savepoint_job,
+    savepoints_asset_key,
+)
 from dkvstream.operators.runtime.checkpoints import list_epochs
 from dkvstream.operators.runtime.pins import read_pins
 from dkvstream.operators.runtime.savepoints import list_savepoints
@@ -33,10 +39,13 @@ def test_savepoint_fork_and_drop_jobs(tmp_path) -> None:
                                           resources=resources)
     assert list_savepoints(store, "parent") == []
     assert [p.holder for p in read_pins(store, "jobs/parent")] == ["child"]  # the fork's pin stays
+    result = drop_fork_job.execute_in_process(run_config=op_config("drop_fork", "child"), resources=resources)
+    assert result.output_for_node("drop_fork") == {"child": "child", "parent": "parent"}
+    assert read_pins(store, "jobs/parent") == []
 
 
 def test_definitions_have_the_savepoints_asset_and_jobs() -> None:
     defs = dkvstream_definitions(fork_jobs.job("parent"))
     assert savepoints_asset_key("parent") in defs.resolve_all_asset_keys()
-    for name in ("savepoint", "savepoint_drop", "fork_stream_job"):
+    for name in ("savepoint", "savepoint_drop", "fork_stream_job", "fork_drop"):
         assert defs.get_job_def(name).name == name
