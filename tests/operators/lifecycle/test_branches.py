@@ -135,15 +135,7 @@ def test_promote_continues_with_the_branch_exactly_once(store) -> None:
         run_branch(new, None, store)
     _run(promoted_job(old, new), store)
 
-    # Oracle: replays from scratch of the old and the new code, same epochs.
-    _run(flights_variant("ref_old", BuggyRouteDailyDelays()), store)
-    _run(flights_variant("ref_new", RouteDailyDelays()), store)
-    got = _rows_by_epoch(store, old)
-    ref_old = _rows_by_epoch(store, flights_variant("ref_old", BuggyRouteDailyDelays()))
-    ref_new = _rows_by_epoch(store, flights_variant("ref_new", RouteDailyDelays()))
-    assert {e: got[e] for e in got if e <= 3} == {e: ref_old[e] for e in ref_old if e <= 3}
-    assert 4 not in got or not got[4]  # the promotion epoch reads and writes nothing
-    assert {e - 1: got[e] for e in got if e > 4} == {e: ref_new[e] for e in ref_new if e > 3}
+    got = assert_promoted_at_4_equals_replays(store, old)  # oracle: replays from scratch of both codes
     # Each window exactly once over the whole table.
     windows = Counter(r[:3] for rows in got.values() for r in rows.elements())
     assert windows and max(windows.values()) == 1
@@ -238,6 +230,22 @@ def test_live_kafka_branch_follows_the_mains_epochs(kafka_broker, store) -> None
     assert any(r != refs["ref_old"][r[:3]] for r in after)  # the new code's rows are told apart
 
 
+def assert_promoted_at_4_equals_replays(store, main) -> dict:
+    """Oracle of a main promoted at epoch 4 (the branch at its epoch 3): replays from
+    scratch of the old code (the main's epochs 1-3) and of the new code (its epoch e is the
+    main's e + 1); the promotion epoch reads and writes nothing. Returns the main's rows
+    by epoch (``_rows_by_epoch``)."""
+    _run(flights_variant("ref_old", BuggyRouteDailyDelays()), store)
+    _run(flights_variant("ref_new", RouteDailyDelays()), store)
+    got = _rows_by_epoch(store, main)
+    ref_old = _rows_by_epoch(store, flights_variant("ref_old", BuggyRouteDailyDelays()))
+    ref_new = _rows_by_epoch(store, flights_variant("ref_new", RouteDailyDelays()))
+    assert {e: got[e] for e in got if e <= 3} == {e: ref_old[e] for e in ref_old if e <= 3}
+    assert 4 not in got or not got[4]
+    assert {e - 1: got[e] for e in got if e > 4} == {e: ref_new[e] for e in ref_new if e > 3}
+    return got
+
+
 def _dicts(job, rows: Counter) -> list[dict]:
     names = job.sinks["main"].schema.names
     return [dict(zip(names, r)) for r in rows.elements()]
@@ -255,13 +263,7 @@ def test_branch_and_promote_on_spark(spark, store) -> None:
     promote(store, old, new)
     with JobRunner(promoted_job(old, new), spark, store) as runner:
         runner.run()
-    _run(flights_variant("ref_old", BuggyRouteDailyDelays()), store)
-    _run(flights_variant("ref_new", RouteDailyDelays()), store)
-    got = _rows_by_epoch(store, old)
-    ref_old = _rows_by_epoch(store, flights_variant("ref_old", BuggyRouteDailyDelays()))
-    ref_new = _rows_by_epoch(store, flights_variant("ref_new", RouteDailyDelays()))
-    assert {e: got[e] for e in got if e <= 3} == {e: ref_old[e] for e in ref_old if e <= 3}
-    assert {e - 1: got[e] for e in got if e > 4} == {e: ref_new[e] for e in ref_new if e > 3}
+    assert_promoted_at_4_equals_replays(store, old)
 
 
 def test_promote_refuses_a_running_main(store) -> None:
